@@ -1,0 +1,35 @@
+# The two commands a new user needs: `make demo` and `make test`. Both set everything up first and
+# are safe to run again (set-up steps that are done are skipped).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
+
+.PHONY: demo test test-fast setup clean
+
+demo: setup
+	$(BIN)/eventlake demo
+
+test: setup
+	$(BIN)/python -m pytest
+
+# Unit tests only: no broker, no Spark.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+# Python packages (pinned by constraints.txt), then the JVM artifacts: the Kafka broker's jars and
+# Spark's Delta and Kafka packages, fetched once into .cache/.
+setup: $(STAMP)
+	$(BIN)/eventlake setup
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "setup: installing pinned Python packages into $(VENV) (a few minutes the first time) ..."
+	$(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt -e '.[test]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+clean:
+	-$(BIN)/eventlake kafka down
+	rm -rf .eventlake

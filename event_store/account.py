@@ -1,0 +1,123 @@
+"""The ``account`` aggregate: pure ``decide(state, command)`` and ``evolve(state, event)``.
+
+No Kafka here. ``decide`` returns the events a command causes, or raises :class:`CommandRejected`;
+``evolve`` folds one event into the state. The handler owns versions, ids and timestamps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from event_store.envelope import CommandEnvelope, EventEnvelope
+
+__all__ = ["AccountState", "NewEvent", "CommandRejected", "decide", "evolve", "DECLINE_REASONS"]
+
+AGGREGATE_TYPE = "account"
+DECLINE_REASONS = ("over_credit_limit", "account_frozen")
+
+
+class CommandRejected(Exception):
+    """A command the aggregate refuses; ``error_type`` is machine-readable, the message is for people."""
+
+    def __init__(self, error_type: str, reason: str):
+        super().__init__(reason)
+        self.error_type = error_type
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    event_type: str
+    payload: Mapping[str, Any]
+    occurred_at: str
+
+
+@dataclass(frozen=True)
+class AccountState:
+    account_id: str
+    version: int = 0
+    opened: bool = False
+    customer_id: str | None = None
+    status: str = "open"
+    credit_limit_minor: int = 0
+    currency: str | None = None
+    authorized_total_minor: int = 0
+    payments_authorized: int = 0
+    payments_declined: int = 0
+    last_device_location: str | None = None
+
+    @property
+    def available_minor(self) -> int:
+        return self.credit_limit_minor - self.authorized_total_minor
+
+
+def decide(state: AccountState, command: CommandEnvelope) -> list[NewEvent]:
+    """The events ``command`` causes on ``state`` (possibly none), or CommandRejected."""
+    if command.expected_version is not None and command.expected_version != state.version:
+        raise CommandRejected("ConcurrencyConflict",
+                              f"expected version {command.expected_version} of account {state.account_id}, "
+                              f"but it is at version {state.version}")
+    p = command.payload
+    kind = command.command_type
+    if kind == "OpenAccount":
+        if state.opened:
+            raise CommandRejected("AccountAlreadyOpen", f"account {state.account_id} is already open")
+        return [NewEvent("AccountOpened", {"customer_id": p["customer_id"],
+                                           "credit_limit_minor": p["credit_limit_minor"],
+                                           "currency": p["currency"]}, command.issued_at)]
+    if not state.opened:
+        raise CommandRejected("AccountNotFound",
+                              f"account {state.account_id} does not exist; send OpenAccount first")
+    if kind == "AuthorizePayment":
+        if p["currency"] != state.currency:
+            raise CommandRejected("CurrencyMismatch", f"payment {p['payment_id']} is in {p['currency']} but "
+                                                      f"account {state.account_id} is in {state.currency}")
+        payment = {k: p[k] for k in ("payment_id", "amount_minor", "currency", "merchant_id", "location")}
+        if state.status == "frozen":
+            return [NewEvent("PaymentDeclined", {**payment, "reason": "account_frozen"}, p["occurred_at"])]
+        if p["amount_minor"] > state.available_minor:
+            return [NewEvent("PaymentDeclined", {**payment, "reason": "over_credit_limit"}, p["occurred_at"])]
+        return [NewEvent("PaymentAuthorized", payment, p["occurred_at"])]
+    if kind == "ReportDeviceLocation":
+        return [NewEvent("DeviceLocationReported", {"location": p["location"]}, p["occurred_at"])]
+    if kind == "FreezeAccount":
+        # Freezing a frozen account changes nothing: accepted, no event (a policy may send it twice).
+        if state.status == "frozen":
+            return []
+        return [NewEvent("AccountFrozen", {"reason": p.get("reason")}, command.issued_at)]
+    if kind == "UnfreezeAccount":
+        if state.status == "open":
+            return []
+        return [NewEvent("AccountUnfrozen", {"reason": p.get("reason")}, command.issued_at)]
+    if kind == "FlagFraud":
+        return [NewEvent("FraudSuspected", {"payment_id": p["payment_id"], "rule": p["rule"],
+                                            "evidence": p.get("evidence")},
+                         p.get("occurred_at") or command.issued_at)]
+    raise CommandRejected("UnknownCommand", f"command type {kind!r} is not handled by the account aggregate")
+
+
+def evolve(state: AccountState, event: EventEnvelope | NewEvent) -> AccountState:
+    """``state`` after ``event``. Envelopes also advance ``version``; bare NewEvents do not."""
+    p = event.payload
+    kind = event.event_type
+    if kind == "AccountOpened":
+        state = replace(state, opened=True, customer_id=p["customer_id"], status="open",
+                        credit_limit_minor=p["credit_limit_minor"], currency=p["currency"])
+    elif kind == "PaymentAuthorized":
+        state = replace(state, authorized_total_minor=state.authorized_total_minor + p["amount_minor"],
+                        payments_authorized=state.payments_authorized + 1)
+    elif kind == "PaymentDeclined":
+        state = replace(state, payments_declined=state.payments_declined + 1)
+    elif kind == "DeviceLocationReported":
+        state = replace(state, last_device_location=p["location"])
+    elif kind == "AccountFrozen":
+        state = replace(state, status="frozen")
+    elif kind == "AccountUnfrozen":
+        state = replace(state, status="open")
+    elif kind == "FraudSuspected":
+        pass
+    else:
+        raise ValueError(f"account aggregate cannot apply unknown event type {kind!r}")
+    if isinstance(event, EventEnvelope):
+        state = replace(state, version=event.aggregate_version)
+    return state

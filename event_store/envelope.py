@@ -1,0 +1,204 @@
+"""Event and command envelopes (DESIGN.md "Contracts"), their JSON form, and validation on the way in.
+
+Envelopes are plain frozen dataclasses; ``to_json`` / ``*.from_json`` are the only serialization.
+Anything that fails validation raises :class:`InvalidRecord` with a reason a person can act on.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from event_store import schemas
+
+__all__ = ["EventEnvelope", "CommandEnvelope", "CommandResult", "InvalidRecord", "utc_now", "parse_time",
+           "format_time", "new_id"]
+
+
+class InvalidRecord(ValueError):
+    """A record that cannot be accepted: bad JSON, a missing or mistyped field, an unknown type."""
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def utc_now() -> str:
+    return format_time(datetime.now(timezone.utc))
+
+
+def format_time(t: datetime) -> str:
+    """ISO-8601 UTC with millisecond precision and a trailing Z."""
+    if t.tzinfo is None:
+        raise ValueError(f"timestamp {t!r} has no timezone")
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def parse_time(value: Any, what: str) -> datetime:
+    if not isinstance(value, str):
+        raise InvalidRecord(f"{what}: expected an ISO-8601 UTC timestamp string, got {type(value).__name__}")
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidRecord(f"{what}: {value!r} is not an ISO-8601 timestamp") from None
+    if t.tzinfo is None:
+        raise InvalidRecord(f"{what}: {value!r} has no timezone (use UTC, e.g. 2026-01-01T00:00:00Z)")
+    return t
+
+
+def _require(obj: Mapping[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:
+    if name not in obj or obj[name] is None:
+        raise InvalidRecord(f"{what}: missing required field '{name}'")
+    value = obj[name]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        expected = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise InvalidRecord(f"{what}: field '{name}' must be {expected}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _load_json(raw: bytes | str, what: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidRecord(f"{what}: not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise InvalidRecord(f"{what}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _dumps(obj: Mapping[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=False).encode()
+
+
+@dataclass(frozen=True)
+class EventEnvelope:
+    event_id: str
+    event_type: str
+    schema_version: int
+    aggregate_type: str
+    aggregate_id: str
+    aggregate_version: int
+    occurred_at: str
+    recorded_at: str
+    command_id: str
+    correlation_id: str
+    causation_id: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return _dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "EventEnvelope":
+        obj = _load_json(raw, "event")
+        return cls.from_dict(obj)
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> "EventEnvelope":
+        what = f"event {obj.get('event_id', '?')}"
+        event_type = _require(obj, "event_type", str, what)
+        if event_type not in schemas.EVENTS:
+            raise InvalidRecord(f"{what}: unknown event_type {event_type!r}; known: {', '.join(schemas.EVENTS)}")
+        version = _require(obj, "aggregate_version", int, what)
+        if version < 1:
+            raise InvalidRecord(f"{what}: aggregate_version must be >= 1, got {version}")
+        for name in ("occurred_at", "recorded_at"):
+            parse_time(_require(obj, name, str, what), f"{what}: {name}")
+        payload = _require(obj, "payload", dict, what)
+        schemas.validate_payload(schemas.EVENTS[event_type], payload, f"{what} ({event_type})")
+        return cls(
+            event_id=_require(obj, "event_id", str, what),
+            event_type=event_type,
+            schema_version=_require(obj, "schema_version", int, what),
+            aggregate_type=_require(obj, "aggregate_type", str, what),
+            aggregate_id=_require(obj, "aggregate_id", str, what),
+            aggregate_version=version,
+            occurred_at=obj["occurred_at"],
+            recorded_at=obj["recorded_at"],
+            command_id=_require(obj, "command_id", str, what),
+            correlation_id=_require(obj, "correlation_id", str, what),
+            causation_id=_require(obj, "causation_id", str, what),
+            payload=payload,
+        )
+
+
+@dataclass(frozen=True)
+class CommandEnvelope:
+    command_id: str
+    command_type: str
+    aggregate_id: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    aggregate_type: str = "account"
+    expected_version: int | None = None
+    issued_at: str = field(default_factory=utc_now)
+    correlation_id: str | None = None
+    causation_id: str | None = None
+
+    def to_json(self) -> bytes:
+        return _dumps(asdict(self))
+
+    @classmethod
+    def create(cls, command_type: str, aggregate_id: str, payload: Mapping[str, Any] | None = None,
+               **kwargs: Any) -> "CommandEnvelope":
+        command = cls(command_id=kwargs.pop("command_id", None) or new_id(), command_type=command_type,
+                      aggregate_id=aggregate_id, payload=dict(payload or {}), **kwargs)
+        return cls.from_dict(asdict(command))  # validate now: bad commands fail where they are made
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "CommandEnvelope":
+        return cls.from_dict(_load_json(raw, "command"))
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> "CommandEnvelope":
+        what = f"command {obj.get('command_id', '?')}"
+        command_id = _require(obj, "command_id", str, what)
+        command_type = _require(obj, "command_type", str, what)
+        if command_type not in schemas.COMMANDS:
+            raise InvalidRecord(f"{what}: unknown command_type {command_type!r}; "
+                                f"known: {', '.join(schemas.COMMANDS)}")
+        aggregate_id = _require(obj, "aggregate_id", str, what)
+        if not aggregate_id.strip():
+            raise InvalidRecord(f"{what}: aggregate_id is empty")
+        expected = obj.get("expected_version")
+        if expected is not None and (not isinstance(expected, int) or isinstance(expected, bool) or expected < 0):
+            raise InvalidRecord(f"{what}: expected_version must be a non-negative integer, got {expected!r}")
+        payload = _require(obj, "payload", dict, what)
+        schemas.validate_payload(schemas.COMMANDS[command_type], payload, f"{what} ({command_type})")
+        issued_at = obj.get("issued_at") or utc_now()
+        parse_time(issued_at, f"{what}: issued_at")
+        return cls(command_id=command_id, command_type=command_type, aggregate_id=aggregate_id,
+                   payload=payload, aggregate_type=obj.get("aggregate_type") or "account",
+                   expected_version=expected, issued_at=issued_at,
+                   correlation_id=obj.get("correlation_id"), causation_id=obj.get("causation_id"))
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What became of one command: ``accepted`` with the versions it wrote, or ``rejected`` with a reason."""
+    command_id: str
+    aggregate_id: str
+    status: str  # accepted | rejected
+    version: int  # the aggregate's version after the command (unchanged when rejected)
+    event_ids: tuple[str, ...] = ()
+    error_type: str | None = None
+    reason: str | None = None
+    recorded_at: str = field(default_factory=utc_now)
+
+    @property
+    def accepted(self) -> bool:
+        return self.status == "accepted"
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        d["event_ids"] = list(self.event_ids)
+        return _dumps(d)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "CommandResult":
+        obj = _load_json(raw, "command result")
+        return cls(command_id=obj["command_id"], aggregate_id=obj["aggregate_id"], status=obj["status"],
+                   version=obj["version"], event_ids=tuple(obj.get("event_ids") or ()),
+                   error_type=obj.get("error_type"), reason=obj.get("reason"),
+                   recorded_at=obj.get("recorded_at") or utc_now())

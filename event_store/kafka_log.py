@@ -1,0 +1,130 @@
+"""Kafka plumbing for the log: topic creation with explicit configs, producers and consumers.
+
+Every producer is idempotent with ``acks=all``; every consumer reads ``read_committed``, so an
+aborted transaction of the command handler is never seen by anyone.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Iterable, Iterator
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.errors import TopicAlreadyExistsError
+
+from eventlake.settings import Settings
+
+__all__ = ["ensure_topics", "topic_configs", "make_producer", "make_consumer", "read_all", "end_offsets",
+           "produce_all", "dead_letter_value"]
+
+# Append-only log: never deleted by time or size, never compacted.
+_UNLIMITED = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
+
+
+def topic_configs(settings: Settings) -> dict[str, dict[str, str]]:
+    """Every topic eventlake uses, with its explicit configuration."""
+    return {
+        settings.commands_topic: {"retention.ms": str(7 * 24 * 3600 * 1000), "cleanup.policy": "delete"},
+        settings.events_topic: dict(_UNLIMITED),
+        settings.results_topic: {"retention.ms": str(7 * 24 * 3600 * 1000), "cleanup.policy": "delete"},
+        settings.dead_letters_topic: dict(_UNLIMITED),
+    }
+
+
+def admin(settings: Settings) -> KafkaAdminClient:
+    return KafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, client_id="eventlake-admin")
+
+
+def ensure_topics(settings: Settings, log=print) -> list[str]:
+    """Create missing topics (partitions and replication from settings); returns the names created."""
+    client = admin(settings)
+    try:
+        existing = set(client.list_topics())
+        wanted = topic_configs(settings)
+        new = [NewTopic(name, settings.topic_partitions, settings.topic_replication_factor, topic_configs=cfg)
+               for name, cfg in wanted.items() if name not in existing]
+        created = []
+        if new:
+            try:
+                client.create_topics(new, wait_for_metadata=True)
+            except TopicAlreadyExistsError:
+                pass  # a concurrent creator won; the topic is there, which is all we need
+            created = [t.name for t in new]
+            log(f"kafka: created topics {', '.join(created)} ({settings.topic_partitions} partitions, "
+                f"replication {settings.topic_replication_factor})")
+        return created
+    finally:
+        client.close()
+
+
+def make_producer(settings: Settings, transactional_id: str | None = None, **overrides) -> KafkaProducer:
+    config = dict(bootstrap_servers=settings.bootstrap_servers, acks="all", enable_idempotence=True,
+                  linger_ms=5, batch_size=256 * 1024, compression_type=None, allow_auto_create_topics=False,
+                  transactional_id=transactional_id)
+    config.update(overrides)
+    return KafkaProducer(**config)
+
+
+def make_consumer(settings: Settings, *topics: str, group_id: str | None = None, **overrides) -> KafkaConsumer:
+    config = dict(bootstrap_servers=settings.bootstrap_servers, group_id=group_id,
+                  isolation_level="read_committed", enable_auto_commit=False, auto_offset_reset="earliest",
+                  max_poll_records=2000, fetch_max_bytes=16 * 1024 * 1024)
+    config.update(overrides)
+    return KafkaConsumer(*topics, **config)
+
+
+def end_offsets(settings: Settings, topic: str) -> dict[TopicPartition, int]:
+    """The last stable offset per partition (what a read_committed reader can reach)."""
+    consumer = make_consumer(settings)
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        return consumer.end_offsets(partitions) if partitions else {}
+    finally:
+        consumer.close()
+
+
+def read_all(settings: Settings, topic: str, idle_timeout_s: float = 2.0) -> Iterator:
+    """Every committed record of ``topic`` from the beginning up to its current end, partition by partition."""
+    consumer = make_consumer(settings)
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        if not partitions:
+            return
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        ends = consumer.end_offsets(partitions)
+        remaining = {tp for tp in partitions if ends[tp] > consumer.position(tp)}
+        last_progress = time.monotonic()
+        while remaining:
+            batch = consumer.poll(timeout_ms=500, max_records=5000)
+            for tp, records in batch.items():
+                yield from records
+            if batch:
+                last_progress = time.monotonic()
+            for tp in list(remaining):
+                if consumer.position(tp) >= ends[tp]:
+                    remaining.discard(tp)
+            if remaining and time.monotonic() - last_progress > idle_timeout_s:
+                # Control records (transaction markers) occupy offsets but carry no data.
+                break
+    finally:
+        consumer.close()
+
+
+def produce_all(producer: KafkaProducer, topic: str, records: Iterable[tuple[str, bytes]]) -> int:
+    """Send (key, value) records and wait until every one is acknowledged; returns the count."""
+    futures = [producer.send(topic, key=key.encode(), value=value) for key, value in records]
+    producer.flush()
+    for f in futures:
+        f.get(timeout=60)  # raises if any record failed
+    return len(futures)
+
+
+def dead_letter_value(reason: str, raw: bytes | None, topic: str, partition: int, offset: int) -> bytes:
+    """The dead-letter record: the reason, where the original came from, and its exact bytes."""
+    return json.dumps({"reason": reason, "source_topic": topic, "source_partition": partition,
+                       "source_offset": offset,
+                       "original_value": None if raw is None else raw.decode("utf-8", errors="backslashreplace"),
+                       "original_value_hex": None if raw is None else raw.hex(),
+                       "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode()

@@ -1,0 +1,98 @@
+"""Payload schemas of the reference domain's commands and events, and their validation.
+
+Field names are the read models' names (DESIGN.md). Money is an integer count of minor units plus an
+ISO-4217 code; locations are short region codes such as ``US-NYC``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+__all__ = ["Field", "COMMANDS", "EVENTS", "CURRENCIES", "validate_payload", "EVENT_SCHEMA_VERSIONS"]
+
+# ISO-4217 codes accepted by the reference domain.
+CURRENCIES = frozenset({"USD", "EUR", "GBP", "JPY", "CHF", "CAD", "AUD", "SEK", "NOK", "DKK", "PLN", "CZK",
+                        "NZD", "SGD", "HKD", "BRL", "MXN", "INR", "ZAR", "CNY"})
+_LOCATION = re.compile(r"^[A-Z]{2}-[A-Z0-9]{2,6}$")
+_ISO_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
+
+
+@dataclass(frozen=True)
+class Field:
+    kind: type | tuple[type, ...]
+    required: bool = True
+    check: Callable[[Any], str | None] | None = None  # returns the problem, or None when fine
+
+
+def _positive(v: Any) -> str | None:
+    return None if v > 0 else f"must be > 0, got {v}"
+
+
+def _currency(v: Any) -> str | None:
+    return None if v in CURRENCIES else f"{v!r} is not a known ISO-4217 currency code"
+
+
+def _location(v: Any) -> str | None:
+    return None if _LOCATION.match(v) else f"{v!r} is not a region code like 'US-NYC'"
+
+
+def _timestamp(v: Any) -> str | None:
+    return None if _ISO_TIME.match(v) else f"{v!r} is not an ISO-8601 UTC timestamp"
+
+
+def _non_empty(v: Any) -> str | None:
+    return None if v.strip() else "must not be empty"
+
+
+_ID = Field(str, check=_non_empty)
+_AMOUNT = Field(int, check=_positive)
+_CURRENCY = Field(str, check=_currency)
+_LOC = Field(str, check=_location)
+_TIME = Field(str, check=_timestamp)
+_REASON = Field(str, required=False)
+
+COMMANDS: dict[str, dict[str, Field]] = {
+    "OpenAccount": {"customer_id": _ID, "credit_limit_minor": _AMOUNT, "currency": _CURRENCY},
+    "AuthorizePayment": {"payment_id": _ID, "amount_minor": _AMOUNT, "currency": _CURRENCY,
+                         "merchant_id": _ID, "location": _LOC, "occurred_at": _TIME},
+    "ReportDeviceLocation": {"location": _LOC, "occurred_at": _TIME},
+    "FreezeAccount": {"reason": _REASON},
+    "UnfreezeAccount": {"reason": _REASON},
+    "FlagFraud": {"payment_id": _ID, "rule": _ID, "evidence": Field(str, required=False),
+                  "occurred_at": Field(str, required=False, check=_timestamp)},
+}
+
+EVENTS: dict[str, dict[str, Field]] = {
+    "AccountOpened": {"customer_id": _ID, "credit_limit_minor": _AMOUNT, "currency": _CURRENCY},
+    "PaymentAuthorized": {"payment_id": _ID, "amount_minor": _AMOUNT, "currency": _CURRENCY,
+                          "merchant_id": _ID, "location": _LOC},
+    "PaymentDeclined": {"payment_id": _ID, "amount_minor": _AMOUNT, "currency": _CURRENCY,
+                        "merchant_id": _ID, "location": _LOC, "reason": _ID},
+    "DeviceLocationReported": {"location": _LOC},
+    "AccountFrozen": {"reason": _REASON},
+    "AccountUnfrozen": {"reason": _REASON},
+    "FraudSuspected": {"payment_id": _ID, "rule": _ID, "evidence": Field(str, required=False)},
+}
+
+# The schema version each event type is written at today.
+EVENT_SCHEMA_VERSIONS: dict[str, int] = {name: 1 for name in EVENTS}
+
+
+def validate_payload(schema: Mapping[str, Field], payload: Mapping[str, Any], what: str) -> None:
+    """Raise InvalidRecord naming the first field that is missing, mistyped or out of range."""
+    from event_store.envelope import InvalidRecord
+
+    for name, spec in schema.items():
+        value = payload.get(name)
+        if value is None:
+            if spec.required:
+                raise InvalidRecord(f"{what}: payload is missing required field '{name}'")
+            continue
+        if not isinstance(value, spec.kind) or (spec.kind is int and isinstance(value, bool)):
+            expected = spec.kind.__name__ if isinstance(spec.kind, type) else "/".join(k.__name__ for k in spec.kind)
+            raise InvalidRecord(f"{what}: payload field '{name}' must be {expected}, "
+                                f"got {type(value).__name__} {value!r}")
+        problem = spec.check(value) if spec.check else None
+        if problem:
+            raise InvalidRecord(f"{what}: payload field '{name}' {problem}")

@@ -1,0 +1,191 @@
+"""``eventlake``: the one console entry point. Run ``eventlake --help`` for the subcommands."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from eventlake.settings import Settings, SettingsError
+
+__all__ = ["main"]
+
+
+def _cmd_setup(settings: Settings, args) -> int:
+    from infra import kafka
+    from spark_apps.session import SPARK_PACKAGES, build_session
+
+    if settings.uses_local_kafka:
+        kafka.resolve_libs(settings)
+        print(f"setup: Kafka broker jars ready in {kafka.libs_dir(settings)}")
+    marker = settings.cache_dir / "spark-packages.resolved"
+    if marker.exists() and marker.read_text() == ",".join(SPARK_PACKAGES):
+        print(f"setup: Spark packages already in {settings.cache_dir / 'ivy'}")
+        return 0
+    spark = build_session(settings, app_name="eventlake-setup")
+    spark.range(1).count()
+    spark.stop()
+    marker.write_text(",".join(SPARK_PACKAGES))
+    print(f"setup: Spark {spark.version} with Delta and the Kafka source ready (Ivy cache {settings.cache_dir / 'ivy'})")
+    return 0
+
+
+def _cmd_kafka(settings: Settings, args) -> int:
+    from infra import kafka
+
+    if args.action == "up":
+        print(kafka.up(settings).describe())
+    elif args.action == "down":
+        kafka.down(settings)
+    else:
+        if not settings.uses_local_kafka:
+            print(f"kafka: using the cluster at {settings.kafka_bootstrap_servers} (KAFKA_BOOTSTRAP_SERVERS); "
+                  "no local broker is managed")
+        else:
+            print(kafka.status(settings).describe())
+    return 0
+
+
+def _require_broker(settings: Settings) -> None:
+    from infra import kafka
+
+    if settings.uses_local_kafka and not kafka.status(settings).running:
+        raise SystemExit(f"eventlake: the local Kafka broker is not running at {settings.bootstrap_servers}; "
+                         "start it with `eventlake kafka up` (or set KAFKA_BOOTSTRAP_SERVERS)")
+
+
+def _cmd_topics(settings: Settings, args) -> int:
+    from event_store import kafka_log
+
+    _require_broker(settings)
+    kafka_log.ensure_topics(settings)
+    for name, cfg in kafka_log.topic_configs(settings).items():
+        print(f"{name}: {settings.topic_partitions} partitions, "
+              + ", ".join(f"{k}={v}" for k, v in sorted(cfg.items())))
+    return 0
+
+
+def _cmd_generate(settings: Settings, args) -> int:
+    from event_store import kafka_log
+    from eventlake.generator import GeneratorConfig, generate_commands
+
+    _require_broker(settings)
+    kafka_log.ensure_topics(settings)
+    cfg = GeneratorConfig(accounts=args.accounts, commands=args.commands, seed=args.seed, run_id=args.run_id,
+                          invalid_rate=args.invalid_rate, malformed_rate=args.malformed_rate)
+    producer = kafka_log.make_producer(settings)
+    try:
+        sent = kafka_log.produce_all(producer, settings.commands_topic, generate_commands(cfg))
+    finally:
+        producer.close()
+    print(f"generate: sent {sent} commands for {args.accounts} accounts to {settings.commands_topic}")
+    return 0
+
+
+def _cmd_handler(settings: Settings, args) -> int:
+    from event_store.handler import CommandHandler
+
+    _require_broker(settings)
+    with CommandHandler(settings, instance_id=args.instance_id) as handler:
+        try:
+            stats = handler.run(until_caught_up=args.until_caught_up)
+        except KeyboardInterrupt:
+            stats = handler.stats
+    print(f"handler: {stats.line()}")
+    return 0
+
+
+def _cmd_project(settings: Settings, args) -> int:
+    from spark_apps import projection
+
+    _require_broker(settings)
+    return projection.main([*args.models, *(["--until-caught-up"] if args.until_caught_up else [])])
+
+
+def _cmd_query(settings: Settings, args) -> int:
+    from eventlake.query import QueryError, format_table, query_duckdb, query_spark
+
+    run = query_spark if args.engine == "spark" else query_duckdb
+    try:
+        columns, rows = run(settings, args.sql)
+    except QueryError as e:
+        print(f"eventlake query: {e}", file=sys.stderr)
+        return 2
+    print(format_table(columns, rows, max_rows=args.max_rows))
+    return 0
+
+
+def _cmd_demo(settings: Settings, args) -> int:
+    from eventlake.demo import run_demo
+
+    run_demo(settings, accounts=args.accounts, commands=args.commands)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eventlake",
+        description="Event-sourced CQRS data platform: Kafka log -> Spark projections -> Delta read models -> SQL. "
+                    "Settings come from EVENTLAKE_* variables, KAFKA_BOOTSTRAP_SERVERS or the TOML file in "
+                    "EVENTLAKE_CONFIG.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("demo", help="run the whole path on local defaults and print a summary")
+    p.add_argument("--accounts", type=int, default=300)
+    p.add_argument("--commands", type=int, default=3000)
+    p.set_defaults(run=_cmd_demo)
+
+    p = sub.add_parser("setup", help="fetch the Kafka broker jars and Spark packages once (offline afterwards)")
+    p.set_defaults(run=_cmd_setup)
+
+    p = sub.add_parser("kafka", help="the local single-node broker (KRaft): up | down | status")
+    p.add_argument("action", choices=("up", "down", "status"))
+    p.set_defaults(run=_cmd_kafka)
+
+    p = sub.add_parser("topics", help="create the topics if missing and print their configuration")
+    p.set_defaults(run=_cmd_topics)
+
+    p = sub.add_parser("generate", help="send generated commands to the commands topic")
+    p.add_argument("--accounts", type=int, default=300)
+    p.add_argument("--commands", type=int, default=3000)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--run-id", default="gen", help="prefix of the account ids (acc-RUNID-00001)")
+    p.add_argument("--invalid-rate", type=float, default=0.0, help="share of commands with a bad field")
+    p.add_argument("--malformed-rate", type=float, default=0.0, help="share of records that are not commands")
+    p.set_defaults(run=_cmd_generate)
+
+    p = sub.add_parser("handler", help="run the command handler (commands -> events)")
+    p.add_argument("--until-caught-up", action="store_true", help="stop once every command sent so far is handled")
+    p.add_argument("--instance-id", default="0", help="distinguishes handler instances (transactional id)")
+    p.set_defaults(run=_cmd_handler)
+
+    p = sub.add_parser("project", help="run the Spark projection into the Delta read models")
+    p.add_argument("models", nargs="*", help="read model names (default: all)")
+    p.add_argument("--until-caught-up", action="store_true", help="project what the log holds now, then stop")
+    p.set_defaults(run=_cmd_project)
+
+    p = sub.add_parser("query", help="run SQL over the read models and print the rows")
+    p.add_argument("sql")
+    p.add_argument("--engine", choices=("duckdb", "spark"), default="duckdb",
+                   help="duckdb: embedded and fast (default); spark: Spark SQL")
+    p.add_argument("--max-rows", type=int, default=50)
+    p.set_defaults(run=_cmd_query)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.load()
+    except SettingsError as e:
+        print(f"eventlake: {e}", file=sys.stderr)
+        return 2
+    from infra.kafka import KafkaError
+
+    try:
+        return args.run(settings, args)
+    except KafkaError as e:
+        print(f"eventlake: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,92 @@
+"""A data generator for the reference domain: customers, merchants, payments, device locations.
+
+It makes realistic command streams for the demo, the tests and the benchmarks: bursts of payments,
+payments over the credit limit, location mismatches, freezes, and (on request) malformed records.
+Deterministic for a given seed.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Iterator
+
+from event_store.envelope import CommandEnvelope, format_time
+
+__all__ = ["GeneratorConfig", "generate_commands", "MALFORMED_SAMPLES"]
+
+REGIONS = ("US-NYC", "US-SFO", "US-CHI", "GB-LON", "DE-BER", "FR-PAR", "JP-TYO", "BR-SAO", "IN-BOM", "AU-SYD")
+
+# Records that are not commands at all; the handler must dead-letter them and go on.
+MALFORMED_SAMPLES = (b"{not json", b"[1, 2, 3]", b"\xff\xfe\x00garbage", b'{"hello": "world"}')
+
+
+@dataclass(frozen=True)
+class GeneratorConfig:
+    accounts: int = 300
+    commands: int = 3000           # total, including the OpenAccount commands
+    merchants: int = 50
+    seed: int = 42
+    run_id: str = "demo"           # prefixes account ids, so several runs can share one log
+    start: datetime = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    currency: str = "USD"
+    burst_rate: float = 0.05       # share of payments followed by a second one within 10 s
+    invalid_rate: float = 0.0      # share of commands with a bad field (rejected with a reason)
+    malformed_rate: float = 0.0    # share of records that are not commands (dead-lettered)
+
+
+def generate_commands(cfg: GeneratorConfig) -> Iterator[tuple[str, bytes]]:
+    """(Kafka key, command JSON) pairs: every account is opened before it is used."""
+    rng = random.Random(cfg.seed)
+    accounts = [f"acc-{cfg.run_id}-{i:05d}" for i in range(cfg.accounts)]
+    home = {a: rng.choice(REGIONS) for a in accounts}
+    clock = {a: cfg.start + timedelta(seconds=rng.randint(0, 3600)) for a in accounts}
+    limits = {a: rng.choice((50_000, 100_000, 250_000, 500_000)) for a in accounts}
+    merchants = [f"mer-{i:04d}" for i in range(cfg.merchants)]
+    payment_seq = 0
+
+    def command(kind: str, account: str, payload: dict, **kw) -> tuple[str, bytes]:
+        return account, CommandEnvelope.create(kind, account, payload, **kw).to_json()
+
+    for a in accounts:
+        yield command("OpenAccount", a, {"customer_id": f"cus-{a[4:]}", "credit_limit_minor": limits[a],
+                                         "currency": cfg.currency}, issued_at=format_time(clock[a]))
+    for _ in range(max(cfg.commands - cfg.accounts, 0)):
+        a = rng.choice(accounts)
+        r = rng.random()
+        if r < cfg.malformed_rate:
+            yield a, rng.choice(MALFORMED_SAMPLES)
+            continue
+        if r < cfg.malformed_rate + cfg.invalid_rate:
+            bad = json.loads(command("AuthorizePayment", a, _payment(rng, a, "pay-x", merchants, home, clock,
+                                                                      cfg))[1])
+            bad["payload"]["amount_minor"] = -abs(bad["payload"]["amount_minor"])
+            yield a, json.dumps(bad).encode()
+            continue
+        clock[a] += timedelta(seconds=rng.randint(30, 4 * 3600))
+        kind = rng.random()
+        if kind < 0.12:
+            home[a] = rng.choice(REGIONS) if rng.random() < 0.3 else home[a]
+            yield command("ReportDeviceLocation", a, {"location": home[a], "occurred_at": format_time(clock[a])})
+        elif kind < 0.14:
+            yield command("FreezeAccount", a, {"reason": "customer request"}, issued_at=format_time(clock[a]))
+        elif kind < 0.16:
+            yield command("UnfreezeAccount", a, {"reason": "customer verified"}, issued_at=format_time(clock[a]))
+        else:
+            payment_seq += 1
+            yield command("AuthorizePayment", a, _payment(rng, a, f"pay-{cfg.run_id}-{payment_seq:07d}",
+                                                          merchants, home, clock, cfg))
+            if rng.random() < cfg.burst_rate:
+                payment_seq += 1
+                clock[a] += timedelta(seconds=rng.randint(1, 9))
+                yield command("AuthorizePayment", a, _payment(rng, a, f"pay-{cfg.run_id}-{payment_seq:07d}",
+                                                              merchants, home, clock, cfg))
+
+
+def _payment(rng: random.Random, account: str, payment_id: str, merchants, home, clock, cfg) -> dict:
+    # Mostly small card payments, sometimes a large one that can exceed the available credit.
+    amount = int(rng.lognormvariate(7.5, 1.0)) + 100 if rng.random() < 0.97 else rng.randint(50_000, 400_000)
+    location = home[account] if rng.random() < 0.93 else rng.choice(REGIONS)
+    return {"payment_id": payment_id, "amount_minor": amount, "currency": cfg.currency,
+            "merchant_id": rng.choice(merchants), "location": location, "occurred_at": format_time(clock[account])}

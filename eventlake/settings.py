@@ -1,0 +1,131 @@
+"""One settings object for the whole platform, read from the environment or a TOML file.
+
+Precedence: environment variable > config file (``EVENTLAKE_CONFIG``) > default. Nothing connects
+or creates folders here; this only describes where things are.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+__all__ = ["Settings", "SettingsError", "PROJECT_ROOT"]
+
+# The checkout this package runs from (an editable install); caches and local data default to it.
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+class SettingsError(ValueError):
+    """A setting has a value that cannot be used."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Where local state lives: Kafka data, Delta tables, checkpoints.
+    home: Path = PROJECT_ROOT / ".eventlake"
+    # Where resolved artifacts (Kafka jars, Spark's Ivy cache) live; safe to delete.
+    cache_dir: Path = PROJECT_ROOT / ".cache"
+    # None = start and use the project's local broker. Set it to use a remote cluster (nothing is started).
+    kafka_bootstrap_servers: str | None = None
+    kafka_port: int = 19092
+    kafka_controller_port: int = 19093
+    topic_prefix: str = "eventlake."
+    topic_partitions: int = 3
+    topic_replication_factor: int = 1
+    handler_group_id: str = "eventlake-command-handler"
+    spark_master: str = "local[2]"
+    spark_shuffle_partitions: int = 4
+    spark_driver_memory: str = "2g"
+    max_offsets_per_trigger: int = 200_000
+    trigger_interval: str = "5 seconds"
+    # Free-form extras, e.g. {"projection_id": "..."} from tests; not read from the environment.
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    # -- derived locations -------------------------------------------------------------------
+    @property
+    def warehouse(self) -> Path:
+        return self.home / "warehouse"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.home / "checkpoints"
+
+    @property
+    def kafka_dir(self) -> Path:
+        return self.home / "kafka"
+
+    @property
+    def uses_local_kafka(self) -> bool:
+        return self.kafka_bootstrap_servers is None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.kafka_bootstrap_servers or f"127.0.0.1:{self.kafka_port}"
+
+    def topic(self, name: str) -> str:
+        """Full topic name for one of: commands, events, command-results, dead-letters."""
+        return f"{self.topic_prefix}{name}"
+
+    @property
+    def commands_topic(self) -> str:
+        return self.topic("commands")
+
+    @property
+    def events_topic(self) -> str:
+        return self.topic("events")
+
+    @property
+    def results_topic(self) -> str:
+        return self.topic("command-results")
+
+    @property
+    def dead_letters_topic(self) -> str:
+        return self.topic("dead-letters")
+
+    def table_path(self, name: str) -> Path:
+        return self.warehouse / name
+
+    def replace(self, **changes) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+    # -- loading ---------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        """Settings from ``EVENTLAKE_*`` / ``KAFKA_BOOTSTRAP_SERVERS`` variables and the optional
+        TOML file named by ``EVENTLAKE_CONFIG`` (keys are the field names, e.g. ``topic_partitions``)."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        config_file = env.get("EVENTLAKE_CONFIG")
+        if config_file:
+            path = Path(config_file)
+            try:
+                values.update(tomllib.loads(path.read_text()))
+            except FileNotFoundError:
+                raise SettingsError(f"EVENTLAKE_CONFIG={config_file}: no such file") from None
+            except tomllib.TOMLDecodeError as e:
+                raise SettingsError(f"EVENTLAKE_CONFIG={config_file}: not valid TOML ({e})") from None
+        known = {f.name: f for f in dataclasses.fields(cls) if f.name != "extra"}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise SettingsError(f"EVENTLAKE_CONFIG={config_file}: unknown setting(s) {', '.join(unknown)}; "
+                                f"known: {', '.join(sorted(known))}")
+        for name in known:
+            var = "KAFKA_BOOTSTRAP_SERVERS" if name == "kafka_bootstrap_servers" else f"EVENTLAKE_{name.upper()}"
+            if env.get(var):
+                values[name] = env[var]
+        return cls(**{name: _coerce(name, known[name].type, value) for name, value in values.items()})
+
+
+def _coerce(name: str, type_name: object, value: object) -> object:
+    type_text = str(type_name)
+    try:
+        if "Path" in type_text:
+            return Path(str(value)).expanduser().resolve()
+        if type_text == "int":
+            return int(value)  # type: ignore[arg-type]
+        return str(value) if value is not None else None
+    except (TypeError, ValueError):
+        raise SettingsError(f"setting {name}={value!r}: expected {type_text}") from None

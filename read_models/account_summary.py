@@ -1,0 +1,142 @@
+"""``account_summary``: one row per account, its current state (DESIGN.md lists the public columns).
+
+It consumes every account event (even those that change no column, such as FraudSuspected) so
+that ``version`` is the last applied ``aggregate_version`` and versions are applied without gaps.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterable
+
+from event_store.account import AccountState, evolve
+from event_store.envelope import EventEnvelope, parse_time
+from read_models.spec import CURRENT_STATE_BY_VERSION, ReadModel
+
+__all__ = ["MODEL"]
+
+EVENT_TYPES = ("AccountOpened", "PaymentAuthorized", "PaymentDeclined", "DeviceLocationReported",
+               "AccountFrozen", "AccountUnfrozen", "FraudSuspected")
+
+
+def _schema():
+    from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+
+    return StructType([
+        StructField("account_id", StringType(), False),
+        StructField("customer_id", StringType()),
+        StructField("status", StringType()),
+        StructField("credit_limit_minor", LongType()),
+        StructField("available_minor", LongType()),
+        StructField("currency", StringType()),
+        StructField("payments_authorized", LongType()),
+        StructField("payments_declined", LongType()),
+        StructField("authorized_total_minor", LongType()),
+        StructField("last_device_location", StringType()),
+        StructField("version", LongType()),
+        StructField("updated_at", TimestampType()),
+    ])
+
+
+def _fold(events):
+    """Contiguous events -> one row of changes per account (vectorised; no Python per row)."""
+    from pyspark.sql import functions as F
+
+    kind = F.col("event_type")
+
+    def latest(cond, value):
+        # The value carried by the highest-versioned event that matches cond (null when none does).
+        return F.max(F.when(cond, F.struct(F.col("aggregate_version").alias("v"), value.alias("x")))).getField("x")
+
+    def count(cond):
+        return F.sum(F.when(cond, F.lit(1)).otherwise(F.lit(0))).cast("long")
+
+    opened = kind == "AccountOpened"
+    authorized = kind == "PaymentAuthorized"
+    return events.groupBy(F.col("aggregate_id").alias("account_id")).agg(
+        F.min("aggregate_version").alias("first_version"),
+        F.max("aggregate_version").alias("version"),
+        latest(opened, F.col("customer_id")).alias("customer_id"),
+        latest(opened, F.col("credit_limit_minor")).alias("credit_limit_minor"),
+        latest(opened, F.col("currency")).alias("currency"),
+        latest(kind.isin("AccountOpened", "AccountFrozen", "AccountUnfrozen"),
+               F.when(kind == "AccountFrozen", F.lit("frozen")).otherwise(F.lit("open"))).alias("status"),
+        count(authorized).alias("payments_authorized"),
+        count(kind == "PaymentDeclined").alias("payments_declined"),
+        F.sum(F.when(authorized, F.col("amount_minor")).otherwise(F.lit(0))).cast("long")
+        .alias("authorized_total_minor"),
+        latest(kind == "DeviceLocationReported", F.col("location")).alias("last_device_location"),
+        latest(F.lit(True), F.col("recorded_at")).alias("updated_at"),
+    )
+
+
+_AUTHORIZED_TOTAL = "t.authorized_total_minor + s.authorized_total_minor"
+MERGE_UPDATE = {
+    "customer_id": "coalesce(s.customer_id, t.customer_id)",
+    "status": "coalesce(s.status, t.status)",
+    "credit_limit_minor": "coalesce(s.credit_limit_minor, t.credit_limit_minor)",
+    "available_minor": f"coalesce(s.credit_limit_minor, t.credit_limit_minor) - ({_AUTHORIZED_TOTAL})",
+    "currency": "coalesce(s.currency, t.currency)",
+    "payments_authorized": "t.payments_authorized + s.payments_authorized",
+    "payments_declined": "t.payments_declined + s.payments_declined",
+    "authorized_total_minor": _AUTHORIZED_TOTAL,
+    "last_device_location": "coalesce(s.last_device_location, t.last_device_location)",
+    "version": "s.version",
+    "updated_at": "s.updated_at",
+}
+MERGE_INSERT = {
+    "account_id": "s.account_id",
+    "customer_id": "s.customer_id",
+    "status": "coalesce(s.status, 'open')",
+    "credit_limit_minor": "s.credit_limit_minor",
+    "available_minor": "s.credit_limit_minor - s.authorized_total_minor",
+    "currency": "s.currency",
+    "payments_authorized": "s.payments_authorized",
+    "payments_declined": "s.payments_declined",
+    "authorized_total_minor": "s.authorized_total_minor",
+    "last_device_location": "s.last_device_location",
+    "version": "s.version",
+    "updated_at": "s.updated_at",
+}
+
+
+def python_fold(events: Iterable[EventEnvelope]) -> dict[str, dict[str, Any]]:
+    """The oracle: dedup by event_id, apply each account's versions 1, 2, ... in order, stop at a gap."""
+    seen: set[str] = set()
+    by_account: dict[str, dict[int, EventEnvelope]] = defaultdict(dict)
+    for e in events:
+        if e.event_id in seen or e.event_type not in EVENT_TYPES:
+            continue
+        seen.add(e.event_id)
+        by_account[e.aggregate_id].setdefault(e.aggregate_version, e)
+    rows = {}
+    for account_id, versions in by_account.items():
+        state, updated_at = AccountState(account_id), None
+        while state.version + 1 in versions:
+            event = versions[state.version + 1]
+            state = evolve(state, event)
+            updated_at = parse_time(event.recorded_at, "recorded_at").replace(tzinfo=None)
+        if state.version == 0:
+            continue
+        rows[account_id] = {
+            "account_id": account_id, "customer_id": state.customer_id, "status": state.status,
+            "credit_limit_minor": state.credit_limit_minor, "available_minor": state.available_minor,
+            "currency": state.currency, "payments_authorized": state.payments_authorized,
+            "payments_declined": state.payments_declined, "authorized_total_minor": state.authorized_total_minor,
+            "last_device_location": state.last_device_location, "version": state.version,
+            "updated_at": updated_at,
+        }
+    return rows
+
+
+MODEL = ReadModel(
+    name="account_summary",
+    key="account_id",
+    event_types=EVENT_TYPES,
+    schema=_schema,
+    fold=_fold,
+    merge_update=MERGE_UPDATE,
+    merge_insert=MERGE_INSERT,
+    merge_strategy=CURRENT_STATE_BY_VERSION,
+    python_fold=python_fold,
+    description="one row per account: status, credit, counts and totals, last device location",
+)

@@ -1,0 +1,72 @@
+"""Kafka records -> typed event rows, and the records that are not valid events -> dead-letter rows.
+
+Pure DataFrame -> DataFrame functions; the writer lives in ``projection``.
+"""
+from __future__ import annotations
+
+from event_store.schemas import EVENTS
+
+__all__ = ["envelope_schema", "parse_events", "DEAD_LETTER_COLUMNS", "EVENT_COLUMNS"]
+
+# Payload fields of every event type, flattened into columns of the event rows.
+_PAYLOAD_LONGS = ("credit_limit_minor", "amount_minor")
+_PAYLOAD_STRINGS = ("customer_id", "currency", "payment_id", "merchant_id", "location", "reason", "rule",
+                    "evidence")
+
+EVENT_COLUMNS = ("event_id", "event_type", "schema_version", "aggregate_type", "aggregate_id", "aggregate_version",
+                 "occurred_at", "recorded_at", "command_id", "correlation_id", "causation_id",
+                 *_PAYLOAD_STRINGS, *_PAYLOAD_LONGS, "kafka_topic", "kafka_partition", "kafka_offset")
+DEAD_LETTER_COLUMNS = ("reason", "raw_value", "raw_value_base64", "kafka_topic", "kafka_partition", "kafka_offset",
+                       "dead_lettered_at")
+
+
+def envelope_schema():
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    payload = StructType([StructField(n, StringType()) for n in _PAYLOAD_STRINGS]
+                         + [StructField(n, LongType()) for n in _PAYLOAD_LONGS])
+    strings = ("event_id", "event_type", "aggregate_type", "aggregate_id", "occurred_at", "recorded_at",
+               "command_id", "correlation_id", "causation_id")
+    return StructType([StructField(n, StringType()) for n in strings]
+                      + [StructField("schema_version", LongType()), StructField("aggregate_version", LongType()),
+                         StructField("payload", payload)])
+
+
+def parse_events(records):
+    """(valid events, dead letters) from a DataFrame of Kafka records (value, topic, partition, offset)."""
+    from pyspark.sql import functions as F
+
+    e = F.col("e")
+    parsed = records.select(
+        F.col("value").cast("string").alias("raw_value"),
+        F.base64("value").alias("raw_value_base64"),
+        F.col("topic").alias("kafka_topic"), F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"),
+        F.from_json(F.col("value").cast("string"), envelope_schema(), {"mode": "PERMISSIVE"}).alias("e"),
+    ).withColumns({"occurred_ts": e["occurred_at"].cast("timestamp"),
+                   "recorded_ts": e["recorded_at"].cast("timestamp")})
+    reason = (
+        F.when(e.isNull() | (e["event_id"].isNull() & e["event_type"].isNull()),
+               F.lit("not an event envelope: invalid JSON or no event_id/event_type"))
+        .when(e["event_id"].isNull(), F.lit("missing event_id"))
+        .when(e["event_type"].isNull(), F.lit("missing event_type"))
+        .when(~e["event_type"].isin(*EVENTS), F.concat(F.lit("unknown event_type "), e["event_type"]))
+        .when(e["aggregate_id"].isNull(), F.lit("missing aggregate_id"))
+        .when(e["aggregate_version"].isNull() | (e["aggregate_version"] < 1),
+              F.lit("aggregate_version missing or < 1"))
+        .when(F.col("occurred_ts").isNull(), F.lit("occurred_at missing or not an ISO-8601 timestamp"))
+        .when(F.col("recorded_ts").isNull(), F.lit("recorded_at missing or not an ISO-8601 timestamp"))
+    )
+    checked = parsed.withColumn("reason", reason)
+    dead = checked.filter(F.col("reason").isNotNull()).select(
+        "reason", "raw_value", "raw_value_base64", "kafka_topic", "kafka_partition", "kafka_offset",
+        F.current_timestamp().alias("dead_lettered_at"))
+    envelope_fields = ("event_id", "event_type", "schema_version", "aggregate_type", "aggregate_id",
+                       "aggregate_version")
+    valid = checked.filter(F.col("reason").isNull()).select(
+        *[e[n].alias(n) for n in envelope_fields],
+        F.col("occurred_ts").alias("occurred_at"), F.col("recorded_ts").alias("recorded_at"),
+        *[e[n].alias(n) for n in ("command_id", "correlation_id", "causation_id")],
+        *[e["payload"][n].alias(n) for n in (*_PAYLOAD_STRINGS, *_PAYLOAD_LONGS)],
+        "kafka_topic", "kafka_partition", "kafka_offset")
+    return valid, dead

@@ -1,0 +1,87 @@
+"""Building the Spark session: Delta and the Kafka source through ``spark.jars.packages``.
+
+The packages are resolved once into the project's Ivy cache (``<cache>/ivy``) and read from it
+afterwards, so later runs need no network. Under ``spark-submit`` the launcher's own settings
+(master, ``--packages``) are used as they are.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from eventlake.settings import Settings
+
+__all__ = ["SPARK_PACKAGES", "build_session", "delta_table_exists", "extra_jars"]
+
+SPARK_PACKAGES = (
+    "io.delta:delta-spark_4.2_2.13:4.4.0",
+    "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0",
+)
+# The Kafka source depends on spark-token-provider-kafka-0-10 of the same version, but Maven Central as
+# reachable here has no 4.1+ build of it; 4.0.0 is there. It is excluded from the Ivy resolution and the
+# 4.0.0 jar is fetched with Maven into the cache and added through spark.jars.
+TOKEN_PROVIDER = ("org.apache.spark", "spark-token-provider-kafka-0-10_2.13", "4.0.0")
+SPARK_PACKAGE_EXCLUDES = (f"{TOKEN_PROVIDER[0]}:{TOKEN_PROVIDER[1]}",)
+
+
+def extra_jars(settings: Settings, log=print) -> list[Path]:
+    """Jars added with spark.jars (fetched once with Maven into <cache>/spark-jars)."""
+    group, artifact, version = TOKEN_PROVIDER
+    folder = settings.cache_dir / "spark-jars"
+    jar = folder / f"{artifact}-{version}.jar"
+    if not jar.exists():
+        if shutil.which("mvn") is None:
+            raise RuntimeError(f"Maven (mvn) is needed once to fetch {group}:{artifact}:{version}")
+        log(f"spark: fetching {group}:{artifact}:{version} into {folder} (once) ...")
+        cmd = ["mvn", "-q", "-B", "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy",
+               f"-Dartifact={group}:{artifact}:{version}", f"-DoutputDirectory={folder}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0 or not jar.exists():
+            raise RuntimeError(f"fetching {artifact} failed ({' '.join(cmd)}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return [jar]
+
+
+def build_session(settings: Settings, app_name: str = "eventlake", log=print):
+    """The Spark session for this process (created on first call, reused afterwards)."""
+    # Workers must run this interpreter: it has the project's packages.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    builder = SparkSession.builder.appName(app_name)
+    under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    if not under_spark_submit:
+        ivy = settings.cache_dir / "ivy"
+        if not (ivy / "jars").exists():
+            log(f"spark: resolving {', '.join(SPARK_PACKAGES)} from Maven Central into {ivy} (once) ...")
+        builder = (builder.master(settings.spark_master)
+                   .config("spark.jars.packages", ",".join(SPARK_PACKAGES))
+                   .config("spark.jars.excludes", ",".join(SPARK_PACKAGE_EXCLUDES))
+                   .config("spark.jars", ",".join(str(j) for j in extra_jars(settings, log)))
+                   .config("spark.jars.ivy", str(ivy))
+                   .config("spark.driver.memory", settings.spark_driver_memory)
+                   .config("spark.ui.enabled", "false")
+                   .config("spark.ui.showConsoleProgress", "false"))
+    builder = (builder
+               .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+               .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+               .config("spark.sql.shuffle.partitions", str(settings.spark_shuffle_partitions))
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.databricks.delta.snapshotPartitions", "2")
+               .config("spark.sql.warehouse.dir", str(settings.home / "spark-warehouse"))
+               .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={settings.home / 'derby'}"))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def delta_table_exists(spark, path) -> bool:
+    from delta.tables import DeltaTable
+
+    return DeltaTable.isDeltaTable(spark, str(path))
