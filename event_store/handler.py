@@ -21,7 +21,7 @@ from event_store.envelope import (CommandEnvelope, CommandResult, EventEnvelope,
 from event_store.schemas import EVENT_SCHEMA_VERSIONS
 from eventlake.settings import Settings
 
-__all__ = ["CommandHandler", "HandlerStats"]
+__all__ = ["CommandHandler", "HandlerStats", "execute"]
 
 # Event ids derive from the command id, so a batch redone after an aborted transaction writes the same ids.
 _EVENT_ID_NAMESPACE = uuid.UUID("6f1c2b1e-7a4d-4e0b-9a59-3f0e2c1d8b71")
@@ -43,6 +43,30 @@ class HandlerStats:
         return (f"{self.commands} commands ({self.accepted} accepted, {self.rejected} rejected, "
                 f"{self.duplicates} duplicate, {self.dead_lettered} dead-lettered) -> {self.events} events "
                 f"in {self.transactions} transactions, {self.commands / secs:,.0f} commands/s")
+
+
+def execute(state: AccountState, command: CommandEnvelope, recorded_at: str | None = None
+            ) -> tuple[AccountState, list[EventEnvelope], CommandResult]:
+    """Pure: the new state, the event envelopes to append and the command's result (no Kafka)."""
+    try:
+        new_events = decide(state, command)
+    except CommandRejected as e:
+        return state, [], CommandResult(command.command_id, command.aggregate_id, "rejected", state.version,
+                                        error_type=e.error_type, reason=e.reason)
+    recorded_at = recorded_at or utc_now()
+    envelopes = []
+    for i, new in enumerate(new_events):
+        event = EventEnvelope(
+            event_id=str(uuid.uuid5(_EVENT_ID_NAMESPACE, f"{command.command_id}/{i}")),
+            event_type=new.event_type, schema_version=EVENT_SCHEMA_VERSIONS[new.event_type],
+            aggregate_type=AGGREGATE_TYPE, aggregate_id=command.aggregate_id, aggregate_version=state.version + 1,
+            occurred_at=new.occurred_at, recorded_at=recorded_at, command_id=command.command_id,
+            correlation_id=command.correlation_id or command.command_id, causation_id=command.command_id,
+            payload=dict(new.payload))
+        state = evolve(state, event)
+        envelopes.append(event)
+    return state, envelopes, CommandResult(command.command_id, command.aggregate_id, "accepted", state.version,
+                                           event_ids=tuple(e.event_id for e in envelopes))
 
 
 class CommandHandler:
@@ -168,32 +192,17 @@ class CommandHandler:
             self._send_result(CommandResult(command.command_id, account_id, "accepted", state.version,
                                             reason="duplicate command_id: already handled, nothing written"))
             return
-        try:
-            new_events = decide(state, command)
-        except CommandRejected as e:
-            stats.rejected += 1
-            self._send_result(CommandResult(command.command_id, account_id, "rejected", state.version,
-                                            error_type=e.error_type, reason=e.reason))
-            return
-        recorded_at = utc_now()
-        event_ids = []
-        for i, new in enumerate(new_events):
-            event = EventEnvelope(
-                event_id=str(uuid.uuid5(_EVENT_ID_NAMESPACE, f"{command.command_id}/{i}")),
-                event_type=new.event_type, schema_version=EVENT_SCHEMA_VERSIONS[new.event_type],
-                aggregate_type=AGGREGATE_TYPE, aggregate_id=account_id, aggregate_version=state.version + 1,
-                occurred_at=new.occurred_at, recorded_at=recorded_at, command_id=command.command_id,
-                correlation_id=command.correlation_id or command.command_id, causation_id=command.command_id,
-                payload=dict(new.payload))
+        state, events, result = execute(state, command)
+        for event in events:
             self._producer.send(s.events_topic, key=account_id.encode(), value=event.to_json())
-            state = evolve(state, event)
-            event_ids.append(event.event_id)
-        staged[account_id] = state
-        staged_commands.add(command.command_id)
-        stats.accepted += 1
-        stats.events += len(event_ids)
-        self._send_result(CommandResult(command.command_id, account_id, "accepted", state.version,
-                                        event_ids=tuple(event_ids)))
+        if result.accepted:
+            staged[account_id] = state
+            staged_commands.add(command.command_id)
+            stats.accepted += 1
+            stats.events += len(events)
+        else:
+            stats.rejected += 1
+        self._send_result(result)
 
     def _send_result(self, result: CommandResult) -> None:
         self._producer.send(self.settings.results_topic, key=result.command_id.encode(), value=result.to_json())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Iterator
@@ -46,12 +47,14 @@ def generate_commands(cfg: GeneratorConfig) -> Iterator[tuple[str, bytes]]:
     merchants = [f"mer-{i:04d}" for i in range(cfg.merchants)]
     payment_seq = 0
 
-    def command(kind: str, account: str, payload: dict, **kw) -> tuple[str, bytes]:
-        return account, CommandEnvelope.create(kind, account, payload, **kw).to_json()
+    def command(kind: str, account: str, payload: dict) -> tuple[str, bytes]:
+        command_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        return account, CommandEnvelope.create(kind, account, payload, command_id=command_id,
+                                               issued_at=format_time(clock[account])).to_json()
 
     for a in accounts:
         yield command("OpenAccount", a, {"customer_id": f"cus-{a[4:]}", "credit_limit_minor": limits[a],
-                                         "currency": cfg.currency}, issued_at=format_time(clock[a]))
+                                         "currency": cfg.currency})
     for _ in range(max(cfg.commands - cfg.accounts, 0)):
         a = rng.choice(accounts)
         r = rng.random()
@@ -70,9 +73,9 @@ def generate_commands(cfg: GeneratorConfig) -> Iterator[tuple[str, bytes]]:
             home[a] = rng.choice(REGIONS) if rng.random() < 0.3 else home[a]
             yield command("ReportDeviceLocation", a, {"location": home[a], "occurred_at": format_time(clock[a])})
         elif kind < 0.14:
-            yield command("FreezeAccount", a, {"reason": "customer request"}, issued_at=format_time(clock[a]))
+            yield command("FreezeAccount", a, {"reason": "customer request"})
         elif kind < 0.16:
-            yield command("UnfreezeAccount", a, {"reason": "customer verified"}, issued_at=format_time(clock[a]))
+            yield command("UnfreezeAccount", a, {"reason": "customer verified"})
         else:
             payment_seq += 1
             yield command("AuthorizePayment", a, _payment(rng, a, f"pay-{cfg.run_id}-{payment_seq:07d}",

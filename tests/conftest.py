@@ -1,0 +1,62 @@
+"""Shared fixtures: ONE real Kafka broker and ONE Spark session per test run, unique names per test.
+
+The broker is the project's own (infra/kafka.py) on free loopback ports in a temp folder, unless
+KAFKA_BOOTSTRAP_SERVERS is set, in which case that cluster is used and nothing is started.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+# Spark returns timestamps in the process's local zone; the read models are in UTC.
+os.environ["TZ"] = "UTC"
+time.tzset()
+
+from eventlake.settings import Settings  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def bootstrap_servers(tmp_path_factory) -> str:
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+        return
+    from infra import kafka
+
+    broker = Settings.load({}).replace(home=tmp_path_factory.mktemp("kafka-home"), kafka_port=_free_port(),
+                                       kafka_controller_port=_free_port())
+    kafka.up(broker, log=lambda *_: None)
+    try:
+        yield broker.bootstrap_servers
+    finally:
+        kafka.down(broker, log=lambda *_: None)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, bootstrap_servers: str) -> Settings:
+    """Settings for one test: its own topics (unique prefix) and its own warehouse and checkpoints."""
+    return Settings.load({}).replace(
+        home=tmp_path / "home", kafka_bootstrap_servers=bootstrap_servers,
+        topic_prefix=f"test-{uuid.uuid4().hex[:10]}.", topic_partitions=3,
+        handler_group_id=f"handler-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory):
+    from spark_apps.session import build_session
+
+    session = build_session(Settings.load({}).replace(home=tmp_path_factory.mktemp("spark-home"),
+                                                      spark_shuffle_partitions=2), app_name="eventlake-tests",
+                            log=lambda *_: None)
+    yield session
+    session.stop()

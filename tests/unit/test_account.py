@@ -1,0 +1,128 @@
+"""decide/evolve of the account aggregate: given these events, expect this state and these decisions."""
+import pytest
+
+from event_store.account import AccountState, CommandRejected, decide, evolve
+from event_store.envelope import CommandEnvelope, InvalidRecord
+from event_store.handler import execute
+
+T0 = "2026-01-01T10:00:00.000Z"
+
+
+def cmd(kind, payload, account="acc-1", **kw):
+    return CommandEnvelope.create(kind, account, payload, **kw)
+
+
+def open_cmd(limit=10_000, currency="USD", **kw):
+    return cmd("OpenAccount", {"customer_id": "cus-1", "credit_limit_minor": limit, "currency": currency}, **kw)
+
+
+def pay(amount, payment_id="p1", currency="USD", location="US-NYC", at=T0, **kw):
+    return cmd("AuthorizePayment", {"payment_id": payment_id, "amount_minor": amount, "currency": currency,
+                                    "merchant_id": "m1", "location": location, "occurred_at": at}, **kw)
+
+
+def run(*commands):
+    state, all_events, results = AccountState("acc-1"), [], []
+    for c in commands:
+        state, events, result = execute(state, c)
+        all_events += events
+        results.append(result)
+    return state, all_events, results
+
+
+def test_open_account_emits_account_opened_and_sets_state():
+    state, events, _ = run(open_cmd(limit=5000))
+    assert [e.event_type for e in events] == ["AccountOpened"]
+    assert events[0].aggregate_version == 1
+    assert (state.opened, state.status, state.credit_limit_minor, state.available_minor, state.version) == \
+        (True, "open", 5000, 5000, 1)
+
+
+def test_opening_twice_is_rejected():
+    with pytest.raises(CommandRejected) as e:
+        decide(run(open_cmd())[0], open_cmd())
+    assert e.value.error_type == "AccountAlreadyOpen"
+
+
+def test_payment_on_unknown_account_is_rejected_with_a_reason():
+    _, events, results = run(pay(100))
+    assert events == []
+    assert results[0].status == "rejected" and results[0].error_type == "AccountNotFound"
+    assert "OpenAccount" in results[0].reason
+
+
+def test_payments_within_credit_are_authorized_and_reduce_available():
+    state, events, _ = run(open_cmd(limit=1000), pay(300, "p1"), pay(700, "p2"))
+    assert [e.event_type for e in events] == ["AccountOpened", "PaymentAuthorized", "PaymentAuthorized"]
+    assert [e.aggregate_version for e in events] == [1, 2, 3]
+    assert (state.available_minor, state.payments_authorized, state.authorized_total_minor) == (0, 2, 1000)
+
+
+def test_payment_over_available_credit_is_declined_not_rejected():
+    state, events, results = run(open_cmd(limit=1000), pay(600, "p1"), pay(500, "p2"))
+    assert events[-1].event_type == "PaymentDeclined"
+    assert events[-1].payload["reason"] == "over_credit_limit"
+    assert results[-1].accepted
+    assert (state.payments_declined, state.available_minor, state.version) == (1, 400, 3)
+
+
+def test_frozen_account_declines_payments_until_unfrozen():
+    state, events, _ = run(open_cmd(), cmd("FreezeAccount", {"reason": "fraud"}), pay(10, "p1"),
+                           cmd("UnfreezeAccount", {}), pay(10, "p2"))
+    assert [e.event_type for e in events] == ["AccountOpened", "AccountFrozen", "PaymentDeclined",
+                                              "AccountUnfrozen", "PaymentAuthorized"]
+    assert events[2].payload["reason"] == "account_frozen"
+    assert state.status == "open"
+
+
+def test_freezing_a_frozen_account_is_accepted_without_events():
+    state, events, results = run(open_cmd(), cmd("FreezeAccount", {}), cmd("FreezeAccount", {}))
+    assert [e.event_type for e in events] == ["AccountOpened", "AccountFrozen"]
+    assert results[-1].accepted and results[-1].event_ids == ()
+
+
+def test_currency_mismatch_is_rejected():
+    _, _, results = run(open_cmd(currency="EUR"), pay(10, currency="USD"))
+    assert results[-1].error_type == "CurrencyMismatch"
+
+
+def test_device_location_and_fraud_flag():
+    state, events, _ = run(open_cmd(), cmd("ReportDeviceLocation", {"location": "GB-LON", "occurred_at": T0}),
+                           cmd("FlagFraud", {"payment_id": "p9", "rule": "location_mismatch"}))
+    assert state.last_device_location == "GB-LON"
+    assert events[-1].event_type == "FraudSuspected" and events[-1].payload["rule"] == "location_mismatch"
+
+
+def test_stale_expected_version_is_a_concurrency_conflict():
+    _, _, results = run(open_cmd(), pay(10, "p1"), pay(10, "p2", expected_version=1))
+    assert results[-1].error_type == "ConcurrencyConflict"
+    assert "version 2" in results[-1].reason
+
+
+def test_event_ids_derive_from_the_command_so_a_redo_writes_the_same_ids():
+    c = open_cmd()
+    assert execute(AccountState("acc-1"), c)[1][0].event_id == execute(AccountState("acc-1"), c)[1][0].event_id
+
+
+def test_evolve_refuses_unknown_event_types():
+    from event_store.account import NewEvent
+
+    with pytest.raises(ValueError, match="unknown event type"):
+        evolve(AccountState("a"), NewEvent("Teleported", {}, T0))
+
+
+@pytest.mark.parametrize("payload, message", [
+    ({"payment_id": "p", "amount_minor": -5, "currency": "USD", "merchant_id": "m", "location": "US-NYC",
+      "occurred_at": T0}, "amount_minor' must be > 0"),
+    ({"payment_id": "p", "amount_minor": 5.5, "currency": "USD", "merchant_id": "m", "location": "US-NYC",
+      "occurred_at": T0}, "amount_minor' must be int"),
+    ({"payment_id": "p", "amount_minor": 5, "currency": "XXX", "merchant_id": "m", "location": "US-NYC",
+      "occurred_at": T0}, "not a known ISO-4217"),
+    ({"payment_id": "p", "amount_minor": 5, "currency": "USD", "merchant_id": "m", "location": "nowhere",
+      "occurred_at": T0}, "region code"),
+    ({"payment_id": "p", "amount_minor": 5, "currency": "USD", "location": "US-NYC", "occurred_at": T0},
+     "missing required field 'merchant_id'"),
+])
+def test_invalid_commands_are_refused_with_the_field_and_reason(payload, message):
+    with pytest.raises(InvalidRecord, match=message):
+        CommandEnvelope.create("AuthorizePayment", "acc-1", payload)

@@ -1,0 +1,37 @@
+from pathlib import Path
+
+import pytest
+
+from eventlake.settings import Settings, SettingsError
+
+
+def test_environment_overrides_file_and_defaults(tmp_path):
+    config = tmp_path / "eventlake.toml"
+    config.write_text('topic_prefix = "prod."\ntopic_partitions = 12\n')
+    s = Settings.load({"EVENTLAKE_CONFIG": str(config), "EVENTLAKE_TOPIC_PARTITIONS": "6",
+                       "KAFKA_BOOTSTRAP_SERVERS": "kafka-1:9092", "EVENTLAKE_HOME": str(tmp_path)})
+    assert (s.topic_prefix, s.topic_partitions, s.bootstrap_servers) == ("prod.", 6, "kafka-1:9092")
+    assert s.events_topic == "prod.events"
+    assert not s.uses_local_kafka
+    assert s.warehouse == Path(tmp_path).resolve() / "warehouse"
+
+
+def test_defaults_use_the_local_broker():
+    s = Settings.load({})
+    assert s.uses_local_kafka and s.bootstrap_servers == "127.0.0.1:19092"
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"EVENTLAKE_TOPIC_PARTITIONS": "many"}, "topic_partitions='many': expected int"),
+    ({"EVENTLAKE_CONFIG": "/nonexistent.toml"}, "no such file"),
+])
+def test_bad_settings_name_the_setting(env, message):
+    with pytest.raises(SettingsError, match=message):
+        Settings.load(env)
+
+
+def test_unknown_keys_in_the_config_file_are_refused(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text("topic_prefixx = 'x'\n")
+    with pytest.raises(SettingsError, match="unknown setting.*topic_prefixx"):
+        Settings.load({"EVENTLAKE_CONFIG": str(config)})
