@@ -134,8 +134,8 @@ class Projection:
                         run.batches += 1
                         run.input_rows += p["numInputRows"]
                 if query.isActive:
-                    self.log(f"projection: {run.batches} batches, {run.input_rows} events so far "
-                             f"({time.monotonic() - started:.0f}s)")
+                    self.log(f"projection: {run.batches} batch(es) done, {run.input_rows} events so far; now: "
+                             f"{query.status['message']} ({time.monotonic() - started:.0f}s)")
             query.awaitTermination()  # re-raises the query's failure, if any
             for p in query.recentProgress:
                 if p["batchId"] not in seen:

@@ -76,8 +76,23 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print):
                .config("spark.databricks.delta.snapshotPartitions", "2")
                .config("spark.sql.warehouse.dir", str(settings.home / "spark-warehouse"))
                .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={settings.home / 'derby'}"))
-    spark = builder.getOrCreate()
+    # The JVM's own output (Ivy resolution, log4j warnings) goes to a log file, not the user's terminal:
+    # the launched JVM inherits whatever file descriptor 2 is while it starts.
+    log_file = settings.home / "logs" / f"{app_name}.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as jvm_log:
+        saved = os.dup(2)
+        os.dup2(jvm_log.fileno(), 2)
+        try:
+            spark = builder.getOrCreate()
+        except Exception as e:
+            tail = log_file.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"Spark did not start ({e.__class__.__name__}); the end of {log_file}:\n{tail}") from e
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
     spark.sparkContext.setLogLevel("WARN")
+    log(f"spark: {spark.version} session {app_name} ({spark.sparkContext.master}); JVM log {log_file}")
     return spark
 
 

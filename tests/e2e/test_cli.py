@@ -1,0 +1,83 @@
+"""End to end through the `eventlake` console entry point, as a user runs it."""
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
+
+
+def run(args, env, timeout=300):
+    return subprocess.run([EVENTLAKE, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def env(settings):
+    e = dict(os.environ)
+    e.update(KAFKA_BOOTSTRAP_SERVERS=settings.bootstrap_servers, EVENTLAKE_HOME=str(settings.home),
+             EVENTLAKE_TOPIC_PREFIX=settings.topic_prefix, EVENTLAKE_HANDLER_GROUP_ID=settings.handler_group_id,
+             EVENTLAKE_SPARK_SHUFFLE_PARTITIONS="2")
+    return e
+
+
+def test_demo_then_sql_query(env, settings):
+    demo = run(["demo", "--accounts", "40", "--commands", "400"], env)
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    out = demo.stdout
+    run_id = re.search(r"== eventlake demo: run (\d+) ==", out).group(1)
+    assert re.search(r"account_summary for this run: 40 accounts", out)
+    assert str(settings.warehouse) in out and settings.events_topic in out
+
+    query = run(["query", f"SELECT count(*) AS n, sum(version) AS versions FROM account_summary "
+                          f"WHERE account_id LIKE 'acc-{run_id}-%'"], env)
+    assert query.returncode == 0, query.stderr
+    lines = query.stdout.splitlines()
+    assert lines[0].split("|")[0].strip() == "n"
+    assert lines[2].split("|")[0].strip() == "40"
+    events = int(re.search(r"events:\s+(\d+) appended", out).group(1))
+    assert int(lines[2].split("|")[1]) == events  # every event applied exactly once: versions sum to events
+
+    bad = run(["query", "SELECT nope FROM account_summary"], env)
+    assert bad.returncode == 2
+    assert "nope" in bad.stderr and "account_summary" in bad.stderr
+
+
+def test_query_before_any_table_exists_says_what_to_do(env):
+    result = run(["query", "SELECT 1"], env)
+    assert result.returncode == 2
+    assert "eventlake demo" in result.stderr
+
+
+def test_local_kafka_up_is_idempotent_and_down_stops_it(tmp_path):
+    e = dict(os.environ)
+    e.pop("KAFKA_BOOTSTRAP_SERVERS", None)
+    e.update(EVENTLAKE_HOME=str(tmp_path), EVENTLAKE_KAFKA_PORT=str(_free_port()),
+             EVENTLAKE_KAFKA_CONTROLLER_PORT=str(_free_port()))
+    try:
+        first = run(["kafka", "up"], e, timeout=120)
+        assert first.returncode == 0, first.stderr
+        assert "running (pid" in first.stdout
+        again = run(["kafka", "up"], e, timeout=60)
+        pid = re.search(r"running \(pid (\d+)\)", first.stdout).group(1)
+        assert again.returncode == 0 and f"running (pid {pid})" in again.stdout  # the same broker, not a second
+        topics = run(["topics"], e, timeout=60)
+        assert topics.returncode == 0 and "retention.ms=-1" in topics.stdout
+    finally:
+        down = run(["kafka", "down"], e, timeout=60)
+    assert "stopped" in down.stdout
+    status = run(["kafka", "status"], e, timeout=60)
+    assert "stopped" in status.stdout
+    refused = run(["topics"], e, timeout=60)
+    assert refused.returncode != 0 and "eventlake kafka up" in refused.stderr
