@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from event_store.envelope import CommandEnvelope, EventEnvelope
+from event_store.schemas import country_of
 
 __all__ = ["AccountState", "NewEvent", "CommandRejected", "decide", "evolve", "DECLINE_REASONS"]
 
@@ -77,7 +78,9 @@ def decide(state: AccountState, command: CommandEnvelope) -> list[NewEvent]:
             return [NewEvent("PaymentDeclined", {**payment, "reason": "account_frozen"}, p["occurred_at"])]
         if p["amount_minor"] > state.available_minor:
             return [NewEvent("PaymentDeclined", {**payment, "reason": "over_credit_limit"}, p["occurred_at"])]
-        return [NewEvent("PaymentAuthorized", payment, p["occurred_at"])]
+        return [NewEvent("PaymentAuthorized",
+                         {**payment, "merchant_country": p.get("merchant_country") or country_of(p["location"])},
+                         p["occurred_at"])]
     if kind == "ReportDeviceLocation":
         return [NewEvent("DeviceLocationReported", {"location": p["location"]}, p["occurred_at"])]
     if kind == "FreezeAccount":

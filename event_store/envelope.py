@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from event_store import schemas
+from event_store.upcasting import UnknownSchemaVersion, upcast
 
 __all__ = ["EventEnvelope", "CommandEnvelope", "CommandResult", "InvalidRecord", "utc_now", "parse_time",
            "format_time", "new_id"]
@@ -87,8 +88,17 @@ class EventEnvelope:
     causation_id: str
     payload: Mapping[str, Any] = field(default_factory=dict)
 
+    def to_dict(self) -> dict[str, Any]:
+        # Spelled out rather than dataclasses.asdict: this is on the handler's hot path (asdict deep-copies).
+        return {"event_id": self.event_id, "event_type": self.event_type, "schema_version": self.schema_version,
+                "aggregate_type": self.aggregate_type, "aggregate_id": self.aggregate_id,
+                "aggregate_version": self.aggregate_version, "occurred_at": self.occurred_at,
+                "recorded_at": self.recorded_at, "command_id": self.command_id,
+                "correlation_id": self.correlation_id, "causation_id": self.causation_id,
+                "payload": dict(self.payload)}
+
     def to_json(self) -> bytes:
-        return _dumps(asdict(self))
+        return _dumps(self.to_dict())
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> "EventEnvelope":
@@ -107,11 +117,16 @@ class EventEnvelope:
         for name in ("occurred_at", "recorded_at"):
             parse_time(_require(obj, name, str, what), f"{what}: {name}")
         payload = _require(obj, "payload", dict, what)
+        # Old schema versions are upcast here, so every reader sees the current version only.
+        try:
+            schema_version, payload = upcast(event_type, _require(obj, "schema_version", int, what), payload, what)
+        except UnknownSchemaVersion as e:
+            raise InvalidRecord(str(e)) from None
         schemas.validate_payload(schemas.EVENTS[event_type], payload, f"{what} ({event_type})")
         return cls(
             event_id=_require(obj, "event_id", str, what),
             event_type=event_type,
-            schema_version=_require(obj, "schema_version", int, what),
+            schema_version=schema_version,
             aggregate_type=_require(obj, "aggregate_type", str, what),
             aggregate_id=_require(obj, "aggregate_id", str, what),
             aggregate_version=version,
@@ -185,20 +200,31 @@ class CommandResult:
     error_type: str | None = None
     reason: str | None = None
     recorded_at: str = field(default_factory=utc_now)
+    # True on the answer to a re-sent command_id: the FIRST result, repeated; nothing was written.
+    duplicate: bool = False
 
     @property
     def accepted(self) -> bool:
         return self.status == "accepted"
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"command_id": self.command_id, "aggregate_id": self.aggregate_id, "status": self.status,
+                "version": self.version, "event_ids": list(self.event_ids), "error_type": self.error_type,
+                "reason": self.reason, "recorded_at": self.recorded_at, "duplicate": self.duplicate}
+
     def to_json(self) -> bytes:
-        d = asdict(self)
-        d["event_ids"] = list(self.event_ids)
-        return _dumps(d)
+        return _dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> "CommandResult":
+        try:
+            return cls(command_id=obj["command_id"], aggregate_id=obj["aggregate_id"], status=obj["status"],
+                       version=obj["version"], event_ids=tuple(obj.get("event_ids") or ()),
+                       error_type=obj.get("error_type"), reason=obj.get("reason"),
+                       recorded_at=obj.get("recorded_at") or utc_now(), duplicate=bool(obj.get("duplicate")))
+        except KeyError as e:
+            raise InvalidRecord(f"command result: missing field {e}") from None
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> "CommandResult":
-        obj = _load_json(raw, "command result")
-        return cls(command_id=obj["command_id"], aggregate_id=obj["aggregate_id"], status=obj["status"],
-                   version=obj["version"], event_ids=tuple(obj.get("event_ids") or ()),
-                   error_type=obj.get("error_type"), reason=obj.get("reason"),
-                   recorded_at=obj.get("recorded_at") or utc_now())
+        return cls.from_dict(_load_json(raw, "command result"))

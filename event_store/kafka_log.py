@@ -16,7 +16,7 @@ from kafka.errors import TopicAlreadyExistsError
 from eventlake.settings import Settings
 
 __all__ = ["ensure_topics", "topic_configs", "make_producer", "make_consumer", "read_all", "end_offsets",
-           "produce_all", "dead_letter_value"]
+           "produce_all", "dead_letter_value", "read_partition"]
 
 # Append-only log: never deleted by time or size, never compacted.
 _UNLIMITED = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
@@ -29,6 +29,9 @@ def topic_configs(settings: Settings) -> dict[str, dict[str, str]]:
         settings.events_topic: dict(_UNLIMITED),
         settings.results_topic: {"retention.ms": str(7 * 24 * 3600 * 1000), "cleanup.policy": "delete"},
         settings.dead_letters_topic: dict(_UNLIMITED),
+        # The handler's snapshots: only the latest value per key matters (see event_store.snapshots).
+        settings.snapshots_topic: {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1",
+                                   "segment.ms": str(3600 * 1000)},
     }
 
 
@@ -110,6 +113,32 @@ def read_all(settings: Settings, topic: str, idle_timeout_s: float = 2.0) -> Ite
                 break
     finally:
         consumer.close()
+
+
+def read_partition(consumer: KafkaConsumer, tp: TopicPartition, start: int, end: int | None = None,
+                   idle_timeout_s: float = 5.0) -> Iterator:
+    """Committed records of one partition from ``start`` up to ``end`` (default: its last stable offset).
+
+    ``consumer`` is a read_committed consumer without a group; it is (re)assigned to ``tp`` only.
+    """
+    consumer.assign([tp])
+    if end is None:
+        end = consumer.end_offsets([tp])[tp]
+    if start >= end:
+        return
+    consumer.seek(tp, start)
+    last_progress = time.monotonic()
+    while consumer.position(tp) < end:
+        batch = consumer.poll(timeout_ms=200, max_records=10_000)
+        records = batch.get(tp, ())
+        for record in records:
+            if record.offset >= end:
+                return
+            yield record
+        if records:
+            last_progress = time.monotonic()
+        elif time.monotonic() - last_progress > idle_timeout_s:
+            break  # only transaction markers or aborted records left before ``end``
 
 
 def produce_all(producer: KafkaProducer, topic: str, records: Iterable[tuple[str, bytes]]) -> int:

@@ -9,7 +9,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-__all__ = ["Field", "COMMANDS", "EVENTS", "CURRENCIES", "validate_payload", "EVENT_SCHEMA_VERSIONS"]
+__all__ = ["Field", "COMMANDS", "EVENTS", "CURRENCIES", "validate_payload", "EVENT_SCHEMA_VERSIONS",
+           "country_of"]
 
 # ISO-4217 codes accepted by the reference domain.
 CURRENCIES = frozenset({"USD", "EUR", "GBP", "JPY", "CHF", "CAD", "AUD", "SEK", "NOK", "DKK", "PLN", "CZK",
@@ -41,6 +42,15 @@ def _timestamp(v: Any) -> str | None:
     return None if _ISO_TIME.match(v) else f"{v!r} is not an ISO-8601 UTC timestamp"
 
 
+def _country(v: Any) -> str | None:
+    return None if re.fullmatch(r"[A-Z]{2}", v) else f"{v!r} is not a two-letter country code like 'US'"
+
+
+def country_of(location: str) -> str:
+    """The country part of a region code: ``US-NYC`` -> ``US``."""
+    return location.split("-", 1)[0]
+
+
 def _non_empty(v: Any) -> str | None:
     return None if v.strip() else "must not be empty"
 
@@ -51,11 +61,14 @@ _CURRENCY = Field(str, check=_currency)
 _LOC = Field(str, check=_location)
 _TIME = Field(str, check=_timestamp)
 _REASON = Field(str, required=False)
+_COUNTRY = Field(str, check=_country)
 
 COMMANDS: dict[str, dict[str, Field]] = {
     "OpenAccount": {"customer_id": _ID, "credit_limit_minor": _AMOUNT, "currency": _CURRENCY},
     "AuthorizePayment": {"payment_id": _ID, "amount_minor": _AMOUNT, "currency": _CURRENCY,
-                         "merchant_id": _ID, "location": _LOC, "occurred_at": _TIME},
+                         "merchant_id": _ID, "location": _LOC, "occurred_at": _TIME,
+                         # Where the merchant is; defaults to the country of ``location``.
+                         "merchant_country": Field(str, required=False, check=_country)},
     "ReportDeviceLocation": {"location": _LOC, "occurred_at": _TIME},
     "FreezeAccount": {"reason": _REASON},
     "UnfreezeAccount": {"reason": _REASON},
@@ -65,8 +78,9 @@ COMMANDS: dict[str, dict[str, Field]] = {
 
 EVENTS: dict[str, dict[str, Field]] = {
     "AccountOpened": {"customer_id": _ID, "credit_limit_minor": _AMOUNT, "currency": _CURRENCY},
+    # v2 adds merchant_country; v1 events are upcast with the country of their location (event_store.upcasting).
     "PaymentAuthorized": {"payment_id": _ID, "amount_minor": _AMOUNT, "currency": _CURRENCY,
-                          "merchant_id": _ID, "location": _LOC},
+                          "merchant_id": _ID, "location": _LOC, "merchant_country": _COUNTRY},
     "PaymentDeclined": {"payment_id": _ID, "amount_minor": _AMOUNT, "currency": _CURRENCY,
                         "merchant_id": _ID, "location": _LOC, "reason": _ID},
     "DeviceLocationReported": {"location": _LOC},
@@ -75,8 +89,9 @@ EVENTS: dict[str, dict[str, Field]] = {
     "FraudSuspected": {"payment_id": _ID, "rule": _ID, "evidence": Field(str, required=False)},
 }
 
-# The schema version each event type is written at today.
-EVENT_SCHEMA_VERSIONS: dict[str, int] = {name: 1 for name in EVENTS}
+# The schema version each event type is written at today (the version EVENTS describes). Every older version
+# needs an upcaster in event_store.upcasting; tests/unit/test_upcasting.py checks that none is missing.
+EVENT_SCHEMA_VERSIONS: dict[str, int] = {**{name: 1 for name in EVENTS}, "PaymentAuthorized": 2}
 
 
 def validate_payload(schema: Mapping[str, Field], payload: Mapping[str, Any], what: str) -> None:

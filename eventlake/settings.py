@@ -36,6 +36,11 @@ class Settings:
     topic_partitions: int = 3
     topic_replication_factor: int = 1
     handler_group_id: str = "eventlake-command-handler"
+    # The handler snapshots a partition's aggregate state after this many new events in it (0 = never).
+    snapshot_every_events: int = 10_000
+    # Per account, the handler remembers the first result of this many most recent commands (idempotency).
+    idempotency_window: int = 100
+    policy_group_id: str = "eventlake-fraud-policy"
     spark_master: str = "local[2]"
     spark_shuffle_partitions: int = 4
     spark_driver_memory: str = "2g"
@@ -66,7 +71,7 @@ class Settings:
         return self.kafka_bootstrap_servers or f"127.0.0.1:{self.kafka_port}"
 
     def topic(self, name: str) -> str:
-        """Full topic name for one of: commands, events, command-results, dead-letters."""
+        """Full topic name for one of: commands, events, command-results, dead-letters, handler-snapshots."""
         return f"{self.topic_prefix}{name}"
 
     @property
@@ -84,6 +89,10 @@ class Settings:
     @property
     def dead_letters_topic(self) -> str:
         return self.topic("dead-letters")
+
+    @property
+    def snapshots_topic(self) -> str:
+        return self.topic("handler-snapshots")
 
     def table_path(self, name: str) -> Path:
         return self.warehouse / name

@@ -1,0 +1,118 @@
+"""What the command handler holds per partition, and its snapshots on a compacted Kafka topic.
+
+Commands partition ``p`` maps to events partition ``p`` (the handler writes an account's events to the
+partition its commands came from), so one partition's aggregates can be rebuilt from events partition
+``p`` alone. A snapshot of partition ``p`` is the state of its accounts, the idempotency window and the
+events/results offsets that state covers; a restart reads the snapshot and only the records after it.
+
+On the snapshots topic (``cleanup.policy=compact``, same partition count, written to partition ``p``) a
+snapshot is a manifest under key ``p`` plus chunks under keys ``p/0``, ``p/1``, ... (a snapshot can be larger
+than one Kafka record). Manifest and chunks are written in one transaction and carry the same
+``snapshot_id``; compaction keeps the latest value per key, so the latest manifest always finds its chunks
+(stale chunks with a higher index are ignored).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from event_store.account import AccountState
+from event_store.envelope import CommandResult, InvalidRecord
+
+__all__ = ["PartitionState", "snapshot_records", "load_snapshot"]
+
+_CHUNK_BYTES = 512 * 1024  # well under the broker's default max.message.bytes (1 MiB)
+
+
+@dataclass
+class PartitionState:
+    """The handler's in-memory state for one owned partition."""
+    partition: int
+    accounts: dict[str, AccountState] = field(default_factory=dict)
+    # Per account, the FIRST result of its most recent commands, oldest first (bounded by ``window``).
+    results: dict[str, OrderedDict] = field(default_factory=dict)
+    events_offset: int = 0   # next offset of events partition p not folded into ``accounts``
+    results_offset: int = 0  # next offset of results partition p not folded into ``results``
+    events_since_snapshot: int = 0
+    window: int = 100
+
+    def account(self, account_id: str) -> AccountState:
+        return self.accounts.get(account_id) or AccountState(account_id)
+
+    def first_result(self, account_id: str, command_id: str) -> CommandResult | None:
+        recent = self.results.get(account_id)
+        return recent.get(command_id) if recent else None
+
+    def remember(self, result: CommandResult) -> None:
+        """Keep ``result`` as the answer to its command_id, unless an earlier one is already kept."""
+        recent = self.results.get(result.aggregate_id)
+        if recent is None:
+            recent = self.results[result.aggregate_id] = OrderedDict()
+        elif result.command_id in recent:
+            return
+        recent[result.command_id] = result
+        if len(recent) > self.window:
+            recent.popitem(last=False)
+
+
+def _result_row(r: CommandResult) -> list:
+    return [r.command_id, r.status, r.version, list(r.event_ids), r.error_type, r.reason, r.recorded_at]
+
+
+def _result_from_row(account_id: str, row: list) -> CommandResult:
+    command_id, status, version, event_ids, error_type, reason, recorded_at = row
+    return CommandResult(command_id, account_id, status, version, tuple(event_ids), error_type, reason, recorded_at)
+
+
+def snapshot_records(part: PartitionState) -> list[tuple[bytes, bytes]]:
+    """(key, value) records of one snapshot of ``part``: chunks first, the manifest last."""
+    snapshot_id = str(uuid.uuid4())
+    chunks: list[list[dict]] = [[]]
+    size = 0
+    for account_id in part.accounts.keys() | part.results.keys():
+        entry = {"state": dataclasses.asdict(part.accounts[account_id]) if account_id in part.accounts else None,
+                 "account_id": account_id,
+                 "results": [_result_row(r) for r in part.results.get(account_id, {}).values()]}
+        entry_size = len(json.dumps(entry))
+        if size + entry_size > _CHUNK_BYTES and chunks[-1]:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(entry)
+        size += entry_size
+    p = part.partition
+    records = [(f"{p}/{i}".encode(), json.dumps({"snapshot_id": snapshot_id, "accounts": chunk}).encode())
+               for i, chunk in enumerate(chunks)]
+    manifest = {"snapshot_id": snapshot_id, "partition": p, "chunks": len(chunks),
+                "events_offset": part.events_offset, "results_offset": part.results_offset,
+                "accounts": len(part.accounts)}
+    records.append((str(p).encode(), json.dumps(manifest).encode()))
+    return records
+
+
+def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionState | None:
+    """The latest complete snapshot of ``partition`` among ``records`` (its snapshots partition), or None."""
+    latest: dict[str, bytes] = {}
+    for record in records:
+        if record.key is not None and record.value is not None:
+            latest[record.key.decode()] = record.value
+    manifest_raw = latest.get(str(partition))
+    if manifest_raw is None:
+        return None
+    manifest = json.loads(manifest_raw)
+    part = PartitionState(partition, events_offset=manifest["events_offset"],
+                          results_offset=manifest["results_offset"], window=window)
+    for i in range(manifest["chunks"]):
+        chunk = json.loads(latest.get(f"{partition}/{i}", b"{}"))
+        if chunk.get("snapshot_id") != manifest["snapshot_id"]:
+            raise InvalidRecord(f"snapshot {manifest['snapshot_id']} of partition {partition}: chunk {i} is "
+                                f"missing or from another snapshot; delete the snapshot key to rebuild from the log")
+        for entry in chunk["accounts"]:
+            if entry["state"] is not None:
+                part.accounts[entry["account_id"]] = AccountState(**entry["state"])
+            for row in entry["results"]:
+                part.remember(_result_from_row(entry["account_id"], row))
+    return part

@@ -1,0 +1,55 @@
+"""Upcasting: old event payloads are brought to the current schema on read, so the log is never rewritten.
+
+Every reader of the events topic goes through :func:`upcast` (``EventEnvelope.from_dict`` calls it), so the
+handler's state rebuild, the policy and the Python folds all see current-version events only. One upcaster
+per (event type, version) takes a payload at that version to the next one; :func:`upcast` chains them.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from event_store.schemas import EVENT_SCHEMA_VERSIONS, country_of
+
+__all__ = ["UPCASTERS", "upcast", "missing_upcasters", "UnknownSchemaVersion"]
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class UnknownSchemaVersion(ValueError):
+    """An event whose schema version this code cannot read (newer than current, or no upcaster path)."""
+
+
+def _payment_authorized_1_to_2(payload: dict[str, Any]) -> dict[str, Any]:
+    # v1 had no merchant_country; the payment's location (a region code like US-NYC) names the country.
+    return {**payload, "merchant_country": country_of(payload["location"])}
+
+
+# (event_type, from_version) -> payload at from_version + 1.
+UPCASTERS: dict[tuple[str, int], Upcaster] = {
+    ("PaymentAuthorized", 1): _payment_authorized_1_to_2,
+}
+
+
+def missing_upcasters() -> list[tuple[str, int]]:
+    """(event type, version) pairs below the current schema version that have no upcaster (should be none)."""
+    return [(name, v) for name, current in EVENT_SCHEMA_VERSIONS.items() for v in range(1, current)
+            if (name, v) not in UPCASTERS]
+
+
+def upcast(event_type: str, schema_version: int, payload: Mapping[str, Any], what: str = "event"
+           ) -> tuple[int, dict[str, Any]]:
+    """(current schema version, payload at that version) for a payload stored at ``schema_version``."""
+    current = EVENT_SCHEMA_VERSIONS[event_type]
+    if schema_version == current:
+        return current, dict(payload)
+    if schema_version > current or schema_version < 1:
+        raise UnknownSchemaVersion(f"{what}: {event_type} schema_version {schema_version} is not readable here "
+                                   f"(this code reads versions 1..{current}); upgrade eventlake to read it")
+    data = dict(payload)
+    for version in range(schema_version, current):
+        step = UPCASTERS.get((event_type, version))
+        if step is None:
+            raise UnknownSchemaVersion(f"{what}: no upcaster for {event_type} from schema_version {version} "
+                                       f"to {version + 1}")
+        data = step(data)
+    return current, data
