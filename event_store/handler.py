@@ -146,6 +146,7 @@ class CommandHandler:
         self.rebuilds: list[RebuildStats] = []
         self.stats = HandlerStats()
         self._listener = _Rebalance()
+        self._stopping = threading.Event()
         self._producer = None
         self._consumer = None
         self._reader = None  # read_committed, no group: rebuilds
@@ -283,9 +284,13 @@ class CommandHandler:
             self.start()
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         last_progress = time.monotonic()
-        while deadline is None or time.monotonic() < deadline:
-            batch = self._consumer.poll(timeout_ms=500)
+        self._stopping.clear()
+        while (deadline is None or time.monotonic() < deadline) and not self._stopping.is_set():
+            batch = self._consumer.poll(timeout_ms=200)
             self._apply_revocations()
+            # Rebuild newly assigned partitions now (not on their first command), so a restart is ready at once.
+            for tp in self._consumer.assignment():
+                self._partition(tp.partition)
             if batch:
                 self.process(batch)
             elif until_caught_up and self._caught_up():
@@ -294,6 +299,10 @@ class CommandHandler:
                 self.log(f"handler {self.instance_id}: {self.stats.line()}")
                 last_progress = time.monotonic()
         return self.stats
+
+    def stop(self) -> None:
+        """Ask ``run()`` (possibly in another thread) to return after the current batch."""
+        self._stopping.set()
 
     def _caught_up(self) -> bool:
         assigned = self._consumer.assignment()

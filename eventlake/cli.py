@@ -64,19 +64,113 @@ def _cmd_topics(settings: Settings, args) -> int:
 
 
 def _cmd_generate(settings: Settings, args) -> int:
-    from event_store import kafka_log
+    import json
+    from collections import Counter
+
+    from event_store.client import EventStore
     from eventlake.generator import GeneratorConfig, generate_commands
 
     _require_broker(settings)
-    kafka_log.ensure_topics(settings)
     cfg = GeneratorConfig(accounts=args.accounts, commands=args.commands, seed=args.seed, run_id=args.run_id,
                           invalid_rate=args.invalid_rate, malformed_rate=args.malformed_rate)
-    producer = kafka_log.make_producer(settings)
+    records = list(generate_commands(cfg))
+    with EventStore(settings) as store:
+        sent = store.send_raw(records)
+        print(f"generate: sent {sent} commands for {args.accounts} accounts to {settings.commands_topic}")
+        if args.wait:
+            ids = []
+            for _, value in records:
+                try:
+                    obj = json.loads(value)
+                    ids.append(obj["command_id"]) if isinstance(obj, dict) and obj.get("command_id") else None
+                except ValueError:
+                    pass  # a malformed record: dead-lettered, no result to wait for
+            try:
+                results = store.wait_for(ids, timeout_s=args.timeout)
+            except TimeoutError as e:
+                print(f"generate: {e}", file=sys.stderr)
+                return 1
+            counts = Counter(r.status for r in results.values())
+            print(f"generate: {len(results)} results on {settings.results_topic}: "
+                  + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    return 0
+
+
+def _read_commands(text: str, source: str) -> list:
+    """Commands from one JSON object, a JSON array, or JSON lines."""
+    import json
+
+    text = text.strip()
+    if not text:
+        return []
     try:
-        sent = kafka_log.produce_all(producer, settings.commands_topic, generate_commands(cfg))
-    finally:
-        producer.close()
-    print(f"generate: sent {sent} commands for {args.accounts} accounts to {settings.commands_topic}")
+        obj = json.loads(text)
+        return obj if isinstance(obj, list) else [obj]
+    except json.JSONDecodeError:
+        pass
+    commands = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                commands.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"eventlake submit: {source} line {number} is not JSON ({e}); expected one JSON "
+                                 f"object, a JSON array or JSON lines")
+    return commands
+
+
+def _cmd_submit(settings: Settings, args) -> int:
+    import json
+
+    from event_store.client import EventStore, as_command
+    from event_store.envelope import InvalidRecord
+
+    _require_broker(settings)
+    source = "stdin" if args.file == "-" else args.file
+    try:
+        text = sys.stdin.read() if args.file == "-" else open(args.file, encoding="utf-8").read()
+    except OSError as e:
+        raise SystemExit(f"eventlake submit: cannot read {source}: {e.strerror}")
+    commands, failed = [], 0
+    for i, obj in enumerate(_read_commands(text, source), 1):
+        try:
+            commands.append(as_command(obj))
+        except InvalidRecord as e:
+            failed += 1
+            print(f"not sent: command #{i} in {source}: {e}", file=sys.stderr)
+    with EventStore(settings) as store:
+        sent = store.submit_many(commands)
+        print(f"submit: sent {len(sent)} command(s) to {settings.commands_topic}", file=sys.stderr)
+        if args.no_wait:
+            return 1 if failed else 0
+        try:
+            results = store.wait_for(sent, timeout_s=args.timeout, what={c.command_id: c for c in commands})
+        except TimeoutError as e:
+            print(f"eventlake submit: {e}", file=sys.stderr)
+            return 1
+    for command in commands:
+        r = results[command.command_id]
+        if args.json:
+            print(r.to_json().decode())
+        elif r.accepted:
+            print(f"accepted {r.command_id} {command.command_type} {r.aggregate_id}: version {r.version}, "
+                  f"{len(r.event_ids)} event(s){' (duplicate: first result repeated)' if r.duplicate else ''}")
+        else:
+            print(f"rejected {r.command_id} {command.command_type} {r.aggregate_id}: {r.error_type}: {r.reason}"
+                  f"{' (duplicate: first result repeated)' if r.duplicate else ''}")
+    return 1 if failed else 0
+
+
+def _cmd_policy(settings: Settings, args) -> int:
+    from event_store.policy import FraudPolicy
+
+    _require_broker(settings)
+    policy = FraudPolicy(settings)
+    try:
+        stats = policy.run(until_caught_up=args.until_caught_up)
+    except KeyboardInterrupt:
+        stats = policy.stats
+    print(f"policy: {stats.line()} to {settings.commands_topic}")
     return 0
 
 
@@ -84,7 +178,7 @@ def _cmd_handler(settings: Settings, args) -> int:
     from event_store.handler import CommandHandler
 
     _require_broker(settings)
-    with CommandHandler(settings, instance_id=args.instance_id) as handler:
+    with CommandHandler(settings, instance_id=args.instance_id, use_snapshots=not args.no_snapshots) as handler:
         try:
             stats = handler.run(until_caught_up=args.until_caught_up)
         except KeyboardInterrupt:
@@ -150,11 +244,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id", default="gen", help="prefix of the account ids (acc-RUNID-00001)")
     p.add_argument("--invalid-rate", type=float, default=0.0, help="share of commands with a bad field")
     p.add_argument("--malformed-rate", type=float, default=0.0, help="share of records that are not commands")
+    p.add_argument("--wait", action="store_true", help="wait for every command's result and count them")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for results (with --wait)")
     p.set_defaults(run=_cmd_generate)
+
+    p = sub.add_parser("submit", help="send JSON commands (an object, an array or JSON lines) and print results")
+    p.add_argument("file", help="a file, or - for stdin")
+    p.add_argument("--no-wait", action="store_true", help="send only; do not wait for the results")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the results")
+    p.add_argument("--json", action="store_true", help="print each result as a JSON line")
+    p.set_defaults(run=_cmd_submit)
+
+    p = sub.add_parser("policy", help="run the fraud policy (FraudSuspected -> FreezeAccount)")
+    p.add_argument("--until-caught-up", action="store_true", help="stop once every event so far is read")
+    p.set_defaults(run=_cmd_policy)
 
     p = sub.add_parser("handler", help="run the command handler (commands -> events)")
     p.add_argument("--until-caught-up", action="store_true", help="stop once every command sent so far is handled")
-    p.add_argument("--instance-id", default="0", help="distinguishes handler instances (transactional id)")
+    p.add_argument("--instance-id", default="0",
+                   help="distinguishes handler instances; keep it stable per instance (transactional id)")
+    p.add_argument("--no-snapshots", action="store_true", help="rebuild state from the whole log on start")
     p.set_defaults(run=_cmd_handler)
 
     p = sub.add_parser("project", help="run the Spark projection into the Delta read models")

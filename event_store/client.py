@@ -1,0 +1,115 @@
+"""The client API of the write side: submit commands, get their results.
+
+``EventStore.submit(command)`` sends one command and (by default) waits for its result, correlated by
+``command_id`` on the command-results topic. ``submit_many`` is the bulk path: send many without waiting,
+then optionally wait for all results. Results are read with ``read_committed``, so a result is only seen
+once its events are committed.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable, Mapping
+
+from kafka import TopicPartition
+
+from event_store import kafka_log
+from event_store.envelope import CommandEnvelope, CommandResult, InvalidRecord
+from eventlake.settings import Settings
+
+__all__ = ["EventStore", "as_command"]
+
+
+def as_command(command: CommandEnvelope | Mapping[str, Any]) -> CommandEnvelope:
+    """A validated command from an envelope or a JSON-like dict (``command_id`` is generated when missing)."""
+    if isinstance(command, CommandEnvelope):
+        return command
+    if not isinstance(command, Mapping):
+        raise InvalidRecord(f"command: expected a JSON object, got {type(command).__name__}")
+    obj = dict(command)
+    if not obj.get("command_id"):
+        return CommandEnvelope.create(obj.get("command_type"), obj.get("aggregate_id"), obj.get("payload"),
+                                      **{k: v for k, v in obj.items()
+                                         if k in ("expected_version", "correlation_id", "causation_id",
+                                                  "issued_at") and v is not None})
+    return CommandEnvelope.from_dict(obj)
+
+
+class EventStore:
+    """Send commands to the commands topic and read their results. Use as a context manager, or ``close()``."""
+
+    def __init__(self, settings: Settings, ensure_topics: bool = True):
+        self.settings = settings
+        if ensure_topics:
+            kafka_log.ensure_topics(settings, log=lambda *_: None)
+        self._producer = kafka_log.make_producer(settings)
+        self._results = kafka_log.make_consumer(settings)
+        partitions = [TopicPartition(settings.results_topic, p)
+                      for p in sorted(self._results.partitions_for_topic(settings.results_topic) or ())]
+        self._results.assign(partitions)
+        # Results are only looked for after this point: anything sent from now on is answered after it.
+        self._results.seek_to_end(*partitions)
+        for tp in partitions:
+            self._results.position(tp)
+        self._seen: dict[str, CommandResult] = {}
+
+    def close(self) -> None:
+        self._producer.close()
+        self._results.close()
+
+    def __enter__(self) -> "EventStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def submit(self, command: CommandEnvelope | Mapping[str, Any], wait: bool = True,
+               timeout_s: float = 30.0) -> CommandResult | None:
+        """Send ``command``; with ``wait`` return its result (the first one, for a re-sent ``command_id``)."""
+        command = as_command(command)
+        self._producer.send(self.settings.commands_topic, key=command.aggregate_id.encode(), value=command.to_json())
+        self._producer.flush()
+        if not wait:
+            return None
+        return self.wait_for([command.command_id], timeout_s, what={command.command_id: command})[command.command_id]
+
+    def submit_many(self, commands: Iterable[CommandEnvelope | Mapping[str, Any]], wait: bool = False,
+                    timeout_s: float = 120.0) -> list[str] | dict[str, CommandResult]:
+        """Send many commands (validated first); their ids, or with ``wait`` their results by command id."""
+        ids = []
+        for command in commands:
+            command = as_command(command)
+            ids.append(command.command_id)
+            self._producer.send(self.settings.commands_topic, key=command.aggregate_id.encode(),
+                                value=command.to_json())
+        self._producer.flush()
+        return self.wait_for(ids, timeout_s) if wait else ids
+
+    def send_raw(self, records: Iterable[tuple[str, bytes]]) -> int:
+        """The generator's bulk path: already-serialized (key, value) records, sent as they are (no validation,
+        so malformed test records reach the handler too). Returns the count, once all are acknowledged."""
+        return kafka_log.produce_all(self._producer, self.settings.commands_topic, records)
+
+    def wait_for(self, command_ids: Iterable[str], timeout_s: float = 120.0,
+                 what: Mapping[str, CommandEnvelope] | None = None) -> dict[str, CommandResult]:
+        """The results of ``command_ids`` (sent after this EventStore was made); TimeoutError if any is missing."""
+        wanted = set(command_ids)
+        found = {cid: self._seen.pop(cid) for cid in list(wanted) if cid in self._seen}
+        deadline = time.monotonic() + timeout_s
+        while len(found) < len(wanted):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = sorted(wanted - set(found))
+                first = what.get(missing[0]) if what else None
+                about = f" ({first.command_type} on {first.aggregate_id})" if first else ""
+                raise TimeoutError(
+                    f"no result for {len(missing)} of {len(wanted)} command(s), e.g. {missing[0]}{about}, on "
+                    f"{self.settings.results_topic} within {timeout_s:g}s; is a command handler running "
+                    f"(`eventlake handler`)? The commands are on {self.settings.commands_topic} and will be "
+                    f"handled when one runs.")
+            batch = self._results.poll(timeout_ms=int(min(remaining, 0.5) * 1000) or 1, max_records=10_000)
+            for records in batch.values():
+                for record in records:
+                    result = CommandResult.from_json(record.value)
+                    if result.command_id in wanted:
+                        found.setdefault(result.command_id, result)
+        return found

@@ -1,0 +1,188 @@
+"""The write side on the real broker: client API, idempotency, concurrency, snapshots, scale-out, upcasting,
+the fraud policy."""
+import contextlib
+import threading
+from collections import defaultdict
+
+import pytest
+
+from event_store import kafka_log
+from event_store.client import EventStore
+from event_store.envelope import CommandEnvelope, EventEnvelope
+from event_store.handler import CommandHandler
+from event_store.policy import FraudPolicy
+from eventlake.generator import GeneratorConfig, generate_commands
+
+pytestmark = pytest.mark.slow
+QUIET = dict(log=lambda *_: None)
+
+
+@contextlib.contextmanager
+def running_handler(settings, instance_id="0", **kw):
+    """A command handler serving in a background thread for the duration of the block."""
+    handler = CommandHandler(settings, instance_id=instance_id, **QUIET, **kw)
+    handler.start()
+    errors = []
+
+    def serve():
+        try:
+            handler.run()
+        except Exception as e:  # surfaced by the test below
+            errors.append(e)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield handler
+    finally:
+        handler.stop()
+        thread.join(60)
+        handler.close()
+    assert not errors, errors
+
+
+def events_of(settings):
+    return [EventEnvelope.from_json(r.value) for r in kafka_log.read_all(settings, settings.events_topic)]
+
+
+def assert_gap_free(events):
+    by_account = defaultdict(list)
+    for e in events:
+        by_account[e.aggregate_id].append(e.aggregate_version)
+    for account, versions in by_account.items():
+        assert versions == list(range(1, len(versions) + 1)), account
+    assert len({e.event_id for e in events}) == len(events)
+
+
+def open_account(account="acc-1", limit=10_000):
+    return CommandEnvelope.create("OpenAccount", account, {"customer_id": "cus-1", "credit_limit_minor": limit,
+                                                            "currency": "USD"})
+
+
+def payment(account="acc-1", amount=100, payment_id="p1", **kw):
+    return CommandEnvelope.create("AuthorizePayment", account, {
+        "payment_id": payment_id, "amount_minor": amount, "currency": "USD", "merchant_id": "m1",
+        "location": "US-NYC", "occurred_at": "2026-01-01T10:00:00.000Z"}, **kw)
+
+
+def test_submit_waits_for_the_result_and_a_resent_command_gets_its_first_result_even_after_a_restart(settings):
+    pay = payment(expected_version=1)
+    stale = payment(payment_id="p2", expected_version=1)
+    with EventStore(settings) as store:
+        with running_handler(settings):
+            opened = store.submit(open_account())
+            assert (opened.status, opened.version, len(opened.event_ids)) == ("accepted", 1, 1)
+            first = store.submit(pay)
+            assert (first.status, first.version, first.duplicate) == ("accepted", 2, False)
+            # Optimistic concurrency: the account moved on to version 2, so expected_version=1 is stale.
+            conflict = store.submit(stale)
+            assert (conflict.status, conflict.error_type, conflict.version) == ("rejected", "ConcurrencyConflict", 2)
+            assert "expected version 1" in conflict.reason and "at version 2" in conflict.reason
+            again = store.submit(pay)
+            assert (again.status, again.version, again.event_ids, again.duplicate) == \
+                ("accepted", 2, first.event_ids, True)
+        # A new handler instance: its state and idempotency window come back from the log.
+        with running_handler(settings):
+            after_restart = store.submit(pay)
+            assert (after_restart.status, after_restart.version, after_restart.event_ids) == \
+                (first.status, first.version, first.event_ids)
+            conflict_again = store.submit(stale)
+            assert (conflict_again.status, conflict_again.error_type, conflict_again.reason) == \
+                ("rejected", "ConcurrencyConflict", conflict.reason)
+            bad = store.submit({"command_type": "AuthorizePayment", "aggregate_id": "acc-1",
+                                "payload": {**pay.payload, "payment_id": "p3", "amount_minor": 99_999}})
+            assert (bad.status, bad.version) == ("accepted", 3)  # declined is an event, not a rejection
+    events = events_of(settings)
+    assert [e.event_type for e in events] == ["AccountOpened", "PaymentAuthorized", "PaymentDeclined"]
+    assert_gap_free(events)
+
+
+def test_submit_without_a_handler_times_out_saying_what_to_do(settings):
+    with EventStore(settings) as store:
+        with pytest.raises(TimeoutError, match=r"no result .*OpenAccount on acc-1.*eventlake handler"):
+            store.submit(open_account(), timeout_s=1)
+
+
+def test_a_restart_from_a_snapshot_reads_only_the_tail_and_gets_the_same_state(settings):
+    settings = settings.replace(snapshot_every_events=300)
+    cfg = GeneratorConfig(accounts=40, commands=2000, seed=5, run_id="snap")
+    with EventStore(settings) as store:
+        store.send_raw(generate_commands(cfg))
+    with CommandHandler(settings, **QUIET) as handler:
+        handler.run(until_caught_up=True, max_seconds=120)
+        assert handler.stats.snapshots >= 3
+    with EventStore(settings) as store:  # a few more commands after the last snapshot (written on close)
+        store.send_raw(generate_commands(GeneratorConfig(accounts=10, commands=50, seed=6, run_id="snap2")))
+    with CommandHandler(settings, **QUIET) as handler:
+        handler.run(until_caught_up=True, max_seconds=120)
+    total_events = len(events_of(settings))
+    with CommandHandler(settings, **QUIET) as from_snapshot:
+        from_snapshot.run(until_caught_up=True, max_seconds=60)
+        snap_state = {p: part.accounts for p, part in from_snapshot.partitions.items()}
+        assert all(r.from_snapshot for r in from_snapshot.rebuilds)
+        assert sum(r.events_read for r in from_snapshot.rebuilds) < total_events / 10
+    with CommandHandler(settings, use_snapshots=False, **QUIET) as full:
+        full.run(until_caught_up=True, max_seconds=60)
+        assert sum(r.events_read for r in full.rebuilds) == total_events
+        assert {p: part.accounts for p, part in full.partitions.items()} == snap_state
+
+
+def test_two_instances_share_the_partitions_and_keep_versions_gap_free(settings):
+    cfg = GeneratorConfig(accounts=60, commands=3000, seed=9, run_id="two")
+    commands = list(generate_commands(cfg))
+    with EventStore(settings) as store:
+        with running_handler(settings, "a") as a, running_handler(settings, "b") as b:
+            store.send_raw(commands)
+            results = store.wait_for([CommandEnvelope.from_json(v).command_id for _, v in commands], timeout_s=120)
+            owned_a, owned_b = set(a.partitions), set(b.partitions)
+    assert owned_a and owned_b and not owned_a & owned_b  # each partition has exactly one owner
+    assert len(results) == len(commands)
+    assert_gap_free(events_of(settings))
+
+
+def test_old_v1_events_in_the_log_are_upcast_when_the_handler_rebuilds(settings):
+    import json
+
+    with EventStore(settings) as store, running_handler(settings):
+        store.submit(open_account(limit=1000))
+    # A PaymentAuthorized as an older release wrote it (schema_version 1, no merchant_country).
+    opened = events_of(settings)[0]
+    v1 = {**opened.to_dict(), "event_id": "old-1", "event_type": "PaymentAuthorized", "schema_version": 1,
+          "aggregate_version": 2, "command_id": "old-c", "payload": {"payment_id": "old-p", "amount_minor": 600,
+                                                                     "currency": "USD", "merchant_id": "m",
+                                                                     "location": "FR-PAR"}}
+    producer = kafka_log.make_producer(settings)
+    producer.send(settings.events_topic, key=b"acc-1", value=json.dumps(v1).encode(),
+                  partition=kafka_log.read_all(settings, settings.events_topic).__next__().partition)
+    producer.flush()
+    producer.close()
+    with EventStore(settings) as store, running_handler(settings) as handler:
+        result = store.submit(payment(amount=500, expected_version=2))
+        assert (result.status, result.version) == ("accepted", 3)
+    events = events_of(settings)
+    assert events[1].schema_version == 2 and events[1].payload["merchant_country"] == "FR"
+    assert events[2].event_type == "PaymentDeclined"  # 600 of 1000 used by the upcast v1 event: 500 is over
+    assert_gap_free(events)
+
+
+def test_fraud_suspected_freezes_the_account_once_even_when_the_policy_reads_it_twice(settings):
+    flag = CommandEnvelope.create("FlagFraud", "acc-1", {"payment_id": "p1", "rule": "velocity"})
+    with EventStore(settings) as store, running_handler(settings):
+        store.submit(open_account())
+        store.submit(payment())
+        assert store.submit(flag).accepted
+        policy = FraudPolicy(settings, **QUIET).run(until_caught_up=True, max_seconds=60)
+        assert policy.commands == 1
+        # Redelivery: a policy in a new group reads the whole log again and sends the same command id.
+        again = FraudPolicy(settings.replace(policy_group_id=settings.policy_group_id + "-again"), **QUIET)
+        assert again.run(until_caught_up=True, max_seconds=60).commands == 1
+        frozen_declined = store.submit(payment(payment_id="p9"))
+        assert frozen_declined.version == 5
+    events = events_of(settings)
+    assert [e.event_type for e in events] == ["AccountOpened", "PaymentAuthorized", "FraudSuspected",
+                                              "AccountFrozen", "PaymentDeclined"]
+    from event_store.policy import commands_for
+
+    assert events[3].command_id == commands_for(events[2])[0].command_id  # caused by the policy's command
+    assert events[3].correlation_id == events[2].correlation_id
+    assert events[4].payload["reason"] == "account_frozen"

@@ -1,0 +1,70 @@
+"""Pure parts of the write side: snapshot records, the idempotency window, the policy's commands, CLI input."""
+from collections import namedtuple
+
+import pytest
+
+from event_store.account import AccountState
+from event_store.envelope import CommandResult
+from event_store.handler import event_id_for, execute
+from event_store.policy import commands_for
+from event_store.snapshots import PartitionState, load_snapshot, snapshot_records
+from eventlake.cli import _read_commands
+from tests.unit.test_account import cmd, open_cmd
+
+Record = namedtuple("Record", "key value")
+
+
+def a_partition(accounts=50, results_per_account=5, window=3) -> PartitionState:
+    part = PartitionState(1, events_offset=123, results_offset=456, window=window)
+    for i in range(accounts):
+        aid = f"acc-{i}"
+        part.accounts[aid] = AccountState(aid, version=i + 1, opened=True, currency="USD", credit_limit_minor=10)
+        for j in range(results_per_account):
+            part.remember(CommandResult(f"c-{i}-{j}", aid, "accepted", j + 1, (event_id_for(f"c-{i}-{j}", 0),),
+                                        recorded_at="2026-01-01T00:00:00.000Z"))
+    return part
+
+
+def test_the_window_keeps_the_first_result_of_the_most_recent_commands():
+    part = a_partition(accounts=1, results_per_account=5, window=3)
+    assert list(part.results["acc-0"]) == ["c-0-2", "c-0-3", "c-0-4"]  # bounded, oldest dropped
+    part.remember(CommandResult("c-0-4", "acc-0", "rejected", 9))  # a later answer never replaces the first
+    assert part.first_result("acc-0", "c-0-4").status == "accepted"
+    assert part.first_result("acc-0", "c-0-0") is None
+
+
+def test_a_snapshot_round_trips_through_its_records_even_in_several_chunks(monkeypatch):
+    import event_store.snapshots as snapshots
+
+    monkeypatch.setattr(snapshots, "_CHUNK_BYTES", 2000)
+    part = a_partition()
+    records = [Record(k, v) for k, v in snapshot_records(part)]
+    assert len(records) > 3 and records[-1].key == b"1"  # chunks, then the manifest
+    older = [Record(k, v) for k, v in snapshot_records(a_partition(accounts=60))]
+    back = load_snapshot(older + records, 1, window=3)  # the latest manifest wins; stale chunks are ignored
+    assert (back.events_offset, back.results_offset) == (123, 456)
+    assert back.accounts == part.accounts
+    assert {a: list(r.values()) for a, r in back.results.items()} == {a: list(r.values()) for a, r in
+                                                                     part.results.items()}
+    assert load_snapshot(records, 2, window=3) is None
+
+
+def test_the_policy_freezes_on_fraud_with_an_id_derived_from_the_event():
+    state, events, _ = execute(AccountState("acc-1"), open_cmd())
+    _, flagged, _ = execute(state, cmd("FlagFraud", {"payment_id": "p1", "rule": "velocity"}))
+    first, again = commands_for(flagged[0]), commands_for(flagged[0])
+    assert [c.command_type for c in first] == ["FreezeAccount"]
+    assert first[0].command_id == again[0].command_id  # redelivery sends the same command id
+    assert first[0].causation_id == flagged[0].event_id and "velocity" in first[0].payload["reason"]
+    assert commands_for(events[0]) == []
+
+
+@pytest.mark.parametrize("text, n", [('{"a": 1}', 1), ('[{"a": 1}, {"b": 2}]', 2), ('{"a": 1}\n\n{"b": 2}\n', 2),
+                                     ("", 0)])
+def test_submit_reads_an_object_an_array_or_json_lines(text, n):
+    assert len(_read_commands(text, "x")) == n
+
+
+def test_submit_names_the_line_that_is_not_json():
+    with pytest.raises(SystemExit, match="x line 2 is not JSON"):
+        _read_commands('{"a": 1}\n{nope\n', "x")
