@@ -32,7 +32,9 @@ class GeneratorConfig:
     run_id: str = "demo"           # prefixes account ids, so several runs can share one log
     start: datetime = datetime(2026, 1, 1, tzinfo=timezone.utc)
     currency: str = "USD"
+    mean_interval_s: float = 1.0   # mean event-time gap between two commands of the stream
     burst_rate: float = 0.05       # share of payments followed by a second one within 10 s
+    late_rate: float = 0.01        # share of payments whose event time is 15-120 minutes in the past
     invalid_rate: float = 0.0      # share of commands with a bad field (rejected with a reason)
     malformed_rate: float = 0.0    # share of records that are not commands (dead-lettered)
 
@@ -42,7 +44,9 @@ def generate_commands(cfg: GeneratorConfig) -> Iterator[tuple[str, bytes]]:
     rng = random.Random(cfg.seed)
     accounts = [f"acc-{cfg.run_id}-{i:05d}" for i in range(cfg.accounts)]
     home = {a: rng.choice(REGIONS) for a in accounts}
-    clock = {a: cfg.start + timedelta(seconds=rng.randint(0, 3600)) for a in accounts}
+    # One stream clock: commands arrive in event-time order, about mean_interval_s apart, except the late ones.
+    now = cfg.start
+    clock = {a: cfg.start + timedelta(milliseconds=10 * i) for i, a in enumerate(accounts)}
     limits = {a: rng.choice((50_000, 100_000, 250_000, 500_000)) for a in accounts}
     merchants = [f"mer-{i:04d}" for i in range(cfg.merchants)]
     payment_seq = 0
@@ -67,7 +71,8 @@ def generate_commands(cfg: GeneratorConfig) -> Iterator[tuple[str, bytes]]:
             bad["payload"]["amount_minor"] = -abs(bad["payload"]["amount_minor"])
             yield a, json.dumps(bad).encode()
             continue
-        clock[a] += timedelta(seconds=rng.randint(30, 4 * 3600))
+        now += timedelta(seconds=rng.expovariate(1.0 / cfg.mean_interval_s))
+        clock[a] = now
         kind = rng.random()
         if kind < 0.12:
             home[a] = rng.choice(REGIONS) if rng.random() < 0.3 else home[a]
@@ -78,6 +83,8 @@ def generate_commands(cfg: GeneratorConfig) -> Iterator[tuple[str, bytes]]:
             yield command("UnfreezeAccount", a, {"reason": "customer verified"})
         else:
             payment_seq += 1
+            if rng.random() < cfg.late_rate:  # e.g. a terminal that was offline: arrives long after it happened
+                clock[a] = now - timedelta(minutes=rng.randint(15, 120))
             yield command("AuthorizePayment", a, _payment(rng, a, f"pay-{cfg.run_id}-{payment_seq:07d}",
                                                           merchants, home, clock, cfg))
             if rng.random() < cfg.burst_rate:

@@ -99,7 +99,7 @@ MERGE_INSERT = {
 }
 
 
-def python_fold(events: Iterable[EventEnvelope]) -> dict[str, dict[str, Any]]:
+def python_fold(events: Iterable[EventEnvelope]) -> dict[tuple, dict[str, Any]]:
     """The oracle: dedup by event_id, apply each account's versions 1, 2, ... in order, stop at a gap."""
     seen: set[str] = set()
     by_account: dict[str, dict[int, EventEnvelope]] = defaultdict(dict)
@@ -117,7 +117,7 @@ def python_fold(events: Iterable[EventEnvelope]) -> dict[str, dict[str, Any]]:
             updated_at = parse_time(event.recorded_at, "recorded_at").replace(tzinfo=None)
         if state.version == 0:
             continue
-        rows[account_id] = {
+        rows[(account_id,)] = {
             "account_id": account_id, "customer_id": state.customer_id, "status": state.status,
             "credit_limit_minor": state.credit_limit_minor, "available_minor": state.available_minor,
             "currency": state.currency, "payments_authorized": state.payments_authorized,
@@ -130,7 +130,7 @@ def python_fold(events: Iterable[EventEnvelope]) -> dict[str, dict[str, Any]]:
 
 MODEL = ReadModel(
     name="account_summary",
-    key="account_id",
+    key=("account_id",),
     event_types=EVENT_TYPES,
     schema=_schema,
     fold=_fold,

@@ -1,33 +1,54 @@
 """What a read model is: one spec object per module, collected by the registry in ``read_models``."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-__all__ = ["ReadModel", "CURRENT_STATE_BY_VERSION"]
+__all__ = ["ReadModel", "CURRENT_STATE_BY_VERSION", "INSERT_ONCE", "WINDOWED_SUM", "MERGE_STRATEGIES"]
 
-# Merge strategies. CURRENT_STATE_BY_VERSION: one row per aggregate; a batch's events for a key are
-# applied only when they continue the row's version without a gap (v+1, v+2, ...), so duplicates,
-# replays and re-runs change nothing and out-of-order events wait until the gap is filled.
+# Merge strategies (spark_apps/merge.py implements each once, for every read model that names it):
+# CURRENT_STATE_BY_VERSION: one row per aggregate; a batch's events for a key are applied only when they
+#   continue the row's version without a gap (v+1, v+2, ...): duplicates, replays and re-runs change nothing,
+#   out-of-order events wait until the gap is filled.
 CURRENT_STATE_BY_VERSION = "current_state_by_version"
+# INSERT_ONCE: a ledger; a row is inserted the first time its key is seen and never changed afterwards.
+INSERT_ONCE = "insert_once"
+# WINDOWED_SUM: additive aggregates per key and event-time window; each event is counted once (an applied-ids
+#   ledger), events older than the watermark are not applied but recorded in ``late_events``.
+WINDOWED_SUM = "windowed_sum"
+MERGE_STRATEGIES = (CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM)
 
 
 @dataclass(frozen=True)
 class ReadModel:
     name: str
-    key: str
+    key: tuple[str, ...]
     event_types: tuple[str, ...]
     # Delta schema (a pyspark StructType), built lazily so importing a read model needs no JVM.
     schema: Callable[[], Any]
-    # Vectorised fold: DataFrame of contiguous events (one key, versions first_version..version)
-    # -> one row per key of changes, which ``merge_update`` / ``merge_insert`` turn into the new row.
+    # Vectorised fold, DataFrame -> DataFrame (no Python per row):
+    #  CURRENT_STATE_BY_VERSION: contiguous events -> one row of changes per key (with first_version, version)
+    #  INSERT_ONCE: events -> rows of the table
+    #  WINDOWED_SUM: events -> one row of partial sums per key (the key includes the window start)
     fold: Callable[[Any], Any]
-    merge_update: Mapping[str, str]   # column -> SQL over t (target) and s (folded changes)
-    merge_insert: Mapping[str, str]   # column -> SQL over s, for a key seen for the first time
     merge_strategy: str
-    # Plain-Python fold of the same events: the test oracle. events -> {key: row dict}.
-    python_fold: Callable[[Iterable[Any]], dict[str, dict[str, Any]]]
+    # Plain-Python fold of the same events: the test oracle. events -> {key tuple: row dict}.
+    python_fold: Callable[[Iterable[Any]], dict[tuple, dict[str, Any]]]
+    # CURRENT_STATE_BY_VERSION: column -> SQL over t (target) and s (folded changes); insert: over s.
+    # WINDOWED_SUM: merge_update adds s to t, e.g. {"payments": "t.payments + s.payments"}.
+    merge_update: Mapping[str, str] = field(default_factory=dict)
+    merge_insert: Mapping[str, str] = field(default_factory=dict)
+    # WINDOWED_SUM only: the event-time column and how far behind the newest event time a window stays open.
+    event_time: str = "occurred_at"
+    watermark_delay: str = "10 minutes"
     description: str = ""
+
+    def __post_init__(self):
+        if self.merge_strategy not in MERGE_STRATEGIES:
+            raise ValueError(f"read model {self.name}: unknown merge strategy {self.merge_strategy!r}; "
+                             f"known: {', '.join(MERGE_STRATEGIES)}")
+        if isinstance(self.key, str):
+            object.__setattr__(self, "key", (self.key,))
 
     @property
     def columns(self) -> list[str]:

@@ -15,7 +15,7 @@ _PAYLOAD_STRINGS = ("customer_id", "currency", "payment_id", "merchant_id", "loc
 
 EVENT_COLUMNS = ("event_id", "event_type", "schema_version", "aggregate_type", "aggregate_id", "aggregate_version",
                  "occurred_at", "recorded_at", "command_id", "correlation_id", "causation_id",
-                 *_PAYLOAD_STRINGS, *_PAYLOAD_LONGS, "kafka_topic", "kafka_partition", "kafka_offset")
+                 *_PAYLOAD_STRINGS, *_PAYLOAD_LONGS, "kafka_topic", "kafka_partition", "kafka_offset", "raw_value")
 DEAD_LETTER_COLUMNS = ("reason", "raw_value", "raw_value_base64", "kafka_topic", "kafka_partition", "kafka_offset",
                        "dead_lettered_at")
 
@@ -68,5 +68,5 @@ def parse_events(records):
         F.col("occurred_ts").alias("occurred_at"), F.col("recorded_ts").alias("recorded_at"),
         *[e[n].alias(n) for n in ("command_id", "correlation_id", "causation_id")],
         *[e["payload"][n].alias(n) for n in (*_PAYLOAD_STRINGS, *_PAYLOAD_LONGS)],
-        "kafka_topic", "kafka_partition", "kafka_offset")
+        "kafka_topic", "kafka_partition", "kafka_offset", "raw_value")
     return valid, dead

@@ -1,23 +1,30 @@
-"""The one idempotent MERGE used by every current-state read model.
+"""The idempotent writes every read model uses, one function per merge strategy (read_models/spec.py).
 
-Per batch and read model:
-1. the batch's events plus the events still waiting from earlier batches, deduplicated by ``event_id``;
-2. per key, only the events that continue the row's version without a gap (v+1, v+2, ...) are folded;
-   later ones wait in a small ``_pending`` Delta table until the gap is filled;
-3. MERGE with a version guard (``s.first_version = t.version + 1``): a re-run batch, a duplicate or a
-   replay of the whole log matches no row and changes nothing;
-4. Delta's idempotent-write ids (txnAppId = the projection and model, txnVersion = the batch id) make a
-   re-run of an already committed batch a no-op at the table level as well.
-The target is written before the pending table, so a crash between the two only leaves pending events
-that the next run drops as already applied.
+Common to all: the source is deduplicated inside the batch before MERGE (a MERGE must never see two
+source rows for one target row), and every write carries Delta's idempotent-write ids (txnAppId = the
+projection and table, txnVersion = the batch id), so a batch that Spark re-runs after a crash changes
+nothing that was already committed. Each commit also carries ``userMetadata`` (projection, batch id,
+rows) that ``eventlake status`` reads back.
+
+CURRENT_STATE_BY_VERSION, per key: fold only the events that continue the row's version without a gap;
+later ones wait in a ``_pending`` table; the MERGE updates a row only when ``s.first_version = t.version + 1``.
+INSERT_ONCE: MERGE ... WHEN NOT MATCHED THEN INSERT.
+WINDOWED_SUM: events not yet in the model's ``_applied`` ledger are split by the watermark; on-time ones are
+added to their window, late ones are recorded in ``late_events``; then the ledger records them all.
+The target is always written before its bookkeeping table (pending / applied), so a crash in between
+leaves bookkeeping that the re-run batch rewrites, never a row counted twice.
 """
 from __future__ import annotations
 
+import json
+from contextlib import contextmanager
 from pathlib import Path
 
-from read_models.spec import CURRENT_STATE_BY_VERSION, ReadModel
+from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
-__all__ = ["apply_current_state", "ensure_table", "idempotent_write"]
+__all__ = ["BatchContext", "apply", "ensure_table", "bookkeeping_tables", "LATE_EVENTS_TABLE"]
+
+LATE_EVENTS_TABLE = "late_events"
 
 
 def ensure_table(spark, path: Path, schema) -> None:
@@ -26,40 +33,116 @@ def ensure_table(spark, path: Path, schema) -> None:
     DeltaTable.createIfNotExists(spark).location(str(path)).addColumns(schema).execute()
 
 
-class idempotent_write:
-    """Context manager: DML in this session (MERGE) carries Delta's txnAppId/txnVersion."""
+class BatchContext:
+    """Where one projection batch writes, and the ids that make its writes idempotent."""
 
-    def __init__(self, spark, app_id: str, version: int):
-        self.conf, self.app_id, self.version = spark.conf, app_id, version
+    def __init__(self, spark, settings, app_id: str, projection: str, batch_id: int, input_rows: int):
+        self.spark, self.settings, self.app_id = spark, settings, app_id
+        self.projection, self.batch_id, self.input_rows = projection, batch_id, input_rows
 
-    def __enter__(self):
-        self.conf.set("spark.databricks.delta.write.txnAppId", self.app_id)
-        self.conf.set("spark.databricks.delta.write.txnVersion", str(self.version))
+    def path(self, name: str) -> str:
+        return str(self.settings.table_path(name))
 
-    def __exit__(self, *exc):
-        self.conf.unset("spark.databricks.delta.write.txnAppId")
-        self.conf.unset("spark.databricks.delta.write.txnVersion")
+    def metadata(self, **extra) -> str:
+        return json.dumps({"projection": self.projection, "app_id": self.app_id, "batch_id": self.batch_id,
+                           "input_rows": self.input_rows, **extra})
+
+    @contextmanager
+    def dml(self, table: str, **metadata):
+        """MERGE inside this block is an idempotent write for (projection/table, batch id)."""
+        conf = self.spark.conf
+        conf.set("spark.databricks.delta.write.txnAppId", f"{self.app_id}/{table}")
+        conf.set("spark.databricks.delta.write.txnVersion", str(self.batch_id))
+        conf.set("spark.databricks.delta.commitInfo.userMetadata", self.metadata(**metadata))
+        try:
+            yield
+        finally:
+            for key in ("write.txnAppId", "write.txnVersion", "commitInfo.userMetadata"):
+                conf.unset(f"spark.databricks.delta.{key}")
+
+    def append(self, df, table: str, mode: str = "append", writer: str | None = None) -> None:
+        """Append (or overwrite) once per batch; ``writer`` tells apart several writers of one table."""
+        (df.write.format("delta").mode(mode)
+         .option("txnAppId", f"{self.app_id}/{table}/{writer or ''}").option("txnVersion", self.batch_id)
+         .option("userMetadata", self.metadata())
+         .save(self.path(table)))
 
 
-def apply_current_state(spark, model: ReadModel, events, table_path: Path, pending_path: Path,
-                        app_id: str, batch_id: int) -> dict[str, int]:
+def late_events_schema():
+    from pyspark.sql.types import StringType, StructField, StructType, TimestampType
+
+    return StructType([StructField("read_model", StringType()), StructField("event_id", StringType()),
+                       StructField("event_type", StringType()), StructField("aggregate_id", StringType()),
+                       StructField("event_time", TimestampType()), StructField("watermark", TimestampType()),
+                       StructField("event", StringType()), StructField("recorded_at", TimestampType())])
+
+
+def bookkeeping_tables(model: ReadModel, event_row_schema) -> dict[str, object]:
+    """The tables (name -> schema) a model's merge strategy needs besides the model's own table."""
+    from pyspark.sql.types import BooleanType, StringType, StructField, StructType, TimestampType
+
+    if model.merge_strategy == CURRENT_STATE_BY_VERSION:
+        return {f"_pending/{model.name}": event_row_schema}
+    if model.merge_strategy == WINDOWED_SUM:
+        return {f"_applied/{model.name}": StructType([StructField("event_id", StringType()),
+                                                      StructField("event_time", TimestampType()),
+                                                      StructField("_late", BooleanType())]),
+                LATE_EVENTS_TABLE: late_events_schema()}
+    return {}
+
+
+def apply(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]:
     """Fold ``events`` (valid event rows of any type) into ``model``'s table; returns counts for progress."""
+    from pyspark.sql import functions as F
+
+    mine = events.filter(F.col("event_type").isin(*model.event_types))
+    if model.merge_strategy == CURRENT_STATE_BY_VERSION:
+        return _current_state(ctx, model, mine)
+    if mine.isEmpty():
+        return {"applied": 0}
+    if model.merge_strategy == INSERT_ONCE:
+        return _insert_once(ctx, model, mine)
+    if model.merge_strategy == WINDOWED_SUM:
+        return _windowed_sum(ctx, model, mine)
+    raise ValueError(f"read model {model.name}: no writer for merge strategy {model.merge_strategy!r}")
+
+
+def _merge(ctx: BatchContext, model: ReadModel, source, update_condition=None, insert_condition=None,
+           update=True, **metadata) -> None:
     from delta.tables import DeltaTable
+
+    on = " AND ".join(f"t.{k} = s.{k}" for k in model.key)
+    builder = DeltaTable.forPath(ctx.spark, ctx.path(model.name)).alias("t").merge(source.alias("s"), on)
+    if update:
+        builder = builder.whenMatchedUpdate(condition=update_condition, set=dict(model.merge_update))
+    if model.merge_insert:
+        builder = builder.whenNotMatchedInsert(condition=insert_condition, values=dict(model.merge_insert))
+    else:
+        builder = builder.whenNotMatchedInsertAll(condition=insert_condition)
+    with ctx.dml(model.name, **metadata):
+        builder.execute()
+
+
+def _insert_once(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]:
+    rows = model.fold(events).dropDuplicates(list(model.key))
+    _merge(ctx, model, rows, update=False)
+    return {"applied": -1}  # not counted: counting would cost a pass over the batch
+
+
+def _current_state(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]:
     from pyspark import StorageLevel
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    if model.merge_strategy != CURRENT_STATE_BY_VERSION:
-        raise ValueError(f"read model {model.name}: merge strategy {model.merge_strategy!r} is not "
-                         f"{CURRENT_STATE_BY_VERSION!r}")
-    mine = events.filter(F.col("event_type").isin(*model.event_types))
-    pending = spark.read.format("delta").load(str(pending_path))
+    spark = ctx.spark
+    key = model.key[0]
+    pending_table = f"_pending/{model.name}"
+    pending = spark.read.format("delta").load(ctx.path(pending_table))
     had_pending = not pending.isEmpty()
-    candidates = (mine.unionByName(pending) if had_pending else mine)
-    # MERGE must never see two source rows for one key: dedup by event id, then by (key, version).
+    candidates = events.unionByName(pending) if had_pending else events
     candidates = candidates.dropDuplicates(["event_id"]).dropDuplicates(["aggregate_id", "aggregate_version"])
-    current = (spark.read.format("delta").load(str(table_path))
-               .select(F.col(model.key).alias("aggregate_id"), F.col("version").alias("_current")))
+    current = (spark.read.format("delta").load(ctx.path(model.name))
+               .select(F.col(key).alias("aggregate_id"), F.col("version").alias("_current")))
     window = Window.partitionBy("aggregate_id").orderBy("aggregate_version")
     ranked = (candidates.join(current, "aggregate_id", "left")
               .withColumn("_current", F.coalesce("_current", F.lit(0)))
@@ -67,22 +150,69 @@ def apply_current_state(spark, model: ReadModel, events, table_path: Path, pendi
               .withColumn("_contiguous", F.col("aggregate_version") == F.col("_current") + F.row_number().over(window))
               .persist(StorageLevel.MEMORY_AND_DISK))
     try:
-        counts = ranked.groupBy("_contiguous").count().collect()  # also materialises the cache
+        counts = ranked.groupBy("_contiguous").count().collect()  # also fills the cache
         applied = sum(r["count"] for r in counts if r["_contiguous"])
         waiting = sum(r["count"] for r in counts if not r["_contiguous"])
         if applied:
-            changes = model.fold(ranked.filter("_contiguous"))
-            with idempotent_write(spark, f"{app_id}/{model.name}", batch_id):
-                (DeltaTable.forPath(spark, str(table_path)).alias("t")
-                 .merge(changes.alias("s"), f"t.{model.key} = s.{model.key}")
-                 .whenMatchedUpdate(condition="s.first_version = t.version + 1", set=dict(model.merge_update))
-                 .whenNotMatchedInsert(condition="s.first_version = 1", values=dict(model.merge_insert))
-                 .execute())
+            _merge(ctx, model, model.fold(ranked.filter("_contiguous")),
+                   update_condition="s.first_version = t.version + 1", insert_condition="s.first_version = 1")
         if waiting or had_pending:
-            (ranked.filter(~F.col("_contiguous")).drop("_current", "_contiguous")
-             .write.format("delta").mode("overwrite")
-             .option("txnAppId", f"{app_id}/{model.name}/pending").option("txnVersion", batch_id)
-             .save(str(pending_path)))
+            ctx.append(ranked.filter(~F.col("_contiguous")).drop("_current", "_contiguous"), pending_table,
+                       mode="overwrite")
     finally:
         ranked.unpersist()
     return {"applied": applied, "waiting": waiting}
+
+
+def _windowed_sum(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]:
+    from delta.tables import DeltaTable
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    spark = ctx.spark
+    applied_table = f"_applied/{model.name}"
+    ledger = spark.read.format("delta").load(ctx.path(applied_table)).select("event_id")
+    watermark = _watermark_before_batch(ctx, model)
+    late = F.col(model.event_time) < F.lit(watermark) if watermark is not None else F.lit(False)
+    fresh = (events.dropDuplicates(["event_id"]).join(ledger, "event_id", "left_anti")
+             .withColumn("_late", late).persist(StorageLevel.MEMORY_AND_DISK))
+    try:
+        counts = fresh.groupBy("_late").count().collect()
+        on_time = sum(r["count"] for r in counts if not r["_late"])
+        late_count = sum(r["count"] for r in counts if r["_late"])
+        if on_time:
+            _merge(ctx, model, model.fold(fresh.filter(~F.col("_late"))),
+                   watermark_before=None if watermark is None else watermark.isoformat())
+        if late_count:
+            ctx.append(fresh.filter("_late").select(
+                F.lit(model.name).alias("read_model"), "event_id", "event_type", "aggregate_id",
+                F.col(model.event_time).alias("event_time"), F.lit(watermark).alias("watermark"),
+                F.to_json(F.struct(*[c for c in fresh.columns if not c.startswith("_")])).alias("event"),
+                F.current_timestamp().alias("recorded_at")), LATE_EVENTS_TABLE, writer=model.name)
+        if on_time or late_count:
+            ctx.append(fresh.select("event_id", F.col(model.event_time).alias("event_time"), "_late"), applied_table)
+    finally:
+        fresh.unpersist()
+    return {"applied": on_time, "late": late_count}
+
+
+def _watermark_before_batch(ctx: BatchContext, model: ReadModel):
+    """Newest window end minus the delay, as the table stood before this batch (also when the batch is re-run
+    after its MERGE committed: that commit's metadata holds the watermark it was computed with)."""
+    import datetime as dt
+
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    table = DeltaTable.forPath(ctx.spark, ctx.path(model.name))
+    last = table.history(1).select("userMetadata").collect()
+    if last and last[0]["userMetadata"]:
+        meta = json.loads(last[0]["userMetadata"])
+        if meta.get("app_id") == ctx.app_id and meta.get("batch_id") == ctx.batch_id:
+            before = meta.get("watermark_before")
+            return None if before is None else dt.datetime.fromisoformat(before)
+    newest = table.toDF().agg(F.max("window_end")).collect()[0][0]
+    if newest is None:
+        return None
+    amount, unit = model.watermark_delay.split()
+    return newest - dt.timedelta(**{unit if unit.endswith("s") else unit + "s": int(amount)})

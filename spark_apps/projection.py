@@ -20,11 +20,14 @@ import read_models
 from eventlake.settings import Settings
 from read_models.spec import ReadModel
 from spark_apps.events import parse_events
-from spark_apps.merge import apply_current_state, ensure_table
+from spark_apps.merge import BatchContext, apply, bookkeeping_tables, ensure_table
 
-__all__ = ["Projection", "ProjectionRun", "DEAD_LETTER_TABLE", "main"]
+__all__ = ["Projection", "ProjectionRun", "DEAD_LETTER_TABLE", "ARCHIVE_TABLE", "main"]
 
 DEAD_LETTER_TABLE = "_dead_letters/events"
+# Every valid event with its topic/partition/offset: read models can be rebuilt from it after Kafka
+# retention has removed old segments.
+ARCHIVE_TABLE = "event_archive"
 
 
 @dataclass
@@ -49,18 +52,15 @@ class Projection:
         self.name = f"projection-{names}"
         self.checkpoint = settings.checkpoints / self.name
 
-    # -- tables ------------------------------------------------------------------------------------
-    def table_path(self, model: ReadModel) -> Path:
-        return self.settings.table_path(model.name)
-
-    def pending_path(self, model: ReadModel) -> Path:
-        return self.settings.table_path(f"_pending/{model.name}")
-
     def ensure_tables(self) -> None:
+        """Create every table this projection writes, empty, if missing (readers never see a missing table)."""
+        event_rows = _event_row_schema(self.spark)
+        tables = {DEAD_LETTER_TABLE: _dead_letter_schema(), ARCHIVE_TABLE: event_rows}
         for model in self.models:
-            ensure_table(self.spark, self.table_path(model), model.schema())
-            ensure_table(self.spark, self.pending_path(model), _event_row_schema(self.spark))
-        ensure_table(self.spark, self.settings.table_path(DEAD_LETTER_TABLE), _dead_letter_schema())
+            tables[model.name] = model.schema()
+            tables.update(bookkeeping_tables(model, event_rows))
+        for name, schema in tables.items():
+            ensure_table(self.spark, self.settings.table_path(name), schema)
 
     def _app_id(self) -> str:
         """An id for Delta's idempotent writes, new whenever the checkpoint is new (so a replay into a
@@ -78,18 +78,19 @@ class Projection:
             batch = batch.persist()
             try:
                 events, dead = parse_events(batch)
+                ctx = BatchContext(spark, self.settings, app_id, self.name, batch_id, input_rows=-1)
+                dead = dead.persist()
                 dead_count = dead.count()
                 if dead_count:
-                    (dead.write.format("delta").mode("append")
-                     .option("txnAppId", f"{app_id}/dead-letters").option("txnVersion", batch_id)
-                     .save(str(self.settings.table_path(DEAD_LETTER_TABLE))))
+                    ctx.append(dead, DEAD_LETTER_TABLE)
                     self.log(f"projection: batch {batch_id}: {dead_count} record(s) are not valid events -> "
                              f"dead-letter table {self.settings.table_path(DEAD_LETTER_TABLE)}")
+                dead.unpersist()
                 events = events.persist()
                 try:
+                    ctx.append(events, ARCHIVE_TABLE)
                     for model in self.models:
-                        apply_current_state(spark, model, events, self.table_path(model), self.pending_path(model),
-                                            app_id, batch_id)
+                        apply(ctx, model, events)
                 finally:
                     events.unpersist()
             finally:

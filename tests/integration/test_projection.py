@@ -1,7 +1,5 @@
-"""The account_summary projection on the real broker and real Spark + Delta.
-
-The oracle is the plain-Python fold of the same events (read_models.account_summary.python_fold).
-"""
+"""Every read model projected on the real broker and real Spark + Delta, checked against the oracle
+(the plain-Python fold of the same events, see tests/oracle.py)."""
 import random
 import time
 
@@ -9,13 +7,14 @@ import pytest
 
 from event_store import kafka_log
 from eventlake.generator import GeneratorConfig
-from read_models.account_summary import MODEL
-from spark_apps.projection import DEAD_LETTER_TABLE, Projection
+from read_models.account_summary import MODEL as ACCOUNT_SUMMARY
+from spark_apps.projection import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Projection
 from tests.domain_helpers import events_for
+from tests.oracle import assert_matches_oracle, late_count, table_rows
 
 pytestmark = pytest.mark.slow
 
-CFG = GeneratorConfig(accounts=40, commands=500, seed=5, run_id="proj")
+CFG = GeneratorConfig(accounts=40, commands=500, seed=5, run_id="proj", late_rate=0.03)
 
 
 def publish(settings, values):
@@ -27,62 +26,62 @@ def publish(settings, values):
         producer.close()
 
 
-def table(spark, settings, name="account_summary"):
-    rows = spark.read.format("delta").load(str(settings.table_path(name))).collect()
-    return {r["account_id"]: r.asDict() for r in rows}
+def project(spark, settings, models=None, **kw):
+    return Projection(spark, settings, models, log=lambda *_: None).run_until_caught_up(**kw)
 
 
-def project(spark, settings, **kw):
-    return Projection(spark, settings, [MODEL], log=lambda *_: None).run_until_caught_up(**kw)
+def delta(spark, settings, name):
+    return spark.read.format("delta").load(str(settings.table_path(name)))
 
 
-def test_duplicates_and_reordering_give_the_same_table_as_one_clean_pass(spark, settings, tmp_path):
-    events = events_for(CFG)
-    expected = MODEL.python_fold(events)
+def test_duplicates_and_reordering_give_the_same_tables_as_one_clean_pass(spark, settings, tmp_path):
+    events = events_for(CFG, flag_every=7)
 
     clean = settings.replace(topic_prefix=settings.topic_prefix + "clean.", home=tmp_path / "clean")
     publish(clean, [(e.aggregate_id, e.to_json()) for e in events])
     project(spark, clean)
-    assert table(spark, clean) == expected
+    assert_matches_oracle(spark, clean, events)
+    assert late_count(spark, clean) == 0  # one batch: no window had closed yet
+    assert delta(spark, clean, ARCHIVE_TABLE).count() == len(events)
 
     messy = settings.replace(topic_prefix=settings.topic_prefix + "messy.", home=tmp_path / "messy")
     records = [(e.aggregate_id, e.to_json()) for e in events] * 2
     random.Random(1).shuffle(records)  # later versions of an account now often come before earlier ones
     records.insert(len(records) // 2, ("acc-proj-00001", b"{this is not an event"))
     publish(messy, records)
-    run = project(spark, messy, max_offsets_per_trigger=300)
+    run = project(spark, messy, max_offsets_per_trigger=400)
     assert run.batches >= 3  # the disorder really spans batches
-    assert table(spark, messy) == expected
-    pending = spark.read.format("delta").load(str(messy.table_path("_pending/account_summary")))
-    assert pending.count() == 0
-    dead = spark.read.format("delta").load(str(messy.table_path(DEAD_LETTER_TABLE))).collect()
+    assert_matches_oracle(spark, messy, events)
+    assert late_count(spark, messy) > 0  # shuffled event times: some arrive after their window closed
+    assert table_rows(spark, clean, ACCOUNT_SUMMARY) == table_rows(spark, messy, ACCOUNT_SUMMARY)
+    assert delta(spark, messy, "_pending/account_summary").count() == 0
+    dead = delta(spark, messy, DEAD_LETTER_TABLE).collect()
     assert len(dead) == 1
     assert dead[0]["raw_value"] == "{this is not an event" and "not an event envelope" in dead[0]["reason"]
     assert dead[0]["kafka_topic"] == messy.events_topic and dead[0]["kafka_offset"] >= 0
 
 
-def test_stopping_mid_stream_and_restarting_from_the_checkpoint_gives_the_same_table(spark, settings):
-    events = events_for(CFG)
-    expected = MODEL.python_fold(events)
+def test_stopping_mid_stream_and_restarting_from_the_checkpoint_gives_the_same_tables(spark, settings):
+    events = events_for(CFG, flag_every=7)
     publish(settings, [(e.aggregate_id, e.to_json()) for e in events])
 
-    projection = Projection(spark, settings.replace(trigger_interval="1 second"), [MODEL], log=lambda *_: None)
+    projection = Projection(spark, settings.replace(trigger_interval="1 second"), log=lambda *_: None)
     query = projection.start(max_offsets_per_trigger=150)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 300
     while (query.lastProgress is None or query.lastProgress["batchId"] < 1) and time.monotonic() < deadline:
         assert query.exception() is None
         time.sleep(0.5)
     query.stop()
-    partial = table(spark, settings)
-    applied = sum(r["version"] for r in partial.values())
-    assert 0 < applied < len(events), "the first run should have stopped part-way"
+    applied = sum(r["version"] for r in table_rows(spark, settings, ACCOUNT_SUMMARY).values())
+    assert 0 < applied < sum(e.event_type in ACCOUNT_SUMMARY.event_types for e in events), \
+        "the first run should have stopped part-way"
 
     project(spark, settings)
-    assert table(spark, settings) == expected
+    assert_matches_oracle(spark, settings, events)
 
     # Once caught up, running again finds nothing to do and changes nothing.
     from delta.tables import DeltaTable
-    version = DeltaTable.forPath(spark, str(settings.table_path("account_summary"))).history(1).collect()[0]["version"]
+    path = str(settings.table_path("account_summary"))
+    version = DeltaTable.forPath(spark, path).history(1).collect()[0]["version"]
     assert project(spark, settings).input_rows == 0
-    assert DeltaTable.forPath(spark, str(settings.table_path("account_summary"))).history(1).collect()[0]["version"] \
-        == version
+    assert DeltaTable.forPath(spark, path).history(1).collect()[0]["version"] == version

@@ -33,4 +33,4 @@ def test_a_gap_stops_the_account_at_the_last_contiguous_version():
     events = [e for e in events_for(CFG) if e.aggregate_id == "acc-fold-00001"]
     assert len(events) >= 4
     without_v3 = [e for e in events if e.aggregate_version != 3]
-    assert MODEL.python_fold(without_v3)["acc-fold-00001"]["version"] == 2
+    assert MODEL.python_fold(without_v3)[("acc-fold-00001",)]["version"] == 2

@@ -1,0 +1,68 @@
+"""``payments``: one row per payment attempt, authorized or declined (an insert-once ledger)."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from event_store.envelope import EventEnvelope, parse_time
+from read_models.spec import INSERT_ONCE, ReadModel
+
+__all__ = ["MODEL"]
+
+EVENT_TYPES = ("PaymentAuthorized", "PaymentDeclined")
+
+
+def _schema():
+    from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+
+    return StructType([
+        StructField("payment_id", StringType(), False),
+        StructField("account_id", StringType()),
+        StructField("merchant_id", StringType()),
+        StructField("amount_minor", LongType()),
+        StructField("currency", StringType()),
+        StructField("location", StringType()),
+        StructField("status", StringType()),
+        StructField("decline_reason", StringType()),
+        StructField("occurred_at", TimestampType()),
+        StructField("event_id", StringType()),
+    ])
+
+
+def _fold(events):
+    from pyspark.sql import functions as F
+
+    authorized = F.col("event_type") == "PaymentAuthorized"
+    return events.select(
+        "payment_id", F.col("aggregate_id").alias("account_id"), "merchant_id", "amount_minor", "currency",
+        "location", F.when(authorized, F.lit("authorized")).otherwise(F.lit("declined")).alias("status"),
+        F.when(authorized, F.lit(None).cast("string")).otherwise(F.col("reason")).alias("decline_reason"),
+        "occurred_at", "event_id")
+
+
+def python_fold(events: Iterable[EventEnvelope]) -> dict[tuple, dict[str, Any]]:
+    rows: dict[tuple, dict[str, Any]] = {}
+    for e in events:
+        if e.event_type not in EVENT_TYPES or (e.payload["payment_id"],) in rows:
+            continue
+        p = e.payload
+        authorized = e.event_type == "PaymentAuthorized"
+        rows[(p["payment_id"],)] = {
+            "payment_id": p["payment_id"], "account_id": e.aggregate_id, "merchant_id": p["merchant_id"],
+            "amount_minor": p["amount_minor"], "currency": p["currency"], "location": p["location"],
+            "status": "authorized" if authorized else "declined",
+            "decline_reason": None if authorized else p["reason"],
+            "occurred_at": parse_time(e.occurred_at, "occurred_at").replace(tzinfo=None), "event_id": e.event_id,
+        }
+    return rows
+
+
+MODEL = ReadModel(
+    name="payments",
+    key=("payment_id",),
+    event_types=EVENT_TYPES,
+    schema=_schema,
+    fold=_fold,
+    merge_strategy=INSERT_ONCE,
+    python_fold=python_fold,
+    description="one row per payment attempt: amount, merchant, location, authorized or declined and why",
+)
