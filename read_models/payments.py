@@ -21,6 +21,7 @@ def _schema():
         StructField("amount_minor", LongType()),
         StructField("currency", StringType()),
         StructField("location", StringType()),
+        StructField("merchant_country", StringType()),  # PaymentAuthorized v2; null for declined payments
         StructField("status", StringType()),
         StructField("decline_reason", StringType()),
         StructField("occurred_at", TimestampType()),
@@ -34,7 +35,8 @@ def _fold(events):
     authorized = F.col("event_type") == "PaymentAuthorized"
     return events.select(
         "payment_id", F.col("aggregate_id").alias("account_id"), "merchant_id", "amount_minor", "currency",
-        "location", F.when(authorized, F.lit("authorized")).otherwise(F.lit("declined")).alias("status"),
+        "location", F.when(authorized, F.col("merchant_country")).alias("merchant_country"),
+        F.when(authorized, F.lit("authorized")).otherwise(F.lit("declined")).alias("status"),
         F.when(authorized, F.lit(None).cast("string")).otherwise(F.col("reason")).alias("decline_reason"),
         "occurred_at", "event_id")
 
@@ -49,6 +51,7 @@ def python_fold(events: Iterable[EventEnvelope]) -> dict[tuple, dict[str, Any]]:
         rows[(p["payment_id"],)] = {
             "payment_id": p["payment_id"], "account_id": e.aggregate_id, "merchant_id": p["merchant_id"],
             "amount_minor": p["amount_minor"], "currency": p["currency"], "location": p["location"],
+            "merchant_country": p.get("merchant_country") if authorized else None,
             "status": "authorized" if authorized else "declined",
             "decline_reason": None if authorized else p["reason"],
             "occurred_at": parse_time(e.occurred_at, "occurred_at").replace(tzinfo=None), "event_id": e.event_id,

@@ -4,14 +4,42 @@ Pure DataFrame -> DataFrame functions; the writer lives in ``projection``.
 """
 from __future__ import annotations
 
-from event_store.schemas import EVENTS
+from event_store.schemas import EVENT_SCHEMA_VERSIONS, EVENTS
 
-__all__ = ["envelope_schema", "parse_events", "DEAD_LETTER_COLUMNS", "EVENT_COLUMNS"]
+__all__ = ["envelope_schema", "parse_events", "upcast_rows", "missing_spark_upcasters", "DEAD_LETTER_COLUMNS",
+           "EVENT_COLUMNS"]
 
 # Payload fields of every event type, flattened into columns of the event rows.
 _PAYLOAD_LONGS = ("credit_limit_minor", "amount_minor")
 _PAYLOAD_STRINGS = ("customer_id", "currency", "payment_id", "merchant_id", "location", "reason", "rule",
-                    "evidence")
+                    "evidence", "merchant_country")
+
+
+def _spark_upcasters():
+    """(event type, from version) -> {column: F -> expression} bringing the flattened row to from version + 1.
+    The vectorised twin of event_store.upcasting.UPCASTERS (a test keeps the two in step)."""
+    return {
+        ("PaymentAuthorized", 1): {"merchant_country": lambda F: F.substring_index(F.col("location"), "-", 1)},
+    }
+
+
+def missing_spark_upcasters() -> list[tuple[str, int]]:
+    upcasters = _spark_upcasters()
+    return [(name, v) for name, current in EVENT_SCHEMA_VERSIONS.items() for v in range(1, current)
+            if (name, v) not in upcasters]
+
+
+def upcast_rows(events):
+    """Old schema versions -> the current one, on read (the log is never rewritten)."""
+    from pyspark.sql import functions as F
+
+    for (event_type, version), columns in sorted(_spark_upcasters().items(), key=lambda kv: kv[0][1]):
+        at_version = (F.col("event_type") == event_type) & (F.col("schema_version") == version)
+        events = events.withColumns({name: F.when(at_version, expr(F)).otherwise(F.col(name))
+                                     for name, expr in columns.items()})
+        events = events.withColumn("schema_version", F.when(at_version, F.lit(version + 1))
+                                   .otherwise(F.col("schema_version")))
+    return events
 
 EVENT_COLUMNS = ("event_id", "event_type", "schema_version", "aggregate_type", "aggregate_id", "aggregate_version",
                  "occurred_at", "recorded_at", "command_id", "correlation_id", "causation_id",
@@ -54,6 +82,10 @@ def parse_events(records):
         .when(e["aggregate_id"].isNull(), F.lit("missing aggregate_id"))
         .when(e["aggregate_version"].isNull() | (e["aggregate_version"] < 1),
               F.lit("aggregate_version missing or < 1"))
+        .when(e["schema_version"].isNull() | (e["schema_version"] < 1), F.lit("schema_version missing or < 1"))
+        .when(e["schema_version"] > _current_version(e["event_type"]),
+              F.format_string("%s schema_version %d is newer than this code reads (up to %d); upgrade eventlake",
+                              e["event_type"], e["schema_version"], _current_version(e["event_type"])))
         .when(F.col("occurred_ts").isNull(), F.lit("occurred_at missing or not an ISO-8601 timestamp"))
         .when(F.col("recorded_ts").isNull(), F.lit("recorded_at missing or not an ISO-8601 timestamp"))
     )
@@ -69,4 +101,11 @@ def parse_events(records):
         *[e[n].alias(n) for n in ("command_id", "correlation_id", "causation_id")],
         *[e["payload"][n].alias(n) for n in (*_PAYLOAD_STRINGS, *_PAYLOAD_LONGS)],
         "kafka_topic", "kafka_partition", "kafka_offset", "raw_value")
-    return valid, dead
+    return upcast_rows(valid), dead
+
+
+def _current_version(event_type):
+    from pyspark.sql import functions as F
+
+    versions = F.create_map(*[x for name, v in EVENT_SCHEMA_VERSIONS.items() for x in (F.lit(name), F.lit(v))])
+    return versions[event_type]
