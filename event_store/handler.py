@@ -108,17 +108,20 @@ def execute(state: AccountState, command: CommandEnvelope, recorded_at: str | No
 class _Rebalance(ConsumerRebalanceListener):
     """Records assignment changes; the handler's loop applies them (callbacks run on the consumer's IO loop)."""
 
-    def __init__(self):
+    def __init__(self, log: Callable[[str], None]):
+        self.log = log
         self.lock = threading.Lock()
         self.revoked: set[int] = set()
         self.generation = 0
 
     def on_partitions_revoked(self, revoked):
+        self.log(f"handler: partitions revoked: {sorted(tp.partition for tp in revoked)}")
         with self.lock:
             self.revoked |= {tp.partition for tp in revoked}
             self.generation += 1
 
     def on_partitions_assigned(self, assigned):
+        self.log(f"handler: partitions assigned: {sorted(tp.partition for tp in assigned)}")
         with self.lock:
             self.generation += 1
 
@@ -136,16 +139,16 @@ class CommandHandler:
     """
 
     def __init__(self, settings: Settings, instance_id: str = "0", log: Callable[[str], None] = print,
-                 use_snapshots: bool = True, max_poll_records: int = 5000):
+                 use_snapshots: bool = True, max_poll_records: int | None = None):
         self.settings = settings
         self.instance_id = instance_id
         self.log = log
         self.use_snapshots = use_snapshots
-        self.max_poll_records = max_poll_records
+        self.max_poll_records = max_poll_records or settings.handler_max_batch
         self.partitions: dict[int, PartitionState] = {}
         self.rebuilds: list[RebuildStats] = []
         self.stats = HandlerStats()
-        self._listener = _Rebalance()
+        self._listener = _Rebalance(log)
         self._stopping = threading.Event()
         self._producer = None
         self._consumer = None
@@ -170,6 +173,7 @@ class CommandHandler:
         self._consumer = kafka_log.make_consumer(
             self.settings, group_id=self.settings.handler_group_id, max_poll_records=self.max_poll_records,
             group_instance_id=self.transactional_id, session_timeout_ms=10_000, heartbeat_interval_ms=2_000,
+            max_poll_interval_ms=60_000,
             partition_assignment_strategy=(CooperativeStickyAssignor,))
         self._consumer.subscribe([self.settings.commands_topic], listener=self._listener)
 

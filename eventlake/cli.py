@@ -178,7 +178,9 @@ def _cmd_handler(settings: Settings, args) -> int:
     from event_store.handler import CommandHandler
 
     _require_broker(settings)
-    with CommandHandler(settings, instance_id=args.instance_id, use_snapshots=not args.no_snapshots) as handler:
+    log = lambda message: print(message, flush=True)  # noqa: E731 -- a service's log, seen even if it is killed
+    with CommandHandler(settings, instance_id=args.instance_id, use_snapshots=not args.no_snapshots,
+                        log=log) as handler:
         try:
             stats = handler.run(until_caught_up=args.until_caught_up)
         except KeyboardInterrupt:
@@ -192,6 +194,13 @@ def _cmd_project(settings: Settings, args) -> int:
 
     _require_broker(settings)
     return projection.main([*args.models, *(["--until-caught-up"] if args.until_caught_up else [])])
+
+
+def _cmd_status(settings: Settings, args) -> int:
+    from spark_apps.status import render
+
+    print(render(settings))
+    return 0
 
 
 def _cmd_query(settings: Settings, args) -> int:
@@ -270,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("models", nargs="*", help="read model names (default: all)")
     p.add_argument("--until-caught-up", action="store_true", help="project what the log holds now, then stop")
     p.set_defaults(run=_cmd_project)
+
+    p = sub.add_parser("status", help="per projection: lag, last batch and rate; per table: rows and Delta version")
+    p.set_defaults(run=_cmd_status)
 
     p = sub.add_parser("query", help="run SQL over the read models and print the rows")
     p.add_argument("sql")
