@@ -2,6 +2,7 @@
 the fraud policy."""
 import contextlib
 import threading
+import time
 from collections import defaultdict
 
 import pytest
@@ -132,6 +133,10 @@ def test_two_instances_share_the_partitions_and_keep_versions_gap_free(settings)
     commands = list(generate_commands(cfg))
     with EventStore(settings) as store:
         with running_handler(settings, "a") as a, running_handler(settings, "b") as b:
+            deadline = time.monotonic() + 60
+            while not (a.partitions and b.partitions and len(set(a.partitions) | set(b.partitions)) == 3):
+                assert time.monotonic() < deadline, (a.partitions.keys(), b.partitions.keys())
+                time.sleep(0.2)
             store.send_raw(commands)
             results = store.wait_for([CommandEnvelope.from_json(v).command_id for _, v in commands], timeout_s=120)
             owned_a, owned_b = set(a.partitions), set(b.partitions)
