@@ -2,7 +2,8 @@
 
 The embedded path (default) reads the Delta tables through delta-rs (``deltalake``) into DuckDB: no
 JVM, answers in well under a second. ``engine="spark"`` runs the same SQL on Spark SQL instead.
-Every read model is a view named after it; the event dead letters are ``event_dead_letters``.
+Every read model is a view named after it; so are ``late_events`` and ``event_archive``; the event dead
+letters are ``event_dead_letters``.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ def table_paths(settings: Settings) -> dict[str, Path]:
     """View name -> Delta table path, for the tables that exist."""
     candidates = {name: settings.table_path(name) for name in read_models.REGISTRY}
     candidates["event_dead_letters"] = settings.table_path("_dead_letters/events")
+    candidates["late_events"] = settings.table_path("late_events")
+    candidates["event_archive"] = settings.table_path("event_archive")
     return {name: path for name, path in candidates.items() if (path / "_delta_log").is_dir()}
 
 

@@ -1,0 +1,57 @@
+"""kill -9 the projection at random moments, restart it, and the tables still equal the oracle."""
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from event_store import kafka_log
+from eventlake.generator import GeneratorConfig
+from spark_apps.projection import Projection
+from tests.domain_helpers import events_for
+from tests.oracle import assert_matches_oracle
+
+pytestmark = pytest.mark.slow
+
+EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
+
+
+def committed_batches(settings) -> int:
+    commits = settings.checkpoints / "projection-account_summary+payments+merchant_minute_volume+fraud_alerts" / "commits"
+    return len([p for p in commits.glob("*") if p.name.isdigit()]) if commits.is_dir() else 0
+
+
+def test_kill_9_at_random_points_then_restart_gives_the_oracle_tables(spark, settings):
+    events = events_for(GeneratorConfig(accounts=40, commands=500, seed=9, run_id="kill", late_rate=0.03),
+                        flag_every=7)
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    producer = kafka_log.make_producer(settings)
+    records = [(e.aggregate_id, e.to_json()) for e in events]
+    kafka_log.produce_all(producer, settings.events_topic, records + random.Random(2).sample(records, 100))
+    producer.close()
+
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=settings.bootstrap_servers, EVENTLAKE_HOME=str(settings.home),
+               EVENTLAKE_TOPIC_PREFIX=settings.topic_prefix, EVENTLAKE_MAX_OFFSETS_PER_TRIGGER="120",
+               EVENTLAKE_SPARK_SHUFFLE_PARTITIONS="2")
+    rng = random.Random(4)
+    progress = []
+    for _ in range(3):
+        before = committed_batches(settings)
+        proc = subprocess.Popen([EVENTLAKE, "project", "--until-caught-up"], env=env, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Wait for a batch past the last one, then kill somewhere inside the following ones.
+        deadline = time.monotonic() + 240
+        while committed_batches(settings) <= before and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(rng.uniform(0.5, 6.0))
+        os.killpg(proc.pid, signal.SIGKILL)  # the Python driver and its JVM, without any chance to clean up
+        proc.wait()
+        progress.append(committed_batches(settings))
+    assert progress[0] >= 1 and progress[-1] > progress[0], progress
+
+    Projection(spark, settings, log=lambda *_: None).run_until_caught_up()
+    assert_matches_oracle(spark, settings, events)
