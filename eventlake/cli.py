@@ -196,6 +196,13 @@ def _cmd_project(settings: Settings, args) -> int:
     return projection.main([*args.models, *(["--until-caught-up"] if args.until_caught_up else [])])
 
 
+def _cmd_detect_fraud(settings: Settings, args) -> int:
+    from spark_apps import fraud_detector
+
+    _require_broker(settings)
+    return fraud_detector.main(["--until-caught-up"] if args.until_caught_up else [])
+
+
 def _cmd_status(settings: Settings, args) -> int:
     from spark_apps.status import render
 
@@ -279,6 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("models", nargs="*", help="read model names (default: all)")
     p.add_argument("--until-caught-up", action="store_true", help="project what the log holds now, then stop")
     p.set_defaults(run=_cmd_project)
+
+    p = sub.add_parser("detect-fraud", help="run the fraud detector (events -> FlagFraud commands)")
+    p.add_argument("--until-caught-up", action="store_true", help="process what the log holds now, then stop")
+    p.set_defaults(run=_cmd_detect_fraud)
 
     p = sub.add_parser("status", help="per projection: lag, last batch and rate; per table: rows and Delta version")
     p.set_defaults(run=_cmd_status)
