@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
@@ -151,15 +151,22 @@ class CommandEnvelope:
     correlation_id: str | None = None
     causation_id: str | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        # Spelled out rather than dataclasses.asdict, which deep-copies (clients send many commands).
+        return {"command_id": self.command_id, "command_type": self.command_type, "aggregate_id": self.aggregate_id,
+                "payload": dict(self.payload), "aggregate_type": self.aggregate_type,
+                "expected_version": self.expected_version, "issued_at": self.issued_at,
+                "correlation_id": self.correlation_id, "causation_id": self.causation_id}
+
     def to_json(self) -> bytes:
-        return _dumps(asdict(self))
+        return _dumps(self.to_dict())
 
     @classmethod
     def create(cls, command_type: str, aggregate_id: str, payload: Mapping[str, Any] | None = None,
                **kwargs: Any) -> "CommandEnvelope":
         command = cls(command_id=kwargs.pop("command_id", None) or new_id(), command_type=command_type,
                       aggregate_id=aggregate_id, payload=dict(payload or {}), **kwargs)
-        return cls.from_dict(asdict(command))  # validate now: bad commands fail where they are made
+        return cls.from_dict(command.to_dict())  # validate now: bad commands fail where they are made
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> "CommandEnvelope":

@@ -229,14 +229,13 @@ class CommandHandler:
         s = self.settings
         started = time.monotonic()
         events_tp, results_tp = TopicPartition(s.events_topic, p), TopicPartition(s.results_topic, p)
-        self._wait_until_stable([events_tp, results_tp])
-        part = None
-        if self.use_snapshots:
-            part = load_snapshot(kafka_log.read_partition(self._reader, TopicPartition(s.snapshots_topic, p), 0),
-                                 p, s.idempotency_window)
+        snapshots_tp = TopicPartition(s.snapshots_topic, p)
+        # One offsets request for all three (each costs a round trip): where the committed log ends now.
+        ends = self._wait_until_stable([events_tp, results_tp, snapshots_tp])
+        part = self._load_snapshot(p, ends[snapshots_tp]) if self.use_snapshots else None
         from_snapshot = part is not None
         part = part or PartitionState(p, window=s.idempotency_window)
-        end = self._reader.end_offsets([events_tp])[events_tp]
+        end = ends[events_tp]
         events_read = 0
         for record in kafka_log.read_partition(self._reader, events_tp, part.events_offset, end):
             try:
@@ -248,7 +247,7 @@ class CommandHandler:
             events_read += 1
         part.events_offset = max(part.events_offset, end)
         part.events_since_snapshot += events_read
-        end = self._reader.end_offsets([results_tp])[results_tp]
+        end = ends[results_tp]
         results_read = 0
         for record in kafka_log.read_partition(self._reader, results_tp, part.results_offset, end):
             try:
@@ -267,14 +266,39 @@ class CommandHandler:
                  f"in {stats.seconds:.2f}s")
         return part
 
-    def _wait_until_stable(self, tps: list[TopicPartition]) -> None:
-        """Wait until no open transaction (e.g. of a killed instance) holds back the end of ``tps``."""
+    def _load_snapshot(self, p: int, end: int) -> PartitionState | None:
+        """The latest snapshot of partition ``p``, reading only its own records when it can.
+
+        A snapshot's chunks and manifest are written contiguously in one transaction and nothing else writes
+        snapshots partition ``p`` in between, so the latest manifest sits just before the end (the commit
+        marker) and its chunks just before it. If that does not hold, the whole partition is read.
+        """
+        s = self.settings
+        tp = TopicPartition(s.snapshots_topic, p)
+        if end == 0:
+            return None
+        tail = list(kafka_log.read_partition(self._reader, tp, max(0, end - 3), end))
+        manifests = [r for r in tail if r.key == str(p).encode()]
+        if manifests:
+            manifest = manifests[-1]
+            chunks = json.loads(manifest.value)["chunks"]
+            records = list(kafka_log.read_partition(self._reader, tp, max(0, manifest.offset - chunks),
+                                                    manifest.offset + 1))
+            try:
+                return load_snapshot(records, p, s.idempotency_window)
+            except InvalidRecord:
+                pass  # not contiguous after all (e.g. compacted): read everything
+        return load_snapshot(kafka_log.read_partition(self._reader, tp, 0, end), p, s.idempotency_window)
+
+    def _wait_until_stable(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Wait until no open transaction (e.g. of a killed instance) holds back the end of ``tps``; their
+        last stable offsets."""
         deadline = time.monotonic() + _TRANSACTION_TIMEOUT_MS / 1000 + 15
         while True:
             stable = self._reader.end_offsets(tps)
             high = self._watermarks.end_offsets(tps)
             if all(stable[tp] >= high[tp] for tp in tps):
-                return
+                return stable
             if time.monotonic() > deadline:
                 raise HandlerError(f"partitions {sorted(str(tp) for tp in tps)} stay blocked by an open transaction "
                                    f"(stable offsets {stable}, high watermarks {high}); is another handler with a "

@@ -31,7 +31,7 @@ def topic_configs(settings: Settings) -> dict[str, dict[str, str]]:
         settings.dead_letters_topic: dict(_UNLIMITED),
         # The handler's snapshots: only the latest value per key matters (see event_store.snapshots).
         settings.snapshots_topic: {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1",
-                                   "segment.ms": str(3600 * 1000)},
+                                   "segment.ms": str(600 * 1000)},
     }
 
 
@@ -129,7 +129,7 @@ def read_partition(consumer: KafkaConsumer, tp: TopicPartition, start: int, end:
     consumer.seek(tp, start)
     last_progress = time.monotonic()
     while consumer.position(tp) < end:
-        batch = consumer.poll(timeout_ms=200, max_records=10_000)
+        batch = consumer.poll(timeout_ms=50, max_records=10_000)
         records = batch.get(tp, ())
         for record in records:
             if record.offset >= end:

@@ -45,7 +45,10 @@ class PartitionState:
 
     def first_result(self, account_id: str, command_id: str) -> CommandResult | None:
         recent = self.results.get(account_id)
-        return recent.get(command_id) if recent else None
+        found = recent.get(command_id) if recent else None
+        if isinstance(found, list):  # still the snapshot's row: made into a result on first use
+            found = recent[command_id] = _result_from_row(account_id, found)
+        return found
 
     def remember(self, result: CommandResult) -> None:
         """Keep ``result`` as the answer to its command_id, unless an earlier one is already kept."""
@@ -58,8 +61,18 @@ class PartitionState:
         if len(recent) > self.window:
             recent.popitem(last=False)
 
+    def _remember_row(self, account_id: str, row: list) -> None:
+        recent = self.results.get(account_id)
+        if recent is None:
+            recent = self.results[account_id] = OrderedDict()
+        recent.setdefault(row[0], row)
+        if len(recent) > self.window:
+            recent.popitem(last=False)
 
-def _result_row(r: CommandResult) -> list:
+
+def _result_row(r: CommandResult | list) -> list:
+    if isinstance(r, list):
+        return r
     return [r.command_id, r.status, r.version, list(r.event_ids), r.error_type, r.reason, r.recorded_at]
 
 
@@ -114,5 +127,5 @@ def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionSt
             if entry["state"] is not None:
                 part.accounts[entry["account_id"]] = AccountState(**entry["state"])
             for row in entry["results"]:
-                part.remember(_result_from_row(entry["account_id"], row))
+                part._remember_row(entry["account_id"], row)
     return part

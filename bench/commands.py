@@ -1,0 +1,127 @@
+"""Benchmark: accepted commands per second end to end (submit -> events committed), with 1 and 2 handlers.
+
+Prints figures; it is not a test. Each run uses fresh topics on the configured broker (the local one by
+default, started if needed). For each handler count it starts ``eventlake handler`` processes, waits until
+they own every partition, then sends N generated commands through the client's bulk path and stops the clock
+when the last command result is committed (results are written in the same transaction as the events). The
+raw kafka-python produce rate of the same records, measured first, is the ceiling: the handler writes at
+least two records (an event and a result) per command.
+
+    .venv/bin/python bench/commands.py [--commands 100000] [--accounts 2000] [--instances 1 2]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from kafka import TopicPartition
+
+from event_store import kafka_log
+from event_store.client import EventStore
+from event_store.envelope import CommandEnvelope
+from eventlake.generator import GeneratorConfig, generate_commands
+from eventlake.settings import Settings
+
+EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
+
+
+def fresh(settings: Settings, tag: str) -> Settings:
+    run = uuid.uuid4().hex[:8]
+    return settings.replace(topic_prefix=f"bench-{tag}-{run}.", handler_group_id=f"bench-handler-{run}")
+
+
+def raw_produce_rate(settings: Settings, records: list[tuple[str, bytes]]) -> float:
+    """kafka-python alone: the same records to a scratch topic, idempotent, acks=all, no transaction."""
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    producer = kafka_log.make_producer(settings)
+    started = time.perf_counter()
+    for key, value in records:
+        producer.send(settings.commands_topic, key=key.encode(), value=value)
+    producer.flush()
+    seconds = time.perf_counter() - started
+    producer.close()
+    return len(records) / seconds
+
+
+def count_committed(consumer, partitions, wanted: int, timeout_s: float) -> int:
+    """Poll committed records (without parsing them) until ``wanted`` have arrived."""
+    seen = 0
+    deadline = time.monotonic() + timeout_s
+    while seen < wanted and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=200, max_records=50_000).values():
+            seen += len(records)
+    return seen
+
+
+def end_to_end(settings: Settings, records: list[tuple[str, bytes]], instances: int, log_dir: Path) -> dict:
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+           "EVENTLAKE_TOPIC_PREFIX": settings.topic_prefix, "EVENTLAKE_HANDLER_GROUP_ID": settings.handler_group_id,
+           "EVENTLAKE_HANDLER_MAX_BATCH": os.environ.get("EVENTLAKE_HANDLER_MAX_BATCH", "5000")}
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    logs = [open(log_dir / f"handler-{instances}-{i}.log", "w") for i in range(instances)]
+    handlers = [subprocess.Popen([EVENTLAKE, "handler", "--instance-id", str(i)], env=env, stdout=log,
+                                 stderr=subprocess.STDOUT) for i, log in enumerate(logs)]
+    try:
+        with EventStore(settings) as store:
+            # Warm-up: one command per partition, answered once the handlers own every partition.
+            warm = [CommandEnvelope.create("OpenAccount", f"warm-{i}", {"customer_id": "c", "credit_limit_minor": 1,
+                                                                        "currency": "USD"}) for i in range(30)]
+            store.submit_many(warm, wait=True, timeout_s=120)
+            consumer = kafka_log.make_consumer(settings)
+            parts = [TopicPartition(settings.results_topic, p)
+                     for p in sorted(consumer.partitions_for_topic(settings.results_topic))]
+            consumer.assign(parts)
+            consumer.seek_to_end(*parts)
+            for tp in parts:
+                consumer.position(tp)
+            started = time.perf_counter()
+            store.send_raw(records)
+            sent = time.perf_counter() - started
+            seen = count_committed(consumer, parts, len(records), timeout_s=600)
+            seconds = time.perf_counter() - started
+            consumer.close()
+    finally:
+        for h in handlers:
+            h.terminate()
+        for h in handlers:
+            h.wait(60)
+        for log in logs:
+            log.close()
+    return {"commands": seen, "seconds": seconds, "send_seconds": sent, "rate": seen / seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--commands", type=int, default=100_000)
+    parser.add_argument("--accounts", type=int, default=2000)
+    parser.add_argument("--instances", type=int, nargs="+", default=[1, 2])
+    args = parser.parse_args(argv)
+    settings = Settings.load()
+    if settings.uses_local_kafka:
+        from infra import kafka
+        kafka.up(settings, log=lambda *_: None)
+    records = list(generate_commands(GeneratorConfig(accounts=args.accounts, commands=args.commands,
+                                                     run_id=uuid.uuid4().hex[:6])))
+    size = sum(len(v) for _, v in records) / len(records)
+    print(f"bench: {len(records)} commands for {args.accounts} accounts (mean {size:.0f} bytes), "
+          f"{settings.topic_partitions} partitions, broker {settings.bootstrap_servers}, {os.cpu_count()} CPUs")
+    raw = raw_produce_rate(fresh(settings, "raw"), records)
+    print(f"raw kafka-python produce (ceiling): {raw:,.0f} records/s -> at most {raw / 2:,.0f} commands/s "
+          f"for a handler writing an event and a result per command")
+    log_dir = settings.home / "bench"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for n in args.instances:
+        r = end_to_end(fresh(settings, f"x{n}"), records, n, log_dir)
+        print(f"{n} handler instance(s): {r['commands']:,} commands accepted and committed in {r['seconds']:.1f}s "
+              f"= {r['rate']:,.0f} commands/s end to end (sending took {r['send_seconds']:.1f}s)")
+    print(f"handler logs: {log_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

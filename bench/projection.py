@@ -1,0 +1,125 @@
+"""Benchmark: events/s projected into account_summary + payments, against the raw Kafka -> Delta append rate.
+
+Prints figures; it is not a test. It writes N generated events (the pure core's output for generated
+commands, cached under .cache/bench/) to a fresh events topic, then in one Spark session:
+1. the ceiling: the same Kafka source and JSON parsing, appended to a Delta table (no dedup, no MERGE);
+2. the projection: ``Projection([account_summary, payments])`` with the same trigger size.
+Both run with ``availableNow`` from the first offset to the last; the clock runs from query start to stop.
+
+    .venv/bin/python bench/projection.py [--events 1000000] [--accounts 20000] [--max-offsets 250000]
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from event_store import kafka_log
+from event_store.account import AccountState
+from event_store.envelope import CommandEnvelope, InvalidRecord
+from event_store.handler import execute
+from eventlake.generator import GeneratorConfig, generate_commands
+from eventlake.settings import Settings
+
+
+def generated_events(n: int, accounts: int, cache: Path) -> list[tuple[bytes, bytes]]:
+    """(key, value) of about ``n`` events, made once by the pure command handler core and cached."""
+    path = cache / f"events-{n}-{accounts}.tsv"
+    if path.exists():
+        return [tuple(line.split(b"\t", 1)) for line in path.read_bytes().splitlines()]
+    print(f"generating {n:,} events for {accounts:,} accounts (once; cached in {path}) ...", flush=True)
+    cfg = GeneratorConfig(accounts=accounts, commands=int(n * 1.02), run_id="bench", seed=1, late_rate=0.0)
+    states: dict[str, AccountState] = {}
+    out: list[tuple[bytes, bytes]] = []
+    for _, raw in generate_commands(cfg):
+        command = CommandEnvelope.from_json(raw)
+        state = states.get(command.aggregate_id) or AccountState(command.aggregate_id)
+        states[command.aggregate_id], events, _ = execute(state, command)
+        out += [(e.aggregate_id.encode(), e.to_json()) for e in events]
+        if len(out) >= n:
+            break
+    cache.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\n".join(k + b"\t" + v for k, v in out))
+    return out
+
+
+def publish(settings: Settings, records) -> float:
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    producer = kafka_log.make_producer(settings, linger_ms=20)
+    started = time.perf_counter()
+    for key, value in records:
+        producer.send(settings.events_topic, key=key, value=value)
+    producer.flush()
+    producer.close()
+    return len(records) / (time.perf_counter() - started)
+
+
+def raw_append(spark, settings: Settings, max_offsets: int) -> tuple[float, list]:
+    """The ceiling: Kafka source + the same JSON parsing, appended to Delta, nothing else."""
+    from spark_apps.events import check_records, split_checked
+
+    target = settings.table_path("bench_raw_append")
+
+    def append(batch, batch_id):
+        events, _ = split_checked(check_records(batch))
+        (events.write.format("delta").mode("append").option("txnAppId", "bench-raw")
+         .option("txnVersion", batch_id).save(str(target)))
+
+    records = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", settings.bootstrap_servers)
+               .option("subscribe", settings.events_topic).option("startingOffsets", "earliest")
+               .option("kafka.isolation.level", "read_committed").option("maxOffsetsPerTrigger", str(max_offsets))
+               .load())
+    started = time.perf_counter()
+    query = (records.writeStream.foreachBatch(append).trigger(availableNow=True)
+             .option("checkpointLocation", str(settings.checkpoints / "bench-raw")).start())
+    query.awaitTermination()
+    seconds = time.perf_counter() - started
+    rows = sum(p["numInputRows"] for p in query.recentProgress)
+    return rows / seconds, query.recentProgress
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--accounts", type=int, default=20_000)
+    parser.add_argument("--max-offsets", type=int, default=250_000, help="maxOffsetsPerTrigger of both runs")
+    args = parser.parse_args()
+
+    base = Settings.load()
+    if base.uses_local_kafka:
+        from infra import kafka
+        kafka.up(base)
+    run = uuid.uuid4().hex[:8]
+    home = base.home / "bench" / run
+    settings = base.replace(topic_prefix=f"bench-projection-{run}.", home=home)
+    records = generated_events(args.events, args.accounts, base.cache_dir / "bench")
+    produce_rate = publish(settings, records)
+    print(f"published {len(records):,} events to {settings.events_topic}: kafka-python {produce_rate:,.0f} events/s",
+          flush=True)
+
+    from read_models import ACCOUNT_SUMMARY, PAYMENTS
+    from spark_apps.projection import Projection
+    from spark_apps.session import build_session
+
+    spark = build_session(settings, app_name="eventlake-bench-projection")
+    ceiling, raw_progress = raw_append(spark, settings, args.max_offsets)
+    print(f"raw Kafka -> Delta append (no dedup): {ceiling:,.0f} events/s "
+          f"({len(raw_progress)} batches)", flush=True)
+    projection = Projection(spark, settings, [ACCOUNT_SUMMARY, PAYMENTS], log=lambda *_: None)
+    result = projection.run_until_caught_up(max_offsets_per_trigger=args.max_offsets)
+    rate = result.input_rows / result.seconds
+    print(f"projection account_summary + payments: {result.input_rows:,} events in {result.seconds:.1f}s = "
+          f"{rate:,.0f} events/s ({result.batches} batches)")
+    print(f"ratio to the ceiling: {rate / ceiling:.2f}")
+    print("per batch (ms) raw append:  " + ", ".join(str(p["durationMs"].get("addBatch")) for p in raw_progress))
+    shutil.rmtree(home, ignore_errors=True)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    raise SystemExit(main())
