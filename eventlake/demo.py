@@ -21,6 +21,8 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, log=
     from eventlake.generator import GeneratorConfig, generate_commands
     from eventlake.query import format_table, query_duckdb
     from infra import kafka
+    from event_store.policy import FraudPolicy
+    from spark_apps.fraud_detector import FraudDetector
     from spark_apps.projection import Projection
     from spark_apps.session import build_session
 
@@ -43,12 +45,23 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, log=
         producer.close()
     step(f"sent {sent} commands for {accounts} accounts (run {run_id}) to {settings.commands_topic}")
 
-    with CommandHandler(settings, log=log) as handler:
+    quiet = lambda *_: None  # noqa: E731
+    with CommandHandler(settings, log=quiet) as handler:
         stats = handler.run(until_caught_up=True)
     step(f"command handler: {stats.line()}")
 
     spark = build_session(settings, app_name="eventlake-demo", log=log)
     step("spark session ready")
+    # The fraud loop: detector -> FlagFraud -> handler records FraudSuspected -> policy -> FreezeAccount -> handler.
+    FraudDetector(spark, settings, log=quiet).start(until_caught_up=True).awaitTermination()
+    with CommandHandler(settings, log=quiet) as handler:
+        flagged = handler.run(until_caught_up=True)
+    step(f"fraud detector: {flagged.accepted} FlagFraud commands accepted "
+         f"({flagged.duplicates} repeats answered as duplicates) -> FraudSuspected events")
+    policy = FraudPolicy(settings, log=quiet).run(until_caught_up=True)
+    with CommandHandler(settings, log=quiet) as handler:
+        frozen = handler.run(until_caught_up=True)
+    step(f"fraud policy: {policy.line()}; handler: {frozen.events} AccountFrozen events")
     run = Projection(spark, settings, log=log).run_until_caught_up()
     step(f"projection: {run.input_rows} events in {run.batches} batch(es) -> Delta tables under {settings.warehouse}")
 
@@ -63,22 +76,34 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, log=
                f"available_minor, currency, version FROM account_summary WHERE account_id LIKE '{prefix}' "
                f"ORDER BY authorized_total_minor DESC LIMIT 5")
     top_cols, top_rows = query_duckdb(settings, top_sql)
+    alerts_sql = (f"SELECT rule, count(*) AS alerts, count(DISTINCT account_id) AS accounts FROM fraud_alerts "
+                  f"WHERE account_id LIKE '{prefix}' GROUP BY rule ORDER BY rule")
+    alert_cols, alert_rows = query_duckdb(settings, alerts_sql)
+    _, volume = query_duckdb(settings, "SELECT count(*), sum(payments) FROM merchant_minute_volume")
+    _, late = query_duckdb(settings, "SELECT count(*) FROM late_events")
     log("")
     log(f"== eventlake demo: run {run_id} ==")
     log(f"commands: {stats.commands} handled: {stats.accepted} accepted, {stats.rejected} rejected (with a reason "
         f"in {settings.results_topic}), {stats.dead_lettered} dead-lettered to {settings.dead_letters_topic}")
-    log(f"events:   {stats.events} appended to {settings.events_topic}")
+    log(f"events:   {stats.events + flagged.events + frozen.events} appended to {settings.events_topic} "
+        f"({stats.events} from the commands, {flagged.events} FraudSuspected, {frozen.events} AccountFrozen)")
     log(f"account_summary for this run: {summary['accounts']} accounts, {summary['authorized']} payments "
         f"authorized, {summary['declined']} declined, {summary['frozen']} frozen, authorized total "
         f"{summary['authorized_total_minor']} minor units")
+    log(f"merchant_minute_volume: {volume[0][0]} merchant-minutes, {volume[0][1]} payments; "
+        f"late_events: {late[0][0]} (beyond the watermark: recorded, not lost)")
     log("")
     log(f"$ eventlake query \"{top_sql}\"")
     log(format_table(top_cols, top_rows))
     log("")
+    log(f"$ eventlake query \"{alerts_sql}\"")
+    log(format_table(alert_cols, alert_rows))
+    log("")
     log("where the data lives:")
     log(f"  Kafka:        {settings.bootstrap_servers}, topics {settings.topic_prefix}*"
         + (f" (broker data in {settings.kafka_dir})" if settings.uses_local_kafka else ""))
-    log(f"  Delta tables: {settings.warehouse}  (account_summary, _dead_letters/events)")
+    log(f"  Delta tables: {settings.warehouse}  (account_summary, payments, merchant_minute_volume, fraud_alerts, "
+        f"late_events, event_archive, _dead_letters/events)")
     log(f"  checkpoints:  {settings.checkpoints}")
     log(f"done in {time.monotonic() - started:.0f}s. Try: eventlake query \"SELECT status, count(*) FROM "
         f"account_summary GROUP BY status\"" + ("; stop the broker with: eventlake kafka down"

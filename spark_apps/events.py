@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from event_store.schemas import EVENT_SCHEMA_VERSIONS, EVENTS
 
-__all__ = ["envelope_schema", "parse_events", "upcast_rows", "missing_spark_upcasters", "DEAD_LETTER_COLUMNS",
+__all__ = ["envelope_schema", "parse_events", "check_records", "split_checked", "upcast_rows", "missing_spark_upcasters", "DEAD_LETTER_COLUMNS",
            "EVENT_COLUMNS"]
 
 # Payload fields of every event type, flattened into columns of the event rows.
@@ -62,6 +62,12 @@ def envelope_schema():
 
 def parse_events(records):
     """(valid events, dead letters) from a DataFrame of Kafka records (value, topic, partition, offset)."""
+    return split_checked(check_records(records))
+
+
+def check_records(records):
+    """Kafka records -> parsed rows with a ``reason`` (null when the record is a valid event). Persist this
+    when both halves are used, so the JSON is parsed once."""
     from pyspark.sql import functions as F
 
     e = F.col("e")
@@ -89,7 +95,14 @@ def parse_events(records):
         .when(F.col("occurred_ts").isNull(), F.lit("occurred_at missing or not an ISO-8601 timestamp"))
         .when(F.col("recorded_ts").isNull(), F.lit("recorded_at missing or not an ISO-8601 timestamp"))
     )
-    checked = parsed.withColumn("reason", reason)
+    return parsed.withColumn("reason", reason)
+
+
+def split_checked(checked):
+    """(valid events, dead letters) from ``check_records`` output."""
+    from pyspark.sql import functions as F
+
+    e = F.col("e")
     dead = checked.filter(F.col("reason").isNotNull()).select(
         "reason", "raw_value", "raw_value_base64", "kafka_topic", "kafka_partition", "kafka_offset",
         F.current_timestamp().alias("dead_lettered_at"))

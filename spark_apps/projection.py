@@ -19,7 +19,7 @@ from typing import Callable
 import read_models
 from eventlake.settings import Settings
 from read_models.spec import ReadModel
-from spark_apps.events import parse_events
+from spark_apps.events import check_records, parse_events, split_checked
 from spark_apps.merge import BatchContext, apply, bookkeeping_tables, ensure_table
 
 __all__ = ["Projection", "ProjectionRun", "DEAD_LETTER_TABLE", "ARCHIVE_TABLE", "main"]
@@ -75,17 +75,14 @@ class Projection:
     def _process_batch(self, app_id: str):
         def process(batch, batch_id: int) -> None:
             spark = batch.sparkSession  # the query's own session: its conf changes stay in this query
-            batch = batch.persist()
+            checked = check_records(batch).persist()  # JSON parsed once for both halves
             try:
-                events, dead = parse_events(batch)
+                events, dead = split_checked(checked)
                 ctx = BatchContext(spark, self.settings, app_id, self.name, batch_id, input_rows=-1)
-                dead = dead.persist()
-                dead_count = dead.count()
-                if dead_count:
+                if not dead.isEmpty():
                     ctx.append(dead, DEAD_LETTER_TABLE)
-                    self.log(f"projection: batch {batch_id}: {dead_count} record(s) are not valid events -> "
+                    self.log(f"projection: batch {batch_id}: record(s) that are not valid events -> "
                              f"dead-letter table {self.settings.table_path(DEAD_LETTER_TABLE)}")
-                dead.unpersist()
                 events = events.persist()
                 try:
                     ctx.append(events, ARCHIVE_TABLE)
@@ -94,7 +91,7 @@ class Projection:
                 finally:
                     events.unpersist()
             finally:
-                batch.unpersist()
+                checked.unpersist()
         return process
 
     def start(self, until_caught_up: bool = False, max_offsets_per_trigger: int | None = None):
