@@ -163,8 +163,10 @@ class CommandHandler:
     def start(self) -> None:
         kafka_log.ensure_topics(self.settings, log=self.log)
         self._check_partition_counts()
+        # Bigger batches and a longer linger than the default: a transaction sends thousands of records at once.
         self._producer = kafka_log.make_producer(self.settings, transactional_id=self.transactional_id,
-                                                 transaction_timeout_ms=_TRANSACTION_TIMEOUT_MS)
+                                                 transaction_timeout_ms=_TRANSACTION_TIMEOUT_MS,
+                                                 linger_ms=20, batch_size=1024 * 1024)
         # Fences any older instance with this id and aborts its open transaction before we read state.
         self._producer.init_transactions()
         self._reader = kafka_log.make_consumer(self.settings)
