@@ -181,6 +181,10 @@ def _cmd_handler(settings: Settings, args) -> int:
     log = lambda message: print(message, flush=True)  # noqa: E731 -- a service's log, seen even if it is killed
     with CommandHandler(settings, instance_id=args.instance_id, use_snapshots=not args.no_snapshots,
                         log=log) as handler:
+        import signal
+
+        # SIGTERM (e.g. from Kubernetes) stops after the current batch; closing then writes the snapshots.
+        signal.signal(signal.SIGTERM, lambda *_: handler.stop())
         try:
             stats = handler.run(until_caught_up=args.until_caught_up)
         except KeyboardInterrupt:
