@@ -175,8 +175,15 @@ class CommandHandler:
         self._consumer = kafka_log.make_consumer(
             self.settings, group_id=self.settings.handler_group_id, max_poll_records=self.max_poll_records,
             group_instance_id=self.transactional_id, session_timeout_ms=10_000, heartbeat_interval_ms=2_000,
-            max_poll_interval_ms=60_000,
+            max_poll_interval_ms=60_000, metadata_max_age_ms=10_000,
             partition_assignment_strategy=(CooperativeStickyAssignor,))
+        # Know the topic's partitions before joining: a group leader without them assigns nothing, and the
+        # group would only rebalance at the next metadata refresh.
+        deadline = time.monotonic() + 30
+        while not self._consumer.partitions_for_topic(self.settings.commands_topic):
+            if time.monotonic() > deadline:
+                raise HandlerError(f"topic {self.settings.commands_topic} has no partitions visible after 30s")
+            time.sleep(0.2)
         self._consumer.subscribe([self.settings.commands_topic], listener=self._listener)
 
     def close(self) -> None:
