@@ -4,8 +4,10 @@ Prints figures; it is not a test. Each run uses fresh topics on the configured b
 default, started if needed). For each handler count it starts ``eventlake handler`` processes, waits until
 they own every partition, then sends N generated commands through the client's bulk path and stops the clock
 when the last command result is committed (results are written in the same transaction as the events). The
-raw kafka-python produce rate of the same records, measured first, is the ceiling: the handler writes at
-least two records (an event and a result) per command.
+raw produce rates of the same records, measured first, are the ceilings: kafka-python (what the clients
+use) and confluent-kafka (what the handler's producer uses); the handler writes at least two records (an event
+and a result) per command. "drain" preloads the commands and times one handler alone, from its first committed
+result to its last, without the client competing for the CPU.
 
     .venv/bin/python bench/commands.py [--commands 100000] [--accounts 2000] [--instances 1 2]
 """
@@ -46,6 +48,51 @@ def raw_produce_rate(settings: Settings, records: list[tuple[str, bytes]]) -> fl
     seconds = time.perf_counter() - started
     producer.close()
     return len(records) / seconds
+
+
+def raw_produce_rate_confluent(settings: Settings, records: list[tuple[str, bytes]]) -> float:
+    """librdkafka alone (the handler's producer): same records, idempotent, acks=all, no transaction."""
+    import confluent_kafka
+
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    producer = confluent_kafka.Producer({"bootstrap.servers": settings.bootstrap_servers, "enable.idempotence": True,
+                                         "acks": "all", "linger.ms": 20, "batch.size": 1024 * 1024,
+                                         "queue.buffering.max.messages": 1_000_000})
+    started = time.perf_counter()
+    for key, value in records:
+        producer.produce(settings.commands_topic, value, key.encode())
+        producer.poll(0)
+    producer.flush(120)
+    return len(records) / (time.perf_counter() - started)
+
+
+def drain(settings: Settings, records: list[tuple[str, bytes]], log_dir: Path) -> dict:
+    """Commands already on the topic, then one handler: its rate from the first committed result to the last."""
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+           "EVENTLAKE_TOPIC_PREFIX": settings.topic_prefix, "EVENTLAKE_HANDLER_GROUP_ID": settings.handler_group_id,
+           "EVENTLAKE_HANDLER_MAX_BATCH": os.environ.get("EVENTLAKE_HANDLER_MAX_BATCH", "5000")}
+    with EventStore(settings) as store:
+        store.send_raw(records)
+    consumer = kafka_log.make_consumer(settings)
+    parts = [TopicPartition(settings.results_topic, p)
+             for p in sorted(consumer.partitions_for_topic(settings.results_topic))]
+    consumer.assign(parts)
+    with open(log_dir / "handler-drain.log", "w") as log:
+        handler = subprocess.Popen([EVENTLAKE, "handler"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            first_at, first_n, seen = None, 0, 0
+            deadline = time.monotonic() + 600
+            while seen < len(records) and time.monotonic() < deadline:
+                for batch in consumer.poll(timeout_ms=200, max_records=50_000).values():
+                    seen += len(batch)
+                    if first_at is None:
+                        first_at, first_n = time.perf_counter(), seen
+            seconds = time.perf_counter() - first_at
+        finally:
+            handler.terminate()
+            handler.wait(60)
+            consumer.close()
+    return {"commands": seen, "rate": (seen - first_n) / seconds}
 
 
 def count_committed(consumer, partitions, wanted: int, timeout_s: float) -> int:
@@ -111,14 +158,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench: {len(records)} commands for {args.accounts} accounts (mean {size:.0f} bytes), "
           f"{settings.topic_partitions} partitions, broker {settings.bootstrap_servers}, {os.cpu_count()} CPUs")
     raw = raw_produce_rate(fresh(settings, "raw"), records)
-    print(f"raw kafka-python produce (ceiling): {raw:,.0f} records/s -> at most {raw / 2:,.0f} commands/s "
-          f"for a handler writing an event and a result per command")
+    print(f"raw kafka-python produce: {raw:,.0f} records/s -> at most {raw / 2:,.0f} commands/s "
+          f"for a handler writing an event and a result per command with kafka-python")
+    raw_ck = raw_produce_rate_confluent(fresh(settings, "rawck"), records)
+    print(f"raw confluent-kafka produce (the handler's producer): {raw_ck:,.0f} records/s -> at most "
+          f"{raw_ck / 2:,.0f} commands/s")
     log_dir = settings.home / "bench"
     log_dir.mkdir(parents=True, exist_ok=True)
     for n in args.instances:
         r = end_to_end(fresh(settings, f"x{n}"), records, n, log_dir)
         print(f"{n} handler instance(s): {r['commands']:,} commands accepted and committed in {r['seconds']:.1f}s "
               f"= {r['rate']:,.0f} commands/s end to end (sending took {r['send_seconds']:.1f}s)")
+    r = drain(fresh(settings, "drain"), records, log_dir)
+    print(f"drain, 1 handler alone: {r['commands']:,} commands at {r['rate']:,.0f} commands/s "
+          f"(first to last committed result)")
     print(f"handler logs: {log_dir}")
     return 0
 

@@ -20,10 +20,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kafka import ConsumerRebalanceListener, TopicPartition
-from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
-from kafka.errors import KafkaError, ProducerFencedError
-from kafka.structs import OffsetAndMetadata
+import confluent_kafka
+from kafka import TopicPartition
+from kafka.errors import KafkaError
 
 from event_store import kafka_log
 from event_store.account import AGGREGATE_TYPE, AccountState, CommandRejected, decide, evolve
@@ -105,30 +104,38 @@ def execute(state: AccountState, command: CommandEnvelope, recorded_at: str | No
                                            recorded_at=recorded_at)
 
 
-class _Rebalance(ConsumerRebalanceListener):
-    """Records assignment changes; the handler's loop applies them (callbacks run on the consumer's IO loop)."""
+class _Rebalance:
+    """Records assignment changes; the handler's loop applies them after ``consume`` returns."""
 
     def __init__(self, log: Callable[[str], None]):
         self.log = log
         self.lock = threading.Lock()
         self.revoked: set[int] = set()
-        self.generation = 0
 
-    def on_partitions_revoked(self, revoked):
-        self.log(f"handler: partitions revoked: {sorted(tp.partition for tp in revoked)}")
+    def on_revoke(self, consumer, partitions):
+        self.log(f"handler: partitions revoked: {sorted(tp.partition for tp in partitions)}")
         with self.lock:
-            self.revoked |= {tp.partition for tp in revoked}
-            self.generation += 1
+            self.revoked |= {tp.partition for tp in partitions}
 
-    def on_partitions_assigned(self, assigned):
-        self.log(f"handler: partitions assigned: {sorted(tp.partition for tp in assigned)}")
-        with self.lock:
-            self.generation += 1
+    on_lost = on_revoke
+
+    def on_assign(self, consumer, partitions):
+        # Not assigning here lets the client do the (incremental) assignment itself.
+        self.log(f"handler: partitions assigned: {sorted(tp.partition for tp in partitions)}")
 
     def take_revoked(self) -> set[int]:
         with self.lock:
             revoked, self.revoked = self.revoked, set()
             return revoked
+
+
+class _Record:
+    """One command record, detached from the client's message type."""
+    __slots__ = ("topic", "partition", "offset", "key", "value")
+
+    def __init__(self, message):
+        self.topic, self.partition, self.offset = message.topic(), message.partition(), message.offset()
+        self.key, self.value = message.key(), message.value()
 
 
 class CommandHandler:
@@ -149,6 +156,8 @@ class CommandHandler:
         self.rebuilds: list[RebuildStats] = []
         self.stats = HandlerStats()
         self._listener = _Rebalance(log)
+        self._delivered_events: dict[int, int] = {}
+        self._delivered_results: dict[int, int] = {}
         self._stopping = threading.Event()
         self._producer = None
         self._consumer = None
@@ -163,39 +172,40 @@ class CommandHandler:
     def start(self) -> None:
         kafka_log.ensure_topics(self.settings, log=self.log)
         self._check_partition_counts()
-        # Bigger batches and a longer linger than the default: a transaction sends thousands of records at once.
-        self._producer = kafka_log.make_producer(self.settings, transactional_id=self.transactional_id,
-                                                 transaction_timeout_ms=_TRANSACTION_TIMEOUT_MS,
-                                                 linger_ms=20, batch_size=1024 * 1024)
+        s = self.settings
+        # The handler's own two clients are librdkafka's (confluent-kafka): kafka-python's pure-Python send path
+        # cost more than everything else the handler does (bench/commands.py). Same guarantees: idempotent,
+        # acks=all, transactional, read_committed, offsets sent with the group metadata (KIP-447).
+        self._producer = confluent_kafka.Producer({
+            "bootstrap.servers": s.bootstrap_servers, "transactional.id": self.transactional_id,
+            "enable.idempotence": True, "acks": "all", "linger.ms": 20, "batch.size": 1024 * 1024,
+            "transaction.timeout.ms": _TRANSACTION_TIMEOUT_MS, "queue.buffering.max.messages": 1_000_000})
         # Fences any older instance with this id and aborts its open transaction before we read state.
-        self._producer.init_transactions()
-        self._reader = kafka_log.make_consumer(self.settings)
-        self._watermarks = kafka_log.make_consumer(self.settings, isolation_level="read_uncommitted")
+        self._producer.init_transactions(60)
+        self._reader = kafka_log.make_consumer(s)
+        self._watermarks = kafka_log.make_consumer(s, isolation_level="read_uncommitted")
         # Static membership: a restarted instance takes its partitions back without waiting for a timeout.
-        self._consumer = kafka_log.make_consumer(
-            self.settings, group_id=self.settings.handler_group_id, max_poll_records=self.max_poll_records,
-            group_instance_id=self.transactional_id, session_timeout_ms=10_000, heartbeat_interval_ms=2_000,
-            max_poll_interval_ms=60_000, metadata_max_age_ms=10_000,
-            partition_assignment_strategy=(CooperativeStickyAssignor,))
-        # Know the topic's partitions before joining: a group leader without them assigns nothing, and the
-        # group would only rebalance at the next metadata refresh.
-        deadline = time.monotonic() + 30
-        while not self._consumer.partitions_for_topic(self.settings.commands_topic):
-            if time.monotonic() > deadline:
-                raise HandlerError(f"topic {self.settings.commands_topic} has no partitions visible after 30s")
-            time.sleep(0.2)
-        self._consumer.subscribe([self.settings.commands_topic], listener=self._listener)
+        self._consumer = confluent_kafka.Consumer({
+            "bootstrap.servers": s.bootstrap_servers, "group.id": s.handler_group_id,
+            "group.instance.id": self.transactional_id, "isolation.level": "read_committed",
+            "enable.auto.commit": False, "auto.offset.reset": "earliest",
+            "partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": 10_000,
+            "heartbeat.interval.ms": 2_000, "max.poll.interval.ms": 60_000, "topic.metadata.refresh.interval.ms": 10_000})
+        self._consumer.subscribe([s.commands_topic], on_assign=self._listener.on_assign,
+                                 on_revoke=self._listener.on_revoke, on_lost=self._listener.on_lost)
 
     def close(self) -> None:
         """Snapshot what changed (so the next start is fast), then close the clients."""
         if self._producer is not None and self._consumer is not None and self.settings.snapshot_every_events:
             try:
                 self._snapshot([p for p in self.partitions.values() if p.events_since_snapshot])
-            except KafkaError as e:
+            except (KafkaError, confluent_kafka.KafkaException) as e:
                 self.log(f"handler: no snapshot on close ({e}); the next start reads more of the log")
-        for client in (self._consumer, self._reader, self._watermarks, self._producer):
+        for client in (self._consumer, self._reader, self._watermarks):
             if client is not None:
                 client.close()
+        if self._producer is not None:
+            self._producer.flush(30)
         self._consumer = self._producer = self._reader = self._watermarks = None
 
     def __enter__(self) -> "CommandHandler":
@@ -323,10 +333,10 @@ class CommandHandler:
         last_progress = time.monotonic()
         self._stopping.clear()
         while (deadline is None or time.monotonic() < deadline) and not self._stopping.is_set():
-            batch = self._consumer.poll(timeout_ms=200)
+            batch = self._poll()
             self._apply_revocations()
             # Rebuild newly assigned partitions now (not on their first command), so a restart is ready at once.
-            for tp in self._consumer.assignment():
+            for tp in self._assignment():
                 self._partition(tp.partition)
             if batch:
                 self.process(batch)
@@ -337,6 +347,22 @@ class CommandHandler:
                 last_progress = time.monotonic()
         return self.stats
 
+    def _poll(self) -> dict[TopicPartition, list[_Record]]:
+        batch: dict[TopicPartition, list[_Record]] = {}
+        for message in self._consumer.consume(num_messages=self.max_poll_records, timeout=0.2):
+            if message.error():
+                self.log(f"handler {self.instance_id}: consumer error {message.error()}")
+                continue
+            tp = TopicPartition(message.topic(), message.partition())
+            records = batch.get(tp)
+            if records is None:
+                records = batch[tp] = []
+            records.append(_Record(message))
+        return batch
+
+    def _assignment(self) -> set[TopicPartition]:
+        return {TopicPartition(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
     def stop(self) -> None:
         """Ask ``run()`` (possibly in another thread) to return after the current batch."""
         self._stopping.set()
@@ -345,12 +371,20 @@ class CommandHandler:
         assigned = self._consumer.assignment()
         if not assigned:
             return False
-        ends = self._consumer.end_offsets(list(assigned))
-        return all(self._consumer.position(tp) >= ends[tp] for tp in assigned)
+        ends = self._reader.end_offsets([TopicPartition(tp.topic, tp.partition) for tp in assigned])
+        positions = {(tp.topic, tp.partition): tp.offset for tp in self._consumer.position(assigned)}
+        committed = {(tp.topic, tp.partition): tp.offset for tp in self._consumer.committed(assigned, timeout=10)}
+        for tp in assigned:
+            key = (tp.topic, tp.partition)
+            # Nothing consumed yet since the assignment: the committed offset is where we stand.
+            at = positions[key] if positions[key] >= 0 else max(committed[key], 0)
+            if at < ends[TopicPartition(tp.topic, tp.partition)]:
+                return False
+        return True
 
     def process(self, batch: dict) -> None:
         """Handle one polled batch of command records in one transaction."""
-        assigned = self._consumer.assignment()
+        assigned = self._assignment()
         owned = {tp: self._partition(tp.partition) for tp in batch if tp in assigned}
         if not owned:
             return
@@ -359,29 +393,25 @@ class CommandHandler:
         staged: dict[str, tuple[PartitionState, AccountState]] = {}
         staged_results: dict[str, tuple[PartitionState, CommandResult]] = {}
         stats = HandlerStats(started=self.stats.started)
-        last_events: dict[int, object] = {}
-        last_results: dict[int, object] = {}
+        self._delivered_events, self._delivered_results = {}, {}
         producer.begin_transaction()
         try:
-            offsets = {}
+            offsets = []
             for tp, part in owned.items():
                 records = batch[tp]
                 events_before = stats.events
                 for record in records:
-                    ev, res = self._handle_record(record, part, staged, staged_results, stats, recorded_at)
-                    if ev is not None:
-                        last_events[tp.partition] = ev
-                    if res is not None:
-                        last_results[tp.partition] = res
+                    self._handle_record(record, part, staged, staged_results, stats, recorded_at)
                 part_events = stats.events - events_before
-                offsets[tp] = OffsetAndMetadata(records[-1].offset + 1, "", -1)
+                offsets.append(confluent_kafka.TopicPartition(tp.topic, tp.partition, records[-1].offset + 1))
                 owned[tp] = (part, part_events)
-            producer.send_offsets_to_transaction(offsets, self._consumer.group_metadata())
-            producer.commit_transaction()
-        except ProducerFencedError:
-            raise HandlerError(f"handler {self.instance_id}: fenced by a newer instance with transactional id "
-                               f"{self.transactional_id}; stopping") from None
-        except KafkaError as e:
+            producer.send_offsets_to_transaction(offsets, self._consumer.consumer_group_metadata(), 30)
+            producer.commit_transaction(60)
+        except confluent_kafka.KafkaException as e:
+            error = e.args[0]
+            if error.fatal():
+                raise HandlerError(f"handler {self.instance_id}: fatal producer error ({error}); e.g. fenced by a "
+                                   f"newer instance with transactional id {self.transactional_id}; stopping") from None
             # Typically a rebalance took a partition away mid-batch (KIP-447 fencing of the offset commit).
             # Nothing of this batch is visible; re-read it where we still own the partition.
             self._abort(e, batch, owned)
@@ -389,10 +419,10 @@ class CommandHandler:
         # Only a committed transaction changes what the handler believes.
         for tp, (part, part_events) in owned.items():
             part.events_since_snapshot += part_events
-            if tp.partition in last_events:
-                part.events_offset = last_events[tp.partition].get(timeout=30).offset + 1
-            if tp.partition in last_results:
-                part.results_offset = last_results[tp.partition].get(timeout=30).offset + 1
+            if tp.partition in self._delivered_events:
+                part.events_offset = self._delivered_events[tp.partition] + 1
+            if tp.partition in self._delivered_results:
+                part.results_offset = self._delivered_results[tp.partition] + 1
         for account_id, (part, state) in staged.items():
             part.accounts[account_id] = state
         for part, result in staged_results.values():
@@ -409,21 +439,21 @@ class CommandHandler:
 
     def _abort(self, error: Exception, batch: dict, owned: dict) -> None:
         try:
-            self._producer.abort_transaction()
-        except KafkaError as e:
+            self._producer.abort_transaction(60)
+        except confluent_kafka.KafkaException as e:
             raise HandlerError(f"handler {self.instance_id}: cannot abort after {error!r}: {e!r}") from e
         self.stats.aborted += 1
         self._apply_revocations()
-        still = self._consumer.assignment()
+        still = self._assignment()
         for tp in owned:
             if tp in still:
-                self._consumer.seek(tp, batch[tp][0].offset)
+                self._consumer.seek(confluent_kafka.TopicPartition(tp.topic, tp.partition, batch[tp][0].offset))
         self.log(f"handler {self.instance_id}: transaction aborted ({error!r}); the batch will be redone "
                  f"where this instance still owns the partition")
 
     def _handle_record(self, record, part: PartitionState, staged, staged_results, stats: HandlerStats,
                        recorded_at: str):
-        """Handle one command record; returns the send futures of its last event and its result."""
+        """Handle one command record: produce its events and its result into the open transaction."""
         s = self.settings
         stats.commands += 1
         p = record.partition
@@ -435,28 +465,29 @@ class CommandHandler:
             result = self._invalid_result(record, str(e), recorded_at)
             if result is not None:
                 stats.rejected += 1
-                return None, self._send_result(result, p)
+                self._send_result(result, p)
+                return
             stats.dead_lettered += 1
-            self._producer.send(s.dead_letters_topic, key=record.key,
-                                value=kafka_log.dead_letter_value(str(e), record.value, record.topic,
-                                                                  record.partition, record.offset))
-            return None, None
+            self._produce(s.dead_letters_topic, record.key,
+                          kafka_log.dead_letter_value(str(e), record.value, record.topic, record.partition,
+                                                      record.offset))
+            return
         account_id = command.aggregate_id
         command_id = command.command_id
         staged_first = staged_results.get(command_id)
         first = staged_first[1] if staged_first else part.first_result(account_id, command_id)
         if first is not None and first.aggregate_id == account_id:
             stats.duplicates += 1
-            return None, self._send_result(CommandResult(
+            self._send_result(CommandResult(
                 first.command_id, account_id, first.status, first.version, first.event_ids, first.error_type,
                 first.reason, recorded_at, duplicate=True), p)
+            return
         staged_state = staged.get(account_id)
         state = staged_state[1] if staged_state else part.account(account_id)
         state, events, result = execute(state, command, recorded_at)
-        future = None
         key = account_id.encode()
         for event in events:
-            future = self._producer.send(s.events_topic, key=key, value=event.to_json(), partition=p)
+            self._produce(s.events_topic, key, event.to_json(), p, self._on_event_delivered)
         if result.accepted:
             staged[account_id] = (part, state)
             stats.accepted += 1
@@ -464,11 +495,32 @@ class CommandHandler:
         else:
             stats.rejected += 1
         staged_results[command_id] = (part, result)
-        return future, self._send_result(result, p)
+        self._send_result(result, p)
 
-    def _send_result(self, result: CommandResult, partition: int):
-        return self._producer.send(self.settings.results_topic, key=result.command_id.encode(),
-                                   value=result.to_json(), partition=partition)
+    def _send_result(self, result: CommandResult, partition: int) -> None:
+        self._produce(self.settings.results_topic, result.command_id.encode(), result.to_json(), partition,
+                      self._on_result_delivered)
+
+    def _produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None,
+                 on_delivery=None) -> None:
+        kwargs = {} if partition is None else {"partition": partition}
+        if on_delivery is not None:
+            kwargs["on_delivery"] = on_delivery
+        try:
+            self._producer.produce(topic, value, key, **kwargs)
+        except BufferError:  # the local queue is full: let it drain, then retry once
+            self._producer.poll(1)
+            self._producer.produce(topic, value, key, **kwargs)
+
+    # Delivery reports arrive during commit_transaction: the last offset per partition becomes the offset a
+    # snapshot covers.
+    def _on_event_delivered(self, error, message) -> None:
+        if error is None:
+            self._delivered_events[message.partition()] = message.offset()
+
+    def _on_result_delivered(self, error, message) -> None:
+        if error is None:
+            self._delivered_results[message.partition()] = message.offset()
 
     def _invalid_result(self, record, reason: str, recorded_at: str) -> CommandResult | None:
         """A rejection for an invalid command whose command_id can be read; None when it cannot."""
@@ -493,10 +545,10 @@ class CommandHandler:
         try:
             for part in parts:
                 for key, value in snapshot_records(part):
-                    self._producer.send(topic, key=key, value=value, partition=part.partition)
-            self._producer.commit_transaction()
-        except KafkaError:
-            self._producer.abort_transaction()
+                    self._produce(topic, key, value, part.partition)
+            self._producer.commit_transaction(60)
+        except confluent_kafka.KafkaException:
+            self._producer.abort_transaction(60)
             raise
         for part in parts:
             part.events_since_snapshot = 0
