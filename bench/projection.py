@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -59,7 +58,7 @@ def publish(settings: Settings, records) -> float:
 
 def raw_append(spark, settings: Settings, max_offsets: int) -> tuple[float, list]:
     """The ceiling: Kafka source + the same JSON parsing, appended to Delta, nothing else."""
-    from spark_apps.events import check_records, split_checked
+    from spark_apps.events import check_records, read_event_records, split_checked
 
     target = settings.table_path("bench_raw_append")
 
@@ -68,10 +67,7 @@ def raw_append(spark, settings: Settings, max_offsets: int) -> tuple[float, list
         (events.write.format("delta").mode("append").option("txnAppId", "bench-raw")
          .option("txnVersion", batch_id).save(str(target)))
 
-    records = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", settings.bootstrap_servers)
-               .option("subscribe", settings.events_topic).option("startingOffsets", "earliest")
-               .option("kafka.isolation.level", "read_committed").option("maxOffsetsPerTrigger", str(max_offsets))
-               .load())
+    records = read_event_records(spark, settings, max_offsets)
     started = time.perf_counter()
     query = (records.writeStream.foreachBatch(append).trigger(availableNow=True)
              .option("checkpointLocation", str(settings.checkpoints / "bench-raw")).start())
@@ -121,5 +117,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     raise SystemExit(main())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from event_store.schemas import EVENT_SCHEMA_VERSIONS, EVENTS
 
-__all__ = ["envelope_schema", "parse_events", "check_records", "split_checked", "upcast_rows", "missing_spark_upcasters", "DEAD_LETTER_COLUMNS",
+__all__ = ["envelope_schema", "read_event_records", "parse_events", "check_records", "split_checked", "upcast_rows", "missing_spark_upcasters", "DEAD_LETTER_COLUMNS",
            "EVENT_COLUMNS"]
 
 # Payload fields of every event type, flattened into columns of the event rows.
@@ -43,7 +43,7 @@ def upcast_rows(events):
 
 EVENT_COLUMNS = ("event_id", "event_type", "schema_version", "aggregate_type", "aggregate_id", "aggregate_version",
                  "occurred_at", "recorded_at", "command_id", "correlation_id", "causation_id",
-                 *_PAYLOAD_STRINGS, *_PAYLOAD_LONGS, "kafka_topic", "kafka_partition", "kafka_offset", "raw_value")
+                 *_PAYLOAD_STRINGS, *_PAYLOAD_LONGS, "kafka_topic", "kafka_partition", "kafka_offset")
 DEAD_LETTER_COLUMNS = ("reason", "raw_value", "raw_value_base64", "kafka_topic", "kafka_partition", "kafka_offset",
                        "dead_lettered_at")
 
@@ -58,6 +58,19 @@ def envelope_schema():
     return StructType([StructField(n, StringType()) for n in strings]
                       + [StructField("schema_version", LongType()), StructField("aggregate_version", LongType()),
                          StructField("payload", payload)])
+
+
+def read_event_records(spark, settings, max_offsets_per_trigger: int | None = None):
+    """The events topic as a stream of Kafka records: from the first offset, committed transactions only,
+    stopping on a gap in the log (``failOnDataLoss``), at most ``maxOffsetsPerTrigger`` per batch."""
+    return (spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+            .option("subscribe", settings.events_topic)
+            .option("startingOffsets", "earliest")
+            .option("kafka.isolation.level", "read_committed")
+            .option("failOnDataLoss", "true")
+            .option("maxOffsetsPerTrigger", str(max_offsets_per_trigger or settings.max_offsets_per_trigger))
+            .load())
 
 
 def parse_events(records):
@@ -113,7 +126,7 @@ def split_checked(checked):
         F.col("occurred_ts").alias("occurred_at"), F.col("recorded_ts").alias("recorded_at"),
         *[e[n].alias(n) for n in ("command_id", "correlation_id", "causation_id")],
         *[e["payload"][n].alias(n) for n in (*_PAYLOAD_STRINGS, *_PAYLOAD_LONGS)],
-        "kafka_topic", "kafka_partition", "kafka_offset", "raw_value")
+        "kafka_topic", "kafka_partition", "kafka_offset")
     return upcast_rows(valid), dead
 
 

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 from event_store.fraud_rules import FraudState, Observation, detect, flag_command_id
 from eventlake.settings import Settings
-from spark_apps.events import parse_events
+from spark_apps.events import parse_events, read_event_records
 
 __all__ = ["FraudDetector", "main"]
 
@@ -81,14 +81,7 @@ class FraudDetector:
 
     def start(self, until_caught_up: bool = False):
         s = self.settings
-        records = (self.spark.readStream.format("kafka")
-                   .option("kafka.bootstrap.servers", s.bootstrap_servers)
-                   .option("subscribe", s.events_topic)
-                   .option("startingOffsets", "earliest")
-                   .option("kafka.isolation.level", "read_committed")
-                   .option("failOnDataLoss", "true")
-                   .option("maxOffsetsPerTrigger", str(s.max_offsets_per_trigger))
-                   .load())
+        records = read_event_records(self.spark, s)
         writer = (self.findings(records).writeStream.format("kafka").queryName("fraud_detector")
                   .option("kafka.bootstrap.servers", s.bootstrap_servers)
                   .option("kafka.acks", "all").option("kafka.enable.idempotence", "true")

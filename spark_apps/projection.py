@@ -19,7 +19,7 @@ from typing import Callable
 import read_models
 from eventlake.settings import Settings
 from read_models.spec import ReadModel
-from spark_apps.events import check_records, parse_events, split_checked
+from spark_apps.events import check_records, parse_events, read_event_records, split_checked
 from spark_apps.merge import BatchContext, apply, bookkeeping_tables, ensure_table
 
 __all__ = ["Projection", "ProjectionRun", "DEAD_LETTER_TABLE", "ARCHIVE_TABLE", "main"]
@@ -99,14 +99,8 @@ class Projection:
         s = self.settings
         self.ensure_tables()
         app_id = self._app_id()
-        reader = (self.spark.readStream.format("kafka")
-                  .option("kafka.bootstrap.servers", s.bootstrap_servers)
-                  .option("subscribe", s.events_topic)
-                  .option("startingOffsets", "earliest")
-                  .option("kafka.isolation.level", "read_committed")
-                  .option("failOnDataLoss", "true")
-                  .option("maxOffsetsPerTrigger", str(max_offsets_per_trigger or s.max_offsets_per_trigger)))
-        writer = (reader.load().writeStream.queryName(self.name.replace("+", "_").replace("-", "_"))
+        records = read_event_records(self.spark, s, max_offsets_per_trigger)
+        writer = (records.writeStream.queryName(self.name.replace("+", "_").replace("-", "_"))
                   .foreachBatch(self._process_batch(app_id))
                   .option("checkpointLocation", str(self.checkpoint)))
         writer = writer.trigger(availableNow=True) if until_caught_up else writer.trigger(

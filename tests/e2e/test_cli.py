@@ -49,6 +49,12 @@ def test_demo_then_sql_query(env, settings):
     events = int(re.search(r"events:\s+(\d+) appended", out).group(1))
     assert int(lines[2].split("|")[1]) == events  # every event applied exactly once: versions sum to events
 
+    status = run(["status"], env)
+    assert status.returncode == 0, status.stderr
+    assert re.search(r"projection-account_summary\+payments\+merchant_minute_volume\+fraud_alerts: lag 0 events",
+                     status.stdout), status.stdout
+    assert re.search(r"account_summary\s+40 rows", status.stdout), status.stdout
+
     bad = run(["query", "SELECT nope FROM account_summary"], env)
     assert bad.returncode == 2
     assert "nope" in bad.stderr and "account_summary" in bad.stderr
