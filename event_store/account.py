@@ -5,13 +5,13 @@ No Kafka here. ``decide`` returns the events a command causes, or raises :class:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from event_store.envelope import CommandEnvelope, EventEnvelope
 from event_store.schemas import country_of
 
-__all__ = ["AccountState", "NewEvent", "CommandRejected", "decide", "evolve", "DECLINE_REASONS"]
+__all__ = ["AccountState", "NewEvent", "CommandRejected", "decide", "evolve", "evolve_fields", "DECLINE_REASONS"]
 
 AGGREGATE_TYPE = "account"
 DECLINE_REASONS = ("over_credit_limit", "account_frozen")
@@ -101,10 +101,14 @@ def decide(state: AccountState, command: CommandEnvelope) -> list[NewEvent]:
 
 def evolve(state: AccountState, event: EventEnvelope | NewEvent) -> AccountState:
     """``state`` after ``event``. Envelopes also advance ``version``; bare NewEvents do not."""
-    p = event.payload
-    kind = event.event_type
-    # One ``replace`` per event (it is the costly part of the handler's state update).
-    changes: dict = {"version": event.aggregate_version} if isinstance(event, EventEnvelope) else {}
+    return evolve_fields(state, event.event_type, event.payload,
+                         event.aggregate_version if isinstance(event, EventEnvelope) else None)
+
+
+def evolve_fields(state: AccountState, kind: str, p: Mapping[str, Any], version: int | None) -> AccountState:
+    """``evolve`` from an event's type, payload and (if not None) aggregate version, without an envelope."""
+    # One copy per event (it is the costly part of the handler's state update).
+    changes: dict = {} if version is None else {"version": version}
     if kind == "AccountOpened":
         changes.update(opened=True, customer_id=p["customer_id"], status="open",
                        credit_limit_minor=p["credit_limit_minor"], currency=p["currency"])
@@ -121,4 +125,17 @@ def evolve(state: AccountState, event: EventEnvelope | NewEvent) -> AccountState
         changes.update(status="open")
     elif kind != "FraudSuspected":
         raise ValueError(f"account aggregate cannot apply unknown event type {kind!r}")
-    return replace(state, **changes) if changes else state
+    return _replace(state, changes) if changes else state
+
+
+_new = object.__new__
+
+
+def _replace(state: AccountState, changes: dict) -> AccountState:
+    """``dataclasses.replace(state, **changes)`` for the known fields ``evolve`` sets, at a fraction of its cost
+    (it re-runs the frozen __init__ field by field): a copy of the instance dict with ``changes`` applied."""
+    new = _new(AccountState)
+    fields = new.__dict__
+    fields.update(state.__dict__)
+    fields.update(changes)
+    return new

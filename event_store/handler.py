@@ -13,6 +13,7 @@ the offsets are sent with the consumer's group metadata (KIP-447), so a zombie i
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -25,16 +26,19 @@ from kafka import TopicPartition
 from kafka.errors import KafkaError
 
 from event_store import kafka_log
-from event_store.account import AGGREGATE_TYPE, AccountState, CommandRejected, decide, evolve
-from event_store.envelope import (CommandEnvelope, CommandResult, EventEnvelope, InvalidRecord, utc_now)
+from event_store.account import AGGREGATE_TYPE, AccountState, CommandRejected, decide, evolve, evolve_fields
+from event_store.envelope import (CommandEnvelope, CommandResult, EventEnvelope, InvalidRecord, built, dumps,
+                                  utc_now)
 from event_store.schemas import EVENT_SCHEMA_VERSIONS
 from event_store.snapshots import PartitionState, load_snapshot, snapshot_records
 from eventlake.settings import Settings
 
-__all__ = ["CommandHandler", "HandlerStats", "HandlerError", "RebuildStats", "execute", "event_id_for"]
+__all__ = ["CommandHandler", "HandlerStats", "HandlerError", "RebuildStats", "execute", "execute_encoded",
+           "event_id_for"]
 
 # Event ids derive from the command id, so a batch redone after an aborted transaction writes the same ids.
 _EVENT_ID_NAMESPACE = uuid.UUID("6f1c2b1e-7a4d-4e0b-9a59-3f0e2c1d8b71")
+_EVENT_ID_SHA1 = hashlib.sha1(_EVENT_ID_NAMESPACE.bytes)
 # An open transaction of a dead instance blocks a partition's readers until the broker aborts it.
 _TRANSACTION_TIMEOUT_MS = 20_000
 
@@ -44,8 +48,17 @@ class HandlerError(RuntimeError):
 
 
 def event_id_for(command_id: str, index: int) -> str:
-    """The id of the ``index``-th event caused by ``command_id`` (deterministic, so redone batches match)."""
-    return str(uuid.uuid5(_EVENT_ID_NAMESPACE, f"{command_id}/{index}"))
+    """The id of the ``index``-th event caused by ``command_id`` (deterministic, so redone batches match).
+
+    ``uuid.uuid5(_EVENT_ID_NAMESPACE, f"{command_id}/{index}")``, computed without building UUID objects."""
+    sha1 = _EVENT_ID_SHA1.copy()
+    sha1.update(f"{command_id}/{index}".encode())
+    h = sha1.hexdigest()
+    # RFC 4122: version 5 in the high nibble of byte 6, variant 10 in the top bits of byte 8.
+    return (f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}")
+
+
+_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
 
 
 @dataclass
@@ -59,13 +72,15 @@ class HandlerStats:
     transactions: int = 0
     aborted: int = 0
     snapshots: int = 0
+    commit_seconds: float = 0.0  # waiting for send_offsets_to_transaction + commit_transaction
     started: float = field(default_factory=time.monotonic)
 
     def line(self) -> str:
         secs = max(time.monotonic() - self.started, 1e-9)
         return (f"{self.commands} commands ({self.accepted} accepted, {self.rejected} rejected, "
                 f"{self.duplicates} duplicate, {self.dead_lettered} dead-lettered) -> {self.events} events "
-                f"in {self.transactions} transactions, {self.commands / secs:,.0f} commands/s")
+                f"in {self.transactions} transactions, {self.commands / secs:,.0f} commands/s"
+                + (f", {self.commit_seconds / secs:.0%} of the time committing" if self.transactions else ""))
 
 
 @dataclass
@@ -88,20 +103,51 @@ def execute(state: AccountState, command: CommandEnvelope, recorded_at: str | No
     except CommandRejected as e:
         return state, [], CommandResult(command.command_id, command.aggregate_id, "rejected", state.version,
                                         error_type=e.error_type, reason=e.reason, recorded_at=recorded_at)
+    command_id, aggregate_id = command.command_id, command.aggregate_id
+    correlation_id = command.correlation_id or command_id
     envelopes = []
     for i, new in enumerate(new_events):
-        event = EventEnvelope(
-            event_id=event_id_for(command.command_id, i),
-            event_type=new.event_type, schema_version=EVENT_SCHEMA_VERSIONS[new.event_type],
-            aggregate_type=AGGREGATE_TYPE, aggregate_id=command.aggregate_id, aggregate_version=state.version + 1,
-            occurred_at=new.occurred_at, recorded_at=recorded_at, command_id=command.command_id,
-            correlation_id=command.correlation_id or command.command_id, causation_id=command.command_id,
-            payload=new.payload)
+        event_type = new.event_type
+        event = built(EventEnvelope, event_id=event_id_for(command_id, i), event_type=event_type,
+                      schema_version=EVENT_SCHEMA_VERSIONS[event_type], aggregate_type=AGGREGATE_TYPE,
+                      aggregate_id=aggregate_id, aggregate_version=state.version + 1,
+                      occurred_at=new.occurred_at, recorded_at=recorded_at, command_id=command_id,
+                      correlation_id=correlation_id, causation_id=command_id, payload=new.payload)
         state = evolve(state, event)
         envelopes.append(event)
-    return state, envelopes, CommandResult(command.command_id, command.aggregate_id, "accepted", state.version,
-                                           event_ids=tuple(e.event_id for e in envelopes),
-                                           recorded_at=recorded_at)
+    return state, envelopes, built(CommandResult, command_id=command_id, aggregate_id=aggregate_id,
+                                   status="accepted", version=state.version,
+                                   event_ids=tuple([e.event_id for e in envelopes]), error_type=None,
+                                   reason=None, recorded_at=recorded_at, duplicate=False)
+
+
+def execute_encoded(state: AccountState, command: CommandEnvelope, recorded_at: str
+                    ) -> tuple[AccountState, list[bytes], CommandResult]:
+    """``execute`` with the events as their JSON (``EventEnvelope.to_json()``), without building envelopes:
+    the handler's hot path. Same state, same bytes, same result (tests/unit/test_handler_core.py)."""
+    try:
+        new_events = decide(state, command)
+    except CommandRejected as e:
+        return state, [], CommandResult(command.command_id, command.aggregate_id, "rejected", state.version,
+                                        error_type=e.error_type, reason=e.reason, recorded_at=recorded_at)
+    command_id, aggregate_id = command.command_id, command.aggregate_id
+    correlation_id = command.correlation_id or command_id
+    encoded, event_ids = [], []
+    for i, new in enumerate(new_events):
+        event_type, payload, version = new.event_type, new.payload, state.version + 1
+        event_id = event_id_for(command_id, i)
+        # The fields of EventEnvelope.to_dict, in its order.
+        encoded.append(dumps({
+            "event_id": event_id, "event_type": event_type, "schema_version": EVENT_SCHEMA_VERSIONS[event_type],
+            "aggregate_type": AGGREGATE_TYPE, "aggregate_id": aggregate_id, "aggregate_version": version,
+            "occurred_at": new.occurred_at, "recorded_at": recorded_at, "command_id": command_id,
+            "correlation_id": correlation_id, "causation_id": command_id,
+            "payload": payload if type(payload) is dict else dict(payload)}))
+        state = evolve_fields(state, event_type, payload, version)
+        event_ids.append(event_id)
+    return state, encoded, built(CommandResult, command_id=command_id, aggregate_id=aggregate_id,
+                                 status="accepted", version=state.version, event_ids=tuple(event_ids),
+                                 error_type=None, reason=None, recorded_at=recorded_at, duplicate=False)
 
 
 class _Rebalance:
@@ -127,15 +173,6 @@ class _Rebalance:
         with self.lock:
             revoked, self.revoked = self.revoked, set()
             return revoked
-
-
-class _Record:
-    """One command record, detached from the client's message type."""
-    __slots__ = ("topic", "partition", "offset", "key", "value")
-
-    def __init__(self, message):
-        self.topic, self.partition, self.offset = message.topic(), message.partition(), message.offset()
-        self.key, self.value = message.key(), message.value()
 
 
 class CommandHandler:
@@ -347,18 +384,19 @@ class CommandHandler:
                 last_progress = time.monotonic()
         return self.stats
 
-    def _poll(self) -> dict[TopicPartition, list[_Record]]:
-        batch: dict[TopicPartition, list[_Record]] = {}
+    def _poll(self) -> dict[TopicPartition, list]:
+        """The next batch of command records (confluent-kafka messages), by partition, in offset order."""
+        by_partition: dict[int, list] = {}
         for message in self._consumer.consume(num_messages=self.max_poll_records, timeout=0.2):
             if message.error():
                 self.log(f"handler {self.instance_id}: consumer error {message.error()}")
                 continue
-            tp = TopicPartition(message.topic(), message.partition())
-            records = batch.get(tp)
+            records = by_partition.get(message.partition())
             if records is None:
-                records = batch[tp] = []
-            records.append(_Record(message))
-        return batch
+                records = by_partition[message.partition()] = []
+            records.append(message)
+        topic = self.settings.commands_topic
+        return {TopicPartition(topic, p): records for p, records in by_partition.items()}
 
     def _assignment(self) -> set[TopicPartition]:
         return {TopicPartition(tp.topic, tp.partition) for tp in self._consumer.assignment()}
@@ -400,13 +438,20 @@ class CommandHandler:
             for tp, part in owned.items():
                 records = batch[tp]
                 events_before = stats.events
+                events: list[tuple[bytes, bytes]] = []
+                results: list[tuple[bytes, bytes]] = []
                 for record in records:
-                    self._handle_record(record, part, staged, staged_results, stats, recorded_at)
+                    self._handle_record(record, part, staged, staged_results, stats, recorded_at, events, results)
+                self._produce_partition(self.settings.events_topic, events, tp.partition, self._on_event_delivered)
+                self._produce_partition(self.settings.results_topic, results, tp.partition,
+                                        self._on_result_delivered)
                 part_events = stats.events - events_before
-                offsets.append(confluent_kafka.TopicPartition(tp.topic, tp.partition, records[-1].offset + 1))
+                offsets.append(confluent_kafka.TopicPartition(tp.topic, tp.partition, records[-1].offset() + 1))
                 owned[tp] = (part, part_events)
+            commit_started = time.monotonic()
             producer.send_offsets_to_transaction(offsets, self._consumer.consumer_group_metadata(), 30)
             producer.commit_transaction(60)
+            self.stats.commit_seconds += time.monotonic() - commit_started
         except confluent_kafka.KafkaException as e:
             error = e.args[0]
             if error.fatal():
@@ -447,30 +492,30 @@ class CommandHandler:
         still = self._assignment()
         for tp in owned:
             if tp in still:
-                self._consumer.seek(confluent_kafka.TopicPartition(tp.topic, tp.partition, batch[tp][0].offset))
+                self._consumer.seek(confluent_kafka.TopicPartition(tp.topic, tp.partition, batch[tp][0].offset()))
         self.log(f"handler {self.instance_id}: transaction aborted ({error!r}); the batch will be redone "
                  f"where this instance still owns the partition")
 
     def _handle_record(self, record, part: PartitionState, staged, staged_results, stats: HandlerStats,
-                       recorded_at: str):
-        """Handle one command record: produce its events and its result into the open transaction."""
-        s = self.settings
+                       recorded_at: str, events: list, results: list):
+        """Handle one command record: append its events and its result (key, value) to ``events`` and
+        ``results``, which ``process`` produces into the open transaction."""
         stats.commands += 1
-        p = record.partition
+        value = record.value()
         try:
-            command = CommandEnvelope.from_json(record.value)
+            command = CommandEnvelope.from_json(value)
         except InvalidRecord as e:
             # A readable command with a bad field is rejected with the reason; a record that is not a
             # command at all (no command_id to answer to) goes to the dead-letter topic with its bytes.
-            result = self._invalid_result(record, str(e), recorded_at)
+            result = self._invalid_result(value, str(e), recorded_at)
             if result is not None:
                 stats.rejected += 1
-                self._send_result(result, p)
+                results.append((result.command_id.encode(), result.to_json()))
                 return
             stats.dead_lettered += 1
-            self._produce(s.dead_letters_topic, record.key,
-                          kafka_log.dead_letter_value(str(e), record.value, record.topic, record.partition,
-                                                      record.offset))
+            self._produce(self.settings.dead_letters_topic, record.key(),
+                          kafka_log.dead_letter_value(str(e), value, record.topic(), record.partition(),
+                                                      record.offset()))
             return
         account_id = command.aggregate_id
         command_id = command.command_id
@@ -478,28 +523,41 @@ class CommandHandler:
         first = staged_first[1] if staged_first else part.first_result(account_id, command_id)
         if first is not None and first.aggregate_id == account_id:
             stats.duplicates += 1
-            self._send_result(CommandResult(
+            results.append((command_id.encode(), CommandResult(
                 first.command_id, account_id, first.status, first.version, first.event_ids, first.error_type,
-                first.reason, recorded_at, duplicate=True), p)
+                first.reason, recorded_at, duplicate=True).to_json()))
             return
         staged_state = staged.get(account_id)
         state = staged_state[1] if staged_state else part.account(account_id)
-        state, events, result = execute(state, command, recorded_at)
-        key = account_id.encode()
-        for event in events:
-            self._produce(s.events_topic, key, event.to_json(), p, self._on_event_delivered)
-        if result.accepted:
+        state, new_events, result = execute_encoded(state, command, recorded_at)
+        if new_events:
+            key = account_id.encode()
+            for event in new_events:
+                events.append((key, event))
+        if result.status == "accepted":
             staged[account_id] = (part, state)
             stats.accepted += 1
-            stats.events += len(events)
+            stats.events += len(new_events)
         else:
             stats.rejected += 1
         staged_results[command_id] = (part, result)
-        self._send_result(result, p)
+        results.append((command_id.encode(), result.to_json()))
 
-    def _send_result(self, result: CommandResult, partition: int) -> None:
-        self._produce(self.settings.results_topic, result.command_id.encode(), result.to_json(), partition,
-                      self._on_result_delivered)
+    def _produce_partition(self, topic: str, records: list[tuple[bytes, bytes]], partition: int,
+                           on_last_delivered) -> None:
+        """Produce ``records`` in order to ``topic``/``partition``. Only the last asks for a delivery report:
+        its offset is all the handler needs (what a snapshot covers), and a report per record costs."""
+        if not records:
+            return
+        produce = self._producer.produce
+        last = len(records) - 1
+        for i, (key, value) in enumerate(records):
+            on_delivery = on_last_delivered if i == last else None
+            try:
+                produce(topic, value, key, partition, on_delivery)
+            except BufferError:  # the local queue is full: let it drain, then retry once
+                self._producer.poll(1)
+                produce(topic, value, key, partition, on_delivery)
 
     def _produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None,
                  on_delivery=None) -> None:
@@ -522,10 +580,10 @@ class CommandHandler:
         if error is None:
             self._delivered_results[message.partition()] = message.offset()
 
-    def _invalid_result(self, record, reason: str, recorded_at: str) -> CommandResult | None:
+    def _invalid_result(self, value: bytes | None, reason: str, recorded_at: str) -> CommandResult | None:
         """A rejection for an invalid command whose command_id can be read; None when it cannot."""
         try:
-            obj = json.loads(record.value)
+            obj = json.loads(value)
         except (ValueError, TypeError):
             return None
         command_id = obj.get("command_id") if isinstance(obj, dict) else None

@@ -9,8 +9,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-__all__ = ["Field", "COMMANDS", "EVENTS", "CURRENCIES", "validate_payload", "EVENT_SCHEMA_VERSIONS",
-           "country_of"]
+__all__ = ["Field", "COMMANDS", "EVENTS", "CURRENCIES", "validate_payload", "payload_is_plain_valid",
+           "EVENT_SCHEMA_VERSIONS", "country_of"]
 
 # ISO-4217 codes accepted by the reference domain.
 CURRENCIES = frozenset({"USD", "EUR", "GBP", "JPY", "CHF", "CAD", "AUD", "SEK", "NOK", "DKK", "PLN", "CZK",
@@ -111,3 +111,19 @@ def validate_payload(schema: Mapping[str, Field], payload: Mapping[str, Any], wh
         problem = spec.check(value) if spec.check else None
         if problem:
             raise InvalidRecord(f"{what}: payload field '{name}' {problem}")
+
+
+def payload_is_plain_valid(schema: Mapping[str, Field], payload: Mapping[str, Any]) -> bool:
+    """True when ``validate_payload`` would pass and every field has exactly its declared type (the handler's
+    fast path; False means "ask ``validate_payload``", not necessarily "invalid")."""
+    for name, spec in schema.items():
+        value = payload.get(name)
+        if value is None:
+            if spec.required:
+                return False
+            continue
+        if type(value) is not spec.kind:
+            return False
+        if spec.check is not None and spec.check(value):
+            return False
+    return True
