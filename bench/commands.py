@@ -9,7 +9,7 @@ use) and confluent-kafka (what the handler's producer uses); the handler writes 
 and a result) per command. "drain" preloads the commands and times one handler alone, from its first committed
 result to its last, without the client competing for the CPU.
 
-    .venv/bin/python bench/commands.py [--commands 100000] [--accounts 2000] [--instances 1 2]
+    .venv/bin/python bench/commands.py [--commands 100000] [--accounts 2000] [--instances 1 2] [--no-raw] [--no-drain]
 """
 from __future__ import annotations
 
@@ -146,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--commands", type=int, default=100_000)
     parser.add_argument("--accounts", type=int, default=2000)
-    parser.add_argument("--instances", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--instances", type=int, nargs="*", default=[1, 2],
+                        help="handler counts for the end-to-end runs (none: skip them)")
+    parser.add_argument("--no-raw", action="store_true", help="skip the raw produce ceilings")
+    parser.add_argument("--no-drain", action="store_true", help="skip the drain run")
     args = parser.parse_args(argv)
     settings = Settings.load()
     if settings.uses_local_kafka:
@@ -157,21 +160,23 @@ def main(argv: list[str] | None = None) -> int:
     size = sum(len(v) for _, v in records) / len(records)
     print(f"bench: {len(records)} commands for {args.accounts} accounts (mean {size:.0f} bytes), "
           f"{settings.topic_partitions} partitions, broker {settings.bootstrap_servers}, {os.cpu_count()} CPUs")
-    raw = raw_produce_rate(fresh(settings, "raw"), records)
-    print(f"raw kafka-python produce: {raw:,.0f} records/s -> at most {raw / 2:,.0f} commands/s "
-          f"for a handler writing an event and a result per command with kafka-python")
-    raw_ck = raw_produce_rate_confluent(fresh(settings, "rawck"), records)
-    print(f"raw confluent-kafka produce (the handler's producer): {raw_ck:,.0f} records/s -> at most "
-          f"{raw_ck / 2:,.0f} commands/s")
+    if not args.no_raw:
+        raw = raw_produce_rate(fresh(settings, "raw"), records)
+        print(f"raw kafka-python produce: {raw:,.0f} records/s -> at most {raw / 2:,.0f} commands/s "
+              f"for a handler writing an event and a result per command with kafka-python")
+        raw_ck = raw_produce_rate_confluent(fresh(settings, "rawck"), records)
+        print(f"raw confluent-kafka produce (the handler's producer): {raw_ck:,.0f} records/s -> at most "
+              f"{raw_ck / 2:,.0f} commands/s")
     log_dir = settings.home / "bench"
     log_dir.mkdir(parents=True, exist_ok=True)
     for n in args.instances:
         r = end_to_end(fresh(settings, f"x{n}"), records, n, log_dir)
         print(f"{n} handler instance(s): {r['commands']:,} commands accepted and committed in {r['seconds']:.1f}s "
               f"= {r['rate']:,.0f} commands/s end to end (sending took {r['send_seconds']:.1f}s)")
-    r = drain(fresh(settings, "drain"), records, log_dir)
-    print(f"drain, 1 handler alone: {r['commands']:,} commands at {r['rate']:,.0f} commands/s "
-          f"(first to last committed result)")
+    if not args.no_drain:
+        r = drain(fresh(settings, "drain"), records, log_dir)
+        print(f"drain, 1 handler alone: {r['commands']:,} commands at {r['rate']:,.0f} commands/s "
+              f"(first to last committed result)")
     print(f"handler logs: {log_dir}")
     return 0
 

@@ -191,3 +191,19 @@ def test_fraud_suspected_freezes_the_account_once_even_when_the_policy_reads_it_
     assert events[3].command_id == commands_for(events[2])[0].command_id  # caused by the policy's command
     assert events[3].correlation_id == events[2].correlation_id
     assert events[4].payload["reason"] == "account_frozen"
+
+
+def test_the_bulk_path_and_submit_send_an_account_to_the_same_partition(settings):
+    # send_raw uses librdkafka, submit kafka-python: an account whose commands straddled two partitions
+    # would have two states and two version sequences.
+    keys = [f"acc-{i}" for i in range(300)]
+    with EventStore(settings) as store:
+        assert store.send_raw((key, b"{}") for key in keys) == len(keys)
+        store.submit_many(open_account(key) for key in keys)
+    partitions = defaultdict(set)
+    records = list(kafka_log.read_all(settings, settings.commands_topic))
+    for record in records:
+        partitions[record.key].add(record.partition)
+    assert len(records) == 2 * len(keys)
+    assert all(len(p) == 1 for p in partitions.values())
+    assert len({p for ps in partitions.values() for p in ps}) == settings.topic_partitions
