@@ -13,7 +13,6 @@ than one Kafka record). Manifest and chunks are written in one transaction and c
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import uuid
 from collections import OrderedDict
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from event_store.account import AccountState
-from event_store.envelope import CommandResult, InvalidRecord
+from event_store.envelope import CommandResult, InvalidRecord, dumps
 
 __all__ = ["PartitionState", "snapshot_records", "load_snapshot"]
 
@@ -57,7 +56,8 @@ class PartitionState:
             recent = self.results[result.aggregate_id] = OrderedDict()
         elif result.command_id in recent:
             return
-        recent[result.command_id] = result
+        # Kept as its snapshot row: most are never asked for again, and every snapshot writes them all.
+        recent[result.command_id] = _result_row(result)
         if len(recent) > self.window:
             recent.popitem(last=False)
 
@@ -84,26 +84,31 @@ def _result_from_row(account_id: str, row: list) -> CommandResult:
 def snapshot_records(part: PartitionState) -> list[tuple[bytes, bytes]]:
     """(key, value) records of one snapshot of ``part``: chunks first, the manifest last."""
     snapshot_id = str(uuid.uuid4())
-    chunks: list[list[dict]] = [[]]
+    # Each account's entry is encoded once; a chunk is those encodings joined into one JSON document.
+    chunks: list[list[bytes]] = [[]]
     size = 0
     for account_id in part.accounts.keys() | part.results.keys():
-        entry = {"state": dataclasses.asdict(part.accounts[account_id]) if account_id in part.accounts else None,
-                 "account_id": account_id,
-                 "results": [_result_row(r) for r in part.results.get(account_id, {}).values()]}
-        entry_size = len(json.dumps(entry))
-        if size + entry_size > _CHUNK_BYTES and chunks[-1]:
+        state = part.accounts.get(account_id)
+        entry = dumps({"state": None if state is None else _state_fields(state), "account_id": account_id,
+                       "results": [_result_row(r) for r in part.results.get(account_id, {}).values()]})
+        if size + len(entry) > _CHUNK_BYTES and chunks[-1]:
             chunks.append([])
             size = 0
         chunks[-1].append(entry)
-        size += entry_size
+        size += len(entry) + 1
     p = part.partition
-    records = [(f"{p}/{i}".encode(), json.dumps({"snapshot_id": snapshot_id, "accounts": chunk}).encode())
-               for i, chunk in enumerate(chunks)]
+    head = b'{"snapshot_id":' + dumps(snapshot_id) + b',"accounts":['
+    records = [(f"{p}/{i}".encode(), head + b",".join(chunk) + b"]}") for i, chunk in enumerate(chunks)]
     manifest = {"snapshot_id": snapshot_id, "partition": p, "chunks": len(chunks),
                 "events_offset": part.events_offset, "results_offset": part.results_offset,
                 "accounts": len(part.accounts)}
     records.append((str(p).encode(), json.dumps(manifest).encode()))
     return records
+
+
+def _state_fields(state: AccountState) -> dict:
+    """``dataclasses.asdict(state)`` (every field is a plain value, so no deep copy is needed)."""
+    return state.__dict__
 
 
 def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionState | None:

@@ -45,7 +45,7 @@ def test_a_snapshot_round_trips_through_its_records_even_in_several_chunks(monke
     assert (back.events_offset, back.results_offset) == (123, 456)
     assert back.accounts == part.accounts
     assert {a: [back.first_result(a, c) for c in list(r)] for a, r in back.results.items()} == \
-        {a: list(r.values()) for a, r in part.results.items()}
+        {a: [part.first_result(a, c) for c in list(r)] for a, r in part.results.items()}
     assert load_snapshot(records, 2, window=3) is None
 
 
