@@ -4,10 +4,11 @@ Prints figures; it is not a test. Each run uses fresh topics on the configured b
 default, started if needed). For each handler count it starts ``eventlake handler`` processes, waits until
 they own every partition, then sends N generated commands through the client's bulk path and stops the clock
 when the last command result is committed (results are written in the same transaction as the events). The
-raw produce rates of the same records, measured first, are the ceilings: kafka-python (what the clients
-use) and confluent-kafka (what the handler's producer uses); the handler writes at least two records (an event
-and a result) per command. "drain" preloads the commands and times one handler alone, from its first committed
-result to its last, without the client competing for the CPU.
+raw produce rates of the same records, measured first, are the ceilings: kafka-python (what ``submit`` uses)
+and confluent-kafka (what the handler's producer and the client's bulk path use); the handler writes at least
+two records (an event and a result) per command. "drain" preloads the commands and times one handler alone,
+from its first committed result to its last, without the client competing for the CPU. The results are
+counted with librdkafka, so the counting costs the handler little CPU.
 
     .venv/bin/python bench/commands.py [--commands 100000] [--accounts 2000] [--instances 1 2] [--no-raw] [--no-drain]
 """
@@ -20,8 +21,6 @@ import sys
 import time
 import uuid
 from pathlib import Path
-
-from kafka import TopicPartition
 
 from event_store import kafka_log
 from event_store.client import EventStore
@@ -66,6 +65,38 @@ def raw_produce_rate_confluent(settings: Settings, records: list[tuple[str, byte
     return len(records) / (time.perf_counter() - started)
 
 
+def results_reader(settings: Settings, at_end: bool):
+    """A read_committed librdkafka consumer of the results topic, positioned now at its end (or beginning).
+    The bench's own reading must not compete with the handler for the CPU: kafka-python's costs several times
+    more per record."""
+    import confluent_kafka
+
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": settings.bootstrap_servers,
+                                         "group.id": f"bench-count-{uuid.uuid4().hex[:8]}",
+                                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    topic = settings.results_topic
+    partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+    positions = []
+    for p in partitions:
+        low, high = consumer.get_watermark_offsets(confluent_kafka.TopicPartition(topic, p), timeout=30)
+        positions.append(confluent_kafka.TopicPartition(topic, p, high if at_end else low))
+    consumer.assign(positions)
+    return consumer
+
+
+def count_committed(consumer, wanted: int, timeout_s: float) -> tuple[int, float | None, int]:
+    """Consume committed records (without parsing them) until ``wanted`` have arrived: the count, when the
+    first arrived and how many came with it."""
+    seen, first_at, first_n = 0, None, 0
+    deadline = time.monotonic() + timeout_s
+    while seen < wanted and time.monotonic() < deadline:
+        messages = consumer.consume(num_messages=50_000, timeout=0.2)
+        seen += sum(1 for m in messages if m.error() is None)
+        if first_at is None and seen:
+            first_at, first_n = time.perf_counter(), seen
+    return seen, first_at, first_n
+
+
 def drain(settings: Settings, records: list[tuple[str, bytes]], log_dir: Path) -> dict:
     """Commands already on the topic, then one handler: its rate from the first committed result to the last."""
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
@@ -73,36 +104,17 @@ def drain(settings: Settings, records: list[tuple[str, bytes]], log_dir: Path) -
            "EVENTLAKE_HANDLER_MAX_BATCH": os.environ.get("EVENTLAKE_HANDLER_MAX_BATCH", "5000")}
     with EventStore(settings) as store:
         store.send_raw(records)
-    consumer = kafka_log.make_consumer(settings)
-    parts = [TopicPartition(settings.results_topic, p)
-             for p in sorted(consumer.partitions_for_topic(settings.results_topic))]
-    consumer.assign(parts)
+    consumer = results_reader(settings, at_end=False)
     with open(log_dir / "handler-drain.log", "w") as log:
         handler = subprocess.Popen([EVENTLAKE, "handler"], env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            first_at, first_n, seen = None, 0, 0
-            deadline = time.monotonic() + 600
-            while seen < len(records) and time.monotonic() < deadline:
-                for batch in consumer.poll(timeout_ms=200, max_records=50_000).values():
-                    seen += len(batch)
-                    if first_at is None:
-                        first_at, first_n = time.perf_counter(), seen
+            seen, first_at, first_n = count_committed(consumer, len(records), timeout_s=600)
             seconds = time.perf_counter() - first_at
         finally:
             handler.terminate()
             handler.wait(60)
             consumer.close()
     return {"commands": seen, "rate": (seen - first_n) / seconds}
-
-
-def count_committed(consumer, partitions, wanted: int, timeout_s: float) -> int:
-    """Poll committed records (without parsing them) until ``wanted`` have arrived."""
-    seen = 0
-    deadline = time.monotonic() + timeout_s
-    while seen < wanted and time.monotonic() < deadline:
-        for records in consumer.poll(timeout_ms=200, max_records=50_000).values():
-            seen += len(records)
-    return seen
 
 
 def end_to_end(settings: Settings, records: list[tuple[str, bytes]], instances: int, log_dir: Path) -> dict:
@@ -119,17 +131,11 @@ def end_to_end(settings: Settings, records: list[tuple[str, bytes]], instances: 
             warm = [CommandEnvelope.create("OpenAccount", f"warm-{i}", {"customer_id": "c", "credit_limit_minor": 1,
                                                                         "currency": "USD"}) for i in range(30)]
             store.submit_many(warm, wait=True, timeout_s=120)
-            consumer = kafka_log.make_consumer(settings)
-            parts = [TopicPartition(settings.results_topic, p)
-                     for p in sorted(consumer.partitions_for_topic(settings.results_topic))]
-            consumer.assign(parts)
-            consumer.seek_to_end(*parts)
-            for tp in parts:
-                consumer.position(tp)
+            consumer = results_reader(settings, at_end=True)
             started = time.perf_counter()
             store.send_raw(records)
             sent = time.perf_counter() - started
-            seen = count_committed(consumer, parts, len(records), timeout_s=600)
+            seen = count_committed(consumer, len(records), timeout_s=600)[0]
             seconds = time.perf_counter() - started
             consumer.close()
     finally:

@@ -114,8 +114,10 @@ def validate_payload(schema: Mapping[str, Field], payload: Mapping[str, Any], wh
 
 
 def payload_is_plain_valid(schema: Mapping[str, Field], payload: Mapping[str, Any]) -> bool:
-    """True when ``validate_payload`` would pass and every field has exactly its declared type (the handler's
-    fast path; False means "ask ``validate_payload``", not necessarily "invalid")."""
+    """True when ``validate_payload`` would pass, every field has exactly its declared type and the payload has
+    no other fields (the handler's fast path; False means "ask ``validate_payload``", not necessarily
+    "invalid")."""
+    present = 0
     for name, spec in schema.items():
         value = payload.get(name)
         if value is None:
@@ -126,4 +128,6 @@ def payload_is_plain_valid(schema: Mapping[str, Field], payload: Mapping[str, An
             return False
         if spec.check is not None and spec.check(value):
             return False
-    return True
+        present += 1
+    # Usually every key is a field with a value; otherwise look for keys that are no field at all.
+    return len(payload) == present or payload.keys() <= schema.keys()
