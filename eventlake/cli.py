@@ -286,8 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-snapshots", action="store_true", help="rebuild state from the whole log on start")
     p.set_defaults(run=_cmd_handler)
 
-    p = sub.add_parser("project", help="run the Spark projection into the Delta read models")
-    p.add_argument("models", nargs="*", help="read model names (default: all)")
+    p = sub.add_parser("project", help="run the Spark projection into the Delta read models and the event archive")
+    p.add_argument("models", nargs="*", help="read model names and/or event_archive (default: all read models, "
+                                             "plus event_archive as a query of its own)")
     p.add_argument("--until-caught-up", action="store_true", help="project what the log holds now, then stop")
     p.set_defaults(run=_cmd_project)
 

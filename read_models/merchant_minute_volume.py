@@ -70,5 +70,6 @@ MODEL = ReadModel(
                   "payments": "s.payments", "amount_minor": "s.amount_minor", "updated_at": "s.updated_at"},
     event_time="occurred_at",
     watermark_delay="10 minutes",
+    stats_columns=("merchant_id", "window_start", "window_end"),
     description="authorized payments and amount per merchant per event-time minute, with a watermark",
 )

@@ -67,5 +67,6 @@ MODEL = ReadModel(
     fold=_fold,
     merge_strategy=INSERT_ONCE,
     python_fold=python_fold,
+    stats_columns=("payment_id", "account_id", "merchant_id", "occurred_at"),
     description="one row per payment attempt: amount, merchant, location, authorized or declined and why",
 )

@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-__all__ = ["ReadModel", "CURRENT_STATE_BY_VERSION", "INSERT_ONCE", "WINDOWED_SUM", "MERGE_STRATEGIES"]
+__all__ = ["ReadModel", "CURRENT_STATE_BY_VERSION", "INSERT_ONCE", "WINDOWED_SUM", "MERGE_STRATEGIES",
+           "version_range"]
 
 # Merge strategies (spark_apps/merge.py implements each once, for every read model that names it):
 # CURRENT_STATE_BY_VERSION: one row per aggregate; a batch's events for a key are applied only when they
@@ -27,7 +28,8 @@ class ReadModel:
     # Delta schema (a pyspark StructType), built lazily so importing a read model needs no JVM.
     schema: Callable[[], Any]
     # Vectorised fold, DataFrame -> DataFrame (no Python per row):
-    #  CURRENT_STATE_BY_VERSION: contiguous events -> one row of changes per key (with first_version, version)
+    #  CURRENT_STATE_BY_VERSION: events -> one row of changes per key, one groupBy whose aggregates include
+    #    ``*version_range()`` (the runner checks from them that the key's events continue its row without a gap)
     #  INSERT_ONCE: events -> rows of the table
     #  WINDOWED_SUM: events -> one row of partial sums per key (the key includes the window start)
     fold: Callable[[Any], Any]
@@ -42,6 +44,8 @@ class ReadModel:
     event_time: str = "occurred_at"
     watermark_delay: str = "10 minutes"
     description: str = ""
+    # Columns Delta keeps min/max statistics of (data skipping for readers); default: the key.
+    stats_columns: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.merge_strategy not in MERGE_STRATEGIES:
@@ -53,3 +57,13 @@ class ReadModel:
     @property
     def columns(self) -> list[str]:
         return [f.name for f in self.schema().fields]
+
+
+def version_range():
+    """The aggregates every CURRENT_STATE_BY_VERSION fold includes: the versions it folded (first, last) and
+    how many events that was. The runner hands the fold a batch without repeated versions, and applies a key's
+    row only when its events are exactly first_version..version and first_version continues the stored one."""
+    from pyspark.sql import functions as F
+
+    return [F.min("aggregate_version").alias("first_version"), F.max("aggregate_version").alias("version"),
+            F.count(F.lit(1)).alias("_events")]

@@ -1,8 +1,9 @@
-"""The projection runner: one Structured Streaming query from the events topic into Delta read models.
+"""The projection runner: Structured Streaming queries from the events topic into Delta read models.
 
-``foreachBatch`` parses the batch once, appends records that are not valid events to the dead-letter
-table, and MERGEs the events into every selected read model (see ``merge``). The Kafka offsets live
-in the query's checkpoint, so a restart resumes where the last committed batch ended.
+The read models' query: ``foreachBatch`` parses the batch once, appends records that are not valid events
+to the dead-letter table, and MERGEs the events into every selected read model (see ``merge``). The archive
+query appends every valid event to ``event_archive``. Each keeps its Kafka offsets in its own checkpoint,
+so a restart resumes where its last committed batch ended.
 
 Run it with ``eventlake project`` or as a spark-submit target:
 ``spark-submit --packages <see SPARK_PACKAGES> spark_apps/projection.py [--until-caught-up] [NAMES]``.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -28,6 +29,7 @@ DEAD_LETTER_TABLE = "_dead_letters/events"
 # Every valid event with its topic/partition/offset: read models can be rebuilt from it after Kafka
 # retention has removed old segments.
 ARCHIVE_TABLE = "event_archive"
+ARCHIVE_STATS_COLUMNS = ("event_type", "aggregate_id", "occurred_at", "kafka_partition", "kafka_offset")
 
 
 @dataclass
@@ -35,6 +37,8 @@ class ProjectionRun:
     batches: int = 0
     input_rows: int = 0
     seconds: float = 0.0
+    batch_ms: list = field(default_factory=list)  # each batch's time in foreachBatch (its addBatch duration)
+    step_seconds: dict = field(default_factory=dict)  # summed over the batches: where the time went
 
     @property
     def rows_per_second(self) -> float:
@@ -42,102 +46,164 @@ class ProjectionRun:
 
 
 class Projection:
+    """The read models' streaming query, and (``archive=True``, the default when no models are named) the
+    archive's own query beside it: appending every event is as much work as the read models' whole batch,
+    so it runs with its own checkpoint and never holds the read models back."""
+
     def __init__(self, spark, settings: Settings, models: list[ReadModel] | None = None,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, archive: bool | None = None):
         self.spark = spark
         self.settings = settings
-        self.models = models or read_models.select(None)
+        self.archive = models is None if archive is None else archive
+        self.models = read_models.select(None) if models is None else models
         self.log = log
         names = "+".join(m.name for m in self.models)
         self.name = f"projection-{names}"
         self.checkpoint = settings.checkpoints / self.name
+        self.archive_checkpoint = settings.checkpoints / f"projection-{ARCHIVE_TABLE}"
+        self.queries: list = []
+        self._tables_ready = False
+        self.step_seconds: dict[str, float] = {}
 
     def ensure_tables(self) -> None:
         """Create every table this projection writes, empty, if missing (readers never see a missing table)."""
         event_rows = _event_row_schema(self.spark)
-        tables = {DEAD_LETTER_TABLE: _dead_letter_schema(), ARCHIVE_TABLE: event_rows}
+        tables = {DEAD_LETTER_TABLE: (_dead_letter_schema(), None)}
+        if self.archive:
+            tables[ARCHIVE_TABLE] = (event_rows, ARCHIVE_STATS_COLUMNS)
         for model in self.models:
-            tables[model.name] = model.schema()
-            tables.update(bookkeeping_tables(model, event_rows))
-        for name, schema in tables.items():
-            ensure_table(self.spark, self.settings.table_path(name), schema)
+            tables[model.name] = (model.schema(), model.stats_columns or model.key)
+            tables.update({name: (schema, None) for name, schema in bookkeeping_tables(model, event_rows).items()})
+        for name, (schema, stats_columns) in tables.items():
+            ensure_table(self.spark, self.settings.table_path(name), schema, stats_columns)
+        self._tables_ready = True
 
-    def _app_id(self) -> str:
+    @staticmethod
+    def _app_id(checkpoint: Path, name: str) -> str:
         """An id for Delta's idempotent writes, new whenever the checkpoint is new (so a replay into a
         fresh checkpoint is never mistaken for batches already written)."""
-        self.checkpoint.mkdir(parents=True, exist_ok=True)
-        marker = self.checkpoint / "eventlake-app-id"
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        marker = checkpoint / "eventlake-app-id"
         if not marker.exists():
-            marker.write_text(f"{self.name}-{uuid.uuid4()}")
+            marker.write_text(f"{name}-{uuid.uuid4()}")
         return hashlib.sha1(marker.read_text().encode()).hexdigest()[:16]
 
-    # -- the query ---------------------------------------------------------------------------------
+    # -- the queries -------------------------------------------------------------------------------
     def _process_batch(self, app_id: str):
         def process(batch, batch_id: int) -> None:
+            from pyspark import StorageLevel
+
             spark = batch.sparkSession  # the query's own session: its conf changes stay in this query
-            checked = check_records(batch).persist()  # JSON parsed once for both halves
+            # JSON parsed once; the cache holds typed event columns (the raw bytes only of bad records).
+            checked = check_records(batch).persist(StorageLevel.MEMORY_AND_DISK)
+            steps = self.step_seconds
+            started = time.monotonic()
             try:
                 events, dead = split_checked(checked)
-                ctx = BatchContext(spark, self.settings, app_id, self.name, batch_id, input_rows=-1)
-                if not dead.isEmpty():
+                ctx = BatchContext(spark, self.settings, app_id, self.name, batch_id, input_rows=-1, steps=steps)
+                has_dead = not dead.isEmpty()  # the first pass over the batch: it also fills the cache
+                steps["read, parse, cache"] = steps.get("read, parse, cache", 0.0) + time.monotonic() - started
+                if has_dead:
                     ctx.append(dead, DEAD_LETTER_TABLE)
                     self.log(f"projection: batch {batch_id}: record(s) that are not valid events -> "
                              f"dead-letter table {self.settings.table_path(DEAD_LETTER_TABLE)}")
-                events = events.persist()
-                try:
-                    ctx.append(events, ARCHIVE_TABLE)
-                    for model in self.models:
-                        apply(ctx, model, events)
-                finally:
-                    events.unpersist()
+                for model in self.models:
+                    started = time.monotonic()
+                    apply(ctx, model, events)
+                    steps[model.name] = steps.get(model.name, 0.0) + time.monotonic() - started
             finally:
                 checked.unpersist()
         return process
 
-    def start(self, until_caught_up: bool = False, max_offsets_per_trigger: int | None = None):
-        """Start the streaming query; with ``until_caught_up`` it stops by itself at the log's current end."""
+    def _archive_batch(self, app_id: str):
+        def process(batch, batch_id: int) -> None:
+            events, _ = parse_events(batch)  # records that are not events: the read models' query dead-letters them
+            BatchContext(batch.sparkSession, self.settings, app_id, f"projection-{ARCHIVE_TABLE}", batch_id,
+                         input_rows=-1).append(events, ARCHIVE_TABLE)
+        return process
+
+    def _start_query(self, name: str, checkpoint: Path, process, until_caught_up: bool,
+                     max_offsets_per_trigger: int | None):
         s = self.settings
-        self.ensure_tables()
-        app_id = self._app_id()
         records = read_event_records(self.spark, s, max_offsets_per_trigger)
-        writer = (records.writeStream.queryName(self.name.replace("+", "_").replace("-", "_"))
-                  .foreachBatch(self._process_batch(app_id))
-                  .option("checkpointLocation", str(self.checkpoint)))
+        writer = (records.writeStream.queryName(name.replace("+", "_").replace("-", "_"))
+                  .foreachBatch(process(self._app_id(checkpoint, name)))
+                  .option("checkpointLocation", str(checkpoint)))
         writer = writer.trigger(availableNow=True) if until_caught_up else writer.trigger(
             processingTime=s.trigger_interval)
         query = writer.start()
-        self.log(f"projection: {self.name} started from {s.events_topic} at {s.bootstrap_servers} "
-                 f"(checkpoint {self.checkpoint})")
+        self.queries.append(query)
+        self.log(f"projection: {name} started from {s.events_topic} at {s.bootstrap_servers} "
+                 f"(checkpoint {checkpoint})")
         return query
+
+    def start(self, until_caught_up: bool = False, max_offsets_per_trigger: int | None = None):
+        """Start the streaming queries; with ``until_caught_up`` they stop by themselves at the log's current
+        end. Returns the read models' query (``self.queries`` holds all)."""
+        if not self._tables_ready:
+            self.ensure_tables()
+        query = None
+        if self.models:
+            query = self._start_query(self.name, self.checkpoint, self._process_batch, until_caught_up,
+                                      max_offsets_per_trigger)
+        if self.archive:
+            archive = self._start_query(f"projection-{ARCHIVE_TABLE}", self.archive_checkpoint, self._archive_batch,
+                                        until_caught_up, max_offsets_per_trigger)
+            query = query or archive
+        if query is None:
+            raise ValueError("nothing to project: no read models and no archive")
+        return query
+
+    def stop(self) -> None:
+        for query in self.queries:
+            if query.isActive:
+                query.stop()
+        self.queries = []
+
+    def await_termination(self) -> None:
+        """Until a query fails (its error is raised, the others stopped) or all have stopped."""
+        try:
+            while any(q.isActive for q in self.queries):
+                for q in self.queries:
+                    q.awaitTermination(1)  # raises the query's failure
+            for q in self.queries:
+                q.awaitTermination()
+        finally:
+            self.stop()
 
     def run_until_caught_up(self, progress_every_s: float = 5.0,
                             max_offsets_per_trigger: int | None = None) -> ProjectionRun:
-        """Project everything committed to the log so far, printing progress, then stop."""
+        """Project everything committed to the log so far, printing progress, then stop. The figures are the
+        read models' query (the archive's when it runs alone), timed from the queries' start."""
+        self.ensure_tables()
         started = time.monotonic()
-        query = self.start(until_caught_up=True, max_offsets_per_trigger=max_offsets_per_trigger)
+        main = self.start(until_caught_up=True, max_offsets_per_trigger=max_offsets_per_trigger)
         run = ProjectionRun()
         seen: set[int] = set()
-        try:
-            while query.isActive:
-                query.awaitTermination(progress_every_s)
-                for p in query.recentProgress:
-                    if p["batchId"] not in seen:
-                        seen.add(p["batchId"])
-                        run.batches += 1
-                        run.input_rows += p["numInputRows"]
-                if query.isActive:
-                    self.log(f"projection: {run.batches} batch(es) done, {run.input_rows} events so far; now: "
-                             f"{query.status['message']} ({time.monotonic() - started:.0f}s)")
-            query.awaitTermination()  # re-raises the query's failure, if any
-            for p in query.recentProgress:
+
+        def count_progress():
+            for p in main.recentProgress:
                 if p["batchId"] not in seen:
                     seen.add(p["batchId"])
                     run.batches += 1
                     run.input_rows += p["numInputRows"]
+                    run.batch_ms.append(p["durationMs"].get("addBatch"))
+
+        try:
+            while main.isActive:
+                main.awaitTermination(progress_every_s)
+                count_progress()
+                if main.isActive:
+                    self.log(f"projection: {run.batches} batch(es) done, {run.input_rows} events so far; now: "
+                             f"{main.status['message']} ({time.monotonic() - started:.0f}s)")
+            main.awaitTermination()  # re-raises the query's failure, if any
+            count_progress()
+            run.seconds = time.monotonic() - started  # the read models are caught up here
+            run.step_seconds = dict(self.step_seconds)
+            for q in self.queries:
+                q.awaitTermination()
         finally:
-            if query.isActive:
-                query.stop()
-        run.seconds = time.monotonic() - started
+            self.stop()
         return run
 
 
@@ -169,24 +235,27 @@ def main(argv: list[str] | None = None) -> int:
     from spark_apps.session import build_session
 
     parser = argparse.ArgumentParser(prog="projection", description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="*", help=f"read models (default: all of {', '.join(read_models.REGISTRY)})")
+    parser.add_argument("models", nargs="*", help=f"read models and/or {ARCHIVE_TABLE} (default: all of "
+                                                  f"{', '.join(read_models.REGISTRY)} and {ARCHIVE_TABLE})")
     parser.add_argument("--until-caught-up", action="store_true",
                         help="process what the log holds now, then stop (availableNow trigger)")
     args = parser.parse_args(argv)
     settings = Settings.load()
-    models = read_models.select(args.models)
+    names = [n for n in args.models if n != ARCHIVE_TABLE]
+    models = read_models.select(names) if names else ([] if args.models else None)
+    archive = not args.models or ARCHIVE_TABLE in args.models
     spark = build_session(settings, app_name="eventlake-projection")
-    projection = Projection(spark, settings, models)
+    projection = Projection(spark, settings, models, archive=archive)
     if args.until_caught_up:
         run = projection.run_until_caught_up()
         print(f"projection: caught up: {run.input_rows} events in {run.batches} batches, {run.seconds:.1f}s; "
               f"tables under {settings.warehouse}")
         return 0
-    query = projection.start()
+    projection.start()
     try:
-        query.awaitTermination()
+        projection.await_termination()
     except KeyboardInterrupt:
-        query.stop()
+        projection.stop()
     return 0
 
 

@@ -74,6 +74,14 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print):
                .config("spark.sql.shuffle.partitions", str(settings.spark_shuffle_partitions))
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.databricks.delta.snapshotPartitions", "2")
+               # A projection batch is cached once and read by every read model; compressing the cache cost
+               # as much as parsing the batch's JSON (bench/projection.py).
+               .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
+               # A read model's fold groups a batch by key with aggregates whose buffers are strings or sets;
+               # Spark's object hash aggregation would switch to sorting the whole batch after 128 keys.
+               .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "200000")
+               # Joins whose shuffled side fits in memory per partition hash it instead of sorting both sides.
+               .config("spark.sql.adaptive.maxShuffledHashJoinLocalMapThreshold", "64MB")
                .config("spark.sql.warehouse.dir", str(settings.home / "spark-warehouse"))
                .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={settings.home / 'derby'}"))
     # The JVM's own output (Ivy resolution, log4j warnings) goes to a log file, not the user's terminal:

@@ -71,7 +71,7 @@ def test_stopping_mid_stream_and_restarting_from_the_checkpoint_gives_the_same_t
     while (query.lastProgress is None or query.lastProgress["batchId"] < 1) and time.monotonic() < deadline:
         assert query.exception() is None
         time.sleep(0.5)
-    query.stop()
+    projection.stop()
     applied = sum(r["version"] for r in table_rows(spark, settings, ACCOUNT_SUMMARY).values())
     assert 0 < applied < sum(e.event_type in ACCOUNT_SUMMARY.event_types for e in events), \
         "the first run should have stopped part-way"
