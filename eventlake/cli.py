@@ -322,6 +322,11 @@ def main(argv: list[str] | None = None) -> int:
     except KafkaError as e:
         print(f"eventlake: {e}", file=sys.stderr)
         return 1
+    except Exception as e:  # errors the platform words for a person (not bugs) end with their message only
+        if type(e).__name__ in ("ProjectionError", "HandlerError"):
+            print(f"eventlake: {e}", file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":

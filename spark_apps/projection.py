@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -23,13 +24,17 @@ from read_models.spec import ReadModel
 from spark_apps.events import check_records, parse_events, read_event_records, split_checked
 from spark_apps.merge import BatchContext, apply, bookkeeping_tables, ensure_table
 
-__all__ = ["Projection", "ProjectionRun", "DEAD_LETTER_TABLE", "ARCHIVE_TABLE", "main"]
+__all__ = ["Projection", "ProjectionError", "ProjectionRun", "DEAD_LETTER_TABLE", "ARCHIVE_TABLE", "main"]
 
 DEAD_LETTER_TABLE = "_dead_letters/events"
 # Every valid event with its topic/partition/offset: read models can be rebuilt from it after Kafka
 # retention has removed old segments.
 ARCHIVE_TABLE = "event_archive"
 ARCHIVE_STATS_COLUMNS = ("event_type", "aggregate_id", "occurred_at", "kafka_partition", "kafka_offset")
+
+
+class ProjectionError(RuntimeError):
+    """The projection cannot go on without a person deciding (e.g. a gap in the log)."""
 
 
 @dataclass
@@ -163,13 +168,32 @@ class Projection:
     def await_termination(self) -> None:
         """Until a query fails (its error is raised, the others stopped) or all have stopped."""
         try:
-            while any(q.isActive for q in self.queries):
+            with self._explained_failures():
+                while any(q.isActive for q in self.queries):
+                    for q in self.queries:
+                        q.awaitTermination(1)  # raises the query's failure
                 for q in self.queries:
-                    q.awaitTermination(1)  # raises the query's failure
-            for q in self.queries:
-                q.awaitTermination()
+                    q.awaitTermination()
         finally:
             self.stop()
+
+    @contextmanager
+    def _explained_failures(self):
+        """A gap in the log (records deleted by retention or by hand before the projection read them) stops the
+        query (``failOnDataLoss``); say so in the user's terms instead of only Spark's."""
+        try:
+            yield
+        except Exception as e:
+            text = str(e)
+            if "failOnDataLoss" in text or "data may have been lost" in text.lower():
+                raise ProjectionError(
+                    f"projection stopped: records of {self.settings.events_topic} that it had not read yet are gone "
+                    f"from Kafka (retention or deleted records), so the read models would silently miss events. "
+                    f"Nothing was written past the gap. To go on: rebuild the read models from {ARCHIVE_TABLE} if "
+                    f"it holds those events, or accept the gap by removing the checkpoint {self.checkpoint} and "
+                    f"projecting from the log's current start. Spark's report: {text.splitlines()[0][:400]}"
+                ) from e
+            raise
 
     def run_until_caught_up(self, progress_every_s: float = 5.0,
                             max_offsets_per_trigger: int | None = None) -> ProjectionRun:
@@ -190,18 +214,19 @@ class Projection:
                     run.batch_ms.append(p["durationMs"].get("addBatch"))
 
         try:
-            while main.isActive:
-                main.awaitTermination(progress_every_s)
+            with self._explained_failures():
+                while main.isActive:
+                    main.awaitTermination(progress_every_s)
+                    count_progress()
+                    if main.isActive:
+                        self.log(f"projection: {run.batches} batch(es) done, {run.input_rows} events so far; now: "
+                                 f"{main.status['message']} ({time.monotonic() - started:.0f}s)")
+                main.awaitTermination()  # re-raises the query's failure, if any
                 count_progress()
-                if main.isActive:
-                    self.log(f"projection: {run.batches} batch(es) done, {run.input_rows} events so far; now: "
-                             f"{main.status['message']} ({time.monotonic() - started:.0f}s)")
-            main.awaitTermination()  # re-raises the query's failure, if any
-            count_progress()
-            run.seconds = time.monotonic() - started  # the read models are caught up here
-            run.step_seconds = dict(self.step_seconds)
-            for q in self.queries:
-                q.awaitTermination()
+                run.seconds = time.monotonic() - started  # the read models are caught up here
+                run.step_seconds = dict(self.step_seconds)
+                for q in self.queries:
+                    q.awaitTermination()
         finally:
             self.stop()
         return run

@@ -85,3 +85,31 @@ def test_stopping_mid_stream_and_restarting_from_the_checkpoint_gives_the_same_t
     version = DeltaTable.forPath(spark, path).history(1).collect()[0]["version"]
     assert project(spark, settings).input_rows == 0
     assert DeltaTable.forPath(spark, path).history(1).collect()[0]["version"] == version
+
+
+def test_a_gap_in_the_log_stops_the_projection_with_a_message_that_says_what_to_do(spark, settings):
+    import confluent_kafka
+    from confluent_kafka.admin import AdminClient
+
+    from spark_apps.projection import ProjectionError
+
+    events = events_for(GeneratorConfig(accounts=5, commands=60, seed=3, run_id="gap"))
+    first, rest = events[:30], events[30:]
+    publish(settings, [(e.aggregate_id, e.to_json()) for e in first])
+    project(spark, settings, [ACCOUNT_SUMMARY])
+    publish(settings, [(e.aggregate_id, e.to_json()) for e in rest])
+    # Retention (here: deleting records by hand) removes events the projection has not read yet.
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    ends = kafka_log.end_offsets(settings, settings.events_topic)
+    futures = admin.delete_records([confluent_kafka.TopicPartition(tp.topic, tp.partition, end)
+                                    for tp, end in ends.items()])
+    for future in futures.values():
+        future.result(30)
+    before = table_rows(spark, settings, ACCOUNT_SUMMARY)
+
+    with pytest.raises(ProjectionError) as stopped:
+        project(spark, settings, [ACCOUNT_SUMMARY])
+    message = str(stopped.value)
+    assert settings.events_topic in message and "gone from Kafka" in message
+    assert "event_archive" in message and "checkpoint" in message
+    assert table_rows(spark, settings, ACCOUNT_SUMMARY) == before  # nothing written past the gap
