@@ -112,13 +112,43 @@ class Projection:
                     ctx.append(dead, DEAD_LETTER_TABLE)
                     self.log(f"projection: batch {batch_id}: record(s) that are not valid events -> "
                              f"dead-letter table {self.settings.table_path(DEAD_LETTER_TABLE)}")
-                for model in self.models:
-                    started = time.monotonic()
-                    apply(ctx, model, events)
-                    steps[model.name] = steps.get(model.name, 0.0) + time.monotonic() - started
+                if len(self.models) == 1:
+                    self._apply_timed(ctx, self.models[0], events)
+                else:
+                    self._apply_side_by_side(ctx, checked)
             finally:
                 checked.unpersist()
         return process
+
+    def _apply_timed(self, ctx: BatchContext, model: ReadModel, events) -> None:
+        started = time.monotonic()
+        apply(ctx, model, events)
+        ctx.steps[model.name] = ctx.steps.get(model.name, 0.0) + time.monotonic() - started
+
+    def _apply_side_by_side(self, ctx: BatchContext, checked) -> None:
+        """Every read model's writes at once, one thread and one Spark session each (its own conf, so each
+        MERGE carries its own idempotent-write ids), reading the one cached batch through a global temporary
+        view. While one model's commit runs on the driver, another's tasks keep the cores busy."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        spark = ctx.spark
+        view = f"eventlake_batch_{ctx.app_id}_{ctx.batch_id}"
+        checked.createOrReplaceGlobalTempView(view)
+
+        def run(model: ReadModel) -> None:
+            session = spark.newSession()
+            events, _ = split_checked(session.table(f"global_temp.{view}"))
+            own = BatchContext(session, self.settings, ctx.app_id, ctx.projection, ctx.batch_id, ctx.input_rows,
+                               steps=ctx.steps)
+            self._apply_timed(own, model, events)
+
+        try:
+            with ThreadPoolExecutor(max_workers=len(self.models), thread_name_prefix="read-model") as pool:
+                futures = [pool.submit(run, model) for model in self.models]
+                for future in futures:
+                    future.result()  # a failed model fails the batch; Spark re-runs it, the writes are idempotent
+        finally:
+            spark.catalog.dropGlobalTempView(view)
 
     def _archive_batch(self, app_id: str):
         def process(batch, batch_id: int) -> None:
