@@ -8,7 +8,7 @@ commands, cached under .cache/bench/) to a fresh events topic, then in one Spark
    its own query, so it is not part of this figure).
 Both run with ``availableNow`` from the first offset to the last; the clock runs from query start to stop.
 
-    .venv/bin/python bench/projection.py [--events 1000000] [--accounts 20000] [--max-offsets 250000]
+    .venv/bin/python bench/projection.py [--events 1000000] [--accounts 20000] [--max-offsets 1000000]
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--accounts", type=int, default=20_000)
-    parser.add_argument("--max-offsets", type=int, default=250_000, help="maxOffsetsPerTrigger of both runs")
+    parser.add_argument("--max-offsets", type=int, default=1_000_000, help="maxOffsetsPerTrigger of both runs")
     parser.add_argument("--warmup", type=int, default=100_000, help="events of an unmeasured warm-up run of both")
     args = parser.parse_args()
 
