@@ -69,6 +69,7 @@ class Projection:
         self.queries: list = []
         self._tables_ready = False
         self.step_seconds: dict[str, float] = {}
+        self._model_sessions: dict = {}  # read model name -> its Spark session for side-by-side writes
 
     def ensure_tables(self) -> None:
         """Create every table this projection writes, empty, if missing (readers never see a missing table)."""
@@ -136,7 +137,9 @@ class Projection:
         checked.createOrReplaceGlobalTempView(view)
 
         def run(model: ReadModel) -> None:
-            session = spark.newSession()
+            session = self._model_sessions.get(model.name)
+            if session is None:  # one per model for the projection's life (not one per batch: sessions pile up)
+                session = self._model_sessions[model.name] = spark.newSession()
             events, _ = split_checked(session.table(f"global_temp.{view}"))
             own = BatchContext(session, self.settings, ctx.app_id, ctx.projection, ctx.batch_id, ctx.input_rows,
                                steps=ctx.steps)
