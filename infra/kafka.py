@@ -172,7 +172,9 @@ def up(settings: Settings, log=print, timeout: float = 60.0) -> BrokerStatus:
     _write_config(settings, p)
     if not (p["data"] / "meta.properties").exists():
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        cmd = _java(settings, p, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(p["config"]))
+        # "--cluster-id=ID", not "-t ID": a random id may start with "-" and would be read as an option.
+        cmd = _java(settings, p, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
+                    "--config", str(p["config"]))
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise KafkaError(f"formatting {p['data']} failed:\n{proc.stdout}{proc.stderr}")
