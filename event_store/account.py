@@ -6,7 +6,7 @@ No Kafka here. ``decide`` returns the events a command causes, or raises :class:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from event_store.envelope import CommandEnvelope, EventEnvelope
 from event_store.schemas import country_of
@@ -26,8 +26,8 @@ class CommandRejected(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class NewEvent:
+class NewEvent(NamedTuple):
+    """An event ``decide`` wants appended; the handler adds the envelope (ids, version, timestamps)."""
     event_type: str
     payload: Mapping[str, Any]
     occurred_at: str
@@ -60,6 +60,21 @@ def decide(state: AccountState, command: CommandEnvelope) -> list[NewEvent]:
                               f"but it is at version {state.version}")
     p = command.payload
     kind = command.command_type
+    if kind == "AuthorizePayment" and state.opened:  # by far the most frequent command: tested first
+        currency = p["currency"]
+        if currency != state.currency:
+            raise CommandRejected("CurrencyMismatch", f"payment {p['payment_id']} is in {currency} but "
+                                                      f"account {state.account_id} is in {state.currency}")
+        payment = {"payment_id": p["payment_id"], "amount_minor": p["amount_minor"], "currency": currency,
+                   "merchant_id": p["merchant_id"], "location": p["location"]}
+        if state.status == "frozen":
+            payment["reason"] = "account_frozen"
+            return [NewEvent("PaymentDeclined", payment, p["occurred_at"])]
+        if payment["amount_minor"] > state.credit_limit_minor - state.authorized_total_minor:
+            payment["reason"] = "over_credit_limit"
+            return [NewEvent("PaymentDeclined", payment, p["occurred_at"])]
+        payment["merchant_country"] = p.get("merchant_country") or country_of(payment["location"])
+        return [NewEvent("PaymentAuthorized", payment, p["occurred_at"])]
     if kind == "OpenAccount":
         if state.opened:
             raise CommandRejected("AccountAlreadyOpen", f"account {state.account_id} is already open")
@@ -69,18 +84,6 @@ def decide(state: AccountState, command: CommandEnvelope) -> list[NewEvent]:
     if not state.opened:
         raise CommandRejected("AccountNotFound",
                               f"account {state.account_id} does not exist; send OpenAccount first")
-    if kind == "AuthorizePayment":
-        if p["currency"] != state.currency:
-            raise CommandRejected("CurrencyMismatch", f"payment {p['payment_id']} is in {p['currency']} but "
-                                                      f"account {state.account_id} is in {state.currency}")
-        payment = {k: p[k] for k in ("payment_id", "amount_minor", "currency", "merchant_id", "location")}
-        if state.status == "frozen":
-            return [NewEvent("PaymentDeclined", {**payment, "reason": "account_frozen"}, p["occurred_at"])]
-        if p["amount_minor"] > state.available_minor:
-            return [NewEvent("PaymentDeclined", {**payment, "reason": "over_credit_limit"}, p["occurred_at"])]
-        return [NewEvent("PaymentAuthorized",
-                         {**payment, "merchant_country": p.get("merchant_country") or country_of(p["location"])},
-                         p["occurred_at"])]
     if kind == "ReportDeviceLocation":
         return [NewEvent("DeviceLocationReported", {"location": p["location"]}, p["occurred_at"])]
     if kind == "FreezeAccount":

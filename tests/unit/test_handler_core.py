@@ -51,6 +51,14 @@ ODD = [
     {"command_id": "c2", "command_type": "FlagFraud", "aggregate_id": "a", "payload": {"payment_id": "p",
                                                                                        "rule": "r"}},
     {"command_id": "c3", "command_type": "FreezeAccount", "aggregate_id": "a", "payload": {"reason": None}},
+    {"command_id": "c4", "command_type": "FreezeAccount", "aggregate_id": "a", "payload": {}},
+    {"command_id": "c5", "command_type": "FlagFraud", "aggregate_id": "a",
+     "payload": {"payment_id": "p", "rule": "r", "evidence": None, "occurred_at": "then"}},
+    pay(p_location="US-NYC\n"), pay(p_location="us-nyc"), pay(p_payment_id="\u00a0"), pay(p_payment_id="\x1c"),
+    pay(p_payment_id=""), pay(p_currency="usd"), pay(p_currency=None), pay(p_merchant_country="US\n"),
+    pay(p_merchant_country=None), pay(p_occurred_at=T + "\n"), pay(p_occurred_at="2026-01-01T00:00:00+02:00"),
+    pay(p_amount_minor=-10**30), pay(p_amount_minor=1.0), pay(p_amount_minor="1"), pay(p_extra=None),
+    pay(expected_version=0), pay(expected_version=10**20), pay(issued_at=None), pay(extra_top_level=[1]),
 ]
 
 
@@ -61,6 +69,37 @@ def test_the_fast_command_parser_agrees_with_the_reference(obj):
     if not isinstance(fast, str) and not obj.get("issued_at"):  # both issued "now", a moment apart
         fast, reference = fast.to_dict() | {"issued_at": None}, reference.to_dict() | {"issued_at": None}
     assert fast == reference
+
+
+ODD_VALUES = [None, True, False, 0, -1, 1, 1.0, 1.5, 10**25, "", " ", "\u2003", "x", "US-NYC", "US-NYC\n", "USD",
+              "FR", T, T + "\n", "2026-01-01T00:00:00", [], {}, ["x"]]
+
+
+def test_randomly_damaged_commands_get_the_same_verdict_on_both_paths():
+    import random
+
+    rng = random.Random(11)
+    cfg = GeneratorConfig(accounts=20, commands=600, seed=3, run_id="odd")
+    for _, raw in generate_commands(cfg):
+        obj = json.loads(raw)
+        if not isinstance(obj, dict) or not isinstance(obj.get("payload"), dict):
+            continue
+        for _ in range(3):
+            damaged = json.loads(raw)
+            target = damaged["payload"] if rng.random() < 0.7 else damaged
+            name = rng.choice(sorted(target) + ["surplus"])
+            target[name] = rng.choice(ODD_VALUES)
+            encoded = json.dumps(damaged).encode()
+            fast, reference = outcome(CommandEnvelope.from_json, encoded), outcome(reference_command, encoded)
+            if not isinstance(fast, str) and not damaged.get("issued_at"):
+                fast, reference = fast.to_dict() | {"issued_at": None}, reference.to_dict() | {"issued_at": None}
+            assert fast == reference, encoded
+
+
+def test_a_repeated_key_counts_once_with_its_last_value_on_both_paths():
+    raw = json.dumps(pay()).replace('"amount_minor": 100', '"amount_minor": 100, "amount_minor": -5').encode()
+    assert outcome(CommandEnvelope.from_json, raw) == outcome(reference_command, raw)
+    assert outcome(CommandEnvelope.from_json, raw).startswith("InvalidRecord")
 
 
 @pytest.mark.parametrize("raw", [b"{nope", b"[1]", b"", b'{"a": NaN}', b'\xef\xbb\xbf{"command_id": 1}',
