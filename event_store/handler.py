@@ -454,8 +454,7 @@ class CommandHandler:
                 events_before = stats.events
                 events: list[tuple[bytes, bytes]] = []
                 results: list[tuple[bytes, bytes]] = []
-                for record in records:
-                    self._handle_record(record, part, staged, staged_results, stats, recorded_at, events, results)
+                self._handle_records(records, part, staged, staged_results, stats, recorded_at, events, results)
                 self._produce_partition(self.settings.events_topic, events, tp.partition, self._on_event_delivered)
                 self._produce_partition(self.settings.results_topic, results, tp.partition,
                                         self._on_result_delivered)
@@ -510,52 +509,64 @@ class CommandHandler:
         self.log(f"handler {self.instance_id}: transaction aborted ({error!r}); the batch will be redone "
                  f"where this instance still owns the partition")
 
-    def _handle_record(self, record, part: PartitionState, staged, staged_results, stats: HandlerStats,
-                       recorded_at: str, events: list, results: list):
-        """Handle one command record: append its events and its result (key, value) to ``events`` and
-        ``results``, which ``process`` produces into the open transaction."""
-        stats.commands += 1
-        value = record.value()
-        try:
-            command = CommandEnvelope.from_json(value)
-        except InvalidRecord as e:
-            # A readable command with a bad field is rejected with the reason; a record that is not a
-            # command at all (no command_id to answer to) goes to the dead-letter topic with its bytes.
-            result = self._invalid_result(value, str(e), recorded_at)
-            if result is not None:
-                stats.rejected += 1
-                results.append((result.command_id.encode(), result.to_json()))
-                return
-            stats.dead_lettered += 1
-            self._produce(self.settings.dead_letters_topic, record.key(),
-                          kafka_log.dead_letter_value(str(e), value, record.topic(), record.partition(),
-                                                      record.offset()))
-            return
-        account_id = command.aggregate_id
-        command_id = command.command_id
-        staged_first = staged_results.get(command_id)
-        first = staged_first[1] if staged_first else part.first_result(account_id, command_id)
-        if first is not None and first.aggregate_id == account_id:
-            stats.duplicates += 1
-            results.append((command_id.encode(), CommandResult(
-                first.command_id, account_id, first.status, first.version, first.event_ids, first.error_type,
-                first.reason, recorded_at, duplicate=True).to_json()))
-            return
-        staged_state = staged.get(account_id)
-        state = staged_state[1] if staged_state else part.account(account_id)
-        state, new_events, result = execute_encoded(state, command, recorded_at)
-        if new_events:
-            key = account_id.encode()
-            for event in new_events:
-                events.append((key, event))
-        if result.status == "accepted":
-            staged[account_id] = (part, state)
-            stats.accepted += 1
-            stats.events += len(new_events)
-        else:
-            stats.rejected += 1
-        staged_results[command_id] = (part, result)
-        results.append((command_id.encode(), result.to_json()))
+    def _handle_records(self, records: list, part: PartitionState, staged, staged_results, stats: HandlerStats,
+                        recorded_at: str, events: list, results: list) -> None:
+        """Handle one partition's command records in order: append their events and results (key, value) to
+        ``events`` and ``results``, which ``process`` produces into the open transaction."""
+        from_json, add_event, add_result = CommandEnvelope.from_json, events.append, results.append
+        first_result, account = part.first_result, part.account
+        accepted = rejected = new_events_total = 0
+        for record in records:
+            value = record.value()
+            try:
+                command = from_json(value)
+            except InvalidRecord as e:
+                rejected += self._handle_invalid(record, value, str(e), stats, recorded_at, results)
+                continue
+            account_id = command.aggregate_id
+            command_id = command.command_id
+            staged_first = staged_results.get(command_id)
+            first = staged_first[1] if staged_first else first_result(account_id, command_id)
+            if first is not None and first.aggregate_id == account_id:
+                stats.duplicates += 1
+                add_result((command_id.encode(), CommandResult(
+                    first.command_id, account_id, first.status, first.version, first.event_ids, first.error_type,
+                    first.reason, recorded_at, duplicate=True).to_json()))
+                continue
+            staged_state = staged.get(account_id)
+            state = staged_state[1] if staged_state else account(account_id)
+            state, new_events, result = execute_encoded(state, command, recorded_at)
+            if new_events:
+                key = account_id.encode()
+                for event in new_events:
+                    add_event((key, event))
+            if result.status == "accepted":
+                staged[account_id] = (part, state)
+                accepted += 1
+                new_events_total += len(new_events)
+            else:
+                rejected += 1
+            staged_results[command_id] = (part, result)
+            add_result((command_id.encode(), result.to_json()))
+        stats.commands += len(records)
+        stats.accepted += accepted
+        stats.rejected += rejected
+        stats.events += new_events_total
+
+    def _handle_invalid(self, record, value: bytes | None, reason: str, stats: HandlerStats, recorded_at: str,
+                        results: list) -> int:
+        """An invalid command record: a readable command with a bad field is rejected with the reason (1 is
+        returned: one more rejection); a record that is not a command at all (no command_id to answer to)
+        goes to the dead-letter topic with its bytes (0)."""
+        result = self._invalid_result(value, reason, recorded_at)
+        if result is not None:
+            results.append((result.command_id.encode(), result.to_json()))
+            return 1
+        stats.dead_lettered += 1
+        self._produce(self.settings.dead_letters_topic, record.key(),
+                      kafka_log.dead_letter_value(reason, value, record.topic(), record.partition(),
+                                                  record.offset()))
+        return 0
 
     def _produce_partition(self, topic: str, records: list[tuple[bytes, bytes]], partition: int,
                            on_last_delivered) -> None:
