@@ -7,8 +7,11 @@ commands, cached under .cache/bench/) to a fresh events topic, then in one Spark
 2. the projection: ``Projection([account_summary, payments])`` with the same trigger size (the archive is
    its own query, so it is not part of this figure).
 Both run with ``availableNow`` from the first offset to the last; the clock runs from query start to stop.
+``--limits`` also times what any projection of this topic has to do at least, on the same events: the Kafka
+source alone (into Spark's ``noop`` sink), the Kafka records' bytes appended to Delta unparsed, and the
+envelope parsing and checks (``spark_apps.events.check_records``) into ``noop``.
 
-    .venv/bin/python bench/projection.py [--events 1000000] [--accounts 20000] [--max-offsets 1000000]
+    .venv/bin/python bench/projection.py [--events 1000000] [--accounts 20000] [--max-offsets 1000000] [--limits]
 """
 from __future__ import annotations
 
@@ -76,12 +79,38 @@ def raw_append(spark, settings: Settings, max_offsets: int):
         max_offsets_per_trigger=max_offsets)
 
 
+def source_limits(spark, settings: Settings, max_offsets: int) -> dict[str, float]:
+    """Events/s of the least any projection of the events topic does: read it, copy it, parse it."""
+    from spark_apps.events import check_records, read_event_records
+
+    def timed(name: str, frame, sink: str) -> float:
+        path = settings.home / "limits" / name
+        writer = (frame.writeStream.format(sink).trigger(availableNow=True)
+                  .option("checkpointLocation", str(path / "_checkpoint")))
+        started = time.perf_counter()
+        query = writer.start(str(path / "table")) if sink == "delta" else writer.start()
+        query.awaitTermination()
+        seconds = time.perf_counter() - started
+        rows = sum(p.get("numInputRows", 0) for p in query.recentProgress)
+        return rows / seconds
+
+    records = lambda: read_event_records(spark, settings, max_offsets)  # noqa: E731 (a fresh stream each time)
+    return {
+        "Kafka source alone (noop sink)": timed("read", records(), "noop"),
+        "Kafka records appended to Delta unparsed (key, value, topic, partition, offset, timestamp)":
+            timed("copy", records().select("key", "value", "topic", "partition", "offset", "timestamp"), "delta"),
+        "Kafka source + envelope parsing and checks (noop sink)": timed("parse", check_records(records()), "noop"),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--accounts", type=int, default=20_000)
     parser.add_argument("--max-offsets", type=int, default=1_000_000, help="maxOffsetsPerTrigger of both runs")
     parser.add_argument("--warmup", type=int, default=100_000, help="events of an unmeasured warm-up run of both")
+    parser.add_argument("--limits", action="store_true",
+                        help="also time the Kafka source alone, an unparsed copy to Delta and the parsing alone")
     args = parser.parse_args()
 
     base = Settings.load()
@@ -123,6 +152,9 @@ def main() -> int:
     print("per batch (ms) raw append:  " + ", ".join(str(ms) for ms in raw.batch_ms))
     print("per batch (ms) projection:  " + ", ".join(str(ms) for ms in result.batch_ms))
     print("projection time by step (s): " + ", ".join(f"{k} {v:.1f}" for k, v in result.step_seconds.items()))
+    if args.limits:
+        for name, limit in source_limits(spark, settings, args.max_offsets).items():
+            print(f"limit: {name}: {limit:,.0f} events/s")
     from delta.tables import DeltaTable
     for table in ("account_summary", "payments"):
         last = DeltaTable.forPath(spark, str(settings.table_path(table))).history(1).collect()[0]
