@@ -214,6 +214,44 @@ def _cmd_status(settings: Settings, args) -> int:
     return 0
 
 
+def _cmd_check(settings: Settings, args) -> int:
+    from expectations import SUITES
+    from expectations.checks import TableMissing, check_table, context
+
+    unknown = [n for n in args.models if n not in SUITES]
+    if unknown:
+        print(f"eventlake check: no expectation suite for {', '.join(unknown)}; suites: {', '.join(SUITES)}",
+              file=sys.stderr)
+        return 2
+    failed = missing = 0
+    ge = context()
+    for name in args.models or list(SUITES):
+        try:
+            report = check_table(settings, name, ge)
+        except TableMissing as e:
+            print(f"{name}: not checked: {e}")
+            missing += 1
+            continue
+        print("\n".join(report.lines()), flush=True)
+        failed += not report.success
+    print(f"check: {failed} failed, {missing} not created yet" if failed or missing else "check: all passed")
+    return 1 if failed or missing else 0
+
+
+def _cmd_airflow(settings: Settings, args) -> int:
+    from infra import airflow
+
+    if not args.args:
+        print("eventlake airflow: give an airflow command, e.g. `eventlake airflow standalone` (the UI on "
+              "http://localhost:8080) or `eventlake airflow dags test check_read_models`", file=sys.stderr)
+        return 2
+    try:
+        return airflow.run(settings, args.args)
+    except airflow.AirflowError as e:
+        print(f"eventlake airflow: {e}", file=sys.stderr)
+        return 1
+
+
 def _cmd_query(settings: Settings, args) -> int:
     from eventlake.query import QueryError, format_table, query_duckdb, query_spark
 
@@ -298,6 +336,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="per projection: lag, last batch and rate; per table: rows and Delta version")
     p.set_defaults(run=_cmd_status)
+
+    p = sub.add_parser("check", help="check read model tables against their Great Expectations suites")
+    p.add_argument("models", nargs="*", help="read models to check (default: all)")
+    p.set_defaults(run=_cmd_check)
+
+    p = sub.add_parser("airflow", help="run an airflow command on eventlake's DAGs with a local metadata database",
+                       description="Runs `airflow ARGS` with AIRFLOW_HOME under the eventlake home, the DAGs folder "
+                                   "set to dags/ and no example DAGs (the database is migrated on first use).")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="e.g. standalone | dags list | dags test check_read_models")
+    p.set_defaults(run=_cmd_airflow)
 
     p = sub.add_parser("query", help="run SQL over the read models and print the rows")
     p.add_argument("sql")

@@ -20,6 +20,7 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, log=
     from event_store.handler import CommandHandler
     from eventlake.generator import GeneratorConfig, generate_commands
     from eventlake.query import format_table, query_duckdb
+    from expectations.checks import check_tables
     from infra import kafka
     from event_store.policy import FraudPolicy
     from spark_apps.fraud_detector import FraudDetector
@@ -64,6 +65,10 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, log=
     step(f"fraud policy: {policy.line()}; handler: {frozen.events} AccountFrozen events")
     run = Projection(spark, settings, log=log).run_until_caught_up()
     step(f"projection: {run.input_rows} events in {run.batches} batch(es) -> Delta tables under {settings.warehouse}")
+    checks = check_tables(settings)
+    failed = [line for report in checks if not report.success for line in report.lines()]
+    step(f"data quality: {len(checks)} tables against their Great Expectations suites (expectations/): "
+         + ("all passed" if not failed else "FAILED:\n  " + "\n  ".join(failed)))
 
     prefix = f"acc-{run_id}-%"
     cols, rows = query_duckdb(settings, f"""
@@ -106,8 +111,8 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, log=
         f"late_events, event_archive, _dead_letters/events)")
     log(f"  checkpoints:  {settings.checkpoints}")
     log(f"done in {time.monotonic() - started:.0f}s. Try: eventlake query \"SELECT status, count(*) FROM "
-        f"account_summary GROUP BY status\"" + ("; stop the broker with: eventlake kafka down"
-                                                 if settings.uses_local_kafka else ""))
+        f"account_summary GROUP BY status\"; eventlake check; eventlake airflow standalone (the Airflow UI)"
+        + ("; stop the broker with: eventlake kafka down" if settings.uses_local_kafka else ""))
     return {"run_id": run_id, "commands": sent, "handler": stats, "projection": run, "summary": summary}
 
 

@@ -1,0 +1,107 @@
+"""`eventlake check` and the check_read_models DAG: the suites pass on what the folds produce and name what
+is wrong in a broken table. Tables are written with delta-rs (no Spark needed to make them)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from deltalake import write_deltalake
+
+import read_models
+from eventlake.generator import GeneratorConfig
+from eventlake.settings import Settings
+from expectations.checks import TableMissing, check_table, check_tables
+from tests.domain_helpers import events_for
+
+EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
+
+
+def write_folded(settings: Settings, events) -> None:
+    """Each read model's table as the plain-Python fold of ``events`` (what the projection must produce)."""
+    for model in read_models.REGISTRY.values():
+        rows = [{**dict(zip(model.key, key)), **row} for key, row in model.python_fold(events).items()]
+        frame = pd.DataFrame(rows, columns=model.columns)
+        if "window_end" in frame:  # the windowed fold gives the sums per key; the projection adds the bounds
+            frame["window_end"] = frame["window_start"] + pd.Timedelta(minutes=1)
+            frame["updated_at"] = pd.Timestamp("2026-02-01", tz="UTC")
+        write_deltalake(str(settings.table_path(model.name)), frame, mode="overwrite")
+
+
+@pytest.fixture(scope="module")
+def folded_events():
+    return events_for(GeneratorConfig(accounts=30, commands=900, seed=4, run_id="chk"), flag_every=7)
+
+
+def test_the_suites_pass_on_the_folded_tables(tmp_path, folded_events):
+    settings = Settings(home=tmp_path)
+    write_folded(settings, folded_events)
+    reports = check_tables(settings)
+    assert [r.table for r in reports] == list(read_models.REGISTRY)
+    for report in reports:
+        assert report.rows > 0, report.table
+        assert report.success, "\n".join(report.lines())
+
+
+def test_a_broken_table_fails_naming_the_expectation_the_rows_and_a_value(tmp_path, folded_events):
+    settings = Settings(home=tmp_path)
+    write_folded(settings, folded_events)
+    path = str(settings.table_path("account_summary"))
+    from deltalake import DeltaTable
+    rows = DeltaTable(path).to_pandas()
+    broken = pd.concat([rows, rows.iloc[[0]]], ignore_index=True)  # one account twice
+    broken.loc[broken.index[1], "status"] = "closed"
+    broken.loc[broken.index[2], "available_minor"] += 1
+    write_deltalake(path, broken, mode="overwrite")
+    report = check_table(settings, "account_summary")
+    assert not report.success
+    failed = {f.expectation: f for f in report.failures}
+    assert set(failed) == {"expect_column_values_to_be_unique", "expect_column_values_to_be_in_set",
+                           "expect_column_pair_values_to_be_equal"}, report.lines()
+    assert failed["expect_column_values_to_be_unique"].unexpected == 2
+    assert failed["expect_column_values_to_be_in_set"].examples == ("closed",)
+    assert report.delta_version == 1 and report.rows == len(rows) + 1
+    assert report.lines()[0].startswith("account_summary: FAILED 3 of 12 expectations")
+
+
+def test_a_missing_table_says_what_to_run(tmp_path):
+    with pytest.raises(TableMissing, match="run the projection first"):
+        check_table(Settings(home=tmp_path), "payments")
+
+
+def _env(home: Path) -> dict:
+    env = dict(os.environ)
+    env["EVENTLAKE_HOME"] = str(home)
+    return env
+
+
+@pytest.mark.slow
+def test_the_cli_and_the_dag_fail_on_a_broken_table_and_pass_on_a_good_one(tmp_path, folded_events):
+    settings = Settings(home=tmp_path)
+    write_folded(settings, folded_events)
+    good = subprocess.run([EVENTLAKE, "check"], env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert good.stdout.strip().endswith("check: all passed")
+
+    dag = subprocess.run([EVENTLAKE, "airflow", "dags", "test", "check_read_models"], env=_env(tmp_path),
+                         capture_output=True, text=True, timeout=600)
+    assert dag.returncode == 0, dag.stdout[-4000:] + dag.stderr[-4000:]
+    for name in read_models.REGISTRY:
+        assert f"{name}: passed all" in dag.stdout + dag.stderr
+
+    path = str(settings.table_path("payments"))
+    from deltalake import DeltaTable
+    rows = DeltaTable(path).to_pandas()
+    rows.loc[rows.index[0], "amount_minor"] = -5
+    write_deltalake(path, rows, mode="overwrite")
+    bad = subprocess.run([EVENTLAKE, "check", "payments"], env=_env(tmp_path), capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 1
+    assert "payments: FAILED 1 of" in bad.stdout and "expect_column_values_to_be_between(column='amount_minor'" \
+        in bad.stdout and "e.g. -5" in bad.stdout, bad.stdout
+
+    dag = subprocess.run([EVENTLAKE, "airflow", "dags", "test", "check_read_models"], env=_env(tmp_path),
+                         capture_output=True, text=True, timeout=600)
+    assert dag.returncode != 0
+    assert "payments: FAILED 1 of" in dag.stdout + dag.stderr
