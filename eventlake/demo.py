@@ -20,7 +20,8 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, log=
     from event_store.handler import CommandHandler
     from eventlake.generator import GeneratorConfig, generate_commands
     from eventlake.query import format_table, query_duckdb
-    from expectations.checks import check_tables
+    import read_models
+    from expectations.checks import context, verdict
     from infra import kafka
     from event_store.policy import FraudPolicy
     from spark_apps.fraud_detector import FraudDetector
@@ -65,9 +66,11 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, log=
     step(f"fraud policy: {policy.line()}; handler: {frozen.events} AccountFrozen events")
     run = Projection(spark, settings, log=log).run_until_caught_up()
     step(f"projection: {run.input_rows} events in {run.batches} batch(es) -> Delta tables under {settings.warehouse}")
-    checks = check_tables(settings)
-    failed = [line for report in checks if not report.success for line in report.lines()]
-    step(f"data quality: {len(checks)} tables against their Great Expectations suites (expectations/): "
+    ge = context()
+    verdicts = [verdict(settings, name, reconcile=True, ge=ge) for name in read_models.REGISTRY]
+    failed = [line for v in verdicts if v.failed for line in v.lines()]
+    step(f"data quality: {len(verdicts)} tables against their Great Expectations suites (expectations/) and "
+         f"reconciled with a fold of the archived log: "
          + ("all passed" if not failed else "FAILED:\n  " + "\n  ".join(failed)))
 
     prefix = f"acc-{run_id}-%"
@@ -111,7 +114,8 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, log=
         f"late_events, event_archive, _dead_letters/events)")
     log(f"  checkpoints:  {settings.checkpoints}")
     log(f"done in {time.monotonic() - started:.0f}s. Try: eventlake query \"SELECT status, count(*) FROM "
-        f"account_summary GROUP BY status\"; eventlake check; eventlake airflow standalone (the Airflow UI)"
+        f"account_summary GROUP BY status\"; eventlake check --reconcile; "
+        f"eventlake airflow standalone (the Airflow UI)"
         + ("; stop the broker with: eventlake kafka down" if settings.uses_local_kafka else ""))
     return {"run_id": run_id, "commands": sent, "handler": stats, "projection": run, "summary": summary}
 

@@ -11,10 +11,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deltalake.exceptions import TableNotFoundError
+
 from eventlake.settings import Settings
+from eventlake.tables import read_table
 from expectations import SUITES, suite_module
 
-__all__ = ["CheckReport", "Failure", "check_table", "check_tables", "context", "TableMissing"]
+__all__ = ["CheckReport", "Failure", "Verdict", "check_table", "check_tables", "context", "verdict", "TableMissing"]
 
 
 class TableMissing(LookupError):
@@ -70,7 +73,6 @@ def context():
 def check_table(settings: Settings, name: str, ge=None) -> CheckReport:
     """Validate the current version of read model ``name``'s Delta table against its suite."""
     from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
 
     module = suite_module(name)
     path = settings.table_path(name)
@@ -79,7 +81,7 @@ def check_table(settings: Settings, name: str, ge=None) -> CheckReport:
     except TableNotFoundError:
         raise TableMissing(f"read model {name}: no Delta table at {path} yet; run the projection first "
                            f"(eventlake project, or eventlake demo)") from None
-    frame = table.to_pandas()
+    frame = read_table(table).to_pandas()
     if hasattr(module, "derived_columns"):
         module.derived_columns(frame)
     gx, ge_context = ge or context()
@@ -134,3 +136,48 @@ def check_tables(settings: Settings, names: list[str] | None = None) -> list[Che
     table not created yet."""
     ge = context()
     return [check_table(settings, name, ge) for name in (names or list(SUITES))]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """All that is known of one read model's table: its suite's report (None when the table does not exist
+    yet) and, when asked for, its reconciliation with the log."""
+    table: str
+    report: CheckReport | None
+    reconciliation: object | None = None  # expectations.reconciliation.Reconciliation
+    missing: str = ""
+
+    @property
+    def differs(self) -> bool:
+        r = self.reconciliation
+        return r is not None and r.compared and not r.success
+
+    @property
+    def failed(self) -> bool:
+        """The table is missing, breaks an expectation or differs from the log (a reconciliation that could
+        not compare yet is no failure)."""
+        return self.report is None or not self.report.success or self.differs
+
+    def lines(self) -> list[str]:
+        out = [f"{self.table}: not checked: {self.missing}"] if self.report is None else self.report.lines()
+        return out + (self.reconciliation.lines() if self.reconciliation is not None else [])
+
+    def summary(self) -> dict:
+        r = self.reconciliation
+        return {"table": self.table, "rows": None if self.report is None else self.report.rows,
+                "delta_version": None if self.report is None else self.report.delta_version,
+                "expectations_failed": None if self.report is None else len(self.report.failures),
+                "reconciled": None if r is None or not r.compared else r.success}
+
+
+def verdict(settings: Settings, name: str, reconcile: bool = False, ge=None) -> Verdict:
+    """Check read model ``name`` against its suite and, with ``reconcile``, against a fold of the log."""
+    try:
+        report = check_table(settings, name, ge)
+    except TableMissing as e:
+        return Verdict(name, None, missing=str(e))
+    if not reconcile:
+        return Verdict(name, report)
+    from expectations.reconciliation import reconcile as reconcile_table
+
+    return Verdict(name, report, reconcile_table(settings, name))

@@ -38,7 +38,8 @@ def test_demo_then_sql_query(env, settings):
     out = demo.stdout
     run_id = re.search(r"== eventlake demo: run (\d+) ==", out).group(1)
     assert re.search(r"account_summary for this run: 40 accounts", out)
-    assert "data quality: 4 tables against their Great Expectations suites (expectations/): all passed" in out
+    assert ("data quality: 4 tables against their Great Expectations suites (expectations/) and reconciled with "
+            "a fold of the archived log: all passed") in out
     assert str(settings.warehouse) in out and settings.events_topic in out
 
     query = run(["query", f"SELECT count(*) AS n, sum(version) AS versions FROM account_summary "

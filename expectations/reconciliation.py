@@ -1,0 +1,204 @@
+"""Reconciliation: a read model's table against the plain-Python fold of the log it was projected from.
+
+The log is read from the ``event_archive`` Delta table (every valid event with its Kafka partition and
+offset), so this works after Kafka retention has removed old segments. Table and archive are written by two
+queries that advance separately, so the comparison is made at the log position the table stands at: the
+offsets at which the projection batch that last wrote it ended (its Delta commit names the projection and the
+batch; the projection's checkpoint holds each batch's end offsets). Only archived events before those offsets
+are folded. When the archive has not reached that position yet, the result says so instead of comparing.
+
+The read model's own ``python_fold`` (the test oracle) is the fold; for a windowed model the table plus the
+events recorded in ``late_events`` must add up to it. The fold runs in plain Python: about a minute per
+million events.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import read_models
+from event_store.envelope import EventEnvelope, built, format_time
+from event_store.schemas import EVENTS
+from eventlake.settings import Settings
+from eventlake.tables import read_table
+from read_models.spec import WINDOWED_SUM
+from spark_apps.merge import LATE_EVENTS_TABLE
+from spark_apps.projection import ARCHIVE_TABLE
+
+__all__ = ["Reconciliation", "reconcile"]
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    table: str
+    compared: bool  # False: the archive has not reached the table's log position yet (``reason`` says why)
+    position: dict[int, int]  # partition -> end offset the table stands at
+    events: int = 0  # archived events folded
+    rows: int = 0
+    expected_rows: int = 0
+    missing: tuple = ()  # keys the fold has and the table lacks (a few)
+    unexpected: tuple = ()  # keys the table has and the fold lacks (a few)
+    different: tuple = ()  # (key, column, table value, fold value) (a few)
+    differences: int = 0  # rows missing, unexpected or different, in all
+    reason: str = ""
+
+    @property
+    def success(self) -> bool:
+        return self.compared and self.differences == 0
+
+    def lines(self) -> list[str]:
+        at = ", ".join(f"p{p}<{o}" for p, o in sorted(self.position.items())) or "the start"
+        if not self.compared:
+            return [f"{self.table}: not reconciled: {self.reason}"]
+        if self.success:
+            return [f"{self.table}: reconciled with the log: {self.rows:,} rows equal the fold of "
+                    f"{self.events:,} archived events (offsets {at})"]
+        out = [f"{self.table}: DIFFERS from the fold of {self.events:,} archived events (offsets {at}): "
+               f"{self.differences} row{'s' if self.differences != 1 else ''} ({self.rows:,} in the table, "
+               f"{self.expected_rows:,} in the fold)"]
+        out += [f"  missing from the table: {k}" for k in self.missing]
+        out += [f"  not in the fold: {k}" for k in self.unexpected]
+        out += [f"  {k}: {column} is {actual!r} in the table, {expected!r} in the fold"
+                for k, column, actual, expected in self.different]
+        return out
+
+
+def _plain(value):
+    """Table values as the folds write them: naive UTC datetimes, Python ints."""
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
+    return value
+
+
+def _table_rows(settings: Settings, name: str, filters=None) -> list[dict]:
+    return [{k: _plain(v) for k, v in row.items()}
+            for row in read_table(settings.table_path(name), filters=filters).to_pylist()]
+
+
+def _offsets(checkpoint: Path, batch: int, topic: str) -> dict[int, int] | None:
+    """Partition -> end offset of ``batch`` in a Structured Streaming checkpoint (None when not recorded)."""
+    path = checkpoint / "offsets" / str(batch)
+    if not path.exists():
+        return None
+    for line in path.read_text().splitlines()[2:]:  # "v1", batch metadata, then one JSON line per source
+        source = json.loads(line)
+        if isinstance(source, dict) and topic in source:
+            return {int(p): int(o) for p, o in source[topic].items()}
+    return None
+
+
+def _last_batch(checkpoint: Path) -> int | None:
+    commits = checkpoint / "commits"
+    batches = [int(p.name) for p in commits.glob("*") if p.name.isdigit()] if commits.is_dir() else []
+    return max(batches) if batches else None
+
+
+def _position(settings: Settings, name: str) -> tuple[dict[int, int] | None, str]:
+    """The end offsets of the last batch reflected in table ``name``, or (None, why not)."""
+    from deltalake import DeltaTable
+
+    history = DeltaTable(str(settings.table_path(name))).history()
+    written = [json.loads(c["userMetadata"]) for c in history if c.get("userMetadata")]
+    written = [m for m in written if "batch_id" in m and "projection" in m]
+    if not written:
+        return None, f"no projection batch has written {name} yet"
+    last = written[0]  # newest first
+    checkpoint = settings.checkpoints / last["projection"]
+    # Batches after the table's last write that are committed wrote nothing to it: it stands at the newest.
+    batch = max(last["batch_id"], _last_batch(checkpoint) or 0)
+    offsets = _offsets(checkpoint, batch, settings.events_topic)
+    if offsets is None:
+        return None, f"the checkpoint {checkpoint} has no offsets for batch {batch}"
+    return offsets, ""
+
+
+def _archived_events(settings: Settings, position: dict[int, int]) -> list[EventEnvelope]:
+    """The archived events before ``position``, as envelopes (payload fields back under ``payload``); the
+    last answer is kept, as the read models of one projection usually stand at the same position."""
+    from deltalake import DeltaTable
+
+    key = (str(settings.table_path(ARCHIVE_TABLE)), DeltaTable(str(settings.table_path(ARCHIVE_TABLE))).version(),
+           tuple(sorted(position.items())))
+    if _last_archive_read[0] != key:
+        _last_archive_read[:] = [key, _read_archive(settings, position)]
+    return _last_archive_read[1]
+
+
+_last_archive_read: list = [None, None]
+
+
+def _read_archive(settings: Settings, position: dict[int, int]) -> list[EventEnvelope]:
+    events = []
+    for row in _table_rows(settings, ARCHIVE_TABLE):
+        if row["kafka_offset"] >= position.get(row["kafka_partition"], 0):
+            continue
+        event_type = row["event_type"]
+        payload = {f: row[f] for f in EVENTS[event_type] if row.get(f) is not None}
+        events.append(built(
+            EventEnvelope, event_id=row["event_id"], event_type=event_type, schema_version=row["schema_version"],
+            aggregate_type=row["aggregate_type"], aggregate_id=row["aggregate_id"],
+            aggregate_version=row["aggregate_version"],
+            occurred_at=format_time(row["occurred_at"].replace(tzinfo=timezone.utc)),
+            recorded_at=format_time(row["recorded_at"].replace(tzinfo=timezone.utc)),
+            command_id=row["command_id"], correlation_id=row["correlation_id"], causation_id=row["causation_id"],
+            payload=payload))
+    return events
+
+
+def _archive_end(settings: Settings) -> dict[int, int]:
+    checkpoint = settings.checkpoints / f"projection-{ARCHIVE_TABLE}"
+    batch = _last_batch(checkpoint)
+    return {} if batch is None else (_offsets(checkpoint, batch, settings.events_topic) or {})
+
+
+def _windowed_with_late(settings: Settings, name: str, key: tuple[str, ...]) -> dict[tuple, dict]:
+    totals: dict[tuple, dict] = defaultdict(lambda: {"payments": 0, "amount_minor": 0})
+    for row in _table_rows(settings, name):
+        totals[tuple(row[k] for k in key)]["payments"] += row["payments"]
+        totals[tuple(row[k] for k in key)]["amount_minor"] += row["amount_minor"]
+    if (settings.table_path(LATE_EVENTS_TABLE) / "_delta_log").is_dir():
+        for row in _table_rows(settings, LATE_EVENTS_TABLE, filters=[("read_model", "=", name)]):
+            event = json.loads(row["event"])
+            window = (event["merchant_id"], row["event_time"].replace(second=0, microsecond=0))
+            totals[window]["payments"] += 1
+            totals[window]["amount_minor"] += event["amount_minor"]
+    return dict(totals)
+
+
+def reconcile(settings: Settings, name: str, examples: int = 3) -> Reconciliation:
+    """Compare read model ``name`` with the fold of the archived events up to the table's log position."""
+    model = read_models.get(name)
+    if not (settings.table_path(name) / "_delta_log").is_dir():
+        return Reconciliation(name, False, {}, reason=f"no Delta table at {settings.table_path(name)} yet")
+    position, why = _position(settings, name)
+    if position is None:
+        return Reconciliation(name, False, {}, reason=why)
+    archived = _archive_end(settings)
+    behind = {p: o for p, o in position.items() if archived.get(p, 0) < o}
+    if behind:
+        return Reconciliation(name, False, position, reason=(
+            f"the archive (projection-{ARCHIVE_TABLE}) has not reached the table's log position yet "
+            f"(partition: archive end / table end: "
+            + ", ".join(f"p{p}: {archived.get(p, 0)}/{o}" for p, o in sorted(behind.items()))
+            + "); run the projection until both are caught up"))
+    events = _archived_events(settings, position)
+    expected = model.python_fold(events)
+    if model.merge_strategy == WINDOWED_SUM:
+        actual = _windowed_with_late(settings, name, model.key)
+    else:
+        actual = {tuple(row[k] for k in model.key): row for row in _table_rows(settings, name)}
+    missing = [k for k in expected if k not in actual]
+    unexpected = [k for k in actual if k not in expected]
+    different = []
+    for k, row in expected.items():
+        if k in actual:
+            columns = [c for c, v in row.items() if actual[k].get(c) != v]
+            if columns:
+                different.append((k, columns[0], actual[k].get(columns[0]), row[columns[0]]))
+    return Reconciliation(name, True, position, events=len(events), rows=len(actual), expected_rows=len(expected),
+                          missing=tuple(missing[:examples]), unexpected=tuple(unexpected[:examples]),
+                          different=tuple(different[:examples]),
+                          differences=len(missing) + len(unexpected) + len(different))
