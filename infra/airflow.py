@@ -33,7 +33,9 @@ def environment(settings: Settings, base: dict | None = None) -> dict[str, str]:
     env.update(AIRFLOW_HOME=str(airflow_home(settings)), AIRFLOW__CORE__DAGS_FOLDER=str(DAGS_FOLDER),
                AIRFLOW__CORE__LOAD_EXAMPLES="False", EVENTLAKE_HOME=str(settings.home),
                # Spark workers must run this environment's Python (with its packages), not the system one.
-               PYSPARK_PYTHON=env.get("PYSPARK_PYTHON", sys.executable))
+               PYSPARK_PYTHON=env.get("PYSPARK_PYTHON", sys.executable),
+               # `airflow standalone` starts its components as `airflow ...` found on the PATH.
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]))
     return env
 
 

@@ -35,3 +35,18 @@ def test_unknown_keys_in_the_config_file_are_refused(tmp_path):
     config.write_text("topic_prefixx = 'x'\n")
     with pytest.raises(SettingsError, match="unknown setting.*topic_prefixx"):
         Settings.load({"EVENTLAKE_CONFIG": str(config)})
+
+
+def test_the_local_airflow_finds_its_own_commands_and_our_dags(tmp_path):
+    # `airflow standalone` starts its components as `airflow ...` from the PATH: without the venv's bin first,
+    # a shell without the venv activated got "No such file or directory: 'airflow'".
+    import sys
+
+    from infra.airflow import DAGS_FOLDER, environment
+
+    env = environment(Settings(home=tmp_path), base={"PATH": "/usr/bin"})
+    assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
+    assert (Path(env["PATH"].split(":")[0]) / "airflow").exists()
+    assert env["AIRFLOW_HOME"] == str(tmp_path / "airflow") and env["EVENTLAKE_HOME"] == str(tmp_path)
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(DAGS_FOLDER) and (DAGS_FOLDER / "check_read_models.py").exists()
+    assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
