@@ -10,12 +10,17 @@ two records (an event and a result) per command. "drain" preloads the commands a
 from its first committed result to its last, without the client competing for the CPU. The results are
 counted with librdkafka, so the counting costs the handler little CPU.
 
-    .venv/bin/python bench/commands.py [--commands 100000] [--accounts 2000] [--instances 1 2] [--no-raw] [--no-drain]
+    .venv/bin/python bench/commands.py [--commands 100000] [--accounts 2000] [--instances 1 2] [--repeat 1]
+                                       [--no-raw] [--no-drain]
+
+With ``--repeat N`` each end-to-end run is made N times (fresh topics each time) and the median and range are
+printed too: on a shared 2-core host single runs vary by ±20%.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -154,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accounts", type=int, default=2000)
     parser.add_argument("--instances", type=int, nargs="*", default=[1, 2],
                         help="handler counts for the end-to-end runs (none: skip them)")
+    parser.add_argument("--repeat", type=int, default=1, help="end-to-end runs per handler count (median, range)")
     parser.add_argument("--no-raw", action="store_true", help="skip the raw produce ceilings")
     parser.add_argument("--no-drain", action="store_true", help="skip the drain run")
     args = parser.parse_args(argv)
@@ -176,9 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = settings.home / "bench"
     log_dir.mkdir(parents=True, exist_ok=True)
     for n in args.instances:
-        r = end_to_end(fresh(settings, f"x{n}"), records, n, log_dir)
-        print(f"{n} handler instance(s): {r['commands']:,} commands accepted and committed in {r['seconds']:.1f}s "
-              f"= {r['rate']:,.0f} commands/s end to end (sending took {r['send_seconds']:.1f}s)")
+        rates = []
+        for _ in range(max(args.repeat, 1)):
+            r = end_to_end(fresh(settings, f"x{n}"), records, n, log_dir)
+            rates.append(r["rate"])
+            print(f"{n} handler instance(s): {r['commands']:,} commands accepted and committed in {r['seconds']:.1f}s "
+                  f"= {r['rate']:,.0f} commands/s end to end (sending took {r['send_seconds']:.1f}s)", flush=True)
+        if len(rates) > 1:
+            print(f"{n} handler instance(s), {len(rates)} runs: median {statistics.median(rates):,.0f} commands/s "
+                  f"(range {min(rates):,.0f}-{max(rates):,.0f})", flush=True)
     if not args.no_drain:
         r = drain(fresh(settings, "drain"), records, log_dir)
         print(f"drain, 1 handler alone: {r['commands']:,} commands at {r['rate']:,.0f} commands/s "
