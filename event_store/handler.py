@@ -100,6 +100,17 @@ class RebuildStats:
     seconds: float
 
 
+def _rejection(state: AccountState, command: CommandEnvelope, e: CommandRejected, recorded_at: str) -> CommandResult:
+    return CommandResult(command.command_id, command.aggregate_id, "rejected", state.version,
+                         error_type=e.error_type, reason=e.reason, recorded_at=recorded_at)
+
+
+def _accepted(command: CommandEnvelope, state: AccountState, event_ids: list[str], recorded_at: str) -> CommandResult:
+    return built(CommandResult, command_id=command.command_id, aggregate_id=command.aggregate_id,
+                 status="accepted", version=state.version, event_ids=tuple(event_ids), error_type=None,
+                 reason=None, recorded_at=recorded_at, duplicate=False)
+
+
 def execute(state: AccountState, command: CommandEnvelope, recorded_at: str | None = None
             ) -> tuple[AccountState, list[EventEnvelope], CommandResult]:
     """Pure: the new state, the event envelopes to append and the command's result (no Kafka)."""
@@ -107,8 +118,7 @@ def execute(state: AccountState, command: CommandEnvelope, recorded_at: str | No
     try:
         new_events = decide(state, command)
     except CommandRejected as e:
-        return state, [], CommandResult(command.command_id, command.aggregate_id, "rejected", state.version,
-                                        error_type=e.error_type, reason=e.reason, recorded_at=recorded_at)
+        return state, [], _rejection(state, command, e, recorded_at)
     command_id, aggregate_id = command.command_id, command.aggregate_id
     correlation_id = command.correlation_id or command_id
     envelopes = []
@@ -121,10 +131,7 @@ def execute(state: AccountState, command: CommandEnvelope, recorded_at: str | No
                       correlation_id=correlation_id, causation_id=command_id, payload=new.payload)
         state = evolve(state, event)
         envelopes.append(event)
-    return state, envelopes, built(CommandResult, command_id=command_id, aggregate_id=aggregate_id,
-                                   status="accepted", version=state.version,
-                                   event_ids=tuple([e.event_id for e in envelopes]), error_type=None,
-                                   reason=None, recorded_at=recorded_at, duplicate=False)
+    return state, envelopes, _accepted(command, state, [e.event_id for e in envelopes], recorded_at)
 
 
 def execute_encoded(state: AccountState, command: CommandEnvelope, recorded_at: str
@@ -134,8 +141,7 @@ def execute_encoded(state: AccountState, command: CommandEnvelope, recorded_at: 
     try:
         new_events = decide(state, command)
     except CommandRejected as e:
-        return state, [], CommandResult(command.command_id, command.aggregate_id, "rejected", state.version,
-                                        error_type=e.error_type, reason=e.reason, recorded_at=recorded_at)
+        return state, [], _rejection(state, command, e, recorded_at)
     command_id, aggregate_id = command.command_id, command.aggregate_id
     correlation_id = command.correlation_id or command_id
     encoded, event_ids = [], []
@@ -151,9 +157,7 @@ def execute_encoded(state: AccountState, command: CommandEnvelope, recorded_at: 
             "payload": payload if type(payload) is dict else dict(payload)}))
         state = evolve_fields(state, event_type, payload, version)
         event_ids.append(event_id)
-    return state, encoded, built(CommandResult, command_id=command_id, aggregate_id=aggregate_id,
-                                 status="accepted", version=state.version, event_ids=tuple(event_ids),
-                                 error_type=None, reason=None, recorded_at=recorded_at, duplicate=False)
+    return state, encoded, _accepted(command, state, event_ids, recorded_at)
 
 
 class _Rebalance:

@@ -122,9 +122,8 @@ class Projection:
         return process
 
     def _apply_timed(self, ctx: BatchContext, model: ReadModel, events) -> None:
-        started = time.monotonic()
-        apply(ctx, model, events)
-        ctx.steps[model.name] = ctx.steps.get(model.name, 0.0) + time.monotonic() - started
+        with ctx.timed(model.name):
+            apply(ctx, model, events)
 
     def _apply_side_by_side(self, ctx: BatchContext, checked) -> None:
         """Every read model's writes at once, one thread and one Spark session each (its own conf, so each
