@@ -30,7 +30,8 @@ def table_paths(settings: Settings) -> dict[str, Path]:
 
 def query_duckdb(settings: Settings, sql: str) -> tuple[list[str], list[tuple]]:
     import duckdb
-    from deltalake import DeltaTable
+
+    from eventlake.tables import dataset
 
     tables = table_paths(settings)
     if not tables:
@@ -39,8 +40,7 @@ def query_duckdb(settings: Settings, sql: str) -> tuple[list[str], list[tuple]]:
     con = duckdb.connect()
     try:
         for name, path in tables.items():
-            dataset = DeltaTable(str(path)).to_pyarrow_dataset()
-            con.register(name, dataset)
+            con.register(name, dataset(path))
         try:
             result = con.execute(sql)
         except duckdb.Error as e:

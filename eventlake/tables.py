@@ -9,20 +9,18 @@ vectors).
 """
 from __future__ import annotations
 
-__all__ = ["read_table", "TableNotFound"]
+__all__ = ["dataset", "read_table", "TableNotFound"]
 
 
 class TableNotFound(LookupError):
     """No Delta table at the path."""
 
 
-def read_table(path, filters=None, columns: list[str] | None = None):
-    """The current version of the Delta table at ``path`` (or of a ``deltalake.DeltaTable`` already loaded,
-    so that its version and its rows match) as a ``pyarrow.Table``; ``filters`` in pyarrow's DNF form, e.g.
-    ``[("read_model", "=", "payments")]``."""
+def dataset(path):
+    """The current version of the Delta table at ``path`` (or of a ``deltalake.DeltaTable`` already loaded) as a
+    ``pyarrow.dataset.Dataset`` (lazy: DuckDB and pyarrow read only what a query needs)."""
     import pyarrow as pa
     import pyarrow.dataset as ds
-    import pyarrow.parquet as pq
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
@@ -34,7 +32,14 @@ def read_table(path, filters=None, columns: list[str] | None = None):
         except TableNotFoundError:
             raise TableNotFound(f"no Delta table at {path}") from None
     if table.metadata().partition_columns or table.protocol().min_reader_version > 1:
-        return table.to_pyarrow_table(filters=filters, columns=columns)
-    schema = pa.schema(table.schema().to_arrow())
-    dataset = ds.dataset(table.file_uris(), schema=schema, format="parquet")
-    return dataset.to_table(columns=columns, filter=pq.filters_to_expression(filters) if filters else None)
+        return table.to_pyarrow_dataset()
+    return ds.dataset(table.file_uris(), schema=pa.schema(table.schema().to_arrow()), format="parquet")
+
+
+def read_table(path, filters=None, columns: list[str] | None = None):
+    """The current version of the Delta table at ``path`` (or of a ``deltalake.DeltaTable`` already loaded,
+    so that its version and its rows match) as a ``pyarrow.Table``; ``filters`` in pyarrow's DNF form, e.g.
+    ``[("read_model", "=", "payments")]``."""
+    import pyarrow.parquet as pq
+
+    return dataset(path).to_table(columns=columns, filter=pq.filters_to_expression(filters) if filters else None)

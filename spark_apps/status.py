@@ -76,6 +76,8 @@ def projection_statuses(settings: Settings, log_end: int | None) -> list[Project
 def table_statuses(settings: Settings) -> list[TableStatus]:
     from deltalake import DeltaTable
 
+    from eventlake.tables import dataset
+
     names = [*read_models.REGISTRY, "event_archive", "late_events", "_dead_letters/events"]
     out = []
     for name in names:
@@ -84,7 +86,7 @@ def table_statuses(settings: Settings) -> list[TableStatus]:
             out.append(TableStatus(name, None, None, path))
             continue
         table = DeltaTable(str(path))
-        out.append(TableStatus(name, table.to_pyarrow_dataset().count_rows(), table.version(), path))
+        out.append(TableStatus(name, dataset(table).count_rows(), table.version(), path))
     return out
 
 
