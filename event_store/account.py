@@ -46,6 +46,8 @@ class AccountState:
     payments_authorized: int = 0
     payments_declined: int = 0
     last_device_location: str | None = None
+    # Every payment id this account has seen (authorized or declined): a payment id is used once per account.
+    payment_ids: frozenset = frozenset()
 
     @property
     def available_minor(self) -> int:
@@ -62,6 +64,9 @@ def decide(state: AccountState, command: CommandEnvelope) -> list[NewEvent]:
     kind = command.command_type
     if kind == "AuthorizePayment" and state.opened:  # by far the most frequent command: tested first
         currency = p["currency"]
+        if p["payment_id"] in state.payment_ids:
+            raise CommandRejected("DuplicatePayment", f"payment {p['payment_id']} was already attempted on account "
+                                                      f"{state.account_id}; a payment id is used once")
         if currency != state.currency:
             raise CommandRejected("CurrencyMismatch", f"payment {p['payment_id']} is in {currency} but "
                                                       f"account {state.account_id} is in {state.currency}")
@@ -117,9 +122,11 @@ def evolve_fields(state: AccountState, kind: str, p: Mapping[str, Any], version:
                        credit_limit_minor=p["credit_limit_minor"], currency=p["currency"])
     elif kind == "PaymentAuthorized":
         changes.update(authorized_total_minor=state.authorized_total_minor + p["amount_minor"],
-                       payments_authorized=state.payments_authorized + 1)
+                       payments_authorized=state.payments_authorized + 1,
+                       payment_ids=state.payment_ids | {p["payment_id"]})
     elif kind == "PaymentDeclined":
-        changes.update(payments_declined=state.payments_declined + 1)
+        changes.update(payments_declined=state.payments_declined + 1,
+                       payment_ids=state.payment_ids | {p["payment_id"]})
     elif kind == "DeviceLocationReported":
         changes.update(last_device_location=p["location"])
     elif kind == "AccountFrozen":

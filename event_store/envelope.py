@@ -62,9 +62,12 @@ def _require(obj: Mapping[str, Any], name: str, kind: type | tuple[type, ...], w
     return value
 
 
-def _load_json(raw: bytes | str, what: str) -> dict[str, Any]:
+def _load_json(raw: bytes | str | None, what: str) -> dict[str, Any]:
+    if raw is None:
+        raise InvalidRecord(f"{what}: the record has no value (null: a tombstone or a record written without one)")
     try:
-        obj = json.loads(raw)
+        # UTF-8 only (json.loads would also guess UTF-16/32 from bytes), as every reader of the log decodes it.
+        obj = json.loads(raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InvalidRecord(f"{what}: not valid JSON ({e})") from None
     if not isinstance(obj, dict):
@@ -116,34 +119,38 @@ class EventEnvelope:
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> "EventEnvelope":
-        what = f"event {obj.get('event_id', '?')}"
-        event_type = _require(obj, "event_type", str, what)
-        if event_type not in schemas.EVENTS:
-            raise InvalidRecord(f"{what}: unknown event_type {event_type!r}; known: {', '.join(schemas.EVENTS)}")
-        version = _require(obj, "aggregate_version", int, what)
-        if version < 1:
-            raise InvalidRecord(f"{what}: aggregate_version must be >= 1, got {version}")
-        for name in ("occurred_at", "recorded_at"):
-            parse_time(_require(obj, name, str, what), f"{what}: {name}")
-        payload = _require(obj, "payload", dict, what)
+        """The event ``obj`` describes, upcast to the current schema; InvalidRecord naming the first problem.
+        Validity is schemas.EVENT_ENVELOPE, then schemas.EVENTS[event_type] after upcasting: the one definition
+        the Spark side is generated from too (spark_apps.events)."""
+        if not isinstance(obj, Mapping):
+            raise InvalidRecord(f"event: expected a JSON object, got {type(obj).__name__}")
+        event_id = obj.get("event_id")
+        what = f"event {event_id if isinstance(event_id, str) and len(event_id) <= 100 else '?'}"
+        schemas.validate_fields(schemas.EVENT_ENVELOPE, obj, what)
+        event_type = obj["event_type"]
         # Old schema versions are upcast here, so every reader sees the current version only.
         try:
-            schema_version, payload = upcast(event_type, _require(obj, "schema_version", int, what), payload, what)
+            schema_version, payload = upcast(event_type, obj["schema_version"], obj["payload"], what)
         except UnknownSchemaVersion as e:
             raise InvalidRecord(str(e)) from None
         schemas.validate_payload(schemas.EVENTS[event_type], payload, f"{what} ({event_type})")
+        misused = (schemas.misused_string_name(obj, schemas.EVENT_ENVELOPE)
+                   or schemas.misused_string_name(obj["payload"], schemas.EVENTS[event_type]))
+        if misused:
+            raise InvalidRecord(f"{what}: a field named '{misused}' beyond the schema holds a value that is not a "
+                                f"string (a name of the event schema's string fields must hold a string)")
         return cls(
-            event_id=_require(obj, "event_id", str, what),
+            event_id=obj["event_id"],
             event_type=event_type,
             schema_version=schema_version,
-            aggregate_type=_require(obj, "aggregate_type", str, what),
-            aggregate_id=_require(obj, "aggregate_id", str, what),
-            aggregate_version=version,
+            aggregate_type=obj["aggregate_type"],
+            aggregate_id=obj["aggregate_id"],
+            aggregate_version=obj["aggregate_version"],
             occurred_at=obj["occurred_at"],
             recorded_at=obj["recorded_at"],
-            command_id=_require(obj, "command_id", str, what),
-            correlation_id=_require(obj, "correlation_id", str, what),
-            causation_id=_require(obj, "causation_id", str, what),
+            command_id=obj["command_id"],
+            correlation_id=obj["correlation_id"],
+            causation_id=obj["causation_id"],
             payload=payload,
         )
 
@@ -189,26 +196,30 @@ class CommandEnvelope:
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> "CommandEnvelope":
-        what = f"command {obj.get('command_id', '?')}"
-        command_id = _require(obj, "command_id", str, what)
+        if not isinstance(obj, Mapping):
+            raise InvalidRecord(f"command: expected a JSON object, got {type(obj).__name__}")
+        command_id = obj.get("command_id")
+        what = f"command {command_id if isinstance(command_id, str) and len(command_id) <= 100 else '?'}"
         command_type = _require(obj, "command_type", str, what)
         if command_type not in schemas.COMMANDS:
-            raise InvalidRecord(f"{what}: unknown command_type {command_type!r}; "
+            raise InvalidRecord(f"{what}: unknown command_type {_short(command_type)}; "
                                 f"known: {', '.join(schemas.COMMANDS)}")
-        aggregate_id = _require(obj, "aggregate_id", str, what)
-        if not aggregate_id.strip():
-            raise InvalidRecord(f"{what}: aggregate_id is empty")
+        schemas.validate_fields(schemas.COMMAND_ENVELOPE, obj, what)
         expected = obj.get("expected_version")
-        if expected is not None and (not isinstance(expected, int) or isinstance(expected, bool) or expected < 0):
-            raise InvalidRecord(f"{what}: expected_version must be a non-negative integer, got {expected!r}")
+        if expected is not None and (not isinstance(expected, int) or isinstance(expected, bool) or expected < 0
+                                     or expected > schemas.VERSION_MAX):
+            raise InvalidRecord(f"{what}: expected_version must be a non-negative integer, got {_short(expected)}")
         payload = _require(obj, "payload", dict, what)
         schemas.validate_payload(schemas.COMMANDS[command_type], payload, f"{what} ({command_type})")
-        issued_at = obj.get("issued_at") or utc_now()
-        parse_time(issued_at, f"{what}: issued_at")
-        return cls(command_id=command_id, command_type=command_type, aggregate_id=aggregate_id,
+        return cls(command_id=obj["command_id"], command_type=command_type, aggregate_id=obj["aggregate_id"],
                    payload=payload, aggregate_type=obj.get("aggregate_type") or "account",
-                   expected_version=expected, issued_at=issued_at,
+                   expected_version=expected, issued_at=obj.get("issued_at") or utc_now(),
                    correlation_id=obj.get("correlation_id"), causation_id=obj.get("causation_id"))
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text):,} characters)"
 
 
 @dataclass(frozen=True)
@@ -264,20 +275,20 @@ def built(cls: type, **fields: Any) -> Any:
     return obj
 
 
-class _CommandHead(msgspec.Struct):
-    """A command envelope as the fast path reads it: the payload is left as raw JSON for its type's decoder."""
-    command_id: str
-    command_type: str
-    aggregate_id: str
-    payload: msgspec.Raw
-    aggregate_type: str | None = None
-    expected_version: Annotated[int, msgspec.Meta(ge=0)] | None = None
-    issued_at: str | None = None
-    correlation_id: str | None = None
-    causation_id: str | None = None
+def _command_head():
+    """A command envelope as the fast path reads it: the envelope fields with their constraints from
+    schemas.COMMAND_ENVELOPE, the payload left as raw JSON for its type's decoder."""
+    fields = [("command_type", str), ("payload", msgspec.Raw)]
+    for name, spec in schemas.COMMAND_ENVELOPE.items():
+        fields.append((name, spec.msgspec_type()) if spec.required else (name, spec.msgspec_type(), None))
+    fields.append(("expected_version", Annotated[int, msgspec.Meta(ge=0, le=schemas.VERSION_MAX)] | None, None))
+    return msgspec.defstruct("CommandHead", fields, kw_only=True)
 
 
+_CommandHead = _command_head()
 _HEAD = msgspec.json.Decoder(_CommandHead)
+_TIME_FIELD = schemas.COMMAND_ENVELOPE["issued_at"]
+_TIME_PROBLEM = schemas.field_problem
 _UNSET = msgspec.UNSET
 
 
@@ -287,7 +298,7 @@ def _plain_command(cls: type[CommandEnvelope], raw: bytes | str) -> CommandEnvel
     try:
         head = _HEAD.decode(raw)
         schema = schemas.COMMANDS.get(head.command_type)
-        if schema is None or not head.aggregate_id.strip():
+        if schema is None:
             return None
         decoder, optional = schemas.payload_decoder(schema)
         payload = msgspec.structs.asdict(decoder.decode(head.payload))
@@ -296,11 +307,14 @@ def _plain_command(cls: type[CommandEnvelope], raw: bytes | str) -> CommandEnvel
     for name in optional:  # absent from the JSON: absent from the payload, as json.loads gives it
         if payload[name] is _UNSET:
             del payload[name]
-    issued_at = head.issued_at or utc_now()
-    try:
-        if datetime.fromisoformat(issued_at.replace("Z", "+00:00")).tzinfo is None:
+    # The patterns admit impossible dates (February 30th) and times out of range: the full check decides.
+    for name in schemas.time_fields(schema):
+        if payload.get(name) is not None and _TIME_PROBLEM(_TIME_FIELD, payload[name]):
             return None
-    except ValueError:
+    issued_at = head.issued_at
+    if issued_at is None:
+        issued_at = utc_now()
+    elif _TIME_PROBLEM(_TIME_FIELD, issued_at):
         return None
     # The dataclass is frozen and has no __post_init__: filling its __dict__ builds the same object as
     # __init__, without a guarded setattr per field.

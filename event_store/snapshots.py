@@ -108,8 +108,10 @@ def snapshot_records(part: PartitionState) -> list[tuple[bytes, bytes]]:
 
 
 def _state_fields(state: AccountState) -> dict:
-    """``dataclasses.asdict(state)`` (every field is a plain value, so no deep copy is needed)."""
-    return state.__dict__
+    """``dataclasses.asdict(state)`` with the payment ids as a list (JSON has no sets)."""
+    fields = dict(state.__dict__)
+    fields["payment_ids"] = sorted(state.payment_ids)
+    return fields
 
 
 def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionState | None:
@@ -131,7 +133,9 @@ def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionSt
                                 f"missing or from another snapshot; delete the snapshot key to rebuild from the log")
         for entry in chunk["accounts"]:
             if entry["state"] is not None:
-                part.accounts[entry["account_id"]] = AccountState(**entry["state"])
+                state = entry["state"]
+                state["payment_ids"] = frozenset(state.get("payment_ids") or ())
+                part.accounts[entry["account_id"]] = AccountState(**state)
             for row in entry["results"]:
                 part._remember_row(entry["account_id"], row)
     return part

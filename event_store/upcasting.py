@@ -21,7 +21,9 @@ class UnknownSchemaVersion(ValueError):
 
 def _payment_authorized_1_to_2(payload: dict[str, Any]) -> dict[str, Any]:
     # v1 had no merchant_country; the payment's location (a region code like US-NYC) names the country.
-    return {**payload, "merchant_country": country_of(payload["location"])}
+    # A payload without a readable location gets none: validation then names the location as the problem.
+    location = payload.get("location")
+    return {**payload, "merchant_country": country_of(location) if isinstance(location, str) else None}
 
 
 # (event_type, from_version) -> payload at from_version + 1.

@@ -1,4 +1,4 @@
-"""Expectations of ``payments``: one row per payment, a positive amount, a decline reason exactly when declined."""
+"""Expectations of ``payments``: one row per payment of an account, a positive amount, a decline reason exactly when declined."""
 from __future__ import annotations
 
 from event_store.account import DECLINE_REASONS
@@ -13,7 +13,7 @@ def expectations(gx) -> list:
     e = gx.expectations
     return [
         e.ExpectColumnValuesToNotBeNull(column="payment_id"),
-        e.ExpectColumnValuesToBeUnique(column="payment_id"),
+        e.ExpectCompoundColumnsToBeUnique(column_list=["account_id", "payment_id"]),
         e.ExpectColumnValuesToNotBeNull(column="account_id"),
         e.ExpectColumnValuesToNotBeNull(column="merchant_id"),
         e.ExpectColumnValuesToNotBeNull(column="event_id"),

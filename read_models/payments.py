@@ -1,4 +1,8 @@
-"""``payments``: one row per payment attempt, authorized or declined (an insert-once ledger)."""
+"""``payments``: one row per payment attempt, authorized or declined (an insert-once ledger).
+
+A payment is identified within its account (the aggregate that decided it, which refuses a payment id it has
+seen): the key is (account_id, payment_id), so two accounts that happen to use one payment id keep a row each
+and the table always agrees with ``account_summary``'s counts."""
 from __future__ import annotations
 
 from typing import Any, Iterable
@@ -44,11 +48,11 @@ def _fold(events):
 def python_fold(events: Iterable[EventEnvelope]) -> dict[tuple, dict[str, Any]]:
     rows: dict[tuple, dict[str, Any]] = {}
     for e in events:
-        if e.event_type not in EVENT_TYPES or (e.payload["payment_id"],) in rows:
+        if e.event_type not in EVENT_TYPES or (e.aggregate_id, e.payload["payment_id"]) in rows:
             continue
         p = e.payload
         authorized = e.event_type == "PaymentAuthorized"
-        rows[(p["payment_id"],)] = {
+        rows[(e.aggregate_id, p["payment_id"])] = {
             "payment_id": p["payment_id"], "account_id": e.aggregate_id, "merchant_id": p["merchant_id"],
             "amount_minor": p["amount_minor"], "currency": p["currency"], "location": p["location"],
             "merchant_country": p.get("merchant_country") if authorized else None,
@@ -61,7 +65,7 @@ def python_fold(events: Iterable[EventEnvelope]) -> dict[tuple, dict[str, Any]]:
 
 MODEL = ReadModel(
     name="payments",
-    key=("payment_id",),
+    key=("account_id", "payment_id"),
     event_types=EVENT_TYPES,
     schema=_schema,
     fold=_fold,

@@ -4,7 +4,8 @@ Pure DataFrame -> DataFrame functions; the writer lives in ``projection``.
 """
 from __future__ import annotations
 
-from event_store.schemas import EVENT_SCHEMA_VERSIONS, EVENTS
+from event_store.schemas import EVENT_ENVELOPE, EVENT_SCHEMA_VERSIONS, EVENT_TIME_MAX, EVENT_TIME_MIN, EVENTS, Field, \
+    string_field_names
 
 __all__ = ["envelope_schema", "read_event_records", "parse_events", "check_records", "split_checked", "upcast_rows", "missing_spark_upcasters", "DEAD_LETTER_COLUMNS",
            "EVENT_COLUMNS"]
@@ -13,6 +14,15 @@ __all__ = ["envelope_schema", "read_event_records", "parse_events", "check_recor
 _PAYLOAD_LONGS = ("credit_limit_minor", "amount_minor")
 _PAYLOAD_STRINGS = ("customer_id", "currency", "payment_id", "merchant_id", "location", "reason", "rule",
                     "evidence", "merchant_country")
+# The columns are named here (their order is the tables' column order); which fields exist and what a valid
+# value is comes from event_store.schemas, and these must be exactly its payload fields by type.
+_SCHEMA_FIELDS = {(n, spec.kind) for schema in EVENTS.values() for n, spec in schema.items()}
+if _SCHEMA_FIELDS != {(n, str) for n in _PAYLOAD_STRINGS} | {(n, int) for n in _PAYLOAD_LONGS}:
+    raise ImportError(f"spark_apps.events: payload columns differ from event_store.schemas.EVENTS: "
+                      f"{sorted(_SCHEMA_FIELDS)}")
+if any(not spec.required for schema in EVENTS.values() for spec in schema.values() if spec.kind is int):
+    raise ImportError("spark_apps.events: an optional integer payload field cannot be told apart from one of "
+                      "another JSON type by Spark's reader; give it a check here first")
 
 
 def _spark_upcasters():
@@ -82,45 +92,119 @@ def parse_events(records):
     return split_checked(check_records(records))
 
 
+def _java_pattern(pattern: str) -> str:
+    """A schemas pattern for Spark's rlike (Java regex): \\Z is Python's end of input, \\z Java's; (?U) gives
+    \\d, \\s and \\S their Unicode meaning, as in Python's str patterns."""
+    return "(?U)" + pattern.replace("\\Z", "\\z")
+
+
+def _field_problems(spec: Field, value, F) -> list:
+    """(bad value condition, problem text) pairs for a non-null ``value`` column, generated from ``spec`` as
+    schemas.field_problem checks it in Python (the Spark JSON reader already nulls longs of another type)."""
+    out = []
+    if spec.choices is not None:
+        out.append((~value.isin(*sorted(spec.choices)), f"is not {spec.describe or 'an allowed value'}"))
+    if spec.max_length is not None:
+        out.append((F.length(value) > spec.max_length, f"is longer than {spec.max_length} characters"))
+    if spec.timestamp:
+        instant = value.try_cast("timestamp")
+        out.append((~value.rlike(_java_pattern(spec.pattern)) | instant.isNull(),
+                    "is not an ISO-8601 UTC timestamp (e.g. 2026-01-01T00:00:00Z)"))
+        out.append(((instant < F.lit(EVENT_TIME_MIN.replace(tzinfo=None)))
+                    | (instant >= F.lit(EVENT_TIME_MAX.replace(tzinfo=None))),
+                    f"is out of range: event times lie from {EVENT_TIME_MIN:%Y-%m-%d} up to (not including) "
+                    f"{EVENT_TIME_MAX:%Y-%m-%d}"))
+    elif spec.pattern is not None:
+        out.append((~value.rlike(_java_pattern(spec.pattern)),
+                    "must not be empty" if spec.pattern == r"\S" else f"is not {spec.describe}"))
+    if spec.gt is not None:
+        out.append((value <= spec.gt, f"must be > {spec.gt}"))
+    if spec.le is not None:
+        out.append((value > spec.le, f"must be <= {spec.le:,}"))
+    return out
+
+
+# Spark's JSON reader gives a string column the text of ANY JSON value (a number 5 becomes "5"), where Python
+# sees an int: a member named like a string field whose value starts like a number, a boolean, an array or an
+# object is found in the record's text, at any depth (schemas.misused_string_name is the same rule in Python).
+# Inside a JSON string a quote is escaped, so the pattern only matches a real member name.
+_NOT_A_STRING = '"(' + "|".join(sorted(string_field_names())) + r')"\s*:\s*([-0-9tf\[{])'
+
+
+def _envelope_reason(e, text, F):
+    """The first problem of the envelope, in schemas.EVENT_ENVELOPE's order (null when there is none)."""
+    reason = F.when(e.isNull() | (e["event_id"].isNull() & e["event_type"].isNull()),
+                    F.lit("not an event envelope: invalid JSON or no event_id/event_type"))
+    for name, spec in EVENT_ENVELOPE.items():
+        value = e[name]
+        reason = reason.when(value.isNull(), F.lit(f"missing required field '{name}'"))
+        for bad, problem in _field_problems(spec, value, F):
+            reason = reason.when(bad, F.lit(f"field '{name}' {problem}"))
+        if name == "schema_version":
+            current = _current_version(e["event_type"])
+            reason = reason.when(value > current, F.format_string(
+                "%s schema_version %d is newer than this code reads (up to %d); upgrade eventlake",
+                e["event_type"], value, current))
+    return reason.when(text.rlike(_NOT_A_STRING), F.format_string(
+        "field '%s' must be a JSON string, got a value starting with %s", F.regexp_extract(text, _NOT_A_STRING, 1),
+        F.regexp_extract(text, _NOT_A_STRING, 2)))
+
+
+def _payload_reason(F):
+    """The first problem of the (upcast) payload columns for the row's event type, from schemas.EVENTS."""
+    kind = F.col("event_type")
+    reason = None
+    for name in (*_PAYLOAD_STRINGS, *_PAYLOAD_LONGS):
+        value = F.col(name)
+        by_spec: dict[Field, list[str]] = {}
+        for event_type, schema in EVENTS.items():
+            if name in schema:
+                by_spec.setdefault(schema[name], []).append(event_type)
+        for spec, types in by_spec.items():
+            applies = kind.isin(*types)
+            checks = [(value.isNull(), f"payload is missing required field '{name}'")] if spec.required else []
+            checks += [(value.isNotNull() & bad, f"payload field '{name}' {problem}")
+                       for bad, problem in _field_problems(spec, value, F)]
+            for bad, problem in checks:
+                condition = applies & bad
+                reason = F.when(condition, F.lit(problem)) if reason is None else reason.when(condition, F.lit(problem))
+    return reason
+
+
 def check_records(records):
-    """Kafka records -> flattened event rows with a ``_reason`` (null when the record is a valid event) and the
-    record's bytes kept only where there is a reason. Persist this when both halves are used, so the JSON is
-    parsed once and the cache holds typed columns, not the raw records."""
+    """Kafka records -> flattened event rows (upcast to the current schema versions) with a ``_reason`` (null
+    when the record is a valid event) and the record's bytes kept only where there is a reason. What a valid
+    event is comes from event_store.schemas, the definition the Python readers use too. Persist this when both
+    halves are used, so the JSON is parsed once and the cache holds typed columns, not the raw records."""
     from pyspark.sql import functions as F
 
     e = F.col("e")
+    text = F.col("_text")
     parsed = records.select(
-        F.col("value"), F.col("topic").alias("kafka_topic"), F.col("partition").alias("kafka_partition"),
-        F.col("offset").alias("kafka_offset"),
+        F.col("value"), F.col("value").cast("string").alias("_text"), F.col("topic").alias("kafka_topic"),
+        F.col("partition").alias("kafka_partition"), F.col("offset").alias("kafka_offset"),
+    ).select(
+        "value", "_text", "kafka_topic", "kafka_partition", "kafka_offset",
         # explode of a one-element array: the same row, but a filter on the parsed fields cannot be pushed
         # below it, so the JSON is parsed once even when both halves (events, dead letters) are read.
-        F.explode(F.array(F.from_json(F.col("value").cast("string"), envelope_schema(),
-                                      {"mode": "PERMISSIVE"}))).alias("e"),
-    ).withColumns({"occurred_ts": e["occurred_at"].cast("timestamp"),
-                   "recorded_ts": e["recorded_at"].cast("timestamp")})
-    reason = (
-        F.when(e.isNull() | (e["event_id"].isNull() & e["event_type"].isNull()),
-               F.lit("not an event envelope: invalid JSON or no event_id/event_type"))
-        .when(e["event_id"].isNull(), F.lit("missing event_id"))
-        .when(e["event_type"].isNull(), F.lit("missing event_type"))
-        .when(~e["event_type"].isin(*EVENTS), F.concat(F.lit("unknown event_type "), e["event_type"]))
-        .when(e["aggregate_id"].isNull(), F.lit("missing aggregate_id"))
-        .when(e["aggregate_version"].isNull() | (e["aggregate_version"] < 1),
-              F.lit("aggregate_version missing or < 1"))
-        .when(e["schema_version"].isNull() | (e["schema_version"] < 1), F.lit("schema_version missing or < 1"))
-        .when(e["schema_version"] > _current_version(e["event_type"]),
-              F.format_string("%s schema_version %d is newer than this code reads (up to %d); upgrade eventlake",
-                              e["event_type"], e["schema_version"], _current_version(e["event_type"])))
-        .when(F.col("occurred_ts").isNull(), F.lit("occurred_at missing or not an ISO-8601 timestamp"))
-        .when(F.col("recorded_ts").isNull(), F.lit("recorded_at missing or not an ISO-8601 timestamp"))
+        F.explode(F.array(F.from_json(text, envelope_schema(), {"mode": "PERMISSIVE"}))).alias("e"),
     )
     envelope_fields = ("event_id", "event_type", "schema_version", "aggregate_type", "aggregate_id",
-                       "aggregate_version")
-    return parsed.withColumn("_reason", reason).select(
+                       "aggregate_version", "occurred_at", "recorded_at", "command_id", "correlation_id",
+                       "causation_id")
+    flat = parsed.select(
         *[e[n].alias(n) for n in envelope_fields],
-        F.col("occurred_ts").alias("occurred_at"), F.col("recorded_ts").alias("recorded_at"),
-        *[e[n].alias(n) for n in ("command_id", "correlation_id", "causation_id")],
         *[e["payload"][n].alias(n) for n in (*_PAYLOAD_STRINGS, *_PAYLOAD_LONGS)],
+        "kafka_topic", "kafka_partition", "kafka_offset", "value",
+        _envelope_reason(e, text, F).alias("_envelope_reason"))
+    flat = upcast_rows(flat)
+    reason = F.coalesce(F.col("_envelope_reason"), _payload_reason(F))
+    return flat.withColumn("_reason", reason).select(
+        *[F.col(n) for n in envelope_fields[:6]],
+        F.col("occurred_at").try_cast("timestamp").alias("occurred_at"),
+        F.col("recorded_at").try_cast("timestamp").alias("recorded_at"),
+        *[F.col(n) for n in envelope_fields[8:]],
+        *[F.col(n) for n in (*_PAYLOAD_STRINGS, *_PAYLOAD_LONGS)],
         "kafka_topic", "kafka_partition", "kafka_offset", "_reason",
         F.when(F.col("_reason").isNotNull(), F.col("value")).alias("_raw"))
 

@@ -23,6 +23,7 @@ from eventlake.settings import Settings
 from read_models.spec import ReadModel
 from spark_apps.events import check_records, parse_events, read_event_records, split_checked
 from spark_apps.merge import BatchContext, apply, bookkeeping_tables, ensure_table
+from spark_apps import sequence
 
 __all__ = ["Projection", "ProjectionError", "ProjectionRun", "DEAD_LETTER_TABLE", "ARCHIVE_TABLE", "main"]
 
@@ -77,6 +78,9 @@ class Projection:
         tables = {DEAD_LETTER_TABLE: (_dead_letter_schema(), None)}
         if self.archive:
             tables[ARCHIVE_TABLE] = (event_rows, ARCHIVE_STATS_COLUMNS)
+        if self.models:
+            tables[sequence.ledger_table(self.name)] = (sequence.ledger_schema(), ("aggregate_id",))
+            tables[sequence.held_table(self.name)] = (event_rows, None)
         for model in self.models:
             tables[model.name] = (model.schema(), model.stats_columns or model.key)
             tables.update({name: (schema, None) for name, schema in bookkeeping_tables(model, event_rows).items()})
@@ -113,10 +117,16 @@ class Projection:
                     ctx.append(dead, DEAD_LETTER_TABLE)
                     self.log(f"projection: batch {batch_id}: record(s) that are not valid events -> "
                              f"dead-letter table {self.settings.table_path(DEAD_LETTER_TABLE)}")
+                # The events every read model applies: each aggregate's once, in version order (spark_apps.sequence).
+                admission = sequence.admit(ctx, events, self.name)
+                if admission.conflicts:
+                    self.log(f"projection: batch {batch_id}: {admission.conflicts} version conflict(s) (a different "
+                             f"event at a version already taken) -> dead-letter table "
+                             f"{self.settings.table_path(DEAD_LETTER_TABLE)}")
                 if len(self.models) == 1:
-                    self._apply_timed(ctx, self.models[0], events)
+                    self._apply_timed(ctx, self.models[0], admission.events)
                 else:
-                    self._apply_side_by_side(ctx, checked)
+                    self._apply_side_by_side(ctx, admission.events)
             finally:
                 checked.unpersist()
         return process
@@ -125,21 +135,22 @@ class Projection:
         with ctx.timed(model.name):
             apply(ctx, model, events)
 
-    def _apply_side_by_side(self, ctx: BatchContext, checked) -> None:
+    def _apply_side_by_side(self, ctx: BatchContext, events) -> None:
         """Every read model's writes at once, one thread and one Spark session each (its own conf, so each
-        MERGE carries its own idempotent-write ids), reading the one cached batch through a global temporary
-        view. While one model's commit runs on the driver, another's tasks keep the cores busy."""
+        MERGE carries its own idempotent-write ids), reading the batch's admitted events (over the one cached
+        batch) through a global temporary view. While one model's commit runs on the driver, another's tasks
+        keep the cores busy."""
         from concurrent.futures import ThreadPoolExecutor
 
         spark = ctx.spark
         view = f"eventlake_batch_{ctx.app_id}_{ctx.batch_id}"
-        checked.createOrReplaceGlobalTempView(view)
+        events.createOrReplaceGlobalTempView(view)
 
         def run(model: ReadModel) -> None:
             session = self._model_sessions.get(model.name)
             if session is None:  # one per model for the projection's life (not one per batch: sessions pile up)
                 session = self._model_sessions[model.name] = spark.newSession()
-            events, _ = split_checked(session.table(f"global_temp.{view}"))
+            events = session.table(f"global_temp.{view}")
             own = BatchContext(session, self.settings, ctx.app_id, ctx.projection, ctx.batch_id, ctx.input_rows,
                                steps=ctx.steps)
             self._apply_timed(own, model, events)

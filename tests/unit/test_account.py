@@ -126,3 +126,28 @@ def test_evolve_refuses_unknown_event_types():
 def test_invalid_commands_are_refused_with_the_field_and_reason(payload, message):
     with pytest.raises(InvalidRecord, match=message):
         CommandEnvelope.create("AuthorizePayment", "acc-1", payload)
+
+
+def test_a_payment_id_already_attempted_on_the_account_is_rejected_whatever_its_command_id():
+    # Two commands (different command_ids) for one payment: the second is not a second payment.
+    state, events, results = run(open_cmd(limit=1000), pay(5000, "p1"), pay(100, "p1"), pay(100, "p2"))
+    assert [r.error_type for r in results] == [None, None, "DuplicatePayment", None]
+    assert "p1" in results[2].reason and "acc-1" in results[2].reason
+    assert [e.event_type for e in events] == ["AccountOpened", "PaymentDeclined", "PaymentAuthorized"]
+    assert (state.payments_declined, state.payments_authorized, state.payment_ids) == (1, 1, {"p1", "p2"})
+
+
+def test_payment_ids_survive_a_snapshot():
+    from event_store.snapshots import PartitionState, load_snapshot, snapshot_records
+
+    state, _, _ = run(open_cmd(), pay(100, "p1"), pay(200, "p2"))
+    part = PartitionState(0, accounts={"acc-1": state})
+
+    class Record:
+        def __init__(self, key, value):
+            self.key, self.value = key, value
+
+    loaded = load_snapshot([Record(k, v) for k, v in snapshot_records(part)], 0, 100)
+    assert loaded.accounts["acc-1"] == state
+    with pytest.raises(CommandRejected, match="DuplicatePayment|already attempted"):
+        decide(loaded.accounts["acc-1"], pay(1, "p2"))

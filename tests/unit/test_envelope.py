@@ -35,7 +35,7 @@ def test_command_round_trips_through_json():
     (b'{"command_id": "c1", "command_type": "Teleport", "aggregate_id": "a", "payload": {}}',
      "unknown command_type 'Teleport'"),
     (b'{"command_id": "c1", "command_type": "FreezeAccount", "aggregate_id": " ", "payload": {}}',
-     "aggregate_id is empty"),
+     "field .aggregate_id. must not be empty"),
     (b'{"command_id": "c1", "command_type": "FreezeAccount", "aggregate_id": "a", "payload": {},'
      b' "expected_version": -1}', "expected_version must be a non-negative integer"),
     (b'{"command_type": "FreezeAccount", "aggregate_id": "a", "payload": {}}', "missing required field 'command_id'"),
@@ -48,7 +48,7 @@ def test_bad_commands_name_the_reason(raw, message):
 def test_bad_events_name_the_reason():
     obj = json.loads(an_event().to_json())
     obj["aggregate_version"] = 0
-    with pytest.raises(InvalidRecord, match="aggregate_version must be >= 1"):
+    with pytest.raises(InvalidRecord, match="field .aggregate_version. must be > 0"):
         EventEnvelope.from_dict(obj)
     obj = json.loads(an_event().to_json())
     obj["occurred_at"] = "yesterday"
