@@ -11,7 +11,8 @@ from typing import Any, Mapping, NamedTuple
 from event_store.envelope import CommandEnvelope, EventEnvelope
 from event_store.schemas import country_of
 
-__all__ = ["AccountState", "NewEvent", "CommandRejected", "decide", "evolve", "evolve_fields", "DECLINE_REASONS"]
+__all__ = ["AccountState", "NewEvent", "CommandRejected", "decide", "evolve", "evolve_fields", "quarantined",
+           "DECLINE_REASONS"]
 
 AGGREGATE_TYPE = "account"
 DECLINE_REASONS = ("over_credit_limit", "account_frozen")
@@ -48,6 +49,9 @@ class AccountState:
     last_device_location: str | None = None
     # Every payment id this account has seen (authorized or declined): a payment id is used once per account.
     payment_ids: frozenset = frozenset()
+    # (record, reason) when the events topic holds a record of this account that cannot be read (record is
+    # "topic/partition/offset"): the account takes no command but ResolveQuarantine until an operator decides.
+    quarantine: tuple[str, str] | None = None
 
     @property
     def available_minor(self) -> int:
@@ -62,6 +66,8 @@ def decide(state: AccountState, command: CommandEnvelope) -> list[NewEvent]:
                               f"but it is at version {state.version}")
     p = command.payload
     kind = command.command_type
+    if state.quarantine is not None or kind == "ResolveQuarantine":
+        return _decide_quarantine(state, command)
     if kind == "AuthorizePayment" and state.opened:  # by far the most frequent command: tested first
         currency = p["currency"]
         if p["payment_id"] in state.payment_ids:
@@ -107,6 +113,32 @@ def decide(state: AccountState, command: CommandEnvelope) -> list[NewEvent]:
     raise CommandRejected("UnknownCommand", f"command type {kind!r} is not handled by the account aggregate")
 
 
+def _decide_quarantine(state: AccountState, command: CommandEnvelope) -> list[NewEvent]:
+    """A quarantined account takes only the ResolveQuarantine that names its record, and ResolveQuarantine is
+    taken only by a quarantined account."""
+    kind, p = command.command_type, command.payload
+    if state.quarantine is None:
+        raise CommandRejected("NotQuarantined", f"account {state.account_id} is not quarantined; nothing to resolve")
+    record, why = state.quarantine
+    if kind != "ResolveQuarantine":
+        raise CommandRejected(
+            "AccountQuarantined",
+            f"account {state.account_id} is quarantined: the events topic holds a record of it that cannot be "
+            f"read ({record}: {why}); it takes no command until an operator resolves it: "
+            f"eventlake resolve-quarantine {state.account_id} --record {record} --reason '...'")
+    if p["record"] != record:
+        raise CommandRejected("QuarantineRecordMismatch",
+                              f"account {state.account_id} is quarantined by record {record}, not {p['record']}")
+    return [NewEvent("QuarantineResolved", {"record": record, "reason": p["reason"],
+                                            "resolved_by": p["resolved_by"], "evidence": why}, command.issued_at)]
+
+
+def quarantined(state: AccountState, record: str, reason: str) -> AccountState:
+    """``state`` once a record of it (``record``: "topic/partition/offset") turned out unreadable. The first
+    such record stands until resolved; the next one then quarantines the account again."""
+    return state if state.quarantine is not None else _replace(state, {"quarantine": (record, reason)})
+
+
 def evolve(state: AccountState, event: EventEnvelope | NewEvent) -> AccountState:
     """``state`` after ``event``. Envelopes also advance ``version``; bare NewEvents do not."""
     return evolve_fields(state, event.event_type, event.payload,
@@ -133,6 +165,9 @@ def evolve_fields(state: AccountState, kind: str, p: Mapping[str, Any], version:
         changes.update(status="frozen")
     elif kind == "AccountUnfrozen":
         changes.update(status="open")
+    elif kind == "QuarantineResolved":
+        if state.quarantine is not None and state.quarantine[0] == p["record"]:
+            changes.update(quarantine=None)
     elif kind != "FraudSuspected":
         raise ValueError(f"account aggregate cannot apply unknown event type {kind!r}")
     return _replace(state, changes) if changes else state

@@ -136,6 +136,9 @@ COMMANDS: dict[str, dict[str, Field]] = {
     "UnfreezeAccount": {"reason": _REASON},
     "FlagFraud": {"payment_id": _ID, "rule": _ID, "evidence": Field(str, required=False),
                   "occurred_at": Field(str, required=False, timestamp=True, pattern=_ISO_TIME)},
+    # An operator's decision on a quarantined account (a record of it in the events topic cannot be read):
+    # ``record`` names that record as "topic/partition/offset", ``reason`` says what was decided and why.
+    "ResolveQuarantine": {"record": _ID, "reason": _ID, "resolved_by": _ID},
 }
 
 EVENTS: dict[str, dict[str, Field]] = {
@@ -149,6 +152,9 @@ EVENTS: dict[str, dict[str, Field]] = {
     "AccountFrozen": {"reason": _REASON},
     "AccountUnfrozen": {"reason": _REASON},
     "FraudSuspected": {"payment_id": _ID, "rule": _ID, "evidence": Field(str, required=False)},
+    # The audit trail of a ResolveQuarantine: the record given up, the operator's reason, who decided, and
+    # (``evidence``) why the record could not be read. It takes the account's next version like any event.
+    "QuarantineResolved": {"record": _ID, "reason": _ID, "resolved_by": _ID, "evidence": Field(str, required=False)},
 }
 
 # The schema version each event type is written at today (the version EVENTS describes). Every older version

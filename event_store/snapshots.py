@@ -135,6 +135,7 @@ def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionSt
             if entry["state"] is not None:
                 state = entry["state"]
                 state["payment_ids"] = frozenset(state.get("payment_ids") or ())
+                state["quarantine"] = tuple(state["quarantine"]) if state.get("quarantine") else None
                 part.accounts[entry["account_id"]] = AccountState(**state)
             for row in entry["results"]:
                 part._remember_row(entry["account_id"], row)

@@ -161,6 +161,40 @@ def _cmd_submit(settings: Settings, args) -> int:
     return 1 if failed else 0
 
 
+def _cmd_resolve_quarantine(settings: Settings, args) -> int:
+    """Send ResolveQuarantine for one account and print its result: the operator's decision on the record
+    that quarantined it, recorded as a QuarantineResolved event (the audit trail)."""
+    import getpass
+
+    from event_store.client import EventStore
+    from event_store.envelope import CommandEnvelope, InvalidRecord
+
+    _require_broker(settings)
+    try:
+        resolved_by = args.by or getpass.getuser()
+    except (KeyError, OSError):
+        resolved_by = "operator"
+    try:
+        command = CommandEnvelope.create("ResolveQuarantine", args.account,
+                                         {"record": args.record, "reason": args.reason, "resolved_by": resolved_by})
+    except InvalidRecord as e:
+        raise SystemExit(f"eventlake resolve-quarantine: {e}")
+    with EventStore(settings) as store:
+        sent = store.submit_many([command])
+        try:
+            results = store.wait_for(sent, timeout_s=args.timeout, what={command.command_id: command})
+        except TimeoutError as e:
+            print(f"eventlake resolve-quarantine: {e}", file=sys.stderr)
+            return 1
+    r = results[command.command_id]
+    if r.accepted:
+        print(f"resolved: account {args.account} takes commands again (QuarantineResolved at version {r.version}, "
+              f"record {args.record}, by {resolved_by})")
+        return 0
+    print(f"not resolved: account {args.account}: {r.error_type}: {r.reason}", file=sys.stderr)
+    return 1
+
+
 def _cmd_policy(settings: Settings, args) -> int:
     from event_store.policy import FraudPolicy
 
@@ -313,6 +347,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the results")
     p.add_argument("--json", action="store_true", help="print each result as a JSON line")
     p.set_defaults(run=_cmd_submit)
+
+    p = sub.add_parser("resolve-quarantine", help="an operator's decision on a quarantined account (a record of "
+                                                  "it in the events topic cannot be read): it takes commands again")
+    p.add_argument("account", help="the quarantined account id (eventlake status lists them)")
+    p.add_argument("--record", required=True, help="the record that quarantined it, as topic/partition/offset "
+                                                   "(in the rejection of its commands and in eventlake status)")
+    p.add_argument("--reason", required=True, help="what was decided and why (kept in the QuarantineResolved event)")
+    p.add_argument("--by", help="who decides (default: the current user)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the result")
+    p.set_defaults(run=_cmd_resolve_quarantine)
 
     p = sub.add_parser("policy", help="run the fraud policy (FraudSuspected -> FreezeAccount)")
     p.add_argument("--until-caught-up", action="store_true", help="stop once every event so far is read")

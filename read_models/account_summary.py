@@ -15,7 +15,7 @@ from read_models.spec import CURRENT_STATE_BY_VERSION, ReadModel, version_range
 __all__ = ["MODEL"]
 
 EVENT_TYPES = ("AccountOpened", "PaymentAuthorized", "PaymentDeclined", "DeviceLocationReported",
-               "AccountFrozen", "AccountUnfrozen", "FraudSuspected")
+               "AccountFrozen", "AccountUnfrozen", "FraudSuspected", "QuarantineResolved")
 
 
 def _schema():

@@ -13,7 +13,7 @@ __all__ = ["envelope_schema", "read_event_records", "parse_events", "check_recor
 # Payload fields of every event type, flattened into columns of the event rows.
 _PAYLOAD_LONGS = ("credit_limit_minor", "amount_minor")
 _PAYLOAD_STRINGS = ("customer_id", "currency", "payment_id", "merchant_id", "location", "reason", "rule",
-                    "evidence", "merchant_country")
+                    "evidence", "merchant_country", "record", "resolved_by")
 # The columns are named here (their order is the tables' column order); which fields exist and what a valid
 # value is comes from event_store.schemas, and these must be exactly its payload fields by type.
 _SCHEMA_FIELDS = {(n, spec.kind) for schema in EVENTS.values() for n, spec in schema.items()}

@@ -79,7 +79,8 @@ class BatchContext:
 
     def append(self, df, table: str, mode: str = "append", writer: str | None = None) -> None:
         """Append (or overwrite) once per batch; ``writer`` tells apart several writers of one table."""
-        (df.write.format("delta").mode(mode)
+        # mergeSchema: a table of event rows written by an older release gains the columns added since.
+        (df.write.format("delta").mode(mode).option("mergeSchema", "true")
          .option("txnAppId", f"{self.app_id}/{table}/{writer or ''}").option("txnVersion", self.batch_id)
          .option("userMetadata", self.metadata())
          .save(self.path(table)))

@@ -151,3 +151,41 @@ def test_payment_ids_survive_a_snapshot():
     assert loaded.accounts["acc-1"] == state
     with pytest.raises(CommandRejected, match="DuplicatePayment|already attempted"):
         decide(loaded.accounts["acc-1"], pay(1, "p2"))
+
+
+def test_a_quarantined_account_takes_only_the_resolution_that_names_its_record():
+    from event_store.account import quarantined
+
+    state, _, _ = run(open_cmd(), pay(100, "p1"))
+    state = quarantined(state, "events/2/41", "aggregate_version: must be > 0, got -1")
+    assert quarantined(state, "events/2/99", "another") == state  # the first unreadable record stands
+    with pytest.raises(CommandRejected, match="events/2/41.*must be > 0") as rejected:
+        decide(state, pay(50, "p2"))
+    assert rejected.value.error_type == "AccountQuarantined"
+    resolve = {"record": "events/2/41", "reason": "forged record, amount refunded", "resolved_by": "ops-anna"}
+    with pytest.raises(CommandRejected, match="quarantined by record events/2/41, not events/2/40"):
+        decide(state, cmd("ResolveQuarantine", {**resolve, "record": "events/2/40"}))
+    [event] = decide(state, cmd("ResolveQuarantine", resolve))
+    assert event.event_type == "QuarantineResolved"
+    assert event.payload == {**resolve, "evidence": "aggregate_version: must be > 0, got -1"}
+    state, events, result = execute(state, cmd("ResolveQuarantine", resolve))
+    assert result.status == "accepted" and state.quarantine is None and state.version == 3
+    assert execute(state, pay(50, "p2"))[2].status == "accepted"
+    with pytest.raises(CommandRejected) as not_quarantined:
+        decide(state, cmd("ResolveQuarantine", resolve))
+    assert not_quarantined.value.error_type == "NotQuarantined"
+
+
+def test_a_quarantine_survives_a_snapshot():
+    from event_store.account import quarantined
+    from event_store.snapshots import PartitionState, load_snapshot, snapshot_records
+
+    state = quarantined(run(open_cmd())[0], "events/0/7", "not JSON")
+    part = PartitionState(0, accounts={"acc-1": state})
+
+    class Record:
+        def __init__(self, key, value):
+            self.key, self.value = key, value
+
+    loaded = load_snapshot([Record(k, v) for k, v in snapshot_records(part)], 0, 100)
+    assert loaded.accounts["acc-1"] == state and loaded.accounts["acc-1"].quarantine == ("events/0/7", "not JSON")
