@@ -11,11 +11,17 @@ the findings it causes. Times are epoch milliseconds of event time. The rules (D
    at that event time; no device location reported by then: no flag.
 
 A finding's ``command_id`` derives from the payment and the rule, so a replay flags nothing twice.
+
+Event time cannot poison the state: the bounded history (the last ``_HISTORY`` attempts and device reports)
+keeps the most recently *received* entries, not the latest in event time. Kept by event time, an entry dated
+far in the future (a payment at 9998-12-31, written straight into the log) would never be evicted, and enough
+of them would evict every normal entry as soon as it arrived (no rapid attempt, no device location found for
+the account's later payments). Received order ages an outlier out like any entry; while it stays, it only
+meets events within 10 s of its own time (rule 1) or after it (rule 3), as event time says.
 """
 from __future__ import annotations
 
 import uuid
-from bisect import bisect_right, insort
 from dataclasses import dataclass, replace
 
 __all__ = ["FraudState", "Finding", "Observation", "detect", "flag_command_id", "RULES", "RAPID_WINDOW_MS"]
@@ -49,8 +55,8 @@ class Finding:
 class FraudState:
     last_version: int = 0
     max_amount: int | None = None
-    attempts: tuple[tuple[int, str], ...] = ()          # (time_ms, payment_id), sorted by time
-    devices: tuple[tuple[int, str], ...] = ()           # (time_ms, location), sorted by time
+    attempts: tuple[tuple[int, str], ...] = ()          # (time_ms, payment_id), in the order received
+    devices: tuple[tuple[int, str], ...] = ()           # (time_ms, location), in the order received
 
 
 def flag_command_id(payment_id: str, rule: str) -> str:
@@ -63,9 +69,7 @@ def detect(state: FraudState, event: Observation) -> tuple[FraudState, list[Find
         return state, []
     state = replace(state, last_version=event.aggregate_version)
     if event.event_type == "DeviceLocationReported":
-        devices = list(state.devices)
-        insort(devices, (event.time_ms, event.location))
-        return replace(state, devices=tuple(devices[-_HISTORY:])), []
+        return replace(state, devices=(*state.devices, (event.time_ms, event.location))[-_HISTORY:]), []
     if event.event_type not in ("PaymentAuthorized", "PaymentDeclined"):
         return state, []
 
@@ -81,15 +85,23 @@ def detect(state: FraudState, event: Observation) -> tuple[FraudState, list[Find
     if state.max_amount is not None and event.amount_minor > state.max_amount:
         findings.append(Finding(pid, "amount_above_max", t,
                                 f"amount {event.amount_minor} > previous max {state.max_amount}"))
-    # Rule 3: the device's location at that event time (the last report at or before it).
-    i = bisect_right([d[0] for d in state.devices], t)
-    if i > 0 and state.devices[i - 1][1] != event.location:
-        findings.append(Finding(pid, "location_mismatch", t,
-                                f"payment at {event.location}, device at {state.devices[i - 1][1]}"))
+    # Rule 3: the device's location at that event time: the last report at or before it (of two reports at the
+    # same time, the one received later).
+    device = _device_at(state.devices, t)
+    if device is not None and device != event.location:
+        findings.append(Finding(pid, "location_mismatch", t, f"payment at {event.location}, device at {device}"))
 
-    attempts = list(state.attempts)
-    insort(attempts, (t, pid))
     max_amount = event.amount_minor if state.max_amount is None else max(state.max_amount, event.amount_minor)
     # A payment flagged twice for rapid attempts (two neighbours) is one finding.
     unique = list({(f.payment_id, f.rule): f for f in findings}.values())
-    return replace(state, attempts=tuple(attempts[-_HISTORY:]), max_amount=max_amount), unique
+    attempts = (*state.attempts, (t, pid))[-_HISTORY:]
+    return replace(state, attempts=attempts, max_amount=max_amount), unique
+
+
+def _device_at(devices: tuple[tuple[int, str], ...], t: int) -> str | None:
+    """The location of the latest report at or before ``t`` (``devices`` in received order), or None."""
+    best = None
+    for time_ms, location in devices:
+        if time_ms <= t and (best is None or time_ms >= best[0]):
+            best = (time_ms, location)
+    return None if best is None else best[1]

@@ -68,11 +68,13 @@ def _cmd_generate(settings: Settings, args) -> int:
     from collections import Counter
 
     from event_store.client import EventStore
-    from eventlake.generator import GeneratorConfig, generate_commands
+    from eventlake.generator import GeneratorConfig, dated, generate_commands
 
     _require_broker(settings)
-    cfg = GeneratorConfig(accounts=args.accounts, commands=args.commands, seed=args.seed, run_id=args.run_id,
-                          invalid_rate=args.invalid_rate, malformed_rate=args.malformed_rate)
+    # Dated from now (after the log's newest event): a second run is on time, not late against the first.
+    cfg = dated(GeneratorConfig(accounts=args.accounts, commands=args.commands, seed=args.seed,
+                                run_id=args.run_id, invalid_rate=args.invalid_rate,
+                                malformed_rate=args.malformed_rate), settings)
     records = list(generate_commands(cfg))
     with EventStore(settings) as store:
         sent = store.send_raw(records)

@@ -18,7 +18,7 @@ __all__ = ["run_demo"]
 def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, log=print) -> dict:
     from event_store import kafka_log
     from event_store.handler import CommandHandler
-    from eventlake.generator import GeneratorConfig, generate_commands
+    from eventlake.generator import GeneratorConfig, dated, generate_commands
     from eventlake.query import format_table, query_duckdb
     import read_models
     from expectations.checks import context, verdict
@@ -38,8 +38,9 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, log=
     kafka_log.ensure_topics(settings, log=log)
 
     run_id = datetime.now(timezone.utc).strftime("%Y%m%d%H%M%S")
-    cfg = GeneratorConfig(accounts=accounts, commands=commands, run_id=run_id, seed=int(run_id) % 100_000,
-                          invalid_rate=0.003, malformed_rate=0.002)
+    # Dated from now (after the log's newest event): a second demo is on time, not late against the first.
+    cfg = dated(GeneratorConfig(accounts=accounts, commands=commands, run_id=run_id, seed=int(run_id) % 100_000,
+                                invalid_rate=0.003, malformed_rate=0.002), settings)
     producer = kafka_log.make_producer(settings)
     try:
         sent = kafka_log.produce_all(producer, settings.commands_topic, generate_commands(cfg))

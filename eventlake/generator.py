@@ -2,20 +2,29 @@
 
 It makes realistic command streams for the demo, the tests and the benchmarks: bursts of payments,
 payments over the credit limit, location mismatches, freezes, and (on request) malformed records.
-Deterministic for a given seed.
+Deterministic for a given seed (and ``start``).
+
+Event time of a run: ``eventlake generate`` and ``eventlake demo`` date each run with ``dated``: its event times
+end at the current time (never ahead of it, where the handler's clock-skew check would reject them) and start
+at the later of (now - the run's nominal span) and the newest event time already in the log that is not ahead
+of the clock. A second run thus lands after the first, past the read models' watermark: only the payments the
+generator makes late on purpose (``late_rate``) go to ``late_events``. A run that follows the last one closely
+is squeezed into the time since then (denser in event time: more rapid-attempt findings), rather than dated in
+the future.
 """
 from __future__ import annotations
 
 import json
 import random
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Iterator
 
 from event_store.envelope import CommandEnvelope, format_time
 
-__all__ = ["GeneratorConfig", "generate_commands", "MALFORMED_SAMPLES"]
+__all__ = ["GeneratorConfig", "generate_commands", "MALFORMED_SAMPLES", "dated", "run_start",
+           "newest_event_time"]
 
 REGIONS = ("US-NYC", "US-SFO", "US-CHI", "GB-LON", "DE-BER", "FR-PAR", "JP-TYO", "BR-SAO", "IN-BOM", "AU-SYD")
 
@@ -31,6 +40,7 @@ class GeneratorConfig:
     seed: int = 42
     run_id: str = "demo"           # prefixes account ids, so several runs can share one log
     start: datetime = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    end: datetime | None = None    # if set, the stream's event times are spread over start..end, none after it
     currency: str = "USD"
     mean_interval_s: float = 1.0   # mean event-time gap between two commands of the stream
     burst_rate: float = 0.05       # share of payments followed by a second one within 10 s
@@ -46,6 +56,12 @@ def generate_commands(cfg: GeneratorConfig) -> Iterator[tuple[str, bytes]]:
     home = {a: rng.choice(REGIONS) for a in accounts}
     # One stream clock: commands arrive in event-time order, about mean_interval_s apart, except the late ones.
     now = cfg.start
+    mean_interval_s = cfg.mean_interval_s
+    if cfg.end is not None:
+        # Three standard deviations of the sum of the gaps to spare: the stream rarely reaches ``end``.
+        steps = max(cfg.commands - cfg.accounts, 1)
+        mean_interval_s = max((cfg.end - cfg.start).total_seconds(), 0.0) / (steps + 3 * steps ** 0.5)
+    end = cfg.end or datetime.max.replace(tzinfo=timezone.utc)
     clock = {a: cfg.start + timedelta(milliseconds=10 * i) for i, a in enumerate(accounts)}
     limits = {a: rng.choice((50_000, 100_000, 250_000, 500_000)) for a in accounts}
     merchants = [f"mer-{i:04d}" for i in range(cfg.merchants)]
@@ -71,7 +87,7 @@ def generate_commands(cfg: GeneratorConfig) -> Iterator[tuple[str, bytes]]:
             bad["payload"]["amount_minor"] = -abs(bad["payload"]["amount_minor"])
             yield a, json.dumps(bad).encode()
             continue
-        now += timedelta(seconds=rng.expovariate(1.0 / cfg.mean_interval_s))
+        now = min(now + timedelta(seconds=rng.expovariate(1.0 / mean_interval_s) if mean_interval_s else 0), end)
         clock[a] = now
         kind = rng.random()
         if kind < 0.12:
@@ -89,7 +105,7 @@ def generate_commands(cfg: GeneratorConfig) -> Iterator[tuple[str, bytes]]:
                                                           merchants, home, clock, cfg))
             if rng.random() < cfg.burst_rate:
                 payment_seq += 1
-                clock[a] += timedelta(seconds=rng.randint(1, 9))
+                clock[a] = min(clock[a] + timedelta(seconds=rng.randint(1, 9)), end)
                 yield command("AuthorizePayment", a, _payment(rng, a, f"pay-{cfg.run_id}-{payment_seq:07d}",
                                                               merchants, home, clock, cfg))
 
@@ -100,3 +116,49 @@ def _payment(rng: random.Random, account: str, payment_id: str, merchants, home,
     location = home[account] if rng.random() < 0.93 else rng.choice(REGIONS)
     return {"payment_id": payment_id, "amount_minor": amount, "currency": cfg.currency,
             "merchant_id": rng.choice(merchants), "location": location, "occurred_at": format_time(clock[account])}
+
+
+def dated(cfg: GeneratorConfig, settings=None, now: datetime | None = None) -> GeneratorConfig:
+    """``cfg`` dated for a run at ``now`` (default: the current time): its event times end at ``now`` and start
+    at ``run_start`` (after the newest event time of the events topic of ``settings``, when given)."""
+    now = now or datetime.now(timezone.utc)
+    newest = newest_event_time(settings, now) if settings is not None else None
+    return replace(cfg, start=run_start(cfg, now, newest), end=now)
+
+
+def run_start(cfg: GeneratorConfig, now: datetime, newest: datetime | None) -> datetime:
+    """The later of (now - the run's nominal span: one mean interval per command) and ``newest``, the newest
+    event time already in the log (ignored if ahead of ``now``: an outlier must not date the run)."""
+    start = now - timedelta(seconds=cfg.mean_interval_s * max(cfg.commands - cfg.accounts, 0))
+    if newest is not None and start < newest <= now:
+        start = newest
+    return start
+
+
+def newest_event_time(settings, now: datetime, tail: int = 1000) -> datetime | None:
+    """The newest ``occurred_at`` not ahead of ``now`` among the last ``tail`` records of each partition of the
+    events topic (the newest run's events are at the ends); None if the topic is empty or missing. Records that
+    are not readable events are skipped: they date nothing."""
+    from kafka import TopicPartition
+
+    from event_store import kafka_log
+    from event_store.envelope import parse_time
+
+    consumer = kafka_log.make_consumer(settings)
+    newest = None
+    try:
+        partitions = [TopicPartition(settings.events_topic, p)
+                      for p in sorted(consumer.partitions_for_topic(settings.events_topic) or ())]
+        ends = consumer.end_offsets(partitions) if partitions else {}
+        for tp in partitions:
+            for record in kafka_log.read_partition(consumer, tp, max(ends[tp] - tail, 0), ends[tp],
+                                                   idle_timeout_s=1.0):
+                try:
+                    t = parse_time(json.loads(record.value)["occurred_at"], "occurred_at")
+                except Exception:  # noqa: BLE001 - a null, non-JSON or odd record dates nothing
+                    continue
+                if t <= now and (newest is None or t > newest):
+                    newest = t
+    finally:
+        consumer.close()
+    return newest

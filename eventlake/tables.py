@@ -6,6 +6,11 @@ sometimes aborted the process at exit ("terminate called without an active excep
 outliving the interpreter, cf. delta-io/delta-rs#2184), so that path is kept for tables this reader cannot
 handle alone: partitioned ones and those whose reader protocol goes beyond plain Parquet files (e.g. deletion
 vectors).
+
+Timestamps: the tables are written with INT64 microsecond Parquet timestamps (spark_apps/session.py), but
+files of older tables hold Spark's default INT96, which pyarrow reads as nanoseconds by default: a value
+past 2262-04-11 (or before 1677-09-21) then fails to cast to the table's microsecond schema ("would lose
+data"). Both paths read INT96 as microseconds, so every time the schemas allow (1900 up to 9999) reads.
 """
 from __future__ import annotations
 
@@ -32,8 +37,16 @@ def dataset(path):
         except TableNotFoundError:
             raise TableNotFound(f"no Delta table at {path}") from None
     if table.metadata().partition_columns or table.protocol().min_reader_version > 1:
-        return table.to_pyarrow_dataset()
-    return ds.dataset(table.file_uris(), schema=pa.schema(table.schema().to_arrow()), format="parquet")
+        return table.to_pyarrow_dataset(parquet_read_options=_read_options())
+    return ds.dataset(table.file_uris(), schema=pa.schema(table.schema().to_arrow()),
+                      format=ds.ParquetFileFormat(read_options=_read_options()))
+
+
+def _read_options():
+    """INT96 timestamps (older files written by Spark) as microseconds, the unit of Delta's timestamps."""
+    import pyarrow.dataset as ds
+
+    return ds.ParquetReadOptions(coerce_int96_timestamp_unit="us")
 
 
 def read_table(path, filters=None, columns: list[str] | None = None):

@@ -1,6 +1,8 @@
 """``merchant_minute_volume``: authorized payments per merchant per event-time minute.
 
-A watermark (the newest event time seen minus ``watermark_delay``) bounds which windows still change:
+A watermark bounds which windows still change: the end of the minute of the newest event time seen, each
+event's time capped by when it was recorded and projected (one payment dated 9998 cannot move it past the
+clock; ``spark_apps.merge.windowed_watermark``), minus ``watermark_delay``:
 a late payment inside it updates its window; one older than the watermark is not applied here but
 recorded in the ``late_events`` table, so nothing is lost and reprocessing can fold it in.
 Amounts are summed in minor units as they come (one currency per merchant is assumed).

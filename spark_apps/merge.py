@@ -16,6 +16,7 @@ leaves bookkeeping that the re-run batch rewrites, never a row counted twice.
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from contextlib import contextmanager
@@ -23,7 +24,8 @@ from pathlib import Path
 
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
-__all__ = ["BatchContext", "apply", "ensure_table", "bookkeeping_tables", "LATE_EVENTS_TABLE"]
+__all__ = ["BatchContext", "apply", "ensure_table", "bookkeeping_tables", "LATE_EVENTS_TABLE", "watermark_delay",
+           "windowed_watermark", "newest_event_time_on_clock"]
 
 LATE_EVENTS_TABLE = "late_events"
 
@@ -251,24 +253,33 @@ def _rows_or_none(spark, path: str):
 
 
 def _windowed_sum(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]:
-    from delta.tables import DeltaTable
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     spark = ctx.spark
     applied_table = f"_applied/{model.name}"
     ledger = spark.read.format("delta").load(ctx.path(applied_table)).select("event_id")
-    watermark = _watermark_before_batch(ctx, model)
+    watermark, newest = _watermark_before_batch(ctx, model)
     late = F.col(model.event_time) < F.lit(watermark) if watermark is not None else F.lit(False)
     fresh = (events.dropDuplicates(["event_id"]).join(ledger, "event_id", "left_anti")
              .withColumn("_late", late).persist(StorageLevel.MEMORY_AND_DISK))
+    # An event advances the watermark no further than the clocks had reached: its event time capped by its
+    # recording (``recorded_at``) and by the processing clock. (Recorded with the MERGE's rows in one commit, so
+    # the clock read here cannot make a re-run of this batch differ.)
+    on_clock = F.unix_micros(F.least(F.col(model.event_time), F.col("recorded_at"), F.current_timestamp()))
     try:
-        counts = fresh.groupBy("_late").count().collect()
+        counts = fresh.groupBy("_late").agg(F.count(F.lit(1)).alias("count"),
+                                             F.max(on_clock).alias("newest_on_clock")).collect()
         on_time = sum(r["count"] for r in counts if not r["_late"])
         late_count = sum(r["count"] for r in counts if r["_late"])
+        for r in counts:
+            if r["newest_on_clock"] is not None:
+                t = _EPOCH + dt.timedelta(microseconds=r["newest_on_clock"])
+                newest = t if newest is None else max(newest, t)
         if on_time:
             _merge(ctx, model, model.fold(fresh.filter(~F.col("_late"))),
-                   watermark_before=None if watermark is None else watermark.isoformat())
+                   watermark_before=None if watermark is None else watermark.isoformat(),
+                   watermark_newest_event_time=None if newest is None else newest.isoformat())
         if late_count:
             ctx.append(fresh.filter("_late").select(
                 F.lit(model.name).alias("read_model"), "event_id", "event_type", "aggregate_id",
@@ -282,23 +293,60 @@ def _windowed_sum(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]
     return {"applied": on_time, "late": late_count}
 
 
-def _watermark_before_batch(ctx: BatchContext, model: ReadModel):
-    """Newest window end minus the delay, as the table stood before this batch (also when the batch is re-run
-    after its MERGE committed: that commit's metadata holds the watermark it was computed with)."""
-    import datetime as dt
+def watermark_delay(model: ReadModel) -> dt.timedelta:
+    """The model's ``watermark_delay`` ("10 minutes") as a timedelta."""
+    amount, unit = model.watermark_delay.split()
+    return dt.timedelta(**{unit if unit.endswith("s") else unit + "s": int(amount)})
 
+
+def windowed_watermark(newest_event_time: dt.datetime | None, delay: dt.timedelta) -> dt.datetime | None:
+    """The watermark of a windowed (per-minute) model: the end of the window of the newest event time *on the
+    clock*, minus the delay; None (nothing is late) before any. "On the clock": each event's time capped by
+    the time it was recorded (``recorded_at``, the handler's clock) and the time it was projected. An event
+    dated ahead of those (a payment at 9998-12-31 written straight into the log, a terminal with a skewed
+    clock) is counted in its window like any other but moves the watermark only as far as its recording, so
+    one outlier cannot make every later event late; a client clock a little ahead still lets it advance."""
+    if newest_event_time is None:
+        return None
+    window_end = newest_event_time.replace(second=0, microsecond=0) + dt.timedelta(minutes=1)
+    return window_end - delay
+
+
+def newest_event_time_on_clock(history_metadata: list[dict]) -> tuple[bool, dt.datetime | None]:
+    """(found, newest event time on the clock) recorded by the newest commit of a windowed model that has it
+    (``history_metadata``: the commits' userMetadata, newest first)."""
+    for meta in history_metadata:
+        if "watermark_newest_event_time" in meta:
+            return True, _utc(meta["watermark_newest_event_time"])
+    return False, None
+
+
+def _watermark_before_batch(ctx: BatchContext, model: ReadModel) -> tuple[dt.datetime | None, dt.datetime | None]:
+    """(watermark, newest event time on the clock) as the table stood before this batch. A re-run of a batch
+    whose MERGE committed reuses the watermark that commit recorded (its rows were split by it)."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     table = DeltaTable.forPath(ctx.spark, ctx.path(model.name))
-    last = table.history(1).select("userMetadata").collect()
-    if last and last[0]["userMetadata"]:
-        meta = json.loads(last[0]["userMetadata"])
-        if meta.get("app_id") == ctx.app_id and meta.get("batch_id") == ctx.batch_id:
-            before = meta.get("watermark_before")
-            return None if before is None else dt.datetime.fromisoformat(before)
-    newest = table.toDF().agg(F.max("window_end")).collect()[0][0]
-    if newest is None:
+    metadata = [json.loads(r["userMetadata"]) for r in table.history(5).select("userMetadata").collect()
+                if r["userMetadata"]]
+    found, newest = newest_event_time_on_clock(metadata)
+    if metadata and metadata[0].get("app_id") == ctx.app_id and metadata[0].get("batch_id") == ctx.batch_id:
+        return _utc(metadata[0].get("watermark_before")), newest
+    if not found:
+        # A table written before the newest event time was recorded: its newest window, capped by the clock.
+        # As epoch microseconds: no time zone conversion on the way out of the JVM.
+        newest_us = table.toDF().agg(F.max(F.unix_micros("window_start"))).collect()[0][0]
+        if newest_us is not None:
+            newest = min(_EPOCH + dt.timedelta(microseconds=newest_us), dt.datetime.now(dt.timezone.utc))
+    return windowed_watermark(newest, watermark_delay(model)), newest
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def _utc(text: str | None) -> dt.datetime | None:
+    """An ISO time from commit metadata as an aware UTC datetime (earlier versions wrote naive local times)."""
+    if text is None:
         return None
-    amount, unit = model.watermark_delay.split()
-    return newest - dt.timedelta(**{unit if unit.endswith("s") else unit + "s": int(amount)})
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(dt.timezone.utc)

@@ -73,6 +73,10 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print):
                .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
                .config("spark.sql.shuffle.partitions", str(settings.spark_shuffle_partitions))
                .config("spark.sql.session.timeZone", "UTC")
+               # Parquet timestamps as INT64 microseconds, not Spark's default INT96 (nanoseconds as pyarrow
+               # and delta-rs read them): every reader then handles the whole range the event schemas allow
+               # (1900-01-01 up to 9999-01-01), where INT96 read as nanoseconds overflows past 2262.
+               .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
                .config("spark.databricks.delta.snapshotPartitions", "2")
                # A projection batch is cached once and read by every read model; compressing the cache cost
                # as much as parsing the batch's JSON (bench/projection.py).

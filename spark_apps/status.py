@@ -2,7 +2,11 @@
 
 Lag is the log end (read_committed) minus the offsets of the projection's last committed batch, read
 from its checkpoint; the rate is the events between its last two batches over the time between them.
-Table figures come from the Delta logs through delta-rs.
+Table figures come from the Delta logs through delta-rs. For each windowed read model it also says where its
+watermark stands: the end of the minute of the newest event time on the clock (capped by its recording and
+projection), minus the delay (``spark_apps.merge.windowed_watermark``), the newest event time applied, and how
+many applied events lie ahead of the clock (counted in their windows; they move the watermark only as far as the
+time they were recorded).
 """
 from __future__ import annotations
 
@@ -13,8 +17,10 @@ from pathlib import Path
 
 import read_models
 from eventlake.settings import Settings
+from spark_apps.merge import LATE_EVENTS_TABLE
 
-__all__ = ["ProjectionStatus", "TableStatus", "projection_statuses", "table_statuses", "render"]
+__all__ = ["ProjectionStatus", "TableStatus", "WatermarkStatus", "projection_statuses", "table_statuses",
+           "watermark_statuses", "render"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,62 @@ class TableStatus:
     rows: int | None
     version: int | None
     path: Path
+
+
+@dataclass(frozen=True)
+class WatermarkStatus:
+    """Where a windowed read model's watermark stands (``spark_apps.merge.windowed_watermark``)."""
+    name: str
+    watermark: datetime | None          # what the next batch uses; None: no event on the clock yet, nothing late
+    newest_on_clock: datetime | None    # the newest event time on the clock, which set the watermark
+    newest_event_time: datetime | None  # the newest event time applied to a window (late ones excluded)
+    ahead_of_clock: int                 # events applied with an event time after ``clock``
+    late: int                           # events recorded in late_events instead of their window
+    clock: datetime
+    delay: str
+
+
+def watermark_statuses(settings: Settings, now: datetime | None = None) -> list[WatermarkStatus]:
+    """One per windowed read model whose table exists (delta-rs and pyarrow: no JVM)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+
+    from eventlake.tables import dataset
+    from read_models.spec import WINDOWED_SUM
+    from spark_apps.merge import newest_event_time_on_clock, watermark_delay, windowed_watermark
+
+    clock = now or datetime.now(timezone.utc)
+    out = []
+    for model in read_models.REGISTRY.values():
+        path, ledger_path = settings.table_path(model.name), settings.table_path(f"_applied/{model.name}")
+        if model.merge_strategy != WINDOWED_SUM or not (path / "_delta_log").is_dir():
+            continue
+        table = DeltaTable(str(path))
+        metadata = [json.loads(c["userMetadata"]) for c in table.history(5) if c.get("userMetadata")]
+        found, newest_on_clock = newest_event_time_on_clock(metadata)
+        if not found:  # a table written before the newest event time on the clock was recorded
+            start = pc.max(dataset(table).to_table(columns=["window_start"])["window_start"]).as_py()
+            newest_on_clock = None if start is None else min(_utc(start), clock)
+        newest_event = None
+        ahead = late = 0
+        if (ledger_path / "_delta_log").is_dir():
+            ledger = dataset(ledger_path)
+            on_time = ledger.to_table(columns=["event_time"], filter=~ds.field("_late"))["event_time"]
+            newest_event = _utc(pc.max(on_time).as_py())
+            ahead = ledger.count_rows(filter=ds.field("event_time") > clock)
+            late = ledger.count_rows(filter=ds.field("_late"))
+        out.append(WatermarkStatus(model.name, windowed_watermark(newest_on_clock, watermark_delay(model)),
+                                   newest_on_clock, newest_event, ahead, late, clock, model.watermark_delay))
+    return out
+
+
+def _utc(t: datetime | None) -> datetime | None:
+    return None if t is None else (t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t)
+
+
+def _iso(t: datetime | None) -> str:
+    return "none" if t is None else t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _offsets(checkpoint: Path, batch: int, topic: str) -> int:
@@ -114,6 +176,16 @@ def render(settings: Settings) -> str:
         rate = "" if p.events_per_s is None else f", last batch {p.events_per_s:,.0f} events/s"
         lines.append(f"{p.name}: lag {lag} events; batch {p.last_batch} committed "
                      f"{p.committed_at:%Y-%m-%d %H:%M:%S}Z{rate}")
+    for w in watermark_statuses(settings):
+        if w.watermark is None:
+            lines.append(f"{w.name}: no watermark yet (no event on the clock applied): nothing is late")
+            continue
+        ahead = f"{w.ahead_of_clock:,} event{'s' if w.ahead_of_clock != 1 else ''}"
+        lines.append(f"{w.name}: watermark {_iso(w.watermark)} (newest event time on the clock "
+                     f"{_iso(w.newest_on_clock)}, its minute's end - {w.delay}); newest event time applied "
+                     f"{_iso(w.newest_event_time)}; {ahead} ahead of the clock ({_iso(w.clock)}: counted in their "
+                     f"windows, they move the watermark only to their recording time); {w.late:,} late (in "
+                     f"{LATE_EVENTS_TABLE})")
     lines.append("tables:")
     for t in table_statuses(settings):
         if t.rows is None:

@@ -66,3 +66,34 @@ def test_replayed_events_flag_nothing_twice():
 def test_command_ids_derive_from_payment_and_rule():
     assert flag_command_id("p1", "rapid_attempts") == flag_command_id("p1", "rapid_attempts")
     assert flag_command_id("p1", "rapid_attempts") != flag_command_id("p1", "amount_above_max")
+
+
+FAR_FUTURE = 253_402_214_399_999  # 9998-12-31T23:59:59.999Z in epoch ms
+
+
+def test_a_payment_dated_far_in_the_future_changes_nothing_for_the_later_normal_payments():
+    state, found = run(device(2, 0, "US-NYC"), pay(3, 10 * S, "p1"),
+                       pay(4, FAR_FUTURE, "future", 50, location="GB-LON"),
+                       device(5, FAR_FUTURE - 5 * S, "GB-LON"),
+                       pay(6, 60 * S, "p2", 50), pay(7, 65 * S, "p3", 50), pay(8, 70 * S, "p4", 50, location="FR-PAR"))
+    # The outlier is judged in its own time (the device was in US-NYC then, as far as anyone knows) and meets
+    # no normal payment; the normal ones see each other, and the device where it was at their time.
+    assert sorted(found) == [("future", "location_mismatch"), ("p3", "rapid_attempts"),
+                             ("p4", "location_mismatch"), ("p4", "rapid_attempts")]
+
+
+def test_the_bounded_history_ages_out_far_future_entries_in_the_order_received():
+    # A burst of records dated far in the future (straight into the log: the handler would reject them) must
+    # not crowd the account's normal entries out of the bounded history for good.
+    future = [pay(2 + i, FAR_FUTURE - i * S, f"f{i}", 1) for i in range(70)]
+    future += [device(72 + i, FAR_FUTURE - i * S, "JP-TYO") for i in range(70)]
+    v = 142
+    _, found = run(*future, device(v, 0, "US-NYC"), pay(v + 1, 10 * S, "p1", 1),
+                   pay(v + 2, 15 * S, "p2", 1), pay(v + 3, 60 * S, "p3", 1, location="GB-LON"))
+    normal = sorted(f for f in found if f[0].startswith("p"))
+    assert normal == [("p2", "rapid_attempts"), ("p3", "location_mismatch")]
+
+
+def test_history_keeps_the_entries_received_last():
+    state, _ = run(*[pay(2 + i, FAR_FUTURE - i, f"f{i}", 1) for i in range(64)], pay(70, 0, "p1", 1))
+    assert len(state.attempts) == 64 and state.attempts[-1] == (0, "p1")
