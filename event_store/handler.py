@@ -13,6 +13,7 @@ the offsets are sent with the consumer's group metadata (KIP-447), so a zombie i
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import json
@@ -20,22 +21,24 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Callable, Sequence
 
 import confluent_kafka
 from kafka import TopicPartition
 from kafka.errors import KafkaError
 
 from event_store import kafka_log
-from event_store.account import AGGREGATE_TYPE, AccountState, CommandRejected, decide, evolve, evolve_fields
+from event_store.account import (AGGREGATE_TYPE, AccountState, CommandRejected, NewEvent, decide, evolve,
+                                 evolve_fields)
 from event_store.envelope import (CommandEnvelope, CommandResult, EventEnvelope, InvalidRecord, built, dumps,
-                                  utc_now)
+                                  format_time, parse_time, utc_now)
 from event_store.schemas import EVENT_SCHEMA_VERSIONS
 from event_store.snapshots import PartitionState, load_snapshot, snapshot_records
 from eventlake.settings import Settings
 
-__all__ = ["CommandHandler", "HandlerStats", "HandlerError", "RebuildStats", "execute", "execute_encoded",
-           "event_id_for"]
+__all__ = ["CommandHandler", "HandlerStats", "HandlerError", "RebuildStats", "EventTimeLimit", "execute",
+           "execute_encoded", "event_id_for"]
 
 # Event ids derive from the command id, so a batch redone after an aborted transaction writes the same ids.
 _EVENT_ID_NAMESPACE = uuid.UUID("6f1c2b1e-7a4d-4e0b-9a59-3f0e2c1d8b71")
@@ -78,15 +81,26 @@ class HandlerStats:
     transactions: int = 0
     aborted: int = 0
     snapshots: int = 0
+    too_large: int = 0  # rejected EventTooLarge (counted in rejected too)
+    unwritable: int = 0  # rejected NotWritable after transactions of their own failed (counted in rejected too)
+    batch_retries: int = 0  # batches redone one command per transaction
+    command_retries: int = 0  # failed transactions of a single command
+    unreadable_events: int = 0  # events records a rebuild skipped
+    unreadable_results: int = 0  # command-results records a rebuild skipped
     commit_seconds: float = 0.0  # waiting for send_offsets_to_transaction + commit_transaction
     started: float = field(default_factory=time.monotonic)
 
     def line(self) -> str:
         secs = max(time.monotonic() - self.started, 1e-9)
+        faults = {"too large": self.too_large, "not writable": self.unwritable,
+                  "batches redone one by one": self.batch_retries, "single-command retries": self.command_retries,
+                  "unreadable events skipped": self.unreadable_events,
+                  "unreadable results skipped": self.unreadable_results}
         return (f"{self.commands} commands ({self.accepted} accepted, {self.rejected} rejected, "
                 f"{self.duplicates} duplicate, {self.dead_lettered} dead-lettered) -> {self.events} events "
                 f"in {self.transactions} transactions, {self.commands / secs:,.0f} commands/s"
-                + (f", {self.commit_seconds / secs:.0%} of the time committing" if self.transactions else ""))
+                + (f", {self.commit_seconds / secs:.0%} of the time committing" if self.transactions else "")
+                + "".join(f"; {n} {what}" for what, n in faults.items() if n))
 
 
 @dataclass
@@ -100,6 +114,47 @@ class RebuildStats:
     seconds: float
 
 
+@dataclass(frozen=True)
+class EventTimeLimit:
+    """The latest event time (``occurred_at``) the handler accepts: its clock plus the allowed skew.
+
+    One event dated far ahead would move every event-time watermark past all later events, so such a command
+    is rejected before anything is written (settings.max_event_time_ahead_s)."""
+    now: datetime
+    max_ahead_s: float
+    latest: datetime
+    latest_second: str  # "YYYY-MM-DDTHH:MM:SS" of ``latest``: a text comparison settles the ordinary case
+
+    @classmethod
+    def at(cls, now: datetime, max_ahead_s: float) -> "EventTimeLimit":
+        latest = now + timedelta(seconds=max_ahead_s)
+        return cls(now, max_ahead_s, latest, latest.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"))
+
+    def check(self, command: CommandEnvelope, new_events: Sequence[NewEvent]) -> None:
+        """Raise CommandRejected (``EventTimeInFuture``) when an event of ``command`` lies beyond the limit."""
+        for new in new_events:
+            occurred_at = new.occurred_at
+            # Schemas allow only "YYYY-MM-DDTHH:MM:SS[.fff](Z|+hh:mm)": a UTC time earlier than the limit's second
+            # is fine as text; anything else (an offset, the same second or later) is parsed.
+            if occurred_at[-1] == "Z" and occurred_at[:19] < self.latest_second:
+                continue
+            field_name = "occurred_at" if command.payload.get("occurred_at") == occurred_at else "issued_at"
+            try:
+                t = parse_time(occurred_at, f"command {command.command_id}: {field_name}")
+            except InvalidRecord as e:
+                raise CommandRejected("InvalidCommand", str(e)) from None
+            except ValueError as e:  # e.g. out of range after the offset is applied
+                raise CommandRejected("InvalidCommand", f"command {command.command_id}: {field_name} "
+                                                        f"{occurred_at!r} is not a valid time ({e})") from None
+            if t > self.latest:
+                raise CommandRejected(
+                    "EventTimeInFuture",
+                    f"command {command.command_id}: {field_name} {occurred_at} ({new.event_type}) lies "
+                    f"{(t - self.now).total_seconds():,.0f}s ahead of the handler's clock ({format_time(self.now)}); "
+                    f"at most {self.max_ahead_s:,.0f}s ahead is accepted (max_event_time_ahead_s, "
+                    f"EVENTLAKE_MAX_EVENT_TIME_AHEAD_S)")
+
+
 def _rejection(state: AccountState, command: CommandEnvelope, e: CommandRejected, recorded_at: str) -> CommandResult:
     return CommandResult(command.command_id, command.aggregate_id, "rejected", state.version,
                          error_type=e.error_type, reason=e.reason, recorded_at=recorded_at)
@@ -111,12 +166,15 @@ def _accepted(command: CommandEnvelope, state: AccountState, event_ids: list[str
                  reason=None, recorded_at=recorded_at, duplicate=False)
 
 
-def execute(state: AccountState, command: CommandEnvelope, recorded_at: str | None = None
-            ) -> tuple[AccountState, list[EventEnvelope], CommandResult]:
-    """Pure: the new state, the event envelopes to append and the command's result (no Kafka)."""
+def execute(state: AccountState, command: CommandEnvelope, recorded_at: str | None = None,
+            time_limit: EventTimeLimit | None = None) -> tuple[AccountState, list[EventEnvelope], CommandResult]:
+    """Pure: the new state, the event envelopes to append and the command's result (no Kafka). With
+    ``time_limit`` (the handler's clock), events dated beyond it reject the command."""
     recorded_at = recorded_at or utc_now()
     try:
         new_events = decide(state, command)
+        if time_limit is not None and new_events:
+            time_limit.check(command, new_events)
     except CommandRejected as e:
         return state, [], _rejection(state, command, e, recorded_at)
     command_id, aggregate_id = command.command_id, command.aggregate_id
@@ -134,12 +192,14 @@ def execute(state: AccountState, command: CommandEnvelope, recorded_at: str | No
     return state, envelopes, _accepted(command, state, [e.event_id for e in envelopes], recorded_at)
 
 
-def execute_encoded(state: AccountState, command: CommandEnvelope, recorded_at: str
-                    ) -> tuple[AccountState, list[bytes], CommandResult]:
+def execute_encoded(state: AccountState, command: CommandEnvelope, recorded_at: str,
+                    time_limit: EventTimeLimit | None = None) -> tuple[AccountState, list[bytes], CommandResult]:
     """``execute`` with the events as their JSON (``EventEnvelope.to_json()``), without building envelopes:
     the handler's hot path. Same state, same bytes, same result (tests/unit/test_handler_core.py)."""
     try:
         new_events = decide(state, command)
+        if time_limit is not None and new_events:
+            time_limit.check(command, new_events)
     except CommandRejected as e:
         return state, [], _rejection(state, command, e, recorded_at)
     command_id, aggregate_id = command.command_id, command.aggregate_id
@@ -160,29 +220,49 @@ def execute_encoded(state: AccountState, command: CommandEnvelope, recorded_at: 
     return state, encoded, _accepted(command, state, event_ids, recorded_at)
 
 
-class _Rebalance:
-    """Records assignment changes; the handler's loop applies them after ``consume`` returns."""
+def _command_ids(value: bytes | None) -> tuple[str, str] | None:
+    """(command_id, aggregate_id) of a command record as far as they can be read; None without a command_id."""
+    try:
+        obj = json.loads(value)
+    except (ValueError, TypeError):
+        return None
+    command_id = obj.get("command_id") if isinstance(obj, dict) else None
+    if not isinstance(command_id, str) or not command_id:
+        return None
+    aggregate_id = obj.get("aggregate_id")
+    return command_id, aggregate_id if isinstance(aggregate_id, str) else ""
 
-    def __init__(self, log: Callable[[str], None]):
-        self.log = log
-        self.lock = threading.Lock()
-        self.revoked: set[int] = set()
 
-    def on_revoke(self, consumer, partitions):
-        self.log(f"handler: partitions revoked: {sorted(tp.partition for tp in partitions)}")
-        with self.lock:
-            self.revoked |= {tp.partition for tp in partitions}
+class _Stopping(Exception):
+    """``stop()`` was called while the handler waited (for the broker, a rebuild, a commit): unwind now."""
 
-    on_lost = on_revoke
 
-    def on_assign(self, consumer, partitions):
-        # Not assigning here lets the client do the (incremental) assignment itself.
-        self.log(f"handler: partitions assigned: {sorted(tp.partition for tp in partitions)}")
+class _RebuildDeferred(Exception):
+    """A partition cannot be rebuilt right now (the broker does not answer, an open transaction blocks its log);
+    it stays paused and is tried again."""
 
-    def take_revoked(self) -> set[int]:
-        with self.lock:
-            revoked, self.revoked = self.revoked, set()
-            return revoked
+
+# Returned by _transact when a rebalance took a partition away mid-transaction (its records come again).
+_LOST = object()
+# Abort causes that mean "this instance lost the partition", not "this batch cannot be written".
+_REBALANCE_ERRORS = frozenset({confluent_kafka.KafkaError.UNKNOWN_MEMBER_ID,
+                               confluent_kafka.KafkaError.ILLEGAL_GENERATION,
+                               confluent_kafka.KafkaError.REBALANCE_IN_PROGRESS,
+                               confluent_kafka.KafkaError.FENCED_INSTANCE_ID})
+# librdkafka's consumer leaves its group when the application does not poll for this long (it rejoins on
+# the next poll). Long work polls every _KEEPALIVE_EVERY_S, far below it.
+_MAX_POLL_INTERVAL_MS = 60_000
+_KEEPALIVE_EVERY_S = 2.0
+# Every blocking client call waits at most this long before the handler checks stop() and polls again.
+_CALL_TIMEOUT_S = 5.0
+# The producer's own limit on one record (librdkafka's message.max.bytes, its default written out): the
+# size precheck uses the smaller of it and each topic's max.message.bytes.
+_PRODUCER_MESSAGE_MAX_BYTES = 1_000_000
+# A record alone in its batch takes this much more than its key and value (v2 batch header: 61 bytes; the
+# record's own varints and attributes: at most ~30). Rounded up.
+_RECORD_OVERHEAD_BYTES = 128
+# A command whose own transaction fails this many times (non-retriable errors) is answered NotWritable.
+_SINGLE_COMMAND_ATTEMPTS = 3
 
 
 class CommandHandler:
@@ -202,10 +282,18 @@ class CommandHandler:
         self.partitions: dict[int, PartitionState] = {}
         self.rebuilds: list[RebuildStats] = []
         self.stats = HandlerStats()
-        self._listener = _Rebalance(log)
+        # The most bytes one record may take, per topic written (set by start(): see _read_size_limits).
+        self.record_limits: dict[str, int] = {}
+        self._max_event_bytes = self._max_result_bytes = self._max_dead_letter_bytes = 0
         self._delivered_events: dict[int, int] = {}
         self._delivered_results: dict[int, int] = {}
         self._stopping = threading.Event()
+        # Assigned partitions whose state is not rebuilt yet: paused, so none of their commands is handled early.
+        self._unready: set[int] = set()
+        self._generation: dict[int, int] = {}  # per partition, bumped on every assignment and revocation
+        self._rebuild_retry_at: dict[int, float] = {}
+        self._buffered: list = []  # command records a keepalive consumed; handled by the next _poll
+        self._last_consume = time.monotonic()
         self._producer = None
         self._consumer = None
         self._reader = None  # read_committed, no group: rebuilds
@@ -220,39 +308,56 @@ class CommandHandler:
         kafka_log.ensure_topics(self.settings, log=self.log)
         self._check_partition_counts()
         s = self.settings
+        batch_bytes = self._read_size_limits()
         # The handler's own two clients are librdkafka's (confluent-kafka): kafka-python's pure-Python send path
         # cost more than everything else the handler does (bench/commands.py). Same guarantees: idempotent,
         # acks=all, transactional, read_committed, offsets sent with the group metadata (KIP-447).
         self._producer = confluent_kafka.Producer({
             "bootstrap.servers": s.bootstrap_servers, "transactional.id": self.transactional_id,
-            "enable.idempotence": True, "acks": "all", "linger.ms": 20, "batch.size": 1024 * 1024,
+            "enable.idempotence": True, "acks": "all", "linger.ms": 20, "batch.size": batch_bytes,
+            "message.max.bytes": _PRODUCER_MESSAGE_MAX_BYTES,
             "transaction.timeout.ms": _TRANSACTION_TIMEOUT_MS, "queue.buffering.max.messages": 1_000_000})
         # Fences any older instance with this id and aborts its open transaction before we read state.
         self._producer.init_transactions(60)
-        self._reader = kafka_log.make_consumer(s)
-        self._watermarks = kafka_log.make_consumer(s, isolation_level="read_uncommitted")
+        # Short request timeouts: a rebuild that waits for an absent broker gives way to stop() and keepalives.
+        self._reader = kafka_log.make_consumer(s, request_timeout_ms=5_000)
+        self._watermarks = kafka_log.make_consumer(s, isolation_level="read_uncommitted", request_timeout_ms=5_000)
         # Static membership: a restarted instance takes its partitions back without waiting for a timeout.
         self._consumer = confluent_kafka.Consumer({
             "bootstrap.servers": s.bootstrap_servers, "group.id": s.handler_group_id,
             "group.instance.id": self.transactional_id, "isolation.level": "read_committed",
             "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": 10_000,
-            "heartbeat.interval.ms": 2_000, "max.poll.interval.ms": 60_000, "topic.metadata.refresh.interval.ms": 10_000})
-        self._consumer.subscribe([s.commands_topic], on_assign=self._listener.on_assign,
-                                 on_revoke=self._listener.on_revoke, on_lost=self._listener.on_lost)
+            "heartbeat.interval.ms": 2_000, "max.poll.interval.ms": _MAX_POLL_INTERVAL_MS,
+            "topic.metadata.refresh.interval.ms": 10_000})
+        self._consumer.subscribe([s.commands_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_revoke)
+        self._last_consume = time.monotonic()
+
+    def _read_size_limits(self) -> int:
+        """Read what one record may weigh in each topic the handler writes commands' outcomes to (the topic's
+        max.message.bytes, capped by the producer's message.max.bytes); returns the producer's batch.size."""
+        s = self.settings
+        topics = (s.events_topic, s.results_topic, s.dead_letters_topic)
+        topic_limits = kafka_log.max_message_bytes(s, topics)
+        self.record_limits = {t: min(topic_limits[t], _PRODUCER_MESSAGE_MAX_BYTES) for t in topics}
+        self._topic_limits = topic_limits
+        self._max_event_bytes = self.record_limits[s.events_topic] - _RECORD_OVERHEAD_BYTES
+        self._max_result_bytes = self.record_limits[s.results_topic] - _RECORD_OVERHEAD_BYTES
+        self._max_dead_letter_bytes = self.record_limits[s.dead_letters_topic] - _RECORD_OVERHEAD_BYTES
+        # librdkafka does not split a batch the broker finds too large: no batch may outgrow the smallest limit.
+        return max(1, min(1024 * 1024, *self.record_limits.values()) - _RECORD_OVERHEAD_BYTES)
 
     def close(self) -> None:
-        """Snapshot what changed (so the next start is fast), then close the clients."""
+        """Snapshot what changed (so the next start is fast), then close the clients. Bounded in time: with the
+        broker away nothing is snapshotted (the next start reads more of the log; nothing is lost)."""
         if self._producer is not None and self._consumer is not None and self.settings.snapshot_every_events:
-            try:
-                self._snapshot([p for p in self.partitions.values() if p.events_since_snapshot])
-            except (KafkaError, confluent_kafka.KafkaException) as e:
-                self.log(f"handler: no snapshot on close ({e}); the next start reads more of the log")
+            self._snapshot([p for p in self.partitions.values() if p.events_since_snapshot], closing=True)
         for client in (self._consumer, self._reader, self._watermarks):
             if client is not None:
                 client.close()
         if self._producer is not None:
-            self._producer.flush(30)
+            self._producer.flush(_CALL_TIMEOUT_S)
         self._consumer = self._producer = self._reader = self._watermarks = None
 
     def __enter__(self) -> "CommandHandler":
@@ -278,17 +383,76 @@ class CommandHandler:
         finally:
             consumer.close()
 
-    # -- partition state -------------------------------------------------------------------------
-    def _apply_revocations(self) -> None:
-        for p in self._listener.take_revoked():
-            if self.partitions.pop(p, None) is not None:
-                self.log(f"handler {self.instance_id}: partition {p} revoked, its state dropped")
+    # -- group membership and liveness -------------------------------------------------------------
+    # librdkafka calls these from inside consume(), on this thread.
+    def _on_assign(self, consumer, partitions) -> None:
+        consumer.incremental_assign(partitions)
+        consumer.pause(partitions)  # until the partition's state is rebuilt (_rebuild_unready resumes it)
+        for tp in partitions:
+            self._generation[tp.partition] = self._generation.get(tp.partition, 0) + 1
+            self._unready.add(tp.partition)
+            self._rebuild_retry_at.pop(tp.partition, None)
+        self.log(f"handler {self.instance_id}: partitions assigned: {sorted(tp.partition for tp in partitions)}")
 
-    def _partition(self, p: int) -> PartitionState:
-        part = self.partitions.get(p)
-        if part is None:
-            part = self.partitions[p] = self._rebuild(p)
-        return part
+    def _on_revoke(self, consumer, partitions) -> None:
+        revoked = {tp.partition for tp in partitions}
+        self.log(f"handler {self.instance_id}: partitions revoked: {sorted(revoked)}")
+        for p in revoked:
+            self._generation[p] = self._generation.get(p, 0) + 1
+            self._unready.discard(p)
+            if self.partitions.pop(p, None) is not None:
+                self.log(f"handler {self.instance_id}: partition {p}'s state dropped")
+        self._buffered = [m for m in self._buffered if m.partition() not in revoked]
+
+    def _consume(self, timeout: float) -> list:
+        messages = self._consumer.consume(num_messages=self.max_poll_records, timeout=timeout)
+        self._last_consume = time.monotonic()
+        records = []
+        for message in messages:
+            if message.error():
+                self.log(f"handler {self.instance_id}: consumer error {message.error()}")
+            else:
+                records.append(message)
+        return records
+
+    def _keepalive(self) -> None:
+        """Called between the steps of long work (a rebuild, waiting for the broker or a commit): unwinds when
+        stop() was called, and polls the consumer often enough that it never exceeds max.poll.interval.ms
+        (which makes librdkafka leave the group). Records it gets are kept for the next batch, in order."""
+        if self._stopping.is_set():
+            raise _Stopping()
+        if time.monotonic() - self._last_consume >= _KEEPALIVE_EVERY_S:
+            self._buffered.extend(self._consume(0))
+
+    def _wait(self, seconds: float) -> None:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            self._keepalive()
+            time.sleep(min(0.1, max(0.0, until - time.monotonic())))
+
+    # -- partition state -------------------------------------------------------------------------
+    def _rebuild_unready(self) -> None:
+        """Rebuild the state of assigned partitions that have none yet, then let their commands through."""
+        if not self._unready:
+            return
+        assigned = {tp.partition for tp in self._consumer.assignment()}
+        for p in sorted(self._unready & assigned):
+            if time.monotonic() < self._rebuild_retry_at.get(p, 0.0):
+                continue
+            generation = self._generation.get(p)
+            try:
+                part = self._rebuild(p)
+            except (_RebuildDeferred, KafkaError, kafka_log.LogReadStalled) as e:
+                self._rebuild_retry_at[p] = time.monotonic() + 2.0
+                self.log(f"handler {self.instance_id}: partition {p} not rebuilt yet ({e!r}); its commands wait, "
+                         f"retrying in 2s")
+                continue
+            if self._generation.get(p) != generation:
+                self.log(f"handler {self.instance_id}: partition {p} moved while it was rebuilt; state discarded")
+                continue
+            self.partitions[p] = part
+            self._unready.discard(p)
+            self._consumer.resume([confluent_kafka.TopicPartition(self.settings.commands_topic, p)])
 
     def _rebuild(self, p: int) -> PartitionState:
         """Partition ``p``'s accounts and idempotency window: the latest snapshot plus the records after it."""
@@ -303,26 +467,34 @@ class CommandHandler:
         part = part or PartitionState(p, window=s.idempotency_window)
         end = ends[events_tp]
         events_read = 0
-        for record in kafka_log.read_partition(self._reader, events_tp, part.events_offset, end):
+        tick = self._keepalive
+        for record in kafka_log.read_partition(self._reader, events_tp, part.events_offset, end, tick=tick):
+            # No record may stop the handler: whatever fails to parse or to fold is skipped, logged and counted.
             try:
                 event = EventEnvelope.from_json(record.value)
+                part.accounts[event.aggregate_id] = evolve(part.account(event.aggregate_id), event)
             except InvalidRecord as e:
-                self.log(f"handler: skipped events record {p}/{record.offset}: {e}")
+                self._unreadable_event(p, record, str(e))
                 continue
-            part.accounts[event.aggregate_id] = evolve(part.account(event.aggregate_id), event)
+            except Exception as e:  # noqa: BLE001 -- e.g. a payload evolve() cannot fold
+                self._unreadable_event(p, record, f"{type(e).__name__}: {e}")
+                continue
             events_read += 1
         part.events_offset = max(part.events_offset, end)
         part.events_since_snapshot += events_read
         end = ends[results_tp]
         results_read = 0
-        for record in kafka_log.read_partition(self._reader, results_tp, part.results_offset, end):
+        for record in kafka_log.read_partition(self._reader, results_tp, part.results_offset, end, tick=tick):
             try:
                 result = CommandResult.from_json(record.value)
-            except InvalidRecord:
+                if result.aggregate_id and result.error_type != "InvalidCommand":
+                    part.remember(result)
+            except Exception as e:  # noqa: BLE001 -- an unreadable result only costs its idempotency entry
+                self.stats.unreadable_results += 1
+                self.log(f"handler {self.instance_id}: unreadable command result {record.topic}/{p}/{record.offset} "
+                         f"skipped: {type(e).__name__}: {e}")
                 continue
             results_read += 1
-            if result.aggregate_id and result.error_type != "InvalidCommand":
-                part.remember(result)
         part.results_offset = max(part.results_offset, end)
         stats = RebuildStats(p, from_snapshot, len(part.accounts), events_read, results_read,
                              time.monotonic() - started)
@@ -332,44 +504,62 @@ class CommandHandler:
                  f"in {stats.seconds:.2f}s")
         return part
 
+    def _unreadable_event(self, partition: int, record, reason: str) -> None:
+        """An events record the rebuild cannot read or fold: logged with where it is and why, counted, skipped."""
+        self.stats.unreadable_events += 1
+        self.log(f"handler {self.instance_id}: unreadable events record {record.topic}/{partition}/{record.offset} "
+                 f"skipped: {reason}")
+
     def _load_snapshot(self, p: int, end: int) -> PartitionState | None:
         """The latest snapshot of partition ``p``, reading only its own records when it can.
 
         A snapshot's chunks and manifest are written contiguously in one transaction and nothing else writes
         snapshots partition ``p`` in between, so the latest manifest sits just before the end (the commit
-        marker) and its chunks just before it. If that does not hold, the whole partition is read.
+        marker) and its chunks just before it. If that does not hold, the whole partition is read. A snapshot
+        that cannot be read is ignored: the state is rebuilt from the whole log instead.
         """
         s = self.settings
         tp = TopicPartition(s.snapshots_topic, p)
         if end == 0:
             return None
-        tail = list(kafka_log.read_partition(self._reader, tp, max(0, end - 3), end))
-        manifests = [r for r in tail if r.key == str(p).encode()]
-        if manifests:
-            manifest = manifests[-1]
-            chunks = json.loads(manifest.value)["chunks"]
-            records = list(kafka_log.read_partition(self._reader, tp, max(0, manifest.offset - chunks),
-                                                    manifest.offset + 1))
-            try:
-                return load_snapshot(records, p, s.idempotency_window)
-            except InvalidRecord:
-                pass  # not contiguous after all (e.g. compacted): read everything
-        return load_snapshot(kafka_log.read_partition(self._reader, tp, 0, end), p, s.idempotency_window)
+        tick = self._keepalive
+        try:
+            tail = list(kafka_log.read_partition(self._reader, tp, max(0, end - 3), end, tick=tick))
+            manifests = [r for r in tail if r.key == str(p).encode()]
+            if manifests:
+                manifest = manifests[-1]
+                chunks = json.loads(manifest.value)["chunks"]
+                records = list(kafka_log.read_partition(self._reader, tp, max(0, manifest.offset - chunks),
+                                                        manifest.offset + 1, tick=tick))
+                try:
+                    return load_snapshot(records, p, s.idempotency_window)
+                except InvalidRecord:
+                    pass  # not contiguous after all (e.g. compacted): read everything
+            return load_snapshot(kafka_log.read_partition(self._reader, tp, 0, end, tick=tick), p,
+                                 s.idempotency_window)
+        except (ValueError, KeyError, TypeError) as e:
+            self.log(f"handler {self.instance_id}: snapshot of partition {p} unreadable ({type(e).__name__}: {e}); "
+                     f"rebuilding from the whole log")
+            return None
 
     def _wait_until_stable(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         """Wait until no open transaction (e.g. of a killed instance) holds back the end of ``tps``; their
-        last stable offsets."""
+        last stable offsets. Raises _RebuildDeferred when the broker does not answer or the wait is too long."""
         deadline = time.monotonic() + _TRANSACTION_TIMEOUT_MS / 1000 + 15
         while True:
-            stable = self._reader.end_offsets(tps)
-            high = self._watermarks.end_offsets(tps)
+            self._keepalive()
+            try:
+                stable = self._reader.end_offsets(tps)
+                high = self._watermarks.end_offsets(tps)
+            except KafkaError as e:
+                raise _RebuildDeferred(f"the broker does not answer offset requests ({e!r})") from None
             if all(stable[tp] >= high[tp] for tp in tps):
                 return stable
             if time.monotonic() > deadline:
-                raise HandlerError(f"partitions {sorted(str(tp) for tp in tps)} stay blocked by an open transaction "
-                                   f"(stable offsets {stable}, high watermarks {high}); is another handler with a "
-                                   f"different instance id writing them?")
-            time.sleep(0.2)
+                raise _RebuildDeferred(f"partitions {sorted(str(tp) for tp in tps)} stay blocked by an open "
+                                       f"transaction (stable offsets {stable}, high watermarks {high}); is another "
+                                       f"handler with a different instance id writing them?")
+            self._wait(0.2)
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self, until_caught_up: bool = False, max_seconds: float | None = None,
@@ -382,6 +572,10 @@ class CommandHandler:
         gc.set_threshold(*_GC_THRESHOLDS)
         try:
             return self._loop(until_caught_up, deadline, progress_every_s)
+        except _Stopping:
+            self.log(f"handler {self.instance_id}: stopped while waiting; nothing uncommitted is kept (the "
+                     f"commands of an unfinished transaction are handled on the next start)")
+            return self.stats
         finally:
             gc.set_threshold(*thresholds)
 
@@ -389,10 +583,8 @@ class CommandHandler:
         last_progress = time.monotonic()
         while (deadline is None or time.monotonic() < deadline) and not self._stopping.is_set():
             batch = self._poll()
-            self._apply_revocations()
-            # Rebuild newly assigned partitions now (not on their first command), so a restart is ready at once.
-            for tp in self._assignment():
-                self._partition(tp.partition)
+            # Newly assigned partitions are rebuilt now (not on their first command), so a restart is ready at once.
+            self._rebuild_unready()
             if batch:
                 self.process(batch)
             elif until_caught_up and self._caught_up():
@@ -404,11 +596,12 @@ class CommandHandler:
 
     def _poll(self) -> dict[TopicPartition, list]:
         """The next batch of command records (confluent-kafka messages), by partition, in offset order."""
+        if self._buffered:
+            messages, self._buffered = self._buffered, []
+        else:
+            messages = self._consume(0.2)
         by_partition: dict[int, list] = {}
-        for message in self._consumer.consume(num_messages=self.max_poll_records, timeout=0.2):
-            if message.error():
-                self.log(f"handler {self.instance_id}: consumer error {message.error()}")
-                continue
+        for message in messages:
             records = by_partition.get(message.partition())
             if records is None:
                 records = by_partition[message.partition()] = []
@@ -420,16 +613,21 @@ class CommandHandler:
         return {TopicPartition(tp.topic, tp.partition) for tp in self._consumer.assignment()}
 
     def stop(self) -> None:
-        """Ask ``run()`` (possibly in another thread) to return after the current batch."""
+        """Ask ``run()`` (possibly in another thread, or a signal handler) to return: after the current batch,
+        or at once when it waits (for the broker, a rebuild, a commit)."""
         self._stopping.set()
 
     def _caught_up(self) -> bool:
         assigned = self._consumer.assignment()
-        if not assigned:
+        if not assigned or self._unready or self._buffered:
             return False
-        ends = self._reader.end_offsets([TopicPartition(tp.topic, tp.partition) for tp in assigned])
-        positions = {(tp.topic, tp.partition): tp.offset for tp in self._consumer.position(assigned)}
-        committed = {(tp.topic, tp.partition): tp.offset for tp in self._consumer.committed(assigned, timeout=10)}
+        try:
+            ends = self._reader.end_offsets([TopicPartition(tp.topic, tp.partition) for tp in assigned])
+            positions = {(tp.topic, tp.partition): tp.offset for tp in self._consumer.position(assigned)}
+            committed = {(tp.topic, tp.partition): tp.offset
+                         for tp in self._consumer.committed(assigned, timeout=_CALL_TIMEOUT_S)}
+        except (KafkaError, confluent_kafka.KafkaException):
+            return False  # the broker does not answer: not known to be caught up
         for tp in assigned:
             key = (tp.topic, tp.partition)
             # Nothing consumed yet since the assignment: the committed offset is where we stand.
@@ -438,14 +636,54 @@ class CommandHandler:
                 return False
         return True
 
+    # -- transactions ------------------------------------------------------------------------------
     def process(self, batch: dict) -> None:
-        """Handle one polled batch of command records in one transaction."""
-        assigned = self._assignment()
-        owned = {tp: self._partition(tp.partition) for tp in batch if tp in assigned}
-        if not owned:
+        """Handle one polled batch of command records in one transaction. Never loops on a batch: if its
+        transaction fails for any reason but a rebalance, its commands are redone one per transaction, and a
+        command that cannot be written even alone is answered NotWritable and skipped."""
+        failure = self._transact(batch)
+        if failure is None or failure is _LOST:
             return
+        self.stats.batch_retries += 1
+        count = sum(len(records) for records in batch.values())
+        self.log(f"handler {self.instance_id}: a transaction of {count} commands failed ({failure}); redoing them "
+                 f"one command per transaction")
+        for tp, records in batch.items():
+            for record in records:
+                if tp.partition not in self.partitions or not self._process_single(tp, record):
+                    break  # the partition moved or rewound: its records come again from the consumer
+
+    def _process_single(self, tp: TopicPartition, record) -> bool:
+        """One command in transactions of its own; False when a rebalance took its partition (rewound)."""
+        failure = None
+        for attempt in range(1, _SINGLE_COMMAND_ATTEMPTS + 1):
+            failure = self._transact({tp: [record]})
+            if failure is None:
+                return True
+            if failure is _LOST:
+                return False
+            self.stats.command_retries += 1
+            self.log(f"handler {self.instance_id}: command record {tp.topic}/{tp.partition}/{record.offset()}: its "
+                     f"own transaction failed ({failure}), attempt {attempt} of {_SINGLE_COMMAND_ATTEMPTS}")
+            self._wait(0.5 * attempt)
+        return self._reject_unwritable(tp, record, failure)
+
+    def _transact(self, batch: dict):
+        """``batch`` in one transaction: None once committed, _LOST when a rebalance took a partition away (the
+        consumer is rewound where it still owns them), else the Kafka error the transaction was aborted for."""
+        owned = {}
+        for tp, records in batch.items():
+            part = self.partitions.get(tp.partition)
+            if part is None:  # not rebuilt yet, or revoked: its records are read again when it is ready
+                self._rewind(tp, records[0].offset())
+            else:
+                owned[tp] = part
+        if not owned:
+            return None
         producer = self._producer
-        recorded_at = utc_now()
+        now = datetime.now(timezone.utc)
+        recorded_at = format_time(now)
+        time_limit = EventTimeLimit.at(now, self.settings.max_event_time_ahead_s)
         staged: dict[str, tuple[PartitionState, AccountState]] = {}
         staged_results: dict[str, tuple[PartitionState, CommandResult]] = {}
         stats = HandlerStats(started=self.stats.started)
@@ -458,26 +696,34 @@ class CommandHandler:
                 events_before = stats.events
                 events: list[tuple[bytes, bytes]] = []
                 results: list[tuple[bytes, bytes]] = []
-                self._handle_records(records, part, staged, staged_results, stats, recorded_at, events, results)
+                self._handle_records(records, part, staged, staged_results, stats, recorded_at, time_limit, events,
+                                     results)
                 self._produce_partition(self.settings.events_topic, events, tp.partition, self._on_event_delivered)
                 self._produce_partition(self.settings.results_topic, results, tp.partition,
                                         self._on_result_delivered)
                 part_events = stats.events - events_before
                 offsets.append(confluent_kafka.TopicPartition(tp.topic, tp.partition, records[-1].offset() + 1))
                 owned[tp] = (part, part_events)
-            commit_started = time.monotonic()
-            producer.send_offsets_to_transaction(offsets, self._consumer.consumer_group_metadata(), 30)
-            producer.commit_transaction(60)
-            self.stats.commit_seconds += time.monotonic() - commit_started
+            self._commit(offsets)
+        except _Stopping:
+            self._abort_quietly()
+            raise
         except confluent_kafka.KafkaException as e:
             error = e.args[0]
             if error.fatal():
                 raise HandlerError(f"handler {self.instance_id}: fatal producer error ({error}); e.g. fenced by a "
                                    f"newer instance with transactional id {self.transactional_id}; stopping") from None
-            # Typically a rebalance took a partition away mid-batch (KIP-447 fencing of the offset commit).
-            # Nothing of this batch is visible; re-read it where we still own the partition.
-            self._abort(e, batch, owned)
-            return
+            self._abort(error)
+            lost = [tp for tp in owned if tp.partition not in self.partitions]
+            if lost or error.code() in _REBALANCE_ERRORS:
+                # A rebalance took a partition away mid-batch (KIP-447 fencing of the offset commit). Nothing
+                # of this batch is visible; it is read again where this instance still owns the partition.
+                for tp in owned:
+                    self._rewind(tp, batch[tp][0].offset())
+                self.log(f"handler {self.instance_id}: transaction aborted after a rebalance ({error}); its "
+                         f"commands are read again where this instance still owns the partition")
+                return _LOST
+            return error
         # Only a committed transaction changes what the handler believes.
         for tp, (part, part_events) in owned.items():
             part.events_since_snapshot += part_events
@@ -490,7 +736,7 @@ class CommandHandler:
         for part, result in staged_results.values():
             if result.aggregate_id and result.error_type != "InvalidCommand":
                 part.remember(result)
-        for name in ("commands", "accepted", "rejected", "duplicates", "dead_lettered", "events"):
+        for name in ("commands", "accepted", "rejected", "duplicates", "dead_lettered", "events", "too_large"):
             setattr(self.stats, name, getattr(self.stats, name) + getattr(stats, name))
         self.stats.transactions += 1
         every = self.settings.snapshot_every_events
@@ -498,27 +744,136 @@ class CommandHandler:
             due = [part for part, _ in owned.values() if part.events_since_snapshot >= every]
             if due:
                 self._snapshot(due)
+        return None
 
-    def _abort(self, error: Exception, batch: dict, owned: dict) -> None:
-        try:
-            self._producer.abort_transaction(60)
-        except confluent_kafka.KafkaException as e:
-            raise HandlerError(f"handler {self.instance_id}: cannot abort after {error!r}: {e!r}") from e
+    def _commit(self, offsets: list) -> None:
+        """Send the consumer offsets and commit the open transaction, waiting out retriable errors (e.g. the
+        broker restarting) between keepalives; raises KafkaException when the transaction must be aborted."""
+        started = time.monotonic()
+        group = self._consumer.consumer_group_metadata()
+        producer = self._producer
+        self._retrying(lambda: producer.send_offsets_to_transaction(offsets, group, _CALL_TIMEOUT_S),
+                       "sending the offsets of a transaction")
+        self._retrying(lambda: producer.commit_transaction(_CALL_TIMEOUT_S), "committing a transaction")
+        self.stats.commit_seconds += time.monotonic() - started
+
+    def _retrying(self, call: Callable[[], None], what: str) -> None:
+        waiting_since = None
+        while True:
+            try:
+                call()
+                break
+            except confluent_kafka.KafkaException as e:
+                error = e.args[0]
+                if error.fatal() or error.txn_requires_abort() or not error.retriable():
+                    raise
+                if waiting_since is None:
+                    waiting_since = time.monotonic()
+                    self.log(f"handler {self.instance_id}: {what} waits for the broker ({error}); retrying")
+                self._keepalive()
+        if waiting_since is not None:
+            self.log(f"handler {self.instance_id}: {what} went through after {time.monotonic() - waiting_since:.1f}s")
+
+    def _abort(self, error) -> None:
+        """Abort the open transaction, waiting out a broker that does not answer."""
         self.stats.aborted += 1
-        self._apply_revocations()
-        still = self._assignment()
-        for tp in owned:
-            if tp in still:
-                self._consumer.seek(confluent_kafka.TopicPartition(tp.topic, tp.partition, batch[tp][0].offset()))
-        self.log(f"handler {self.instance_id}: transaction aborted ({error!r}); the batch will be redone "
-                 f"where this instance still owns the partition")
+        while True:
+            try:
+                self._producer.abort_transaction(_CALL_TIMEOUT_S)
+                return
+            except confluent_kafka.KafkaException as e:
+                abort_error = e.args[0]
+                if abort_error.fatal() or not abort_error.retriable():
+                    raise HandlerError(f"handler {self.instance_id}: cannot abort a transaction after {error}: "
+                                       f"{abort_error}") from None
+                self._keepalive()
 
+    def _abort_quietly(self) -> None:
+        """Best effort when stopping: an open transaction the broker does not hear about is aborted by it after
+        transaction.timeout.ms, or by the next start's init_transactions."""
+        try:
+            self._producer.abort_transaction(1)
+        except confluent_kafka.KafkaException:
+            pass
+
+    def _rewind(self, tp: TopicPartition, offset: int) -> None:
+        """Read ``tp`` again from ``offset`` (if this instance still owns it); drop what a keepalive kept of it."""
+        self._buffered = [m for m in self._buffered if m.partition() != tp.partition]
+        if tp.partition in self._unready or tp not in self._assignment():
+            return  # a new assignment starts from the committed offset anyway
+        try:
+            self._consumer.seek(confluent_kafka.TopicPartition(tp.topic, tp.partition, offset))
+        except confluent_kafka.KafkaException as e:
+            self.log(f"handler {self.instance_id}: cannot rewind {tp.topic}/{tp.partition} to {offset} ({e}); "
+                     f"restarting from its committed offset")
+            self._unready.add(tp.partition)
+            self.partitions.pop(tp.partition, None)
+            self._consumer.pause([confluent_kafka.TopicPartition(tp.topic, tp.partition)])
+
+    def _reject_unwritable(self, tp: TopicPartition, record, failure) -> bool:
+        """The last resort for a command whose own transaction keeps failing: answer it with a rejection naming
+        the Kafka error (no command id: dead-letter it) and commit its offset, so that it never holds back the
+        commands after it. Returns False when a rebalance took the partition meanwhile."""
+        s = self.settings
+        part = self.partitions[tp.partition]
+        value = record.value()
+        where = f"{tp.topic}/{tp.partition}/{record.offset()}"
+        reason = (f"command record {where} could not be written, even in {_SINGLE_COMMAND_ATTEMPTS} transactions "
+                  f"of its own: {failure}")
+        ids = _command_ids(value)
+        result = None
+        if ids is not None:
+            command_id, account_id = ids
+            result = self._fit_result(CommandResult(
+                command_id, account_id, "rejected", part.account(account_id).version if account_id else -1,
+                error_type="NotWritable", reason=reason, recorded_at=utc_now()))
+        for with_answer in (True, False):
+            self._producer.begin_transaction()
+            try:
+                if with_answer and result is not None:
+                    self._produce(s.results_topic, result.command_id.encode(), result.to_json(), tp.partition)
+                elif with_answer:
+                    self._produce(s.dead_letters_topic, record.key(), kafka_log.dead_letter_value(
+                        reason, value, tp.topic, tp.partition, record.offset(), max_bytes=self._max_dead_letter_bytes))
+                self._commit([confluent_kafka.TopicPartition(tp.topic, tp.partition, record.offset() + 1)])
+            except _Stopping:
+                self._abort_quietly()
+                raise
+            except confluent_kafka.KafkaException as e:
+                error = e.args[0]
+                if error.fatal():
+                    raise HandlerError(f"handler {self.instance_id}: fatal producer error ({error}); stopping") \
+                        from None
+                self._abort(error)
+                if tp.partition not in self.partitions or error.code() in _REBALANCE_ERRORS:
+                    self._rewind(tp, record.offset())
+                    return False
+                self.log(f"handler {self.instance_id}: cannot write the rejection of {where} either ({error})")
+                continue
+            self.stats.commands += 1
+            self.stats.rejected += 1
+            self.stats.unwritable += 1
+            self.stats.transactions += 1
+            if with_answer and result is not None:
+                if result.aggregate_id:
+                    part.remember(result)
+                self.log(f"handler {self.instance_id}: command {result.command_id} ({where}) rejected NotWritable "
+                         f"and skipped: {failure}")
+            else:
+                self.log(f"handler {self.instance_id}: command record {where} SKIPPED "
+                         f"{'(dead-lettered)' if with_answer else 'UNANSWERED'}: {failure}")
+            return True
+        raise HandlerError(f"handler {self.instance_id}: nothing can be written for command record {where}, not "
+                           f"even its offset ({failure}); stopping")
+
+    # -- one batch's records -------------------------------------------------------------------------
     def _handle_records(self, records: list, part: PartitionState, staged, staged_results, stats: HandlerStats,
-                        recorded_at: str, events: list, results: list) -> None:
+                        recorded_at: str, time_limit: EventTimeLimit, events: list, results: list) -> None:
         """Handle one partition's command records in order: append their events and results (key, value) to
         ``events`` and ``results``, which ``process`` produces into the open transaction."""
         from_json, add_event, add_result = CommandEnvelope.from_json, events.append, results.append
         first_result, account = part.first_result, part.account
+        max_event_bytes, max_result_bytes = self._max_event_bytes, self._max_result_bytes
         accepted = rejected = new_events_total = 0
         for record in records:
             value = record.value()
@@ -538,12 +893,25 @@ class CommandHandler:
                     first.reason, recorded_at, duplicate=True).to_json()))
                 continue
             staged_state = staged.get(account_id)
-            state = staged_state[1] if staged_state else account(account_id)
-            state, new_events, result = execute_encoded(state, command, recorded_at)
+            before = staged_state[1] if staged_state else account(account_id)
+            state, new_events, result = execute_encoded(before, command, recorded_at, time_limit)
+            result_key, result_value = command_id.encode(), result.to_json()
             if new_events:
                 key = account_id.encode()
-                for event in new_events:
-                    add_event((key, event))
+                # Sizes are checked before anything is produced: a record the broker refuses would abort the
+                # whole transaction (see _too_large).
+                if (len(key) + max(map(len, new_events)) > max_event_bytes
+                        or len(result_key) + len(result_value) > max_result_bytes):
+                    stats.too_large += 1
+                    state, result = before, self._too_large(before, command, key, new_events, result_key,
+                                                            result_value)
+                    new_events, result_value = (), result.to_json()
+                else:
+                    for event in new_events:
+                        add_event((key, event))
+            if len(result_key) + len(result_value) > max_result_bytes:  # a rejection quoting a huge value
+                result = self._fit_result(result)
+                result_value = result.to_json()
             if result.status == "accepted":
                 staged[account_id] = (part, state)
                 accepted += 1
@@ -551,11 +919,42 @@ class CommandHandler:
             else:
                 rejected += 1
             staged_results[command_id] = (part, result)
-            add_result((command_id.encode(), result.to_json()))
+            add_result((result_key, result_value))
         stats.commands += len(records)
         stats.accepted += accepted
         stats.rejected += rejected
         stats.events += new_events_total
+
+    def _too_large(self, state: AccountState, command: CommandEnvelope, key: bytes, new_events, result_key: bytes,
+                   result_value: bytes) -> CommandResult:
+        """The rejection of a valid command whose event or result is bigger than a record may be: the broker
+        would refuse it (MSG_SIZE_TOO_LARGE) and abort the whole transaction, again on every retry."""
+        s = self.settings
+        event_bytes = len(key) + max(map(len, new_events))
+        if event_bytes > self._max_event_bytes:
+            what, size, topic = "event", event_bytes, s.events_topic
+        else:
+            what, size, topic = "result", len(result_key) + len(result_value), s.results_topic
+        limit = self.record_limits[topic]
+        reason = (f"command {command.command_id}: its {what} would be a record of {size:,} bytes (key and value), "
+                  f"more than the {limit - _RECORD_OVERHEAD_BYTES:,} bytes a record may take in {topic} (the smaller "
+                  f"of the topic's max.message.bytes {self._topic_limits[topic]:,} and the producer's "
+                  f"message.max.bytes {_PRODUCER_MESSAGE_MAX_BYTES:,}, less {_RECORD_OVERHEAD_BYTES} bytes of "
+                  f"record overhead); shorten its fields")
+        return self._fit_result(CommandResult(command.command_id, command.aggregate_id, "rejected", state.version,
+                                              error_type="EventTooLarge", reason=reason,
+                                              recorded_at=utc_now()))
+
+    def _fit_result(self, result: CommandResult) -> CommandResult:
+        """``result`` with its reason shortened until its record fits the results topic (a rejection may quote
+        the huge value it rejects)."""
+        limit = self._max_result_bytes - len(result.command_id.encode())
+        reason = result.reason or ""
+        while len(result.to_json()) > limit and reason:
+            reason = reason[:len(reason) // 2]
+            result = dataclasses.replace(result, reason=f"{reason}... (reason truncated to fit "
+                                                        f"{self.settings.results_topic})")
+        return result
 
     def _handle_invalid(self, record, value: bytes | None, reason: str, stats: HandlerStats, recorded_at: str,
                         results: list) -> int:
@@ -564,12 +963,15 @@ class CommandHandler:
         goes to the dead-letter topic with its bytes (0)."""
         result = self._invalid_result(value, reason, recorded_at)
         if result is not None:
-            results.append((result.command_id.encode(), result.to_json()))
+            result_value = result.to_json()
+            if len(result.command_id) + len(result_value) > self._max_result_bytes:
+                result_value = self._fit_result(result).to_json()
+            results.append((result.command_id.encode(), result_value))
             return 1
         stats.dead_lettered += 1
         self._produce(self.settings.dead_letters_topic, record.key(),
                       kafka_log.dead_letter_value(reason, value, record.topic(), record.partition(),
-                                                  record.offset()))
+                                                  record.offset(), max_bytes=self._max_dead_letter_bytes))
         return 0
 
     def _produce_partition(self, topic: str, records: list[tuple[bytes, bytes]], partition: int,
@@ -623,8 +1025,9 @@ class CommandHandler:
                              recorded_at=recorded_at)
 
     # -- snapshots ---------------------------------------------------------------------------------
-    def _snapshot(self, parts: list[PartitionState]) -> None:
-        """Write a snapshot of each of ``parts`` (their committed state) in one transaction of its own."""
+    def _snapshot(self, parts: list[PartitionState], closing: bool = False) -> None:
+        """Write a snapshot of each of ``parts`` (their committed state) in one transaction of its own. A
+        snapshot only saves rebuild time: when it cannot be written it is logged and tried again later."""
         if not parts:
             return
         topic = self.settings.snapshots_topic
@@ -633,9 +1036,23 @@ class CommandHandler:
             for part in parts:
                 for key, value in snapshot_records(part):
                     self._produce(topic, key, value, part.partition)
-            self._producer.commit_transaction(60)
-        except confluent_kafka.KafkaException:
-            self._producer.abort_transaction(60)
+            if closing:  # bounded: a broker that is away gets one call's patience
+                self._producer.commit_transaction(_CALL_TIMEOUT_S)
+            else:
+                self._retrying(lambda: self._producer.commit_transaction(_CALL_TIMEOUT_S), "committing a snapshot")
+        except confluent_kafka.KafkaException as e:
+            error = e.args[0]
+            if error.fatal():
+                raise HandlerError(f"handler {self.instance_id}: fatal producer error ({error}); stopping") from None
+            self.log(f"handler {self.instance_id}: snapshot of partitions {sorted(p.partition for p in parts)} not "
+                     f"written ({error}); the next start reads more of the log")
+            if closing:
+                self._abort_quietly()
+            else:
+                self._abort(error)
+            return
+        except _Stopping:
+            self._abort_quietly()
             raise
         for part in parts:
             part.events_since_snapshot = 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
@@ -16,7 +16,11 @@ from kafka.errors import TopicAlreadyExistsError
 from eventlake.settings import Settings
 
 __all__ = ["ensure_topics", "topic_configs", "make_producer", "make_consumer", "read_all", "end_offsets",
-           "produce_all", "dead_letter_value", "read_partition"]
+           "produce_all", "dead_letter_value", "read_partition", "max_message_bytes", "LogReadStalled"]
+
+
+class LogReadStalled(RuntimeError):
+    """A partition read got no further for a while before its end (typically: the broker does not answer)."""
 
 # Append-only log: never deleted by time or size, never compacted.
 _UNLIMITED = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
@@ -59,6 +63,17 @@ def ensure_topics(settings: Settings, log=print) -> list[str]:
         return created
     finally:
         client.close()
+
+
+def max_message_bytes(settings: Settings, topics: Iterable[str], timeout_s: float = 30.0) -> dict[str, int]:
+    """Each topic's ``max.message.bytes`` as the broker reports it (the most a record batch may take)."""
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    client = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    futures = client.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics],
+                                      request_timeout=timeout_s)
+    return {resource.name: int(future.result(timeout=timeout_s)["max.message.bytes"].value)
+            for resource, future in futures.items()}
 
 
 def make_producer(settings: Settings, transactional_id: str | None = None, **overrides) -> KafkaProducer:
@@ -116,10 +131,13 @@ def read_all(settings: Settings, topic: str, idle_timeout_s: float = 2.0) -> Ite
 
 
 def read_partition(consumer: KafkaConsumer, tp: TopicPartition, start: int, end: int | None = None,
-                   idle_timeout_s: float = 5.0) -> Iterator:
+                   idle_timeout_s: float = 5.0, tick: Callable[[], None] | None = None) -> Iterator:
     """Committed records of one partition from ``start`` up to ``end`` (default: its last stable offset).
 
-    ``consumer`` is a read_committed consumer without a group; it is (re)assigned to ``tp`` only.
+    ``consumer`` is a read_committed consumer without a group; it is (re)assigned to ``tp`` only. ``tick`` is
+    called between polls (a long read must not starve its caller: stop requests, a consumer group's liveness).
+    Raises LogReadStalled when the read gets no further for ``idle_timeout_s`` before ``end``: a partial read
+    is never passed off as a whole one.
     """
     consumer.assign([tp])
     if end is None:
@@ -128,17 +146,22 @@ def read_partition(consumer: KafkaConsumer, tp: TopicPartition, start: int, end:
         return
     consumer.seek(tp, start)
     last_progress = time.monotonic()
-    while consumer.position(tp) < end:
+    last_position = start
+    while (position := consumer.position(tp)) < end:
+        if tick is not None:
+            tick()
         batch = consumer.poll(timeout_ms=50, max_records=10_000)
         records = batch.get(tp, ())
         for record in records:
             if record.offset >= end:
                 return
             yield record
-        if records:
-            last_progress = time.monotonic()
+        # The position also moves over transaction markers and aborted records, which yield nothing.
+        if records or position != last_position:
+            last_progress, last_position = time.monotonic(), position
         elif time.monotonic() - last_progress > idle_timeout_s:
-            break  # only transaction markers or aborted records left before ``end``
+            raise LogReadStalled(f"reading {tp.topic}/{tp.partition} got no further than offset {position} for "
+                                 f"{idle_timeout_s:.0f}s (reading up to {end}); is the broker away?")
 
 
 def produce_all(producer: KafkaProducer, topic: str, records: Iterable[tuple[str, bytes]]) -> int:
@@ -150,10 +173,24 @@ def produce_all(producer: KafkaProducer, topic: str, records: Iterable[tuple[str
     return len(futures)
 
 
-def dead_letter_value(reason: str, raw: bytes | None, topic: str, partition: int, offset: int) -> bytes:
-    """The dead-letter record: the reason, where the original came from, and its exact bytes."""
-    return json.dumps({"reason": reason, "source_topic": topic, "source_partition": partition,
-                       "source_offset": offset,
-                       "original_value": None if raw is None else raw.decode("utf-8", errors="backslashreplace"),
-                       "original_value_hex": None if raw is None else raw.hex(),
-                       "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode()
+def dead_letter_value(reason: str, raw: bytes | None, topic: str, partition: int, offset: int,
+                      max_bytes: int | None = None) -> bytes:
+    """The dead-letter record: the reason, where the original came from, and its exact bytes.
+
+    With ``max_bytes`` (what one record may take in the dead-letter topic), an original too big to be quoted
+    in full keeps only its first bytes, flagged with ``original_truncated`` and its ``original_size``: the
+    original stays where it came from (``source_*``)."""
+    record = {"reason": reason, "source_topic": topic, "source_partition": partition, "source_offset": offset,
+              "original_value": None if raw is None else raw.decode("utf-8", errors="backslashreplace"),
+              "original_value_hex": None if raw is None else raw.hex(),
+              "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    value = json.dumps(record).encode()
+    if max_bytes is None or raw is None or len(value) <= max_bytes:
+        return value
+    # The text form takes up to 6 bytes of JSON per original byte (escapes), the hex form 2: keep some hex.
+    record.update(original_value=None, original_value_hex="", original_truncated=True, original_size=len(raw))
+    if len(reason) > max_bytes // 8:  # a reason may quote the value it rejects
+        record["reason"] = reason[:max_bytes // 8] + "... (truncated)"
+    keep = max(0, (max_bytes - len(json.dumps(record).encode())) // 2)
+    record["original_value_hex"] = raw[:keep].hex()
+    return json.dumps(record).encode()

@@ -42,6 +42,9 @@ class Settings:
     snapshot_every_events: int = 10_000
     # Per account, the handler remembers the first result of this many most recent commands (idempotency).
     idempotency_window: int = 100
+    # The handler rejects a command whose event time (occurred_at) lies more than this many seconds ahead of
+    # its clock: one event dated far ahead would move every event-time watermark past all later events.
+    max_event_time_ahead_s: int = 900
     policy_group_id: str = "eventlake-fraud-policy"
     spark_master: str = "local[2]"
     spark_shuffle_partitions: int = 4

@@ -1,0 +1,156 @@
+"""Poison commands and hostile records against the real broker and the real command handler (issue 14):
+a command too big for the log, a transaction that cannot commit, an event dated far ahead, unreadable records
+in the events topic. None of them may stop the handler or hold back the commands after them."""
+import re
+from collections import defaultdict
+
+import pytest
+from kafka.admin import NewTopic
+
+from event_store import kafka_log
+from event_store.envelope import CommandEnvelope, CommandResult, EventEnvelope
+from event_store.handler import CommandHandler
+
+pytestmark = pytest.mark.slow
+SMALL_RECORDS = 4096  # max.message.bytes of the events and results topics in these tests
+
+
+def quiet(lines):
+    return lambda message: lines.append(message)
+
+
+def create_topics(settings, max_message_bytes=None):
+    """The handler's topics, the events and results topics with a small max.message.bytes if asked."""
+    configs = kafka_log.topic_configs(settings)
+    if max_message_bytes:
+        for topic in (settings.events_topic, settings.results_topic):
+            configs[topic] = {**configs[topic], "max.message.bytes": str(max_message_bytes)}
+    admin = kafka_log.admin(settings)
+    try:
+        admin.create_topics([NewTopic(name, settings.topic_partitions, 1, topic_configs=cfg)
+                             for name, cfg in configs.items()])
+    finally:
+        admin.close()
+
+
+def send(settings, commands):
+    producer = kafka_log.make_producer(settings)
+    try:
+        kafka_log.produce_all(producer, settings.commands_topic,
+                              [(c.aggregate_id, c.to_json()) for c in commands])
+    finally:
+        producer.close()
+
+
+def results(settings):
+    return {r.command_id: r for r in (CommandResult.from_json(rec.value)
+                                      for rec in kafka_log.read_all(settings, settings.results_topic))}
+
+
+def events(settings):
+    return [EventEnvelope.from_json(r.value) for r in kafka_log.read_all(settings, settings.events_topic)]
+
+
+def assert_gap_free(all_events):
+    by_account = defaultdict(list)
+    for e in all_events:
+        by_account[e.aggregate_id].append(e.aggregate_version)
+    for account, versions in by_account.items():
+        assert versions == list(range(1, len(versions) + 1)), account
+
+
+def account_commands(account="acc-1", evidence="x" * 10_000, payments=3):
+    """OpenAccount, a FlagFraud with a big ``evidence`` (no length limit), then payments: one partition."""
+    opened = CommandEnvelope.create("OpenAccount", account, {"customer_id": "c", "credit_limit_minor": 100_000,
+                                                             "currency": "USD"})
+    flag = CommandEnvelope.create("FlagFraud", account, {"payment_id": "p0", "rule": "burst", "evidence": evidence})
+    pays = [CommandEnvelope.create("AuthorizePayment", account, {
+        "payment_id": f"p{i}", "amount_minor": 100, "currency": "USD", "merchant_id": "m1", "location": "US-NYC",
+        "occurred_at": "2026-01-01T10:00:00.000Z"}) for i in range(1, payments + 1)]
+    return [opened, flag, *pays]
+
+
+def test_a_command_whose_event_exceeds_the_topics_record_limit_is_rejected_and_later_ones_are_handled(settings):
+    create_topics(settings, max_message_bytes=SMALL_RECORDS)
+    commands = account_commands()
+    send(settings, commands)
+    lines = []
+    with CommandHandler(settings, log=quiet(lines)) as handler:
+        assert handler.record_limits[settings.events_topic] == SMALL_RECORDS  # read from the topic, not guessed
+        stats = handler.run(until_caught_up=True, max_seconds=90)
+    got = results(settings)
+    assert set(got) == {c.command_id for c in commands}
+    big = got[commands[1].command_id]
+    assert (big.status, big.error_type) == ("rejected", "EventTooLarge")
+    assert settings.events_topic in big.reason and f"max.message.bytes {SMALL_RECORDS:,}" in big.reason
+    assert re.search(r"record of 10,\d{3} bytes", big.reason)  # the event's size
+    assert all(got[c.command_id].status == "accepted" for c in commands if c is not commands[1])
+    assert [(e.event_type, e.aggregate_version) for e in events(settings)] == [
+        ("AccountOpened", 1), ("PaymentAuthorized", 2), ("PaymentAuthorized", 3), ("PaymentAuthorized", 4)]
+    assert stats.too_large == 1 and stats.aborted == 0
+
+
+def test_a_failing_transaction_is_redone_one_command_per_transaction_and_the_unwritable_command_rejected(settings):
+    create_topics(settings, max_message_bytes=SMALL_RECORDS)
+    commands = account_commands(payments=5)
+    send(settings, commands)
+    lines = []
+    with CommandHandler(settings, log=quiet(lines)) as handler:
+        # Something the precheck does not catch: it believes records up to 1 MB fit; the broker refuses.
+        handler._max_event_bytes = 1_000_000
+        stats = handler.run(until_caught_up=True, max_seconds=120)
+    got = results(settings)
+    assert set(got) == {c.command_id for c in commands}
+    big = got[commands[1].command_id]
+    assert (big.status, big.error_type) == ("rejected", "NotWritable")
+    assert "MSG_SIZE_TOO_LARGE" in big.reason and settings.commands_topic in big.reason
+    assert all(got[c.command_id].status == "accepted" for c in commands if c is not commands[1])
+    all_events = events(settings)
+    assert [e.event_type for e in all_events] == ["AccountOpened"] + ["PaymentAuthorized"] * 5
+    assert_gap_free(all_events)
+    # At least the poison command's own attempts; librdkafka may fail one more transaction after the refused
+    # records (OUT_OF_ORDER_SEQUENCE_NUMBER, until it bumps the producer epoch): that command is simply redone.
+    assert stats.batch_retries >= 1 and stats.unwritable == 1 and stats.command_retries >= 3
+    assert any("one command per transaction" in line for line in lines)
+
+
+def test_an_event_dated_beyond_the_allowed_skew_is_rejected_by_the_real_handler(settings):
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    opened, _, on_time, far = account_commands(payments=2)
+    far = CommandEnvelope.create("AuthorizePayment", "acc-1", {**far.payload, "occurred_at": "9999-01-01T00:00:00Z"})
+    send(settings, [opened, far, on_time])
+    with CommandHandler(settings, log=lambda *_: None) as handler:
+        handler.run(until_caught_up=True, max_seconds=60)
+    got = results(settings)
+    assert (got[far.command_id].status, got[far.command_id].error_type) == ("rejected", "EventTimeInFuture")
+    assert "9999-01-01T00:00:00Z" in got[far.command_id].reason
+    assert "EVENTLAKE_MAX_EVENT_TIME_AHEAD_S" in got[far.command_id].reason
+    assert got[on_time.command_id].status == "accepted"
+
+
+def test_unreadable_records_in_the_events_topic_do_not_stop_the_handler(settings):
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    # Written straight into the events topic, on every partition: a tombstone, bytes that are not JSON, and an
+    # event whose payload evolve() cannot fold (AccountOpened without its fields).
+    odd_event = (b'{"event_id":"e1","event_type":"AccountOpened","schema_version":1,"aggregate_type":"account",'
+                 b'"aggregate_id":"acc-odd","aggregate_version":1,"occurred_at":"2026-01-01T00:00:00Z",'
+                 b'"recorded_at":"2026-01-01T00:00:00Z","command_id":"c","correlation_id":"c","causation_id":"c",'
+                 b'"payload":{}}')
+    producer = kafka_log.make_producer(settings)
+    try:
+        for p in range(settings.topic_partitions):
+            for value in (None, b"\xff\xfenot json", odd_event):
+                producer.send(settings.events_topic, key=b"acc-odd", value=value, partition=p)
+        producer.flush()
+    finally:
+        producer.close()
+    commands = account_commands(evidence="fine")
+    send(settings, commands)
+    lines = []
+    with CommandHandler(settings, log=quiet(lines)) as handler:
+        stats = handler.run(until_caught_up=True, max_seconds=60)
+    got = results(settings)
+    assert all(got[c.command_id].status == "accepted" for c in commands)
+    assert stats.unreadable_events >= 2 * settings.topic_partitions
+    skipped = [line for line in lines if "unreadable events record" in line]
+    assert any(f"{settings.events_topic}/0/0" in line for line in skipped)
