@@ -30,7 +30,7 @@ from kafka.errors import KafkaError
 
 from event_store import kafka_log
 from event_store.account import (AGGREGATE_TYPE, AccountState, CommandRejected, NewEvent, decide, evolve,
-                                 evolve_fields)
+                                 evolve_fields, quarantined)
 from event_store.envelope import (CommandEnvelope, CommandResult, EventEnvelope, InvalidRecord, built, dumps,
                                   format_time, parse_time, utc_now)
 from event_store.schemas import EVENT_SCHEMA_VERSIONS
@@ -85,7 +85,8 @@ class HandlerStats:
     unwritable: int = 0  # rejected NotWritable after transactions of their own failed (counted in rejected too)
     batch_retries: int = 0  # batches redone one command per transaction
     command_retries: int = 0  # failed transactions of a single command
-    unreadable_events: int = 0  # events records a rebuild skipped
+    unreadable_events: int = 0  # events records a rebuild could not read (their accounts are quarantined)
+    repeated_events: int = 0  # events at a version already taken (the same event again, or a forged one)
     unreadable_results: int = 0  # command-results records a rebuild skipped
     commit_seconds: float = 0.0  # waiting for send_offsets_to_transaction + commit_transaction
     started: float = field(default_factory=time.monotonic)
@@ -94,7 +95,8 @@ class HandlerStats:
         secs = max(time.monotonic() - self.started, 1e-9)
         faults = {"too large": self.too_large, "not writable": self.unwritable,
                   "batches redone one by one": self.batch_retries, "single-command retries": self.command_retries,
-                  "unreadable events skipped": self.unreadable_events,
+                  "unreadable events (accounts quarantined)": self.unreadable_events,
+                  "events at a taken version skipped": self.repeated_events,
                   "unreadable results skipped": self.unreadable_results}
         return (f"{self.commands} commands ({self.accepted} accepted, {self.rejected} rejected, "
                 f"{self.duplicates} duplicate, {self.dead_lettered} dead-lettered) -> {self.events} events "
@@ -218,6 +220,30 @@ def execute_encoded(state: AccountState, command: CommandEnvelope, recorded_at: 
         state = evolve_fields(state, event_type, payload, version)
         event_ids.append(event_id)
     return state, encoded, _accepted(command, state, event_ids, recorded_at)
+
+
+def _account_of(record) -> str | None:
+    """The account an events record belongs to as far as it can be told: its key, else its aggregate_id."""
+    if record.key:
+        try:
+            return record.key.decode("utf-8") or None
+        except UnicodeDecodeError:
+            pass
+    try:
+        obj = json.loads(record.value)
+    except (ValueError, TypeError):
+        return None
+    aggregate_id = obj.get("aggregate_id") if isinstance(obj, dict) else None
+    return aggregate_id if isinstance(aggregate_id, str) and aggregate_id else None
+
+
+def _continue_waiting(part: PartitionState, state: AccountState) -> AccountState:
+    """``state`` with the events that waited for it applied (the versions right after it, in order). The
+    waiting events stay listed: a transaction that aborts goes back to an earlier state, which needs them."""
+    waiting = part.waiting.get(state.account_id) if part.waiting else None
+    while waiting and (event := waiting.get(state.version + 1)) is not None:
+        state = evolve(state, event)
+    return state
 
 
 def _command_ids(value: bytes | None) -> tuple[str, str] | None:
@@ -469,15 +495,20 @@ class CommandHandler:
         events_read = 0
         tick = self._keepalive
         for record in kafka_log.read_partition(self._reader, events_tp, part.events_offset, end, tick=tick):
-            # No record may stop the handler: whatever fails to parse or to fold is skipped, logged and counted.
+            # No record may stop the handler: whatever fails to parse or to fold quarantines its account
+            # (logged and counted); every other account goes on.
             try:
                 event = EventEnvelope.from_json(record.value)
-                part.accounts[event.aggregate_id] = evolve(part.account(event.aggregate_id), event)
             except InvalidRecord as e:
-                self._unreadable_event(p, record, str(e))
+                self._unreadable_event(part, record, str(e))
                 continue
+            except Exception as e:  # noqa: BLE001 -- defensive: nothing from the log may stop the handler
+                self._unreadable_event(part, record, f"{type(e).__name__}: {e}")
+                continue
+            try:
+                self._apply_logged(part, event, record)
             except Exception as e:  # noqa: BLE001 -- e.g. a payload evolve() cannot fold
-                self._unreadable_event(p, record, f"{type(e).__name__}: {e}")
+                self._unreadable_event(part, record, f"{type(e).__name__}: {e}")
                 continue
             events_read += 1
         part.events_offset = max(part.events_offset, end)
@@ -504,11 +535,38 @@ class CommandHandler:
                  f"in {stats.seconds:.2f}s")
         return part
 
-    def _unreadable_event(self, partition: int, record, reason: str) -> None:
-        """An events record the rebuild cannot read or fold: logged with where it is and why, counted, skipped."""
+    def _apply_logged(self, part: PartitionState, event: EventEnvelope, record) -> None:
+        """Fold an event read from the log by the rule the read models apply (read_models.sequence): each
+        account's versions once and in order; the first event at a version takes it (a repeat or a different
+        event at a taken version counts nowhere); an event after a gap waits until the gap is filled."""
+        state = part.account(event.aggregate_id)
+        version = event.aggregate_version
+        if version <= state.version:
+            self.stats.repeated_events += 1
+            return
+        if version > state.version + 1:
+            waiting = part.waiting.setdefault(event.aggregate_id, {})
+            if version not in waiting:
+                waiting[version] = event
+                self.log(f"handler {self.instance_id}: events record {record.topic}/{part.partition}/{record.offset}: "
+                         f"version {version} of account {event.aggregate_id} follows version {state.version}; it "
+                         f"waits for the versions in between, as in the read models")
+            return
+        part.accounts[event.aggregate_id] = _continue_waiting(part, evolve(state, event))
+
+    def _unreadable_event(self, part: PartitionState, record, reason: str) -> None:
+        """An events record the rebuild cannot read or fold: its account (the record's key, which every writer
+        sets to the aggregate id) is quarantined until an operator resolves it; every other account goes on."""
         self.stats.unreadable_events += 1
-        self.log(f"handler {self.instance_id}: unreadable events record {record.topic}/{partition}/{record.offset} "
-                 f"skipped: {reason}")
+        where = f"{record.topic}/{part.partition}/{record.offset}"
+        account_id = _account_of(record)
+        if account_id is None:
+            self.log(f"handler {self.instance_id}: unreadable events record {where} skipped (no key names its "
+                     f"account): {reason}")
+            return
+        part.accounts[account_id] = quarantined(part.account(account_id), where, reason)
+        self.log(f"handler {self.instance_id}: unreadable events record {where}: account {account_id} quarantined "
+                 f"until resolved (eventlake resolve-quarantine {account_id} --record {where} --reason ...): {reason}")
 
     def _load_snapshot(self, p: int, end: int) -> PartitionState | None:
         """The latest snapshot of partition ``p``, reading only its own records when it can.
@@ -913,6 +971,8 @@ class CommandHandler:
                 result = self._fit_result(result)
                 result_value = result.to_json()
             if result.status == "accepted":
+                if part.waiting and new_events:  # rarely: events after a gap this command's events fill
+                    state = _continue_waiting(part, state)
                 staged[account_id] = (part, state)
                 accepted += 1
                 new_events_total += len(new_events)
@@ -1027,7 +1087,9 @@ class CommandHandler:
     # -- snapshots ---------------------------------------------------------------------------------
     def _snapshot(self, parts: list[PartitionState], closing: bool = False) -> None:
         """Write a snapshot of each of ``parts`` (their committed state) in one transaction of its own. A
-        snapshot only saves rebuild time: when it cannot be written it is logged and tried again later."""
+        snapshot only saves rebuild time: when it cannot be written it is logged and tried again later. A
+        partition with events waiting after a gap is not snapshotted (a snapshot does not keep them)."""
+        parts = [part for part in parts if not part.waiting]
         if not parts:
             return
         topic = self.settings.snapshots_topic

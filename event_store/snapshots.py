@@ -38,6 +38,9 @@ class PartitionState:
     results_offset: int = 0  # next offset of results partition p not folded into ``results``
     events_since_snapshot: int = 0
     window: int = 100
+    # Per account, events read from the log after a gap (version -> event), applied once the gap is filled
+    # (read_models.sequence). Only records written around the handler make gaps; not kept in snapshots.
+    waiting: dict[str, dict] = field(default_factory=dict)
 
     def account(self, account_id: str) -> AccountState:
         return self.accounts.get(account_id) or AccountState(account_id)
