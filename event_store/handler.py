@@ -263,6 +263,10 @@ class _Stopping(Exception):
     """``stop()`` was called while the handler waited (for the broker, a rebuild, a commit): unwind now."""
 
 
+class _PartitionsMoved(Exception):
+    """A rebalance took a partition of the open transaction while the handler waited to commit it."""
+
+
 class _RebuildDeferred(Exception):
     """A partition cannot be rebuilt right now (the broker does not answer, an open transaction blocks its log);
     it stays paused and is tried again."""
@@ -275,6 +279,20 @@ _REBALANCE_ERRORS = frozenset({confluent_kafka.KafkaError.UNKNOWN_MEMBER_ID,
                                confluent_kafka.KafkaError.ILLEGAL_GENERATION,
                                confluent_kafka.KafkaError.REBALANCE_IN_PROGRESS,
                                confluent_kafka.KafkaError.FENCED_INSTANCE_ID})
+# Abort causes that mean "the broker was away" (a restart, a network cut), not "this batch cannot be written":
+# the batch is redone as it was once the broker answers again, and no command is blamed for them.
+_BROKER_AWAY_ERRORS = frozenset({confluent_kafka.KafkaError._MSG_TIMED_OUT, confluent_kafka.KafkaError._TIMED_OUT,
+                                 confluent_kafka.KafkaError._TRANSPORT, confluent_kafka.KafkaError._ALL_BROKERS_DOWN,
+                                 confluent_kafka.KafkaError.REQUEST_TIMED_OUT,
+                                 confluent_kafka.KafkaError.NETWORK_EXCEPTION,
+                                 confluent_kafka.KafkaError.NOT_COORDINATOR,
+                                 confluent_kafka.KafkaError.COORDINATOR_NOT_AVAILABLE,
+                                 confluent_kafka.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                                 confluent_kafka.KafkaError.NOT_ENOUGH_REPLICAS,
+                                 confluent_kafka.KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                                 confluent_kafka.KafkaError.LEADER_NOT_AVAILABLE,
+                                 confluent_kafka.KafkaError.NOT_LEADER_FOR_PARTITION,
+                                 confluent_kafka.KafkaError.CONCURRENT_TRANSACTIONS})
 # librdkafka's consumer leaves its group when the application does not poll for this long (it rejoins on
 # the next poll). Long work polls every _KEEPALIVE_EVERY_S, far below it.
 _MAX_POLL_INTERVAL_MS = 60_000
@@ -383,7 +401,10 @@ class CommandHandler:
             if client is not None:
                 client.close()
         if self._producer is not None:
-            self._producer.flush(_CALL_TIMEOUT_S)
+            try:
+                self._producer.flush(_CALL_TIMEOUT_S)
+            except confluent_kafka.KafkaException as e:  # e.g. stopped mid-transaction: nothing of it is visible
+                self.log(f"handler {self.instance_id}: closing the producer: {e}")
         self._consumer = self._producer = self._reader = self._watermarks = None
 
     def __enter__(self) -> "CommandHandler":
@@ -470,6 +491,7 @@ class CommandHandler:
                 part = self._rebuild(p)
             except (_RebuildDeferred, KafkaError, kafka_log.LogReadStalled) as e:
                 self._rebuild_retry_at[p] = time.monotonic() + 2.0
+                self._renew_readers()
                 self.log(f"handler {self.instance_id}: partition {p} not rebuilt yet ({e!r}); its commands wait, "
                          f"retrying in 2s")
                 continue
@@ -479,6 +501,18 @@ class CommandHandler:
             self.partitions[p] = part
             self._unready.discard(p)
             self._consumer.resume([confluent_kafka.TopicPartition(self.settings.commands_topic, p)])
+
+    def _renew_readers(self) -> None:
+        """New rebuild readers: after a broker restart kafka-python's consumers may keep a stale fetch state and
+        read nothing more (seen in tests/integration/test_handler_broker_restart.py); fresh ones do."""
+        for client in (self._reader, self._watermarks):
+            try:
+                client.close()
+            except Exception as e:  # noqa: BLE001 -- a reader that cannot close cleanly is dropped anyway
+                self.log(f"handler {self.instance_id}: closing a rebuild reader: {e!r}")
+        self._reader = kafka_log.make_consumer(self.settings, request_timeout_ms=5_000)
+        self._watermarks = kafka_log.make_consumer(self.settings, isolation_level="read_uncommitted",
+                                                   request_timeout_ms=5_000)
 
     def _rebuild(self, p: int) -> PartitionState:
         """Partition ``p``'s accounts and idempotency window: the latest snapshot plus the records after it."""
@@ -700,6 +734,9 @@ class CommandHandler:
         transaction fails for any reason but a rebalance, its commands are redone one per transaction, and a
         command that cannot be written even alone is answered NotWritable and skipped."""
         failure = self._transact(batch)
+        while failure is not None and failure is not _LOST and failure.code() in _BROKER_AWAY_ERRORS:
+            self._wait_for_broker(failure, "redoing a transaction")
+            failure = self._transact(batch)
         if failure is None or failure is _LOST:
             return
         self.stats.batch_retries += 1
@@ -716,6 +753,10 @@ class CommandHandler:
         failure = None
         for attempt in range(1, _SINGLE_COMMAND_ATTEMPTS + 1):
             failure = self._transact({tp: [record]})
+            while failure is not None and failure is not _LOST and failure.code() in _BROKER_AWAY_ERRORS:
+                # The broker's absence is no fault of this command: it does not count as an attempt.
+                self._wait_for_broker(failure, "redoing a command's transaction")
+                failure = self._transact({tp: [record]})
             if failure is None:
                 return True
             if failure is _LOST:
@@ -746,6 +787,7 @@ class CommandHandler:
         staged_results: dict[str, tuple[PartitionState, CommandResult]] = {}
         stats = HandlerStats(started=self.stats.started)
         self._delivered_events, self._delivered_results = {}, {}
+        generations = {tp.partition: self._generation.get(tp.partition) for tp in owned}
         producer.begin_transaction()
         try:
             offsets = []
@@ -762,10 +804,19 @@ class CommandHandler:
                 part_events = stats.events - events_before
                 offsets.append(confluent_kafka.TopicPartition(tp.topic, tp.partition, records[-1].offset() + 1))
                 owned[tp] = (part, part_events)
-            self._commit(offsets)
+            self._commit(offsets, lambda: any(self._generation.get(p) != g for p, g in generations.items()))
         except _Stopping:
             self._abort_quietly()
             raise
+        except _PartitionsMoved as e:
+            # Committing could only fail now (KIP-447 fences the offsets of the old generation): abort, and
+            # read the records again where this instance still owns the partition.
+            self._abort(e)
+            for tp in owned:
+                self._rewind(tp, batch[tp][0].offset())
+            self.log(f"handler {self.instance_id}: transaction aborted: {e}; its commands are read again where "
+                     f"this instance still owns the partition")
+            return _LOST
         except confluent_kafka.KafkaException as e:
             error = e.args[0]
             if error.fatal():
@@ -804,20 +855,24 @@ class CommandHandler:
                 self._snapshot(due)
         return None
 
-    def _commit(self, offsets: list) -> None:
+    def _commit(self, offsets: list, moved: Callable[[], bool]) -> None:
         """Send the consumer offsets and commit the open transaction, waiting out retriable errors (e.g. the
-        broker restarting) between keepalives; raises KafkaException when the transaction must be aborted."""
+        broker restarting) between keepalives; raises KafkaException when the transaction must be aborted,
+        _PartitionsMoved when a rebalance (seen by a keepalive) took one of its partitions meanwhile."""
         started = time.monotonic()
-        group = self._consumer.consumer_group_metadata()
         producer = self._producer
-        self._retrying(lambda: producer.send_offsets_to_transaction(offsets, group, _CALL_TIMEOUT_S),
-                       "sending the offsets of a transaction")
-        self._retrying(lambda: producer.commit_transaction(_CALL_TIMEOUT_S), "committing a transaction")
+        # The group metadata of the moment the offsets are sent: a keepalive may have rejoined the group.
+        self._retrying(lambda: producer.send_offsets_to_transaction(
+            offsets, self._consumer.consumer_group_metadata(), _CALL_TIMEOUT_S),
+            "sending the offsets of a transaction", moved)
+        self._retrying(lambda: producer.commit_transaction(_CALL_TIMEOUT_S), "committing a transaction", moved)
         self.stats.commit_seconds += time.monotonic() - started
 
-    def _retrying(self, call: Callable[[], None], what: str) -> None:
-        waiting_since = None
+    def _retrying(self, call: Callable[[], None], what: str, moved: Callable[[], bool] | None = None) -> None:
+        waiting_since = last_said = None
         while True:
+            if moved is not None and moved():
+                raise _PartitionsMoved(f"a rebalance took a partition while {what}")
             try:
                 call()
                 break
@@ -825,9 +880,14 @@ class CommandHandler:
                 error = e.args[0]
                 if error.fatal() or error.txn_requires_abort() or not error.retriable():
                     raise
+                now = time.monotonic()
                 if waiting_since is None:
-                    waiting_since = time.monotonic()
+                    waiting_since = last_said = now
                     self.log(f"handler {self.instance_id}: {what} waits for the broker ({error}); retrying")
+                elif now - last_said >= 30:
+                    last_said = now
+                    self.log(f"handler {self.instance_id}: {what} still waits after {now - waiting_since:.0f}s "
+                             f"({error})")
                 self._keepalive()
         if waiting_since is not None:
             self.log(f"handler {self.instance_id}: {what} went through after {time.monotonic() - waiting_since:.1f}s")
@@ -845,6 +905,20 @@ class CommandHandler:
                     raise HandlerError(f"handler {self.instance_id}: cannot abort a transaction after {error}: "
                                        f"{abort_error}") from None
                 self._keepalive()
+
+    def _wait_for_broker(self, failure, what: str) -> None:
+        """After a transaction failed because the broker was away: wait (between keepalives) until it answers."""
+        self.log(f"handler {self.instance_id}: a transaction failed while the broker was away ({failure}); "
+                 f"{what} once it answers")
+        since = time.monotonic()
+        while True:
+            self._keepalive()
+            try:
+                self._producer.list_topics(self.settings.events_topic, timeout=_CALL_TIMEOUT_S)
+                break
+            except confluent_kafka.KafkaException:
+                self._wait(1.0)
+        self.log(f"handler {self.instance_id}: the broker answers again after {time.monotonic() - since:.1f}s")
 
     def _abort_quietly(self) -> None:
         """Best effort when stopping: an open transaction the broker does not hear about is aborted by it after
@@ -885,6 +959,7 @@ class CommandHandler:
             result = self._fit_result(CommandResult(
                 command_id, account_id, "rejected", part.account(account_id).version if account_id else -1,
                 error_type="NotWritable", reason=reason, recorded_at=utc_now()))
+        generation = self._generation.get(tp.partition)
         for with_answer in (True, False):
             self._producer.begin_transaction()
             try:
@@ -893,10 +968,15 @@ class CommandHandler:
                 elif with_answer:
                     self._produce(s.dead_letters_topic, record.key(), kafka_log.dead_letter_value(
                         reason, value, tp.topic, tp.partition, record.offset(), max_bytes=self._max_dead_letter_bytes))
-                self._commit([confluent_kafka.TopicPartition(tp.topic, tp.partition, record.offset() + 1)])
+                self._commit([confluent_kafka.TopicPartition(tp.topic, tp.partition, record.offset() + 1)],
+                             lambda: self._generation.get(tp.partition) != generation)
             except _Stopping:
                 self._abort_quietly()
                 raise
+            except _PartitionsMoved as e:
+                self._abort(e)
+                self._rewind(tp, record.offset())
+                return False
             except confluent_kafka.KafkaException as e:
                 error = e.args[0]
                 if error.fatal():
@@ -1093,8 +1173,8 @@ class CommandHandler:
         if not parts:
             return
         topic = self.settings.snapshots_topic
-        self._producer.begin_transaction()
         try:
+            self._producer.begin_transaction()  # may fail when stop() cut a commit short
             for part in parts:
                 for key, value in snapshot_records(part):
                     self._produce(topic, key, value, part.partition)
