@@ -60,10 +60,10 @@ def _engine_errors() -> tuple[type[BaseException], ...]:
 
 
 def _refused(engine: str, error: BaseException, tables: dict[str, Path]) -> QueryError:
-    message = str(error).strip() or type(error).__name__
-    lines = message.splitlines()
-    if len(lines) > 20:  # a JVM stack trace after Spark's message says nothing more to a person writing SQL
-        message = "\n".join(lines[:20] + [f"... ({len(lines) - 20} more lines)"])
+    # One paragraph: the engine's blank lines dropped (DuckDB's before its "LINE 1: ..." pointer, Spark's
+    # before a plan); a JVM stack trace after Spark's message says nothing more to a person writing SQL.
+    lines = [line for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    message = "\n".join(lines if len(lines) <= 20 else lines[:20] + [f"... ({len(lines) - 20} more lines)"])
     return QueryError(f"{engine} could not run the query: {message}\n(tables: {', '.join(tables)})")
 
 
@@ -95,6 +95,7 @@ def query_spark(settings: Settings, sql: str) -> tuple[list[str], list[tuple]]:
     from spark_apps.session import build_session
 
     spark = build_session(settings, app_name="eventlake-query")
+    _quiet_spark_error_logs()
     try:
         for name, path in tables.items():
             spark.read.format("delta").load(str(path)).createOrReplaceTempView(name)
@@ -102,6 +103,17 @@ def query_spark(settings: Settings, sql: str) -> tuple[list[str], list[tuple]]:
         return df.columns, [tuple(r) for r in df.collect()]
     except _engine_errors() as e:  # AnalysisException, ParseException, a failed job: Spark's own message
         raise _refused("Spark SQL", e, tables) from None
+
+
+def _quiet_spark_error_logs() -> None:
+    """PySpark logs each SQL error it raises, JVM stack trace included, as a JSON line on stderr; the error
+    itself becomes the one message the user sees, so those logs are off for this process."""
+    try:
+        from pyspark.logger import PySparkLogger
+    except ImportError:  # an older PySpark: no such logs
+        return
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).disabled = True
 
 
 def format_table(columns: list[str], rows: list[tuple], max_rows: int = 50) -> str:

@@ -21,6 +21,7 @@ from tests.integration.test_projection import publish
 pytestmark = pytest.mark.slow
 
 EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
+ROOT = str(Path(__file__).resolve().parents[2])
 NOT_UTF8 = b"\xff\xfe\x00garbage"
 # UTF-16 surrogates encoded as UTF-8 (what Java's modified UTF-8 or Python's "surrogatepass" write): not UTF-8.
 SURROGATES = '{"event_id": "\ud800", "note": "\udfff"}'.encode("utf-8", "surrogatepass")
@@ -65,7 +66,7 @@ def test_records_that_are_not_utf8_are_read_back_byte_for_byte_through_every_sql
         index=False, name=None)), hostile)
 
     # The console command, as a user runs it (DuckDB, its own process) and on Spark (this process's session).
-    env = {**os.environ, "EVENTLAKE_HOME": str(settings.home)}
+    env = {**os.environ, "EVENTLAKE_HOME": str(settings.home), "PYTHONPATH": ROOT}  # this checkout's code
     env.pop("EVENTLAKE_CONFIG", None)
     shell = subprocess.run([EVENTLAKE, "query", SQL], env=env, capture_output=True, text=True, timeout=120)
     assert shell.returncode == 0 and shell.stderr == "", shell.stderr
