@@ -3,8 +3,11 @@
 A task fails when its table breaks an expectation; its log names the expectation, how many rows break it and
 a few of their values. A table that does not exist yet fails its task with what to run first. With the
 `reconcile` parameter on, each task also compares its table with a plain-Python fold of the archived log up to
-the table's position and fails when they differ (about a minute per million events). Where the tables are
-comes from the workers' environment (`EVENTLAKE_HOME`, `EVENTLAKE_CONFIG`), as for every eventlake command.
+the table's position and fails when they differ (about a minute per million events). One more task per
+cross-model check (`check_models_agree`, e.g. `payments_match_account_summary`) fails when read models derived
+from the same events disagree, naming the accounts and the numbers; tables caught mid-batch are "not compared"
+(no failure). Where the tables are comes from the workers' environment (`EVENTLAKE_HOME`, `EVENTLAKE_CONFIG`),
+as for every eventlake command.
 The same checks run from a shell: `eventlake check [--reconcile] [NAMES]`.
 """
 from __future__ import annotations
@@ -13,6 +16,7 @@ import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
 from expectations import SUITES  # names only: Great Expectations and the tables are touched by the tasks
+from expectations.cross_model import CROSS_MODEL_CHECKS
 
 
 @dag(dag_id="check_read_models", schedule="@hourly", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
@@ -35,7 +39,23 @@ def check_read_models():
             raise AirflowFailException("\n".join(result.lines()))
         return result.summary()
 
+    @task(map_index_template="{{ check }}")
+    def check_models_agree(name: str) -> dict:
+        """A cross-model check (expectations/cross_model.py): read models derived from the same events agree."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from eventlake.settings import Settings
+        from expectations.cross_model import check_agreement
+
+        get_current_context()["check"] = name
+        result = check_agreement(Settings.load(), name)
+        print("\n".join(result.lines()))
+        if result.failed:
+            raise AirflowFailException("\n".join(result.lines()))
+        return result.summary()
+
     check_read_model.expand(name=list(SUITES))
+    check_models_agree.expand(name=list(CROSS_MODEL_CHECKS))
 
 
 check_read_models()

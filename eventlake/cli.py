@@ -264,15 +264,23 @@ def _cmd_check(settings: Settings, args) -> int:
     for name in args.models or list(SUITES):
         verdicts.append(verdict(settings, name, reconcile=args.reconcile, ge=ge))
         print("\n".join(verdicts[-1].lines()), flush=True)
+    from expectations.cross_model import check_agreements
+
+    agreements = check_agreements(settings, args.models or None)  # one line each: read models that must agree
+    for agreement in agreements:
+        print("\n".join(agreement.lines()), flush=True)
     counts = {"failed": sum(v.report is not None and not v.report.success for v in verdicts),
               "not created yet": sum(v.report is None for v in verdicts),
               "differ from the log": sum(v.differs for v in verdicts),
               "not reconciled": sum(v.reconciliation is not None and not v.reconciliation.compared
-                                    for v in verdicts)}
+                                    for v in verdicts),
+              "cross-model check(s) disagree": sum(a.failed for a in agreements),
+              "cross-model check(s) not compared": sum(not a.compared for a in agreements)}
     problems = [f"{n} {what}" for what, n in counts.items() if n]
     print("check: " + (", ".join(problems) if problems else "all passed"))
-    # "Not reconciled" (the archive is behind the table) is no finding about the data: it alone exits 0.
-    return 1 if any(v.failed for v in verdicts) else 0
+    # "Not reconciled" (the archive is behind the table) and "not compared" (a projection batch in progress) are
+    # no findings about the data: alone they exit 0.
+    return 1 if any(v.failed for v in verdicts) or any(a.failed for a in agreements) else 0
 
 
 def _cmd_airflow(settings: Settings, args) -> int:

@@ -16,7 +16,8 @@ __all__ = ["QueryError", "table_paths", "query_duckdb", "query_spark", "format_t
 
 
 class QueryError(RuntimeError):
-    """The SQL could not be run: no tables yet, or DuckDB/Spark refused it."""
+    """The SQL could not be run: no tables yet, or DuckDB, delta-rs, pyarrow or Spark refused it; the message
+    is the engine's own, followed by the tables there are."""
 
 
 def table_paths(settings: Settings) -> dict[str, Path]:
@@ -28,49 +29,107 @@ def table_paths(settings: Settings) -> dict[str, Path]:
     return {name: path for name, path in candidates.items() if (path / "_delta_log").is_dir()}
 
 
-def query_duckdb(settings: Settings, sql: str) -> tuple[list[str], list[tuple]]:
-    import duckdb
-
-    from eventlake.tables import dataset
-
+def _existing_tables(settings: Settings) -> dict[str, Path]:
     tables = table_paths(settings)
     if not tables:
         raise QueryError(f"no read model tables under {settings.warehouse} yet; run `eventlake demo` or "
                          f"`eventlake project --until-caught-up` first")
+    return tables
+
+
+def _engine_errors() -> tuple[type[BaseException], ...]:
+    """What the read engines raise for a query they cannot run or data they cannot read: SQL errors, missing
+    or unreadable files, values one library cannot convert (e.g. pyarrow's timestamp casts). Anything else is
+    a bug and keeps its traceback."""
+    import duckdb
+    import pyarrow as pa
+    from deltalake.exceptions import DeltaError
+
+    from eventlake.tables import TableNotFound
+
+    errors: list[type[BaseException]] = [duckdb.Error, pa.ArrowException, DeltaError, TableNotFound, OSError,
+                                         UnicodeError]
+    try:  # Spark is optional for the embedded path
+        from py4j.protocol import Py4JError
+        from pyspark.errors import PySparkException
+
+        errors += [PySparkException, Py4JError]
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def _refused(engine: str, error: BaseException, tables: dict[str, Path]) -> QueryError:
+    # One paragraph: the engine's blank lines dropped (DuckDB's before its "LINE 1: ..." pointer, Spark's
+    # before a plan); a JVM stack trace after Spark's message says nothing more to a person writing SQL.
+    lines = [line for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    message = "\n".join(lines if len(lines) <= 20 else lines[:20] + [f"... ({len(lines) - 20} more lines)"])
+    return QueryError(f"{engine} could not run the query: {message}\n(tables: {', '.join(tables)})")
+
+
+def query_duckdb(settings: Settings, sql: str) -> tuple[list[str], list[tuple]]:
+    """Run ``sql`` with DuckDB over the current versions of the Delta tables (read with delta-rs + pyarrow)."""
+    import duckdb
+
+    from eventlake.tables import dataset
+
+    tables = _existing_tables(settings)
     con = duckdb.connect()
     try:
-        for name, path in tables.items():
-            con.register(name, dataset(path))
+        # Reading the data (fetchall) is where bad bytes or unconvertible values surface, so it is inside too.
         try:
+            for name, path in tables.items():
+                con.register(name, dataset(path))
             result = con.execute(sql)
-        except duckdb.Error as e:
-            raise QueryError(f"{e}\n(tables: {', '.join(tables)})") from None
-        columns = [d[0] for d in result.description] if result.description else []
-        return columns, result.fetchall()
+            columns = [d[0] for d in result.description] if result.description else []
+            return columns, result.fetchall()
+        except _engine_errors() as e:
+            raise _refused("DuckDB", e, tables) from None
     finally:
         con.close()
 
 
 def query_spark(settings: Settings, sql: str) -> tuple[list[str], list[tuple]]:
+    """Run ``sql`` with Spark SQL (the process's active session, or a new one) over the Delta tables."""
+    tables = _existing_tables(settings)  # before starting a JVM for nothing
     from spark_apps.session import build_session
 
     spark = build_session(settings, app_name="eventlake-query")
-    tables = table_paths(settings)
-    for name, path in tables.items():
-        spark.read.format("delta").load(str(path)).createOrReplaceTempView(name)
+    _quiet_spark_error_logs()
     try:
+        for name, path in tables.items():
+            spark.read.format("delta").load(str(path)).createOrReplaceTempView(name)
         df = spark.sql(sql)
-    except Exception as e:  # AnalysisException, ParseException: show Spark's own message
-        raise QueryError(f"{e}\n(tables: {', '.join(tables)})") from None
-    return df.columns, [tuple(r) for r in df.collect()]
+        return df.columns, [tuple(r) for r in df.collect()]
+    except _engine_errors() as e:  # AnalysisException, ParseException, a failed job: Spark's own message
+        raise _refused("Spark SQL", e, tables) from None
+
+
+def _quiet_spark_error_logs() -> None:
+    """PySpark logs each SQL error it raises, JVM stack trace included, as a JSON line on stderr; the error
+    itself becomes the one message the user sees, so those logs are off for this process."""
+    try:
+        from pyspark.logger import PySparkLogger
+    except ImportError:  # an older PySpark: no such logs
+        return
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).disabled = True
 
 
 def format_table(columns: list[str], rows: list[tuple], max_rows: int = 50) -> str:
     shown = rows[:max_rows]
-    cells = [[("NULL" if v is None else str(v)) for v in row] for row in shown]
+    cells = [[_cell(v) for v in row] for row in shown]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     line = lambda vals: " | ".join(v.ljust(w) for v, w in zip(vals, widths))  # noqa: E731
     out = [line(columns), "-+-".join("-" * w for w in widths), *(line(r) for r in cells)]
     more = f", showing {max_rows}" if len(rows) > max_rows else ""
     out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''}{more})")
     return "\n".join(out)
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, (bytes, bytearray, memoryview)):  # binary columns (e.g. raw_bytes) as Python shows bytes
+        return repr(bytes(value))
+    return str(value)

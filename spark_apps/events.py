@@ -54,8 +54,11 @@ def upcast_rows(events):
 EVENT_COLUMNS = ("event_id", "event_type", "schema_version", "aggregate_type", "aggregate_id", "aggregate_version",
                  "occurred_at", "recorded_at", "command_id", "correlation_id", "causation_id",
                  *_PAYLOAD_STRINGS, *_PAYLOAD_LONGS, "kafka_topic", "kafka_partition", "kafka_offset")
+# raw_value: the record's bytes as text, always valid UTF-8 (an invalid sequence becomes U+FFFD, so every SQL
+# reader can show it); raw_bytes: the exact bytes; raw_value_base64: the same bytes as text. raw_bytes comes last
+# so that a table created before it had the column (and upgraded in place) has the same column order as a new one.
 DEAD_LETTER_COLUMNS = ("reason", "raw_value", "raw_value_base64", "kafka_topic", "kafka_partition", "kafka_offset",
-                       "dead_lettered_at")
+                       "dead_lettered_at", "raw_bytes")
 
 
 def envelope_schema():
@@ -214,8 +217,9 @@ def split_checked(checked):
     from pyspark.sql import functions as F
 
     dead = checked.filter(F.col("_reason").isNotNull()).select(
-        F.col("_reason").alias("reason"), F.col("_raw").cast("string").alias("raw_value"), F.base64("_raw").alias("raw_value_base64"),
-        "kafka_topic", "kafka_partition", "kafka_offset", F.current_timestamp().alias("dead_lettered_at"))
+        F.col("_reason").alias("reason"), F.make_valid_utf8(F.col("_raw").cast("string")).alias("raw_value"),
+        F.base64("_raw").alias("raw_value_base64"), "kafka_topic", "kafka_partition", "kafka_offset",
+        F.current_timestamp().alias("dead_lettered_at"), F.col("_raw").alias("raw_bytes"))
     valid = checked.filter(F.col("_reason").isNull()).drop("_reason", "_raw")
     return upcast_rows(valid), dead
 

@@ -84,6 +84,7 @@ class Projection:
         for model in self.models:
             tables[model.name] = (model.schema(), model.stats_columns or model.key)
             tables.update({name: (schema, None) for name, schema in bookkeeping_tables(model, event_rows).items()})
+        _upgrade_dead_letter_table(self.spark, self.settings.table_path(DEAD_LETTER_TABLE), self.log)
         for name, (schema, stats_columns) in tables.items():
             ensure_table(self.spark, self.settings.table_path(name), schema, stats_columns)
         self._tables_ready = True
@@ -288,12 +289,32 @@ def _event_row_schema(spark):
 
 
 def _dead_letter_schema():
-    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
+    """The event dead letters (``spark_apps.events.DEAD_LETTER_COLUMNS``): ``raw_bytes`` holds the record's exact
+    bytes, ``raw_value`` the same as valid UTF-8 text (U+FFFD where they are not), ``raw_value_base64`` as base64."""
+    from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType, \
+        TimestampType
 
     return StructType([StructField("reason", StringType()), StructField("raw_value", StringType()),
                        StructField("raw_value_base64", StringType()), StructField("kafka_topic", StringType()),
                        StructField("kafka_partition", IntegerType()), StructField("kafka_offset", LongType()),
-                       StructField("dead_lettered_at", TimestampType())])
+                       StructField("dead_lettered_at", TimestampType()), StructField("raw_bytes", BinaryType())])
+
+
+def _upgrade_dead_letter_table(spark, path: Path, log: Callable[[str], None]) -> None:
+    """A dead-letter table made before ``raw_bytes`` existed gets the column, once, before anything is appended:
+    its rows get their bytes back from ``raw_value_base64`` and a ``raw_value`` that is valid UTF-8 (the old one
+    was the bytes cast to a string, which DuckDB refuses to read when they are not UTF-8)."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, str(path)):
+        return  # a new table is created with the whole schema
+    if "raw_bytes" in spark.read.format("delta").load(str(path)).columns:
+        return
+    table = f"delta.`{path}`"
+    spark.sql(f"ALTER TABLE {table} ADD COLUMNS (raw_bytes BINARY)")
+    spark.sql(f"UPDATE {table} SET raw_bytes = unbase64(raw_value_base64), "
+              f"raw_value = make_valid_utf8(CAST(unbase64(raw_value_base64) AS STRING)) WHERE raw_bytes IS NULL")
+    log(f"projection: dead-letter table {path} upgraded: column raw_bytes added and filled from raw_value_base64")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,231 @@
+"""Cross-model expectations: read models that derive the same facts from the same events must agree.
+
+``payments_match_account_summary``: per account, ``account_summary``'s ``payments_authorized``,
+``payments_declined`` and ``authorized_total_minor`` equal the count of the account's authorized and declined
+``payments`` rows and the sum of its authorized ``amount_minor``. Payment events that ``account_summary`` holds
+back in ``_pending/account_summary`` (waiting for an earlier version of their account) are not counted on the
+``payments`` side: the two tables differ by exactly those until the gap is filled.
+
+When the tables are compared: one projection batch writes the read models side by side, one Delta commit each,
+then records the batch in its checkpoint. At a batch boundary they are consistent; between two commits of one
+batch, one may be ahead. So each table's position is read from its Delta log (the projection and batch id in the
+``userMetadata`` of its last projection commit) and from the projection's checkpoint, read *before* the tables:
+a table stands at its own last batch or at the last batch the checkpoint had committed, whichever is later
+(a committed batch that did not write a table left it as it was). The tables are compared only when they all
+stand at the same log position; otherwise the result says "not compared" and why (a batch in progress: run
+again), which is no failure. Tables no projection has written (e.g. written by hand) are compared as they stand.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from eventlake.settings import Settings
+
+__all__ = ["Agreement", "CrossModelCheck", "CROSS_MODEL_CHECKS", "check_agreement", "check_agreements",
+           "checks_for", "compare_payments_with_summary"]
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """The outcome of one cross-model check."""
+    check: str
+    compared: bool  # False: the tables do not stand at the same log position (``reason`` says why)
+    reason: str = ""
+    position: str = ""  # where the tables were compared, in words
+    keys: int = 0  # keys (accounts) compared
+    disagreements: int = 0
+    examples: tuple[str, ...] = ()  # a line per disagreeing key (a few)
+
+    @property
+    def success(self) -> bool:
+        return self.compared and self.disagreements == 0
+
+    @property
+    def failed(self) -> bool:
+        """A disagreement; "not compared" is no finding about the data."""
+        return self.compared and self.disagreements > 0
+
+    def lines(self) -> list[str]:
+        if not self.compared:
+            return [f"{self.check}: not compared: {self.reason}"]
+        if self.success:
+            return [f"{self.check}: agree on all {self.keys:,} accounts ({self.position})"]
+        return ([f"{self.check}: DISAGREE on {self.disagreements} of {self.keys:,} accounts ({self.position})"]
+                + [f"  {line}" for line in self.examples])
+
+    def summary(self) -> dict:
+        return {"check": self.check, "compared": self.compared, "keys": self.keys,
+                "disagreements": self.disagreements}
+
+
+@dataclass(frozen=True)
+class CrossModelCheck:
+    name: str
+    tables: tuple[str, ...]  # the read models it compares (``eventlake check NAMES`` runs it when all are named)
+    run: Callable[[Settings], Agreement]
+
+
+# -- where each table stands ---------------------------------------------------------------------------------
+def _last_projection_write(path: Path, version: int, look_back: int = 500) -> tuple[str, int] | None:
+    """(projection, batch id) of the newest commit at or below ``version`` that a projection batch made.
+    Read from the commit files themselves: delta-rs' ``history()`` does not stop at a loaded version."""
+    log = path / "_delta_log"
+    for v in range(version, max(-1, version - look_back), -1):
+        commit = log / f"{v:020d}.json"
+        if not commit.exists():
+            return None  # cleaned up past the log's checkpoint: unknown
+        for line in commit.read_text().splitlines():
+            info = json.loads(line).get("commitInfo") if line.strip() else None
+            if info and info.get("userMetadata"):
+                try:
+                    meta = json.loads(info["userMetadata"])
+                except ValueError:
+                    continue
+                if isinstance(meta, dict) and "projection" in meta and "batch_id" in meta:
+                    return meta["projection"], int(meta["batch_id"])
+    return None
+
+
+def _snapshots(settings: Settings, names: tuple[str, ...], optional: tuple[str, ...] = ()):
+    """({name: DeltaTable at one version}, position in words, None) when the tables stand at the same log
+    position, else ({}, "", why not). ``optional`` tables may be missing (read as empty)."""
+    from deltalake import DeltaTable
+
+    from expectations.reconciliation import _last_batch, _offsets
+
+    missing = [n for n in names if not (settings.table_path(n) / "_delta_log").is_dir()]
+    if missing:
+        return {}, "", (f"no Delta table for {', '.join(missing)} yet; run the projection first "
+                        f"(eventlake project, or eventlake demo)")
+    present = [n for n in (*names, *optional) if (settings.table_path(n) / "_delta_log").is_dir()]
+
+    def writers() -> dict[str, tuple[str, int] | None]:
+        found = {}
+        for n in present:
+            table = DeltaTable(str(settings.table_path(n)))
+            found[n] = _last_projection_write(settings.table_path(n), table.version())
+        return found
+
+    before = writers()
+    projections = {w[0] for w in before.values() if w is not None}
+    if not projections:  # never written by a projection: nothing writes them now, compare them as they are
+        tables = {n: DeltaTable(str(settings.table_path(n))) for n in present}
+        return tables, "tables not written by a projection, compared as they stand", None
+    # The checkpoints first, then the tables: every batch a checkpoint has committed is in the tables read after.
+    committed = {p: _last_batch(settings.checkpoints / p) for p in projections}
+    tables = {n: DeltaTable(str(settings.table_path(n))) for n in present}
+    positions: dict[str, tuple[str, int]] = {}
+    for n, table in tables.items():
+        written = _last_projection_write(settings.table_path(n), table.version())
+        if written is None:  # created empty, never written (e.g. nothing has waited yet): it stands anywhere
+            continue
+        projection, batch = written
+        if n in optional and projection not in {positions[r][0] for r in names if r in positions}:
+            # Bookkeeping left by another projection: the running one rewrites it in its first batch with rows
+            # in it, so until then it holds what that projection reads, wherever it stands.
+            continue
+        if projection not in committed:
+            return {}, "", f"a projection started writing {n} while the check ran; run the check again"
+        positions[n] = (projection, max(batch, committed[projection] if committed[projection] is not None else -1))
+    if not positions:  # only bookkeeping was ever written by a projection: the models stand as created
+        return tables, "tables not written by a projection batch yet, compared as they stand", None
+    if len(set(positions.values())) == 1:
+        projection, batch = next(iter(positions.values()))
+        return tables, f"each at batch {batch} of {projection}", None
+    # Different projections may still stand at the same place in the log.
+    offsets = {n: _offsets(settings.checkpoints / p, b, settings.events_topic) for n, (p, b) in positions.items()}
+    if None not in offsets.values() and len({tuple(sorted(o.items())) for o in offsets.values()}) == 1:
+        at = ", ".join(f"p{p}<{o}" for p, o in sorted(next(iter(offsets.values())).items()))
+        return tables, f"each at offsets {at}", None
+    where = ", ".join(f"{n} at batch {b} of {p}" for n, (p, b) in positions.items())
+    return {}, "", (f"the tables do not stand at the same log position ({where}): a projection batch is in "
+                    f"progress or the tables are written by different projections; run the check again once "
+                    f"the projection is caught up")
+
+
+# -- payments vs account_summary -------------------------------------------------------------------------------
+_PENDING = "_pending/account_summary"
+
+
+def payments_match_account_summary(settings: Settings, examples: int = 5) -> Agreement:
+    """Per account: account_summary's payment counts and authorized total equal what the payments rows say."""
+    import pyarrow.compute as pc
+
+    from eventlake.tables import read_table
+
+    check = "payments_match_account_summary"
+    tables, position, why = _snapshots(settings, ("account_summary", "payments"), optional=(_PENDING,))
+    if why:
+        return Agreement(check, False, reason=why)
+    summary = read_table(tables["account_summary"], columns=["account_id", "payments_authorized",
+                                                             "payments_declined", "authorized_total_minor"])
+    payments = read_table(tables["payments"], columns=["account_id", "status", "amount_minor", "event_id"])
+    held_back = 0
+    if _PENDING in tables:
+        waiting = read_table(tables[_PENDING], columns=["event_id"]).column("event_id")
+        if len(waiting):
+            ahead = pc.is_in(payments.column("event_id"), value_set=pc.unique(waiting))
+            held_back = pc.sum(ahead).as_py() or 0
+            payments = payments.filter(pc.invert(pc.fill_null(ahead, False)))
+
+    keys, differing, lines = compare_payments_with_summary(summary, payments, examples)
+    if held_back:
+        position += f"; {held_back} payments rows not counted: their events wait in {_PENDING}"
+    return Agreement(check, True, position=position, keys=keys, disagreements=differing, examples=tuple(lines))
+
+
+def compare_payments_with_summary(summary, payments, examples: int = 5) -> tuple[int, int, list[str]]:
+    """(accounts compared, accounts that disagree, a line for each of the first ``examples`` of them) for
+    ``account_summary`` rows (account_id, payments_authorized, payments_declined, authorized_total_minor) and
+    ``payments`` rows (account_id, status, amount_minor), both ``pyarrow.Table``s. Pure: no I/O."""
+    from_payments: dict[str, list[int]] = {}  # account -> [authorized, declined, authorized total]
+    grouped = payments.group_by(["account_id", "status"]).aggregate([("amount_minor", "sum"),
+                                                                     ("account_id", "count")])
+    for row in grouped.to_pylist():
+        counts = from_payments.setdefault(row["account_id"], [0, 0, 0])
+        if row["status"] == "authorized":
+            counts[0] += row["account_id_count"]
+            counts[2] += row["amount_minor_sum"] or 0
+        elif row["status"] == "declined":
+            counts[1] += row["account_id_count"]
+    from_summary = {r["account_id"]: [r["payments_authorized"] or 0, r["payments_declined"] or 0,
+                                      r["authorized_total_minor"] or 0] for r in summary.to_pylist()}
+    accounts = sorted(from_summary.keys() | from_payments.keys(), key=str)
+    differing = [a for a in accounts if from_summary.get(a, [0, 0, 0]) != from_payments.get(a, [0, 0, 0])]
+    lines = []
+    for account in differing[:examples]:
+        s_auth, s_decl, s_total = from_summary.get(account, [0, 0, 0])
+        p_auth, p_decl, p_total = from_payments.get(account, [0, 0, 0])
+        absent = "" if account in from_summary else " (no account_summary row)"
+        lines.append(f"{account}: account_summary has payments_authorized={s_auth}, payments_declined={s_decl}, "
+                     f"authorized_total_minor={s_total}{absent}; payments has {p_auth} authorized rows, "
+                     f"{p_decl} declined rows, authorized amount_minor sum {p_total}")
+    if len(differing) > examples:
+        lines.append(f"... and {len(differing) - examples} more accounts")
+    return len(accounts), len(differing), lines
+
+
+CROSS_MODEL_CHECKS: dict[str, CrossModelCheck] = {
+    c.name: c for c in (CrossModelCheck("payments_match_account_summary", ("account_summary", "payments"),
+                                        payments_match_account_summary),)}
+
+
+def checks_for(names: list[str] | None) -> list[str]:
+    """The cross-model checks to run for ``eventlake check NAMES``: all without names, else those whose tables
+    are all named."""
+    return [c.name for c in CROSS_MODEL_CHECKS.values() if not names or set(c.tables) <= set(names)]
+
+
+def check_agreement(settings: Settings, name: str) -> Agreement:
+    try:
+        check = CROSS_MODEL_CHECKS[name]
+    except KeyError:
+        raise KeyError(f"no cross-model check {name!r}; checks: {', '.join(CROSS_MODEL_CHECKS)}") from None
+    return check.run(settings)
+
+
+def check_agreements(settings: Settings, names: list[str] | None = None) -> list[Agreement]:
+    return [check_agreement(settings, name) for name in checks_for(names)]
