@@ -56,9 +56,10 @@ EVENT_COLUMNS = ("event_id", "event_type", "schema_version", "aggregate_type", "
                  *_PAYLOAD_STRINGS, *_PAYLOAD_LONGS, "kafka_topic", "kafka_partition", "kafka_offset")
 # raw_value: the record's bytes as text, always valid UTF-8 (an invalid sequence becomes U+FFFD, so every SQL
 # reader can show it); raw_bytes: the exact bytes; raw_value_base64: the same bytes as text. raw_bytes comes last
-# so that a table created before it had the column (and upgraded in place) has the same column order as a new one.
+# so that a table created before it had the column (and upgraded in place) has the same column order as a new one;
+# kafka_key (the account the record was written for) was added after it.
 DEAD_LETTER_COLUMNS = ("reason", "raw_value", "raw_value_base64", "kafka_topic", "kafka_partition", "kafka_offset",
-                       "dead_lettered_at", "raw_bytes")
+                       "dead_lettered_at", "raw_bytes", "kafka_key")
 
 
 def envelope_schema():
@@ -185,9 +186,9 @@ def check_records(records):
     text = F.col("_text")
     parsed = records.select(
         F.col("value"), F.col("value").cast("string").alias("_text"), F.col("topic").alias("kafka_topic"),
-        F.col("partition").alias("kafka_partition"), F.col("offset").alias("kafka_offset"),
+        F.col("partition").alias("kafka_partition"), F.col("offset").alias("kafka_offset"), F.col("key"),
     ).select(
-        "value", "_text", "kafka_topic", "kafka_partition", "kafka_offset",
+        "value", "_text", "kafka_topic", "kafka_partition", "kafka_offset", "key",
         # explode of a one-element array: the same row, but a filter on the parsed fields cannot be pushed
         # below it, so the JSON is parsed once even when both halves (events, dead letters) are read.
         F.explode(F.array(F.from_json(text, envelope_schema(), {"mode": "PERMISSIVE"}))).alias("e"),
@@ -198,7 +199,7 @@ def check_records(records):
     flat = parsed.select(
         *[e[n].alias(n) for n in envelope_fields],
         *[e["payload"][n].alias(n) for n in (*_PAYLOAD_STRINGS, *_PAYLOAD_LONGS)],
-        "kafka_topic", "kafka_partition", "kafka_offset", "value",
+        "kafka_topic", "kafka_partition", "kafka_offset", "value", "key",
         _envelope_reason(e, text, F).alias("_envelope_reason"))
     flat = upcast_rows(flat)
     reason = F.coalesce(F.col("_envelope_reason"), _payload_reason(F))
@@ -209,7 +210,9 @@ def check_records(records):
         *[F.col(n) for n in envelope_fields[8:]],
         *[F.col(n) for n in (*_PAYLOAD_STRINGS, *_PAYLOAD_LONGS)],
         "kafka_topic", "kafka_partition", "kafka_offset", "_reason",
-        F.when(F.col("_reason").isNotNull(), F.col("value")).alias("_raw"))
+        F.when(F.col("_reason").isNotNull(), F.col("value")).alias("_raw"),
+        # The record's key names its account (every writer keys events by aggregate id): quarantine per account.
+        F.when(F.col("_reason").isNotNull(), F.make_valid_utf8(F.col("key").cast("string"))).alias("_key"))
 
 
 def split_checked(checked):
@@ -219,8 +222,9 @@ def split_checked(checked):
     dead = checked.filter(F.col("_reason").isNotNull()).select(
         F.col("_reason").alias("reason"), F.make_valid_utf8(F.col("_raw").cast("string")).alias("raw_value"),
         F.base64("_raw").alias("raw_value_base64"), "kafka_topic", "kafka_partition", "kafka_offset",
-        F.current_timestamp().alias("dead_lettered_at"), F.col("_raw").alias("raw_bytes"))
-    valid = checked.filter(F.col("_reason").isNull()).drop("_reason", "_raw")
+        F.current_timestamp().alias("dead_lettered_at"), F.col("_raw").alias("raw_bytes"),
+        F.col("_key").alias("kafka_key"))
+    valid = checked.filter(F.col("_reason").isNull()).drop("_reason", "_raw", "_key")
     return upcast_rows(valid), dead
 
 

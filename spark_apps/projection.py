@@ -281,7 +281,8 @@ def _event_row_schema(spark):
     from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType, \
         TimestampType
 
-    empty = spark.createDataFrame([], StructType([StructField("value", BinaryType()), StructField("topic", StringType()),
+    empty = spark.createDataFrame([], StructType([StructField("key", BinaryType()),
+                                                  StructField("value", BinaryType()), StructField("topic", StringType()),
                                                   StructField("partition", IntegerType()),
                                                   StructField("offset", LongType()),
                                                   StructField("timestamp", TimestampType())]))
@@ -297,7 +298,8 @@ def _dead_letter_schema():
     return StructType([StructField("reason", StringType()), StructField("raw_value", StringType()),
                        StructField("raw_value_base64", StringType()), StructField("kafka_topic", StringType()),
                        StructField("kafka_partition", IntegerType()), StructField("kafka_offset", LongType()),
-                       StructField("dead_lettered_at", TimestampType()), StructField("raw_bytes", BinaryType())])
+                       StructField("dead_lettered_at", TimestampType()), StructField("raw_bytes", BinaryType()),
+                       StructField("kafka_key", StringType())])
 
 
 def _upgrade_dead_letter_table(spark, path: Path, log: Callable[[str], None]) -> None:

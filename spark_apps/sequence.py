@@ -16,7 +16,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["ledger_table", "held_table", "ledger_schema", "admit", "Admission"]
+__all__ = ["ledger_table", "held_table", "ledger_schema", "admit", "Admission", "VERSION_CONFLICT"]
+
+# How the reason of a version conflict's dead letter starts (a conflict quarantines nothing: the first event
+# at a version counts, on both sides).
+VERSION_CONFLICT = "version conflict"
 
 
 def ledger_table(projection: str) -> str:
@@ -138,9 +142,9 @@ def _dead_letter_conflicts(ctx, conflicts, columns, F) -> None:
 
     checked = conflicts.select(
         *columns,
-        F.format_string("version conflict: version %d of aggregate %s is already taken by event %s; this is a "
+        F.format_string(VERSION_CONFLICT + ": version %d of aggregate %s is already taken by event %s; this is a "
                         "different event (%s), applied to no read model", F.col("aggregate_version"),
                         F.col("aggregate_id"), F.col("_holder"), F.col("event_id")).alias("_reason"),
-        F.to_json(F.struct(*columns)).cast("binary").alias("_raw"))
+        F.to_json(F.struct(*columns)).cast("binary").alias("_raw"), F.col("aggregate_id").alias("_key"))
     _, dead = split_checked(checked)
     ctx.append(dead, DEAD_LETTER_TABLE, writer="sequence")

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NamedTuple
 
 import read_models
 from eventlake.settings import Settings
@@ -186,6 +187,7 @@ def render(settings: Settings) -> str:
                      f"{_iso(w.newest_event_time)}; {ahead} ahead of the clock ({_iso(w.clock)}: counted in their "
                      f"windows, they move the watermark only to their recording time); {w.late:,} late (in "
                      f"{LATE_EVENTS_TABLE})")
+    lines.extend(quarantine_lines(settings))
     lines.append("tables:")
     for t in table_statuses(settings):
         if t.rows is None:
@@ -193,3 +195,76 @@ def render(settings: Settings) -> str:
         else:
             lines.append(f"  {t.name:<24} {t.rows:>10,} rows  Delta version {t.version}")
     return "\n".join(lines)
+
+
+class Quarantined(NamedTuple):
+    account_id: str
+    record: str  # topic/partition/offset
+    reason: str
+
+
+def quarantined_accounts(settings: Settings) -> list[Quarantined]:
+    """Accounts with an events record that cannot be read and is not resolved yet, as the read side sees them:
+    the event dead letters (version conflicts aside: the first event at a version counts, nothing stops) minus
+    the records a QuarantineResolved in the archive names. The command handler applies the same rule, so these
+    are the accounts whose commands it rejects (AccountQuarantined)."""
+    from eventlake.tables import TableNotFound, read_table
+    from spark_apps.projection import ARCHIVE_TABLE, DEAD_LETTER_TABLE
+    from spark_apps.sequence import VERSION_CONFLICT
+
+    try:
+        dead = read_table(settings.table_path(DEAD_LETTER_TABLE)).to_pylist()
+    except (TableNotFound, FileNotFoundError):
+        return []
+    resolved: set[str] = set()
+    try:
+        archive = read_table(settings.table_path(ARCHIVE_TABLE), filters=[("event_type", "=", "QuarantineResolved")],
+                             columns=["record"])
+        resolved = {r for r in archive.column("record").to_pylist() if r}
+    except Exception:  # noqa: BLE001 -- no archive yet, or one written before the column existed: none resolved
+        pass
+    out, seen = [], set()
+    for row in sorted(dead, key=lambda r: (r.get("kafka_partition") or 0, r.get("kafka_offset") or 0)):
+        account = row.get("kafka_key")
+        record = f"{row['kafka_topic']}/{row['kafka_partition']}/{row['kafka_offset']}"
+        if (not account or row["kafka_topic"] != settings.events_topic or account in seen or record in resolved
+                or (row.get("reason") or "").startswith(VERSION_CONFLICT)):
+            continue
+        seen.add(account)
+        out.append(Quarantined(account, record, row.get("reason") or ""))
+    return out
+
+
+def waiting_events(settings: Settings) -> dict[str, int]:
+    """Per account, the events the read models hold back because an earlier version is missing."""
+    from eventlake.tables import TableNotFound, read_table
+    from spark_apps.sequence import held_table
+
+    counts: dict[str, int] = {}
+    for path in sorted(settings.table_path(held_table("x")).parent.glob("*")):
+        try:
+            ids = read_table(path, columns=["aggregate_id"]).column("aggregate_id").to_pylist()
+        except (TableNotFound, FileNotFoundError):
+            continue
+        for account in ids:
+            counts[account] = counts.get(account, 0) + 1
+    return counts
+
+
+def quarantine_lines(settings: Settings) -> list[str]:
+    quarantined = quarantined_accounts(settings)
+    waiting = waiting_events(settings)
+    if not quarantined and not waiting:
+        return ["quarantine: none (every account's events are readable and in sequence)"]
+    lines = [f"quarantine: {len(quarantined)} account(s) with an unreadable events record (their commands are "
+             f"rejected until resolved: eventlake resolve-quarantine ACCOUNT --record RECORD --reason ...)"]
+    for q in quarantined:
+        reason = q.reason if len(q.reason) <= 160 else q.reason[:157] + "..."
+        held = f"; {waiting[q.account_id]} later event(s) wait" if q.account_id in waiting else ""
+        lines.append(f"  {q.account_id}  {q.record}: {reason}{held}")
+    others = {a: n for a, n in waiting.items() if a not in {q.account_id for q in quarantined}}
+    if others:
+        lines.append(f"  events waiting after a gap in their account's versions: "
+                     + ", ".join(f"{a} ({n})" for a, n in sorted(others.items())[:20])
+                     + (" ..." if len(others) > 20 else ""))
+    return lines

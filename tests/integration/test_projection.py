@@ -160,7 +160,11 @@ def test_a_different_event_at_a_taken_version_or_after_a_gap_counts_in_no_read_m
     after_gap = forged(payment, event_id="forged-gap", aggregate_version=last + 3,
                        payload={"payment_id": "pay-forged-2"})
     log = events[:40] + [conflict] + events[40:] + [after_gap] + events[:10]  # and some duplicates
-    publish(settings, [(e.aggregate_id, e.to_json()) for e in log])
+    other = next(e for e in events if e.aggregate_id != payment.aggregate_id)
+    unreadable = json.loads(forged(payment, event_id="forged-negative", aggregate_id=other.aggregate_id).to_json())
+    unreadable["payload"]["amount_minor"] = -5000  # invalid: its account is quarantined (eventlake status)
+    publish(settings, [(e.aggregate_id, e.to_json()) for e in log]
+            + [(other.aggregate_id, json.dumps(unreadable).encode())])
     project(spark, settings, max_offsets_per_trigger=30)
 
     assert_matches_oracle(spark, settings, log)
@@ -176,5 +180,11 @@ def test_a_different_event_at_a_taken_version_or_after_a_gap_counts_in_no_read_m
     held = [r["event_id"] for r in spark.read.format("delta").load(
         str(settings.table_path(held_table(f"projection-{'+'.join(read_models.REGISTRY)}")))).collect()]
     assert held == ["forged-gap"]
+    from spark_apps.status import quarantine_lines
+
+    lines = quarantine_lines(settings)
+    assert f"  {other.aggregate_id}  {settings.events_topic}/" in "\n".join(lines) and "amount_minor" in lines[1]
+    assert f"{payment.aggregate_id} (1)" in lines[-1]  # the event after the gap waits
+    assert payment.aggregate_id not in "\n".join(lines[:-1])  # a version conflict quarantines nothing
     for name in read_models.REGISTRY:  # the reconciliation applies the same rule to the archive
         assert reconcile(settings, name).success, reconcile(settings, name).lines()
