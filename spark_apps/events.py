@@ -137,8 +137,11 @@ _NOT_A_STRING = '"(' + "|".join(sorted(string_field_names())) + r')"\s*:\s*([-0-
 
 def _envelope_reason(e, text, F):
     """The first problem of the envelope, in schemas.EVENT_ENVELOPE's order (null when there is none)."""
-    reason = F.when(e.isNull() | (e["event_id"].isNull() & e["event_type"].isNull()),
-                    F.lit("not an event envelope: invalid JSON or no event_id/event_type"))
+    # Bytes that are not UTF-8 (Spark's JSON reader would take them into the strings as they are; the Python
+    # readers refuse them) make a record invalid whatever else it holds.
+    reason = (F.when(~F.is_valid_utf8(text), F.lit("not valid JSON: the record's bytes are not UTF-8"))
+              .when(e.isNull() | (e["event_id"].isNull() & e["event_type"].isNull()),
+                    F.lit("not an event envelope: invalid JSON or no event_id/event_type")))
     for name, spec in EVENT_ENVELOPE.items():
         value = e[name]
         reason = reason.when(value.isNull(), F.lit(f"missing required field '{name}'"))

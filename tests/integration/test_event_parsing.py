@@ -30,8 +30,8 @@ def test_a_log_with_v1_and_v2_events_reads_as_v2_and_unknown_versions_are_dead_l
         json.dumps(_event(9, {**payment, "payment_id": "p3"})),
         json.dumps(_event(1, {"location": "US-NYC"}, event_type="DeviceLocationReported")),
     ]
-    df = spark.createDataFrame([(r.encode(), "events", 0, i) for i, r in enumerate(records)],
-                               "value binary, topic string, partition int, offset long")
+    df = spark.createDataFrame([(b"acc", r.encode(), "events", 0, i) for i, r in enumerate(records)],
+                               "key binary, value binary, topic string, partition int, offset long")
     valid, dead = parse_events(df)
     rows = {r["event_id"]: r for r in valid.collect()}
     assert rows["e-1-p1"]["schema_version"] == 2 and rows["e-1-p1"]["merchant_country"] == "GB"
@@ -86,9 +86,12 @@ def test_python_and_spark_agree_on_which_records_are_valid_events(spark):
             target[name] = rng.choice(HOSTILE_VALUES)
         records.append(json.dumps(damaged).encode())
     records += [None, b"", b"null", b"[1, 2]", b'"text"', b"\xff\xfe\x00garbage", b"{not json",
-                json.dumps(events[0]).encode("utf-16"), json.dumps(events[0]).encode() + b"\n"]
-    df = spark.createDataFrame([(r, "events", 0, i) for i, r in enumerate(records)],
-                               "value binary, topic string, partition int, offset long")
+                json.dumps(events[0]).encode("utf-16"), json.dumps(events[0]).encode() + b"\n",
+                # a valid event but for bytes in a string that are not UTF-8 (a lone surrogate, a stray byte)
+                json.dumps(events[0]).encode().replace(b'"event_id": "', b'"event_id": "\xed\xa0\x80', 1),
+                json.dumps(events[0]).encode().replace(b'"event_id": "', b'"event_id": "\xff', 1)]
+    df = spark.createDataFrame([(b"acc", r, "events", 0, i) for i, r in enumerate(records)],
+                               "key binary, value binary, topic string, partition int, offset long")
     checked = {r["kafka_offset"]: r["_reason"] for r in check_records(df).select("kafka_offset", "_reason").collect()}
     python = {i: _python_verdict(r) for i, r in enumerate(records)}
     disagree = [(records[i], checked[i]) for i in python if python[i] != (checked[i] is None)]
