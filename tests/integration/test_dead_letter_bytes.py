@@ -101,6 +101,6 @@ def test_a_dead_letter_table_made_before_raw_bytes_is_upgraded_in_place(spark, s
     publish(settings, [("acc-dlb-00001", NOT_AN_EVENT)])
     project(spark, settings)  # upgrades the table, then appends a dead letter with the new schema
 
-    assert spark.read.format("delta").load(path).columns == [*old_schema.names, "raw_bytes"]
+    assert spark.read.format("delta").load(path).columns == [*old_schema.names, "raw_bytes", "kafka_key"]
     rows = query_duckdb(settings, SQL.replace("ORDER BY", "ORDER BY kafka_topic = 'old-topic' DESC,"))[1]
     assert_bytes_kept(rows, [NOT_UTF8, NOT_AN_EVENT])
