@@ -1153,14 +1153,10 @@ class CommandHandler:
 
     def _invalid_result(self, value: bytes | None, reason: str, recorded_at: str) -> CommandResult | None:
         """A rejection for an invalid command whose command_id can be read; None when it cannot."""
-        try:
-            obj = json.loads(value)
-        except (ValueError, TypeError):
+        ids = _command_ids(value)
+        if ids is None:
             return None
-        command_id = obj.get("command_id") if isinstance(obj, dict) else None
-        if not isinstance(command_id, str) or not command_id:
-            return None
-        aggregate_id = obj.get("aggregate_id") if isinstance(obj.get("aggregate_id"), str) else ""
+        command_id, aggregate_id = ids
         return CommandResult(command_id, aggregate_id, "rejected", -1, error_type="InvalidCommand", reason=reason,
                              recorded_at=recorded_at)
 
