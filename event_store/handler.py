@@ -88,6 +88,7 @@ class HandlerStats:
     unreadable_events: int = 0  # events records a rebuild could not read (their accounts are quarantined)
     repeated_events: int = 0  # events at a version already taken (the same event again, or a forged one)
     unreadable_results: int = 0  # command-results records a rebuild skipped
+    producers_renewed: int = 0  # producers replaced after a fatal error that was no fence
     commit_seconds: float = 0.0  # waiting for send_offsets_to_transaction + commit_transaction
     started: float = field(default_factory=time.monotonic)
 
@@ -97,7 +98,8 @@ class HandlerStats:
                   "batches redone one by one": self.batch_retries, "single-command retries": self.command_retries,
                   "unreadable events (accounts quarantined)": self.unreadable_events,
                   "events at a taken version skipped": self.repeated_events,
-                  "unreadable results skipped": self.unreadable_results}
+                  "unreadable results skipped": self.unreadable_results,
+                  "producers renewed after a fatal error": self.producers_renewed}
         return (f"{self.commands} commands ({self.accepted} accepted, {self.rejected} rejected, "
                 f"{self.duplicates} duplicate, {self.dead_lettered} dead-lettered) -> {self.events} events "
                 f"in {self.transactions} transactions, {self.commands / secs:,.0f} commands/s"
@@ -264,7 +266,14 @@ class _Stopping(Exception):
 
 
 class _PartitionsMoved(Exception):
-    """A rebalance took a partition of the open transaction while the handler waited to commit it."""
+    """A rebalance took a partition of the open transaction while the handler waited to commit it.
+    ``in_flight``: a transaction call had timed out and is still under way in librdkafka, so the transaction
+    cannot be aborted (that ends in a fatal INVALID_TXN_STATE, and the same call again may never return with the
+    group changed): the producer is renewed instead."""
+
+    def __init__(self, message: str, in_flight: bool = False):
+        super().__init__(message)
+        self.in_flight = in_flight
 
 
 class _RebuildDeferred(Exception):
@@ -279,6 +288,10 @@ _REBALANCE_ERRORS = frozenset({confluent_kafka.KafkaError.UNKNOWN_MEMBER_ID,
                                confluent_kafka.KafkaError.ILLEGAL_GENERATION,
                                confluent_kafka.KafkaError.REBALANCE_IN_PROGRESS,
                                confluent_kafka.KafkaError.FENCED_INSTANCE_ID})
+# Fatal producer errors that mean another instance took over this transactional id (or group member): the
+# handler stops. Any other fatal error (e.g. INVALID_TXN_STATE after a broker restart) renews the producer.
+_FENCED_ERRORS = frozenset({confluent_kafka.KafkaError.PRODUCER_FENCED, confluent_kafka.KafkaError._FENCED,
+                            confluent_kafka.KafkaError.FENCED_INSTANCE_ID})
 # Abort causes that mean "the broker was away" (a restart, a network cut), not "this batch cannot be written":
 # the batch is redone as it was once the broker answers again, and no command is blamed for them.
 _BROKER_AWAY_ERRORS = frozenset({confluent_kafka.KafkaError._MSG_TIMED_OUT, confluent_kafka.KafkaError._TIMED_OUT,
@@ -356,11 +369,12 @@ class CommandHandler:
         # The handler's own two clients are librdkafka's (confluent-kafka): kafka-python's pure-Python send path
         # cost more than everything else the handler does (bench/commands.py). Same guarantees: idempotent,
         # acks=all, transactional, read_committed, offsets sent with the group metadata (KIP-447).
-        self._producer = confluent_kafka.Producer({
+        self._producer_config = {
             "bootstrap.servers": s.bootstrap_servers, "transactional.id": self.transactional_id,
             "enable.idempotence": True, "acks": "all", "linger.ms": 20, "batch.size": batch_bytes,
             "message.max.bytes": _PRODUCER_MESSAGE_MAX_BYTES,
-            "transaction.timeout.ms": _TRANSACTION_TIMEOUT_MS, "queue.buffering.max.messages": 1_000_000})
+            "transaction.timeout.ms": _TRANSACTION_TIMEOUT_MS, "queue.buffering.max.messages": 1_000_000}
+        self._producer = confluent_kafka.Producer(self._producer_config)
         # Fences any older instance with this id and aborts its open transaction before we read state.
         self._producer.init_transactions(60)
         # Short request timeouts: a rebuild that waits for an absent broker gives way to stop() and keepalives.
@@ -505,14 +519,17 @@ class CommandHandler:
     def _renew_readers(self) -> None:
         """New rebuild readers: after a broker restart kafka-python's consumers may keep a stale fetch state and
         read nothing more (seen in tests/integration/test_handler_broker_restart.py); fresh ones do."""
+        # The broker's API version, known already: without it kafka-python's constructor connects first, and
+        # waits (tens of seconds, deaf to stop()) for a broker that is away.
+        api_version = self._reader.config.get("api_version")
         for client in (self._reader, self._watermarks):
             try:
                 client.close()
             except Exception as e:  # noqa: BLE001 -- a reader that cannot close cleanly is dropped anyway
                 self.log(f"handler {self.instance_id}: closing a rebuild reader: {e!r}")
-        self._reader = kafka_log.make_consumer(self.settings, request_timeout_ms=5_000)
+        self._reader = kafka_log.make_consumer(self.settings, request_timeout_ms=5_000, api_version=api_version)
         self._watermarks = kafka_log.make_consumer(self.settings, isolation_level="read_uncommitted",
-                                                   request_timeout_ms=5_000)
+                                                   request_timeout_ms=5_000, api_version=api_version)
 
     def _rebuild(self, p: int) -> PartitionState:
         """Partition ``p``'s accounts and idempotency window: the latest snapshot plus the records after it."""
@@ -820,8 +837,8 @@ class CommandHandler:
         except confluent_kafka.KafkaException as e:
             error = e.args[0]
             if error.fatal():
-                raise HandlerError(f"handler {self.instance_id}: fatal producer error ({error}); e.g. fenced by a "
-                                   f"newer instance with transactional id {self.transactional_id}; stopping") from None
+                self._renew_producer(error)  # its open transaction is aborted; every partition is rebuilt
+                return _LOST
             self._abort(error)
             lost = [tp for tp in owned if tp.partition not in self.partitions]
             if lost or error.code() in _REBALANCE_ERRORS:
@@ -872,7 +889,8 @@ class CommandHandler:
         waiting_since = last_said = None
         while True:
             if moved is not None and moved():
-                raise _PartitionsMoved(f"a rebalance took a partition while {what}")
+                raise _PartitionsMoved(f"a rebalance took a partition while {what}",
+                                       in_flight=waiting_since is not None)
             try:
                 call()
                 break
@@ -895,16 +913,81 @@ class CommandHandler:
     def _abort(self, error) -> None:
         """Abort the open transaction, waiting out a broker that does not answer."""
         self.stats.aborted += 1
+        if isinstance(error, _PartitionsMoved) and error.in_flight:
+            self._renew_producer(error)  # its init_transactions aborts the transaction
+            return
         while True:
             try:
                 self._producer.abort_transaction(_CALL_TIMEOUT_S)
                 return
             except confluent_kafka.KafkaException as e:
                 abort_error = e.args[0]
-                if abort_error.fatal() or not abort_error.retriable():
+                if abort_error.fatal():
+                    self._renew_producer(abort_error)  # aborts the open transaction; every partition is rebuilt
+                    return
+                if not abort_error.retriable():
                     raise HandlerError(f"handler {self.instance_id}: cannot abort a transaction after {error}: "
                                        f"{abort_error}") from None
                 self._keepalive()
+
+    def _renew_producer(self, error) -> None:
+        """After a fatal producer error that is no fence (e.g. INVALID_TXN_STATE after a broker restart), or a
+        rebalance while a transaction call was in flight: a new
+        producer with the same transactional id (its init_transactions aborts the open transaction), and every
+        owned partition rebuilt like a new assignment, read again from its committed offset. A fence by another
+        instance stops the handler."""
+        if isinstance(error, confluent_kafka.KafkaError) and error.code() in _FENCED_ERRORS:
+            raise HandlerError(f"handler {self.instance_id}: fenced ({error}) by a newer instance with transactional "
+                               f"id {self.transactional_id}; stopping")
+        self.stats.producers_renewed += 1
+        self.log(f"handler {self.instance_id}: the producer cannot go on ({error}); renewing it and rebuilding "
+                 f"every partition")
+        old, self._producer = self._producer, None
+        try:
+            old.purge()
+        except Exception as e:  # noqa: BLE001 -- a failed producer is dropped anyway
+            self.log(f"handler {self.instance_id}: purging the failed producer: {e!r}")
+        del old
+        # Before the new producer may write: no state that the aborted transaction may have changed is kept.
+        assigned = list(self._consumer.assignment())
+        if assigned:
+            self._consumer.pause(assigned)
+        for tp in assigned:
+            self._generation[tp.partition] = self._generation.get(tp.partition, 0) + 1
+            self._unready.add(tp.partition)
+            self._rebuild_retry_at.pop(tp.partition, None)
+            self.partitions.pop(tp.partition, None)
+        self.partitions.clear()
+        self._buffered = []
+        self._producer = confluent_kafka.Producer(self._producer_config)
+        try:
+            self._retrying(lambda: self._producer.init_transactions(_CALL_TIMEOUT_S), "initialising a new producer")
+        except confluent_kafka.KafkaException as e:
+            raise HandlerError(f"handler {self.instance_id}: cannot initialise a new producer after {error}: "
+                               f"{e.args[0]}; stopping") from None
+        self._seek_committed()
+
+    def _seek_committed(self) -> None:
+        """Put every assigned (paused, unready) partition back at its committed offset, waiting for the broker."""
+        while True:
+            assigned = list(self._consumer.assignment())
+            if not assigned:
+                return
+            try:
+                committed = self._consumer.committed(assigned, timeout=_CALL_TIMEOUT_S)
+                break
+            except confluent_kafka.KafkaException as e:
+                self.log(f"handler {self.instance_id}: reading committed offsets waits for the broker ({e})")
+                self._wait(1.0)
+        for tp in committed:
+            if tp.partition not in self._unready:
+                continue  # assigned anew by a keepalive meanwhile: it starts from its committed offset anyway
+            offset = tp.offset if tp.offset >= 0 else confluent_kafka.OFFSET_BEGINNING
+            try:
+                self._consumer.seek(confluent_kafka.TopicPartition(tp.topic, tp.partition, offset))
+            except confluent_kafka.KafkaException as e:
+                raise HandlerError(f"handler {self.instance_id}: cannot read {tp.topic}/{tp.partition} again from its "
+                                   f"committed offset {tp.offset} ({e}); stopping") from None
 
     def _wait_for_broker(self, failure, what: str) -> None:
         """After a transaction failed because the broker was away: wait (between keepalives) until it answers."""
@@ -980,12 +1063,16 @@ class CommandHandler:
             except confluent_kafka.KafkaException as e:
                 error = e.args[0]
                 if error.fatal():
-                    raise HandlerError(f"handler {self.instance_id}: fatal producer error ({error}); stopping") \
-                        from None
+                    self._renew_producer(error)  # every partition is rebuilt: this record comes again
+                    return False
                 self._abort(error)
                 if tp.partition not in self.partitions or error.code() in _REBALANCE_ERRORS:
                     self._rewind(tp, record.offset())
                     return False
+                if error.code() in _BROKER_AWAY_ERRORS:
+                    # The broker's absence is no fault of this command: write the same rejection once it answers.
+                    self._wait_for_broker(error, "writing the rejection again")
+                    return self._reject_unwritable(tp, record, failure)
                 self.log(f"handler {self.instance_id}: cannot write the rejection of {where} either ({error})")
                 continue
             self.stats.commands += 1
@@ -1181,7 +1268,11 @@ class CommandHandler:
         except confluent_kafka.KafkaException as e:
             error = e.args[0]
             if error.fatal():
-                raise HandlerError(f"handler {self.instance_id}: fatal producer error ({error}); stopping") from None
+                if closing:  # nothing more is written with this producer: the next start fences it
+                    self.log(f"handler {self.instance_id}: no closing snapshot: fatal producer error ({error})")
+                    return
+                self._renew_producer(error)
+                return
             self.log(f"handler {self.instance_id}: snapshot of partitions {sorted(p.partition for p in parts)} not "
                      f"written ({error}); the next start reads more of the log")
             if closing:
