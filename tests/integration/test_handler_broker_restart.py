@@ -101,10 +101,6 @@ def start_handler(settings, lines: list, **kwargs) -> tuple[CommandHandler, thre
     return handler, thread, raised
 
 
-@pytest.mark.skip(reason="known failure, issue 14 point 8 still open: a rebalance while offsets are sent during the "
-                         "restart makes the abort fail with a fatal INVALID_TXN_STATE and run() ends in HandlerError; "
-                         "the fix (recreate the producer on a non-fencing fatal error, rebuild the partitions) is "
-                         "in progress")
 def test_the_handler_resumes_by_itself_after_a_broker_restart_and_answers_every_command(settings, own_broker):
     kafka_log.ensure_topics(settings, log=lambda *_: None)
     chunks = account_stream(accounts=6, payments=40)
@@ -167,9 +163,6 @@ def test_the_handler_resumes_by_itself_after_a_broker_restart_and_answers_every_
     assert len(events) == len(expected)
 
 
-@pytest.mark.skip(reason="known failure, issue 14 point 8 still open: with the broker away, stop() during a rebuild "
-                         "that waits on an open transaction is not noticed within 15s (recreating the rebuild readers "
-                         "blocks in kafka-python's constructor)")
 def test_stop_ends_the_handler_within_seconds_while_a_rebuild_waits_for_an_absent_broker(settings, own_broker):
     kafka_log.ensure_topics(settings, log=lambda *_: None)
     # Another writer's open transaction on events partition 0: the handler's rebuild of that partition waits
