@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
 
+from pyrsistent import PSet, pset
+
 from event_store.envelope import CommandEnvelope, EventEnvelope
 from event_store.schemas import country_of
 
@@ -48,7 +50,9 @@ class AccountState:
     payments_declined: int = 0
     last_device_location: str | None = None
     # Every payment id this account has seen (authorized or declined): a payment id is used once per account.
-    payment_ids: frozenset = frozenset()
+    # A persistent set: adding one id shares the rest (O(log n)), where a frozenset would copy every id on every
+    # payment and make folding a long-lived account quadratic (bench/payment_ids.py).
+    payment_ids: PSet = pset()
     # (record, reason) when the events topic holds a record of this account that cannot be read (record is
     # "topic/partition/offset"): the account takes no command but ResolveQuarantine until an operator decides.
     quarantine: tuple[str, str] | None = None
@@ -155,10 +159,10 @@ def evolve_fields(state: AccountState, kind: str, p: Mapping[str, Any], version:
     elif kind == "PaymentAuthorized":
         changes.update(authorized_total_minor=state.authorized_total_minor + p["amount_minor"],
                        payments_authorized=state.payments_authorized + 1,
-                       payment_ids=state.payment_ids | {p["payment_id"]})
+                       payment_ids=state.payment_ids.add(p["payment_id"]))
     elif kind == "PaymentDeclined":
         changes.update(payments_declined=state.payments_declined + 1,
-                       payment_ids=state.payment_ids | {p["payment_id"]})
+                       payment_ids=state.payment_ids.add(p["payment_id"]))
     elif kind == "DeviceLocationReported":
         changes.update(last_device_location=p["location"])
     elif kind == "AccountFrozen":

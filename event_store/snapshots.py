@@ -18,6 +18,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from pyrsistent import pset
+
 from event_store.account import AccountState
 from event_store.envelope import CommandResult, InvalidRecord, dumps
 
@@ -137,7 +139,7 @@ def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionSt
         for entry in chunk["accounts"]:
             if entry["state"] is not None:
                 state = entry["state"]
-                state["payment_ids"] = frozenset(state.get("payment_ids") or ())
+                state["payment_ids"] = pset(state.get("payment_ids") or ())
                 state["quarantine"] = tuple(state["quarantine"]) if state.get("quarantine") else None
                 part.accounts[entry["account_id"]] = AccountState(**state)
             for row in entry["results"]:
