@@ -266,13 +266,17 @@ def _cmd_rollback(settings: Settings, args) -> int:
 
     catalog = Catalog(settings)
     try:
-        before = catalog.current(args.name).number
+        before = catalog.state(args.name)
         after = catalog.rollback(args.name, by=_who(args), reason=args.reason or "")
     except CatalogError as e:
         print(f"eventlake rollback: {e}", file=sys.stderr)
         return 1
-    print(f"rollback: {args.name} is back on generation {after.number} (was {before}); readers and the running "
-          f"projection use {after.table} from now on")
+    print(f"rollback: {args.name} is back on generation {after.number} (was {before.current}); readers and the "
+          f"running projection use {after.table} from now on")
+    if before.switched is not None:
+        print(f"note: the projection wrote generation {before.current}, not {after.number}, since "
+              f"{before.switched.at:%Y-%m-%d %H:%M:%S}Z: generation {after.number} lacks the events of that time "
+              f"until it is caught up (`eventlake check --reconcile {args.name}` shows the difference)")
     return 0
 
 

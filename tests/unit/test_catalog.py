@@ -150,3 +150,28 @@ def test_positions_are_recorded(settings):
     assert g2.position == {0: 10, 1: 7}
     assert catalog.record_position("payments", 2, {0: 12, 1: 9}, by="rebuild").position == {0: 12, 1: 9}
     assert catalog.current("payments").position is None
+
+
+def test_query_reads_the_current_generations_and_late_events_as_their_union(settings):
+    """eventlake query's names resolve through the catalog (DuckDB over delta-rs; no Spark needed)."""
+    from eventlake.query import query_duckdb
+
+    catalog = Catalog(settings)
+    g1 = catalog.current("merchant_minute_volume")
+    write_deltalake(str(g1.table), pa.table({"merchant_id": ["m-old"]}))
+    write_deltalake(str(g1.late_events), pa.table({"read_model": ["merchant_minute_volume", "payments"],
+                                                   "event_id": ["late-in-g1", "not-a-windowed-model"]}))
+    g2 = catalog.create_next("merchant_minute_volume", by="a", reason="r")
+    write_deltalake(str(g2.table), pa.table({"merchant_id": ["m-new"]}))
+    write_deltalake(str(g2.late_events), pa.table({"read_model": ["merchant_minute_volume"],
+                                                   "event_id": ["late-in-g2"]}))
+
+    def read() -> tuple:
+        return (query_duckdb(settings, "SELECT merchant_id FROM merchant_minute_volume")[1],
+                query_duckdb(settings, "SELECT event_id FROM late_events")[1])
+
+    assert read() == ([("m-old",)], [("late-in-g1",)])
+    catalog.switch("merchant_minute_volume", 2, 1, by="a", reason="ok")
+    assert read() == ([("m-new",)], [("late-in-g2",)])
+    catalog.rollback("merchant_minute_volume", by="a")
+    assert read() == ([("m-old",)], [("late-in-g1",)])
