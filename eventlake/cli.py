@@ -250,6 +250,64 @@ def _cmd_status(settings: Settings, args) -> int:
     return 0
 
 
+def _who(args) -> str:
+    import getpass
+
+    try:
+        return args.by or getpass.getuser()
+    except (KeyError, OSError):
+        return "operator"
+
+
+def _cmd_rollback(settings: Settings, args) -> int:
+    """Switch a read model back to its previous generation (one catalog commit); refused with the reason when
+    there is none left."""
+    from eventlake.catalog import Catalog, CatalogError
+
+    catalog = Catalog(settings)
+    try:
+        before = catalog.state(args.name)
+        after = catalog.rollback(args.name, by=_who(args), reason=args.reason or "")
+    except CatalogError as e:
+        print(f"eventlake rollback: {e}", file=sys.stderr)
+        return 1
+    print(f"rollback: {args.name} is back on generation {after.number} (was {before.current}); readers and the "
+          f"running projection use {after.table} from now on")
+    if before.switched is not None:
+        print(f"note: the projection wrote generation {before.current}, not {after.number}, since "
+              f"{before.switched.at:%Y-%m-%d %H:%M:%S}Z: generation {after.number} lacks the events of that time "
+              f"until it is caught up (`eventlake check --reconcile {args.name}` shows the difference)")
+    return 0
+
+
+def _cmd_catalog(settings: Settings, args) -> int:
+    """Each read model's current generation and every change of the catalog."""
+    from eventlake.catalog import Catalog, CatalogError
+
+    catalog = Catalog(settings)
+    try:
+        states = catalog.states(args.models or None)
+    except CatalogError as e:
+        print(f"eventlake catalog: {e}", file=sys.stderr)
+        return 2
+    print(f"catalog {catalog.path}")
+    for name, state in states.items():
+        print(f"{name}: generation {state.current} is current")
+        for number, generation in sorted(state.generations.items()):
+            tags = [t for t, on in (("current", number == state.current), ("dropped", number in state.dropped))
+                    if on]
+            at = "" if generation.position is None else "; complete up to offsets " + ", ".join(
+                f"p{p}<{o}" for p, o in sorted(generation.position.items()))
+            print(f"  generation {number}{' (' + ', '.join(tags) + ')' if tags else ''}: {generation.table}{at}")
+        for e in state.entries:
+            previous = f" (from generation {e.previous})" if e.previous is not None else ""
+            print(f"    {e.at:%Y-%m-%d %H:%M:%S}Z  {e.action:<10} generation {e.generation}{previous}  "
+                  f"by {e.by or '?'}: {e.reason or 'no reason given'}")
+        if not state.entries:
+            print("    (no changes yet: the tables from before generations)")
+    return 0
+
+
 def _cmd_check(settings: Settings, args) -> int:
     from expectations import SUITES
     from expectations.checks import context, verdict
@@ -398,6 +456,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also compare each table with a plain-Python fold of the archived log up to the table's "
                         "position (about a minute per million events)")
     p.set_defaults(run=_cmd_check)
+
+    p = sub.add_parser("catalog", help="each read model's current generation and the catalog's changes")
+    p.add_argument("models", nargs="*", help="read models to show (default: all)")
+    p.set_defaults(run=_cmd_catalog)
+
+    p = sub.add_parser("rollback", help="switch a read model back to its previous generation (one catalog commit)")
+    p.add_argument("name", help="the read model")
+    p.add_argument("--reason", help="why (kept in the catalog)")
+    p.add_argument("--by", help="who decides (default: the current user)")
+    p.set_defaults(run=_cmd_rollback)
 
     p = sub.add_parser("airflow", help="run an airflow command on eventlake's DAGs with a local metadata database",
                        description="Runs `airflow ARGS` with AIRFLOW_HOME under the eventlake home, the DAGs folder "

@@ -3,16 +3,20 @@
 The embedded path (default) reads the Delta tables through delta-rs (``deltalake``) into DuckDB: no
 JVM, answers in well under a second. ``engine="spark"`` runs the same SQL on Spark SQL instead.
 Every read model is a view named after it; so are ``late_events`` and ``event_archive``; the event dead
-letters are ``event_dead_letters``.
+letters are ``event_dead_letters``. A read model's name resolves through the catalog (eventlake/catalog.py) to
+its current generation's table, and ``late_events`` is the union of the current generations' late events.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import read_models
+from eventlake.catalog import Catalog, late_events_sources
 from eventlake.settings import Settings
 
-__all__ = ["QueryError", "table_paths", "query_duckdb", "query_spark", "format_table"]
+__all__ = ["QueryError", "TablePart", "logical_tables", "table_paths", "query_duckdb", "query_spark",
+           "format_table"]
 
 
 class QueryError(RuntimeError):
@@ -20,17 +24,34 @@ class QueryError(RuntimeError):
     is the engine's own, followed by the tables there are."""
 
 
+class TablePart(NamedTuple):
+    """One Delta table that makes (part of) a logical table; ``read_models``: keep only its rows with these
+    ``read_model`` values (None: every row)."""
+    path: Path
+    read_models: tuple[str, ...] | None = None
+
+
+def logical_tables(settings: Settings) -> dict[str, list[TablePart]]:
+    """The names a user queries -> the physical tables behind them (those that exist), resolved through the
+    catalog in one read: each read model -> its current generation's table; ``late_events`` -> the current
+    generations' late-events tables; ``event_archive`` and ``event_dead_letters`` -> their own tables."""
+    current = Catalog(settings).current_all()
+    candidates = {name: [TablePart(generation.table)] for name, generation in current.items()}
+    candidates["event_dead_letters"] = [TablePart(settings.table_path("_dead_letters/events"))]
+    candidates["late_events"] = [TablePart(path, tuple(names)) for path, names in late_events_sources(current)]
+    candidates["event_archive"] = [TablePart(settings.table_path("event_archive"))]
+    return {name: parts for name, parts in candidates.items()
+            if parts and all((p.path / "_delta_log").is_dir() for p in parts)}
+
+
 def table_paths(settings: Settings) -> dict[str, Path]:
-    """View name -> Delta table path, for the tables that exist."""
-    candidates = {name: settings.table_path(name) for name in read_models.REGISTRY}
-    candidates["event_dead_letters"] = settings.table_path("_dead_letters/events")
-    candidates["late_events"] = settings.table_path("late_events")
-    candidates["event_archive"] = settings.table_path("event_archive")
-    return {name: path for name, path in candidates.items() if (path / "_delta_log").is_dir()}
+    """Logical name -> the Delta table path behind it, for the names backed by one whole table."""
+    return {name: parts[0].path for name, parts in logical_tables(settings).items()
+            if len(parts) == 1 and parts[0].read_models is None}
 
 
-def _existing_tables(settings: Settings) -> dict[str, Path]:
-    tables = table_paths(settings)
+def _existing_tables(settings: Settings) -> dict[str, list[TablePart]]:
+    tables = logical_tables(settings)
     if not tables:
         raise QueryError(f"no read model tables under {settings.warehouse} yet; run `eventlake demo` or "
                          f"`eventlake project --until-caught-up` first")
@@ -78,8 +99,8 @@ def query_duckdb(settings: Settings, sql: str) -> tuple[list[str], list[tuple]]:
     try:
         # Reading the data (fetchall) is where bad bytes or unconvertible values surface, so it is inside too.
         try:
-            for name, path in tables.items():
-                con.register(name, dataset(path))
+            for name, parts in tables.items():
+                _register_duckdb(con, name, parts, dataset)
             result = con.execute(sql)
             columns = [d[0] for d in result.description] if result.description else []
             return columns, result.fetchall()
@@ -97,12 +118,44 @@ def query_spark(settings: Settings, sql: str) -> tuple[list[str], list[tuple]]:
     spark = build_session(settings, app_name="eventlake-query")
     _quiet_spark_error_logs()
     try:
-        for name, path in tables.items():
-            spark.read.format("delta").load(str(path)).createOrReplaceTempView(name)
+        for name, parts in tables.items():
+            _spark_frame(spark, parts).createOrReplaceTempView(name)
         df = spark.sql(sql)
         return df.columns, [tuple(r) for r in df.collect()]
     except _engine_errors() as e:  # AnalysisException, ParseException, a failed job: Spark's own message
         raise _refused("Spark SQL", e, tables) from None
+
+
+def _register_duckdb(con, name: str, parts: list[TablePart], dataset) -> None:
+    """A logical table as a DuckDB view over the parts' current versions (lazy pyarrow datasets)."""
+    import pyarrow.dataset as ds
+
+    sources = []
+    for part in parts:
+        data = dataset(part.path)
+        if part.read_models is not None:
+            data = data.filter(ds.field("read_model").isin(list(part.read_models)))
+        sources.append(data)
+    if len(sources) == 1:
+        con.register(name, sources[0])
+        return
+    hidden = [f"_eventlake_{name}_{i}" for i in range(len(sources))]
+    for view, data in zip(hidden, sources):
+        con.register(view, data)
+    con.execute(f"CREATE TEMP VIEW {name} AS " + " UNION ALL BY NAME ".join(f"SELECT * FROM {v}" for v in hidden))
+
+
+def _spark_frame(spark, parts: list[TablePart]):
+    from pyspark.sql import functions as F
+
+    frames = []
+    for part in parts:
+        df = spark.read.format("delta").load(str(part.path))
+        frames.append(df if part.read_models is None else df.filter(F.col("read_model").isin(*part.read_models)))
+    out = frames[0]
+    for df in frames[1:]:
+        out = out.unionByName(df, allowMissingColumns=True)
+    return out
 
 
 def _quiet_spark_error_logs() -> None:

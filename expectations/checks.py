@@ -2,7 +2,9 @@
 
 The table is read from its Delta log with delta-rs (no JVM) at its current version and validated in an
 ephemeral GE context; the report names every failed expectation with how many rows break it and a few of
-their values. ``eventlake check`` and the ``check_read_models`` DAG call ``check_tables``.
+their values. ``eventlake check`` and the ``check_read_models`` DAG call ``check_tables``/``verdict``. The table
+is the read model's current generation (eventlake/catalog.py), or the generation given (a rebuild checks its new
+generation before switching).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from deltalake.exceptions import TableNotFoundError
 
+from eventlake.catalog import Catalog, Generation
 from eventlake.settings import Settings
 from eventlake.tables import read_table
 from expectations import SUITES, suite_module
@@ -70,12 +73,14 @@ def context():
     return gx, ge_context
 
 
-def check_table(settings: Settings, name: str, ge=None) -> CheckReport:
-    """Validate the current version of read model ``name``'s Delta table against its suite."""
+def check_table(settings: Settings, name: str, ge=None, generation: Generation | None = None) -> CheckReport:
+    """Validate the current version of read model ``name``'s Delta table (its current generation, or
+    ``generation``) against its suite."""
     from deltalake import DeltaTable
 
     module = suite_module(name)
-    path = settings.table_path(name)
+    generation = generation or Catalog(settings).current(name)
+    path = generation.table
     try:
         table = DeltaTable(str(path))
     except TableNotFoundError:
@@ -170,14 +175,17 @@ class Verdict:
                 "reconciled": None if r is None or not r.compared else r.success}
 
 
-def verdict(settings: Settings, name: str, reconcile: bool = False, ge=None) -> Verdict:
-    """Check read model ``name`` against its suite and, with ``reconcile``, against a fold of the log."""
+def verdict(settings: Settings, name: str, reconcile: bool = False, ge=None,
+            generation: Generation | None = None) -> Verdict:
+    """Check read model ``name`` (its current generation, or ``generation``) against its suite and, with
+    ``reconcile``, against a fold of the log. Both look at the same generation, resolved once."""
+    generation = generation or Catalog(settings).current(name)
     try:
-        report = check_table(settings, name, ge)
+        report = check_table(settings, name, ge, generation)
     except TableMissing as e:
         return Verdict(name, None, missing=str(e))
     if not reconcile:
         return Verdict(name, report)
     from expectations.reconciliation import reconcile as reconcile_table
 
-    return Verdict(name, report, reconcile_table(settings, name))
+    return Verdict(name, report, reconcile_table(settings, name, generation=generation))

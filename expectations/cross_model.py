@@ -14,6 +14,7 @@ a table stands at its own last batch or at the last batch the checkpoint had com
 (a committed batch that did not write a table left it as it was). The tables are compared only when they all
 stand at the same log position; otherwise the result says "not compared" and why (a batch in progress: run
 again), which is no failure. Tables no projection has written (e.g. written by hand) are compared as they stand.
+Each read model is read in its current generation (eventlake/catalog.py), all resolved from one catalog read.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from eventlake.catalog import Catalog
 from eventlake.settings import Settings
 
 __all__ = ["Agreement", "CrossModelCheck", "CROSS_MODEL_CHECKS", "check_agreement", "check_agreements",
@@ -96,30 +98,31 @@ def _snapshots(settings: Settings, names: tuple[str, ...], optional: tuple[str, 
 
     from expectations.reconciliation import _last_batch, _offsets
 
-    missing = [n for n in names if not (settings.table_path(n) / "_delta_log").is_dir()]
+    paths = _physical_paths(settings, (*names, *optional))
+    missing = [n for n in names if not (paths[n] / "_delta_log").is_dir()]
     if missing:
         return {}, "", (f"no Delta table for {', '.join(missing)} yet; run the projection first "
                         f"(eventlake project, or eventlake demo)")
-    present = [n for n in (*names, *optional) if (settings.table_path(n) / "_delta_log").is_dir()]
+    present = [n for n in (*names, *optional) if (paths[n] / "_delta_log").is_dir()]
 
     def writers() -> dict[str, tuple[str, int] | None]:
         found = {}
         for n in present:
-            table = DeltaTable(str(settings.table_path(n)))
-            found[n] = _last_projection_write(settings.table_path(n), table.version())
+            table = DeltaTable(str(paths[n]))
+            found[n] = _last_projection_write(paths[n], table.version())
         return found
 
     before = writers()
     projections = {w[0] for w in before.values() if w is not None}
     if not projections:  # never written by a projection: nothing writes them now, compare them as they are
-        tables = {n: DeltaTable(str(settings.table_path(n))) for n in present}
+        tables = {n: DeltaTable(str(paths[n])) for n in present}
         return tables, "tables not written by a projection, compared as they stand", None
     # The checkpoints first, then the tables: every batch a checkpoint has committed is in the tables read after.
     committed = {p: _last_batch(settings.checkpoints / p) for p in projections}
-    tables = {n: DeltaTable(str(settings.table_path(n))) for n in present}
+    tables = {n: DeltaTable(str(paths[n])) for n in present}
     positions: dict[str, tuple[str, int]] = {}
     for n, table in tables.items():
-        written = _last_projection_write(settings.table_path(n), table.version())
+        written = _last_projection_write(paths[n], table.version())
         if written is None:  # created empty, never written (e.g. nothing has waited yet): it stands anywhere
             continue
         projection, batch = written
@@ -144,6 +147,13 @@ def _snapshots(settings: Settings, names: tuple[str, ...], optional: tuple[str, 
     return {}, "", (f"the tables do not stand at the same log position ({where}): a projection batch is in "
                     f"progress or the tables are written by different projections; run the check again once "
                     f"the projection is caught up")
+
+
+def _physical_paths(settings: Settings, names: tuple[str, ...]) -> dict[str, Path]:
+    """Logical names (read models, ``_pending/<model>``) -> their tables in the models' current generations."""
+    models = {n.split("/")[-1] for n in names}
+    current = Catalog(settings).current_all(sorted(models))
+    return {n: current[n].table if "/" not in n else current[n.split("/")[-1]].pending for n in names}
 
 
 # -- payments vs account_summary -------------------------------------------------------------------------------

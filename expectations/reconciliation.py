@@ -10,6 +10,10 @@ are folded. When the archive has not reached that position yet, the result says 
 The read model's own ``python_fold`` (the test oracle) is the fold; for a windowed model the table plus the
 events recorded in ``late_events`` must add up to it. The fold runs in plain Python: about a minute per
 million events.
+
+The table is the read model's current generation (eventlake/catalog.py), or the generation given (a rebuild
+checks its new generation before switching). A generation no projection batch has written yet (one a rebuild
+wrote whole) stands at the log position the catalog records for it.
 """
 from __future__ import annotations
 
@@ -22,11 +26,11 @@ from pathlib import Path
 import read_models
 from event_store.envelope import EventEnvelope, built, format_time
 from event_store.schemas import EVENTS
+from eventlake.catalog import Catalog, Generation
 from eventlake.settings import Settings
 from eventlake.tables import read_table
 from read_models.sequence import sequence
 from read_models.spec import WINDOWED_SUM
-from spark_apps.merge import LATE_EVENTS_TABLE
 from spark_apps.projection import ARCHIVE_TABLE
 
 __all__ = ["Reconciliation", "reconcile"]
@@ -74,9 +78,8 @@ def _plain(value):
     return value
 
 
-def _table_rows(settings: Settings, name: str, filters=None) -> list[dict]:
-    return [{k: _plain(v) for k, v in row.items()}
-            for row in read_table(settings.table_path(name), filters=filters).to_pylist()]
+def _table_rows(path: Path, filters=None) -> list[dict]:
+    return [{k: _plain(v) for k, v in row.items()} for row in read_table(path, filters=filters).to_pylist()]
 
 
 def _offsets(checkpoint: Path, batch: int, topic: str) -> dict[int, int] | None:
@@ -97,14 +100,17 @@ def _last_batch(checkpoint: Path) -> int | None:
     return max(batches) if batches else None
 
 
-def _position(settings: Settings, name: str) -> tuple[dict[int, int] | None, str]:
-    """The end offsets of the last batch reflected in table ``name``, or (None, why not)."""
+def _position(settings: Settings, generation: Generation) -> tuple[dict[int, int] | None, str]:
+    """The end offsets of the last batch reflected in the generation's table, or (None, why not)."""
     from deltalake import DeltaTable
 
-    history = DeltaTable(str(settings.table_path(name))).history()
+    name = generation.name
+    history = DeltaTable(str(generation.table)).history()
     written = [json.loads(c["userMetadata"]) for c in history if c.get("userMetadata")]
     written = [m for m in written if "batch_id" in m and "projection" in m]
     if not written:
+        if generation.position is not None:  # written whole (a rebuild), complete up to the recorded position
+            return dict(generation.position), ""
         return None, f"no projection batch has written {name} yet"
     last = written[0]  # newest first
     checkpoint = settings.checkpoints / last["projection"]
@@ -133,7 +139,7 @@ _last_archive_read: list = [None, None]
 
 def _read_archive(settings: Settings, position: dict[int, int]) -> list[EventEnvelope]:
     events = []
-    for row in _table_rows(settings, ARCHIVE_TABLE):
+    for row in _table_rows(settings.table_path(ARCHIVE_TABLE)):
         if row["kafka_offset"] >= position.get(row["kafka_partition"], 0):
             continue
         event_type = row["event_type"]
@@ -155,13 +161,13 @@ def _archive_end(settings: Settings) -> dict[int, int]:
     return {} if batch is None else (_offsets(checkpoint, batch, settings.events_topic) or {})
 
 
-def _windowed_with_late(settings: Settings, name: str, key: tuple[str, ...]) -> dict[tuple, dict]:
+def _windowed_with_late(generation: Generation, key: tuple[str, ...]) -> dict[tuple, dict]:
     totals: dict[tuple, dict] = defaultdict(lambda: {"payments": 0, "amount_minor": 0})
-    for row in _table_rows(settings, name):
+    for row in _table_rows(generation.table):
         totals[tuple(row[k] for k in key)]["payments"] += row["payments"]
         totals[tuple(row[k] for k in key)]["amount_minor"] += row["amount_minor"]
-    if (settings.table_path(LATE_EVENTS_TABLE) / "_delta_log").is_dir():
-        for row in _table_rows(settings, LATE_EVENTS_TABLE, filters=[("read_model", "=", name)]):
+    if (generation.late_events / "_delta_log").is_dir():
+        for row in _table_rows(generation.late_events, filters=[("read_model", "=", generation.name)]):
             event = json.loads(row["event"])
             window = (event["merchant_id"], row["event_time"].replace(second=0, microsecond=0))
             totals[window]["payments"] += 1
@@ -169,18 +175,22 @@ def _windowed_with_late(settings: Settings, name: str, key: tuple[str, ...]) -> 
     return dict(totals)
 
 
-def reconcile(settings: Settings, name: str, examples: int = 3) -> Reconciliation:
-    """Compare read model ``name`` with the fold of the archived events up to the table's log position."""
+def reconcile(settings: Settings, name: str, examples: int = 3,
+              generation: Generation | None = None) -> Reconciliation:
+    """Compare read model ``name`` (its current generation, or ``generation``) with the fold of the archived
+    events up to the table's log position."""
     model = read_models.get(name)
-    if not (settings.table_path(name) / "_delta_log").is_dir():
-        return Reconciliation(name, False, {}, reason=f"no Delta table at {settings.table_path(name)} yet")
-    position, why = _position(settings, name)
+    generation = generation or Catalog(settings).current(name)
+    label = name if generation.number == 1 else f"{name} (generation {generation.number})"
+    if not (generation.table / "_delta_log").is_dir():
+        return Reconciliation(label, False, {}, reason=f"no Delta table at {generation.table} yet")
+    position, why = _position(settings, generation)
     if position is None:
-        return Reconciliation(name, False, {}, reason=why)
+        return Reconciliation(label, False, {}, reason=why)
     archived = _archive_end(settings)
     behind = {p: o for p, o in position.items() if archived.get(p, 0) < o}
     if behind:
-        return Reconciliation(name, False, position, reason=(
+        return Reconciliation(label, False, position, reason=(
             f"the archive (projection-{ARCHIVE_TABLE}) has not reached the table's log position yet "
             f"(partition: archive end / table end: "
             + ", ".join(f"p{p}: {archived.get(p, 0)}/{o}" for p, o in sorted(behind.items()))
@@ -190,9 +200,9 @@ def reconcile(settings: Settings, name: str, examples: int = 3) -> Reconciliatio
     # admits (duplicates once, version conflicts nowhere, nothing after a gap).
     expected = model.python_fold(sequence(events).admitted)
     if model.merge_strategy == WINDOWED_SUM:
-        actual = _windowed_with_late(settings, name, model.key)
+        actual = _windowed_with_late(generation, model.key)
     else:
-        actual = {tuple(row[k] for k in model.key): row for row in _table_rows(settings, name)}
+        actual = {tuple(row[k] for k in model.key): row for row in _table_rows(generation.table)}
     missing = [k for k in expected if k not in actual]
     unexpected = [k for k in actual if k not in expected]
     different = []
@@ -201,7 +211,7 @@ def reconcile(settings: Settings, name: str, examples: int = 3) -> Reconciliatio
             columns = [c for c, v in row.items() if actual[k].get(c) != v]
             if columns:
                 different.append((k, columns[0], actual[k].get(columns[0]), row[columns[0]]))
-    return Reconciliation(name, True, position, events=len(events), rows=len(actual), expected_rows=len(expected),
+    return Reconciliation(label, True, position, events=len(events), rows=len(actual), expected_rows=len(expected),
                           missing=tuple(missing[:examples]), unexpected=tuple(unexpected[:examples]),
                           different=tuple(different[:examples]),
                           differences=len(missing) + len(unexpected) + len(different))

@@ -22,12 +22,14 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from eventlake.catalog import SHARED_LATE_EVENTS_TABLE, Generation, legacy_generation
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
 __all__ = ["BatchContext", "apply", "ensure_table", "bookkeeping_tables", "LATE_EVENTS_TABLE", "watermark_delay",
            "windowed_watermark", "newest_event_time_on_clock"]
 
-LATE_EVENTS_TABLE = "late_events"
+# The logical name readers query (the union of the current generations' late events); generation 1's table.
+LATE_EVENTS_TABLE = SHARED_LATE_EVENTS_TABLE
 
 
 def ensure_table(spark, path: Path, schema, stats_columns: tuple[str, ...] | None = None) -> None:
@@ -43,13 +45,22 @@ def ensure_table(spark, path: Path, schema, stats_columns: tuple[str, ...] | Non
 
 
 class BatchContext:
-    """Where one projection batch writes, and the ids that make its writes idempotent."""
+    """Where one projection batch writes, and the ids that make its writes idempotent. ``generations``: the
+    read models' generations this batch writes (resolved through the catalog once per batch by the projection;
+    a model not in it is at generation 1, the layout from before generations)."""
 
     def __init__(self, spark, settings, app_id: str, projection: str, batch_id: int, input_rows: int,
-                 steps: dict[str, float] | None = None):
+                 steps: dict[str, float] | None = None, generations: dict[str, Generation] | None = None):
         self.spark, self.settings, self.app_id = spark, settings, app_id
         self.projection, self.batch_id, self.input_rows = projection, batch_id, input_rows
         self.steps = {} if steps is None else steps  # step name -> seconds, summed: where a batch's time goes
+        self.generations = dict(generations or {})
+
+    def generation(self, model_name: str) -> Generation:
+        """The generation of read model ``model_name`` this batch writes: its table and bookkeeping paths."""
+        if model_name not in self.generations:
+            self.generations[model_name] = legacy_generation(self.settings, model_name)
+        return self.generations[model_name]
 
     @contextmanager
     def timed(self, step: str):
@@ -60,6 +71,7 @@ class BatchContext:
             self.steps[step] = self.steps.get(step, 0.0) + time.monotonic() - started
 
     def path(self, name: str) -> str:
+        """A table that is not a read model's (archive, dead letters, sequence ledgers): no generations."""
         return str(self.settings.table_path(name))
 
     def metadata(self, **extra) -> str:
@@ -79,13 +91,16 @@ class BatchContext:
             for key in ("write.txnAppId", "write.txnVersion", "commitInfo.userMetadata"):
                 conf.unset(f"spark.databricks.delta.{key}")
 
-    def append(self, df, table: str, mode: str = "append", writer: str | None = None) -> None:
-        """Append (or overwrite) once per batch; ``writer`` tells apart several writers of one table."""
+    def append(self, df, table: str, mode: str = "append", writer: str | None = None,
+               path: Path | None = None) -> None:
+        """Append (or overwrite) once per batch; ``writer`` tells apart several writers of one table. ``table``
+        names the write (its idempotency id); it is written at ``path`` when given (a generation's
+        bookkeeping), else at ``settings.table_path(table)``."""
         # mergeSchema: a table of event rows written by an older release gains the columns added since.
         (df.write.format("delta").mode(mode).option("mergeSchema", "true")
          .option("txnAppId", f"{self.app_id}/{table}/{writer or ''}").option("txnVersion", self.batch_id)
          .option("userMetadata", self.metadata())
-         .save(self.path(table)))
+         .save(str(path) if path is not None else self.path(table)))
 
 
 def late_events_schema():
@@ -97,17 +112,17 @@ def late_events_schema():
                        StructField("event", StringType()), StructField("recorded_at", TimestampType())])
 
 
-def bookkeeping_tables(model: ReadModel, event_row_schema) -> dict[str, object]:
-    """The tables (name -> schema) a model's merge strategy needs besides the model's own table."""
+def bookkeeping_tables(model: ReadModel, event_row_schema, generation: Generation) -> dict[Path, object]:
+    """The tables (path -> schema) a model's merge strategy needs in ``generation`` besides the model's table."""
     from pyspark.sql.types import BooleanType, StringType, StructField, StructType, TimestampType
 
     if model.merge_strategy == CURRENT_STATE_BY_VERSION:
-        return {f"_pending/{model.name}": event_row_schema}
+        return {generation.pending: event_row_schema}
     if model.merge_strategy == WINDOWED_SUM:
-        return {f"_applied/{model.name}": StructType([StructField("event_id", StringType()),
-                                                      StructField("event_time", TimestampType()),
-                                                      StructField("_late", BooleanType())]),
-                LATE_EVENTS_TABLE: late_events_schema()}
+        return {generation.applied: StructType([StructField("event_id", StringType()),
+                                                StructField("event_time", TimestampType()),
+                                                StructField("_late", BooleanType())]),
+                generation.late_events: late_events_schema()}
     return {}
 
 
@@ -132,7 +147,7 @@ def _merge(ctx: BatchContext, model: ReadModel, source, update_condition=None, i
     from delta.tables import DeltaTable
 
     on = " AND ".join(f"t.{k} = s.{k}" for k in model.key)
-    builder = DeltaTable.forPath(ctx.spark, ctx.path(model.name)).alias("t").merge(source.alias("s"), on)
+    builder = DeltaTable.forPath(ctx.spark, str(ctx.generation(model.name).table)).alias("t").merge(source.alias("s"), on)
     if update:
         builder = builder.whenMatchedUpdate(condition=update_condition, set=dict(model.merge_update))
     if model.merge_insert:
@@ -164,13 +179,14 @@ def _current_state(ctx: BatchContext, model: ReadModel, events) -> dict[str, int
 
     spark = ctx.spark
     key = model.key[0]
+    generation = ctx.generation(model.name)
     with ctx.timed(f"{model.name}: repeated versions"):
-        pending = _rows_or_none(spark, ctx.path(f"_pending/{model.name}"))
+        pending = _rows_or_none(spark, str(generation.pending))
         # A version that comes twice in the batch (a replayed or duplicated record) is rare; only then is the
         # batch deduplicated (which sorts it).
         if _may_repeat(events, "aggregate_id", "aggregate_version"):
             events = events.dropDuplicates(["aggregate_id", "aggregate_version"])
-    current = (spark.read.format("delta").load(ctx.path(model.name))
+    current = (spark.read.format("delta").load(str(generation.table))
                .select(F.col(key), F.col("version").alias("_current")))
     folded = model.fold(events)
     columns = folded.columns
@@ -204,7 +220,7 @@ def _current_state(ctx: BatchContext, model: ReadModel, events) -> dict[str, int
         # keeps from the old pending rows only what is still waiting.
         if ranked is not None and (waiting or pending is not None):
             ctx.append(ranked.filter(~F.col("_contiguous")).drop("_current", "_contiguous"),
-                       f"_pending/{model.name}", mode="overwrite")
+                       f"_pending/{model.name}", mode="overwrite", path=generation.pending)
     finally:
         folded.unpersist()
         if ranked is not None:
@@ -222,7 +238,7 @@ def _ranked(ctx: BatchContext, model: ReadModel, events, pending):
     key = model.key[0]
     candidates = events.unionByName(pending) if pending is not None else events
     candidates = candidates.dropDuplicates(["event_id"]).dropDuplicates(["aggregate_id", "aggregate_version"])
-    current = (ctx.spark.read.format("delta").load(ctx.path(model.name))
+    current = (ctx.spark.read.format("delta").load(str(ctx.generation(model.name).table))
                .select(F.col(key).alias("aggregate_id"), F.col("version").alias("_current")))
     window = Window.partitionBy("aggregate_id").orderBy("aggregate_version")
     ranked = (candidates.join(current, "aggregate_id", "left")
@@ -258,7 +274,8 @@ def _windowed_sum(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]
 
     spark = ctx.spark
     applied_table = f"_applied/{model.name}"
-    ledger = spark.read.format("delta").load(ctx.path(applied_table)).select("event_id")
+    generation = ctx.generation(model.name)
+    ledger = spark.read.format("delta").load(str(generation.applied)).select("event_id")
     watermark, newest = _watermark_before_batch(ctx, model)
     late = F.col(model.event_time) < F.lit(watermark) if watermark is not None else F.lit(False)
     fresh = (events.dropDuplicates(["event_id"]).join(ledger, "event_id", "left_anti")
@@ -285,9 +302,11 @@ def _windowed_sum(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]
                 F.lit(model.name).alias("read_model"), "event_id", "event_type", "aggregate_id",
                 F.col(model.event_time).alias("event_time"), F.lit(watermark).alias("watermark"),
                 F.to_json(F.struct(*[c for c in fresh.columns if not c.startswith("_")])).alias("event"),
-                F.current_timestamp().alias("recorded_at")), LATE_EVENTS_TABLE, writer=model.name)
+                F.current_timestamp().alias("recorded_at")), LATE_EVENTS_TABLE, writer=model.name,
+                path=generation.late_events)
         if on_time or late_count:
-            ctx.append(fresh.select("event_id", F.col(model.event_time).alias("event_time"), "_late"), applied_table)
+            ctx.append(fresh.select("event_id", F.col(model.event_time).alias("event_time"), "_late"), applied_table,
+                       path=generation.applied)
     finally:
         fresh.unpersist()
     return {"applied": on_time, "late": late_count}
@@ -327,7 +346,7 @@ def _watermark_before_batch(ctx: BatchContext, model: ReadModel) -> tuple[dt.dat
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    table = DeltaTable.forPath(ctx.spark, ctx.path(model.name))
+    table = DeltaTable.forPath(ctx.spark, str(ctx.generation(model.name).table))
     metadata = [json.loads(r["userMetadata"]) for r in table.history(5).select("userMetadata").collect()
                 if r["userMetadata"]]
     found, newest = newest_event_time_on_clock(metadata)

@@ -5,20 +5,28 @@ to the dead-letter table, and MERGEs the events into every selected read model (
 query appends every valid event to ``event_archive``. Each keeps its Kafka offsets in its own checkpoint,
 so a restart resumes where its last committed batch ended.
 
+Each read model is written in its current generation (eventlake/catalog.py), resolved at the start of every
+batch: after a switch or a rollback the running projection writes the new current generation from its next
+batch, without a restart. A batch that Spark runs again after a crash writes the generations its first run
+resolved (kept in the checkpoint), so no generation is left with half a batch. A projection given
+``generations`` writes exactly those instead (e.g. a rebuild catching a new generation up before its switch).
+
 Run it with ``eventlake project`` or as a spark-submit target:
 ``spark-submit --packages <see SPARK_PACKAGES> spark_apps/projection.py [--until-caught-up] [NAMES]``.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import read_models
+from eventlake.catalog import Catalog, Generation
 from eventlake.settings import Settings
 from read_models.spec import ReadModel
 from spark_apps.events import check_records, parse_events, read_event_records, split_checked
@@ -57,15 +65,23 @@ class Projection:
     so it runs with its own checkpoint and never holds the read models back."""
 
     def __init__(self, spark, settings: Settings, models: list[ReadModel] | None = None,
-                 log: Callable[[str], None] = print, archive: bool | None = None):
+                 log: Callable[[str], None] = print, archive: bool | None = None,
+                 generations: Mapping[str, Generation] | None = None, checkpoint: Path | None = None):
+        """``generations`` (name -> Generation): write these generations of the models, not the current ones;
+        ``checkpoint``: the read models' query's checkpoint (default ``checkpoints/projection-<names>``; it
+        must lie under the checkpoints folder, as the projection's name is its path there)."""
         self.spark = spark
         self.settings = settings
         self.archive = models is None if archive is None else archive
         self.models = read_models.select(None) if models is None else models
         self.log = log
         names = "+".join(m.name for m in self.models)
-        self.name = f"projection-{names}"
+        self.name = f"projection-{names}" if checkpoint is None else str(checkpoint.relative_to(settings.checkpoints))
         self.checkpoint = settings.checkpoints / self.name
+        self.catalog = Catalog(settings)
+        self.pinned = dict(generations) if generations is not None else None
+        self._ensured: set[tuple[str, int]] = set()  # (model, generation) whose tables exist
+        self._written: dict[str, int] = {}  # model -> the generation the last batch wrote
         self.archive_checkpoint = settings.checkpoints / f"projection-{ARCHIVE_TABLE}"
         self.queries: list = []
         self._tables_ready = False
@@ -81,13 +97,55 @@ class Projection:
         if self.models:
             tables[sequence.ledger_table(self.name)] = (sequence.ledger_schema(), ("aggregate_id",))
             tables[sequence.held_table(self.name)] = (event_rows, None)
-        for model in self.models:
-            tables[model.name] = (model.schema(), model.stats_columns or model.key)
-            tables.update({name: (schema, None) for name, schema in bookkeeping_tables(model, event_rows).items()})
         _upgrade_dead_letter_table(self.spark, self.settings.table_path(DEAD_LETTER_TABLE), self.log)
         for name, (schema, stats_columns) in tables.items():
             ensure_table(self.spark, self.settings.table_path(name), schema, stats_columns)
+        self._ensure_generation_tables(self._resolve())
         self._tables_ready = True
+
+    def _ensure_generation_tables(self, generations: Mapping[str, Generation], spark=None) -> None:
+        """Create a generation's table and bookkeeping tables, if missing, the first time it is met."""
+        event_rows = None
+        for model in self.models:
+            generation = generations[model.name]
+            if (model.name, generation.number) in self._ensured:
+                continue
+            event_rows = event_rows or _event_row_schema(spark or self.spark)
+            ensure_table(spark or self.spark, generation.table, model.schema(), model.stats_columns or model.key)
+            for path, schema in bookkeeping_tables(model, event_rows, generation).items():
+                ensure_table(spark or self.spark, path, schema)
+            self._ensured.add((model.name, generation.number))
+
+    def _resolve(self) -> dict[str, Generation]:
+        """The generations to write: the pinned ones, or each model's current one (one small catalog read)."""
+        if self.pinned is not None:
+            return {m.name: self.pinned.get(m.name) or self.catalog.current(m.name) for m in self.models}
+        return self.catalog.current_all([m.name for m in self.models])
+
+    def _generations_for_batch(self, spark, batch_id: int) -> dict[str, Generation]:
+        """The generations batch ``batch_id`` writes, resolved once: a re-run of the batch (after a crash)
+        reads back what its first run resolved from the checkpoint, so it completes the same generations."""
+        folder = self.checkpoint / "eventlake-generations"
+        marker = folder / str(batch_id)
+        if marker.exists():
+            numbers = json.loads(marker.read_text())
+            generations = {name: self.catalog.generation(name, n) for name, n in numbers.items()}
+        else:
+            generations = self._resolve()
+            folder.mkdir(parents=True, exist_ok=True)
+            partial = folder / f".{batch_id}.tmp"
+            partial.write_text(json.dumps({name: g.number for name, g in generations.items()}))
+            partial.replace(marker)  # atomic: a crash leaves no half-written marker
+            for old in folder.iterdir():  # keep the last few
+                if old.name.isdigit() and int(old.name) < batch_id - 10:
+                    old.unlink(missing_ok=True)
+        self._ensure_generation_tables(generations, spark)
+        for name, generation in generations.items():
+            if self._written.get(name, generation.number) != generation.number:
+                self.log(f"projection: batch {batch_id}: {name} now writes generation {generation.number} "
+                         f"({generation.table})")
+            self._written[name] = generation.number
+        return generations
 
     @staticmethod
     def _app_id(checkpoint: Path, name: str) -> str:
@@ -111,7 +169,9 @@ class Projection:
             started = time.monotonic()
             try:
                 events, dead = split_checked(checked)
-                ctx = BatchContext(spark, self.settings, app_id, self.name, batch_id, input_rows=-1, steps=steps)
+                generations = self._generations_for_batch(spark, batch_id) if self.models else {}
+                ctx = BatchContext(spark, self.settings, app_id, self.name, batch_id, input_rows=-1, steps=steps,
+                                   generations=generations)
                 has_dead = not dead.isEmpty()  # the first pass over the batch: it also fills the cache
                 steps["read, parse, cache"] = steps.get("read, parse, cache", 0.0) + time.monotonic() - started
                 if has_dead:
@@ -153,7 +213,7 @@ class Projection:
                 session = self._model_sessions[model.name] = spark.newSession()
             events = session.table(f"global_temp.{view}")
             own = BatchContext(session, self.settings, ctx.app_id, ctx.projection, ctx.batch_id, ctx.input_rows,
-                               steps=ctx.steps)
+                               steps=ctx.steps, generations=ctx.generations)
             self._apply_timed(own, model, events)
 
         try:

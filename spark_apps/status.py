@@ -6,7 +6,8 @@ Table figures come from the Delta logs through delta-rs. For each windowed read 
 watermark stands: the end of the minute of the newest event time on the clock (capped by its recording and
 projection), minus the delay (``spark_apps.merge.windowed_watermark``), the newest event time applied, and how
 many applied events lie ahead of the clock (counted in their windows; they move the watermark only as far as the
-time they were recorded).
+time they were recorded). Read models are shown in their current generation (eventlake/catalog.py), with
+when, by whom and why it became current.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import read_models
+from eventlake.catalog import Catalog, Generation, late_events_sources
 from eventlake.settings import Settings
 from spark_apps.merge import LATE_EVENTS_TABLE
 
@@ -71,8 +73,9 @@ def watermark_statuses(settings: Settings, now: datetime | None = None) -> list[
 
     clock = now or datetime.now(timezone.utc)
     out = []
+    current = Catalog(settings).current_all()
     for model in read_models.REGISTRY.values():
-        path, ledger_path = settings.table_path(model.name), settings.table_path(f"_applied/{model.name}")
+        path, ledger_path = current[model.name].table, current[model.name].applied
         if model.merge_strategy != WINDOWED_SUM or not (path / "_delta_log").is_dir():
             continue
         table = DeltaTable(str(path))
@@ -91,6 +94,40 @@ def watermark_statuses(settings: Settings, now: datetime | None = None) -> list[
             late = ledger.count_rows(filter=ds.field("_late"))
         out.append(WatermarkStatus(model.name, windowed_watermark(newest_on_clock, watermark_delay(model)),
                                    newest_on_clock, newest_event, ahead, late, clock, model.watermark_delay))
+    return out
+
+
+def generation_lines(settings: Settings) -> list[str]:
+    """One line per read model: its current generation, and when, by whom and why it became current."""
+    out = []
+    for name, state in Catalog(settings).states().items():
+        s = state.switched
+        if s is None:
+            since = "(the original tables)" if not state.entries else "(never switched)"
+        else:
+            since = f"(switched {s.at:%Y-%m-%d %H:%M:%S}Z by {s.by or '?'}: {s.reason or 'no reason given'})"
+        others = sorted(n for n in state.generations if n != state.current and n not in state.dropped)
+        kept = f"; also kept: {', '.join(map(str, others))}" if others else ""
+        out.append(f"  {name:<24} generation {state.current} {since}{kept}")
+    return out
+
+
+def _late_events_status(current: dict[str, Generation], settings: Settings) -> "TableStatus":
+    """The logical late_events: the rows of the current generations' late-events tables."""
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+
+    from eventlake.tables import dataset
+
+    sources = late_events_sources(current)
+    if not sources:
+        return TableStatus("late_events", None, None, settings.table_path("late_events"))
+    rows, version = 0, None
+    for path, names in sources:
+        table = DeltaTable(str(path))
+        rows += dataset(table).count_rows(filter=ds.field("read_model").isin(names))
+        version = table.version() if len(sources) == 1 else None
+    return TableStatus("late_events", rows, version, sources[0][0])
     return out
 
 
@@ -141,10 +178,14 @@ def table_statuses(settings: Settings) -> list[TableStatus]:
 
     from eventlake.tables import dataset
 
-    names = [*read_models.REGISTRY, "event_archive", "late_events", "_dead_letters/events"]
+    current = Catalog(settings).current_all()  # read models: their current generation's table
+    paths = {name: generation.table for name, generation in current.items()}
+    paths.update({name: settings.table_path(name) for name in ("event_archive", "late_events", "_dead_letters/events")})
     out = []
-    for name in names:
-        path = settings.table_path(name)
+    for name, path in paths.items():
+        if name == "late_events":
+            out.append(_late_events_status(current, settings))
+            continue
         if not (path / "_delta_log").is_dir():
             out.append(TableStatus(name, None, None, path))
             continue
@@ -188,12 +229,15 @@ def render(settings: Settings) -> str:
                      f"windows, they move the watermark only to their recording time); {w.late:,} late (in "
                      f"{LATE_EVENTS_TABLE})")
     lines.extend(quarantine_lines(settings))
+    lines.append("read models (eventlake catalog lists every generation; eventlake rollback NAME goes one back):")
+    lines.extend(generation_lines(settings))
     lines.append("tables:")
     for t in table_statuses(settings):
         if t.rows is None:
             lines.append(f"  {t.name:<24} (not created yet)")
         else:
-            lines.append(f"  {t.name:<24} {t.rows:>10,} rows  Delta version {t.version}")
+            version = "" if t.version is None else f"  Delta version {t.version}"
+            lines.append(f"  {t.name:<24} {t.rows:>10,} rows{version}")
     return "\n".join(lines)
 
 

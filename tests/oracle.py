@@ -5,13 +5,14 @@ import json
 from collections import defaultdict
 
 import read_models
-from spark_apps.merge import LATE_EVENTS_TABLE
+from eventlake.catalog import Catalog, late_events_sources
 from read_models.sequence import sequence
 from read_models.spec import WINDOWED_SUM
 
 
 def table_rows(spark, settings, model) -> dict[tuple, dict]:
-    rows = spark.read.format("delta").load(str(settings.table_path(model.name))).collect()
+    """The rows of the model's current generation (eventlake/catalog.py)."""
+    rows = spark.read.format("delta").load(str(Catalog(settings).current(model.name).table)).collect()
     return {tuple(r[k] for k in model.key): r.asDict() for r in rows}
 
 
@@ -21,7 +22,7 @@ def windowed_with_late(spark, settings, model) -> dict[tuple, dict]:
     for key, row in table_rows(spark, settings, model).items():
         totals[key]["payments"] += row["payments"]
         totals[key]["amount_minor"] += row["amount_minor"]
-    late = spark.read.format("delta").load(str(settings.table_path(LATE_EVENTS_TABLE)))
+    late = spark.read.format("delta").load(str(Catalog(settings).current(model.name).late_events))
     for r in late.filter(late.read_model == model.name).collect():
         event = json.loads(r["event"])
         window = r["event_time"].replace(second=0, microsecond=0)
@@ -31,7 +32,12 @@ def windowed_with_late(spark, settings, model) -> dict[tuple, dict]:
 
 
 def late_count(spark, settings) -> int:
-    return spark.read.format("delta").load(str(settings.table_path(LATE_EVENTS_TABLE))).count()
+    """Rows of the logical late_events: the current generations' late events."""
+    total = 0
+    for path, names in late_events_sources(Catalog(settings).current_all()):
+        late = spark.read.format("delta").load(str(path))
+        total += late.filter(late.read_model.isin(*names)).count()
+    return total
 
 
 def assert_matches_oracle(spark, settings, events, models=None) -> None:
