@@ -11,6 +11,7 @@ Run it with ``eventlake project`` or as a spark-submit target:
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -209,11 +210,15 @@ class Projection:
                 query.stop()
         self.queries = []
 
-    def await_termination(self) -> None:
-        """Until a query fails (its error is raised, the others stopped) or all have stopped."""
+    def await_termination(self, stop_requested: threading.Event | None = None) -> None:
+        """Until a query fails (its error is raised, the others stopped), all have stopped, or ``stop_requested``
+        is set (e.g. by SIGTERM; noticed within a second or two, whatever the queries wait for): then every
+        query is stopped. A batch cut short commits nothing; the next start redoes it from the checkpoint."""
         try:
             with self._explained_failures():
                 while any(q.isActive for q in self.queries):
+                    if stop_requested is not None and stop_requested.is_set():
+                        return
                     for q in self.queries:
                         q.awaitTermination(1)  # raises the query's failure
                 for q in self.queries:
@@ -323,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     """spark-submit entry point (also used by ``eventlake project``)."""
     import argparse
 
+    from eventlake.signals import stop_requested_on_sigterm
     from spark_apps.session import build_session
 
     parser = argparse.ArgumentParser(prog="projection", description=__doc__.splitlines()[0])
@@ -335,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in args.models if n != ARCHIVE_TABLE]
     models = read_models.select(names) if names else ([] if args.models else None)
     archive = not args.models or ARCHIVE_TABLE in args.models
+    # Installed before the (slow) session start, so that a SIGTERM meanwhile is not lost either.
+    stop_requested = None if args.until_caught_up else stop_requested_on_sigterm()
     spark = build_session(settings, app_name="eventlake-projection")
     projection = Projection(spark, settings, models, archive=archive)
     if args.until_caught_up:
@@ -344,9 +352,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     projection.start()
     try:
-        projection.await_termination()
+        projection.await_termination(stop_requested)
     except KeyboardInterrupt:
         projection.stop()
+    if stop_requested.is_set():
+        print(f"projection: stopped (SIGTERM); the next start resumes from the checkpoints under "
+              f"{settings.checkpoints}")
     return 0
 
 
