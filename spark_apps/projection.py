@@ -175,6 +175,7 @@ class Projection:
     def _start_query(self, name: str, checkpoint: Path, process, until_caught_up: bool,
                      max_offsets_per_trigger: int | None):
         s = self.settings
+        bound_query_stop(self.spark)
         records = read_event_records(self.spark, s, max_offsets_per_trigger)
         writer = (records.writeStream.queryName(name.replace("+", "_").replace("-", "_"))
                   .foreachBatch(process(self._app_id(checkpoint, name)))
@@ -205,9 +206,11 @@ class Projection:
         return query
 
     def stop(self) -> None:
+        """Stop every query, each within ``QUERY_STOP_TIMEOUT_S``: a query waiting for an absent broker is left
+        behind (it ends with this process), and nothing of its unfinished batch is committed."""
         for query in self.queries:
             if query.isActive:
-                query.stop()
+                stop_query(query, self.log)
         self.queries = []
 
     def await_termination(self, stop_requested: threading.Event | None = None) -> None:
@@ -279,6 +282,26 @@ class Projection:
         finally:
             self.stop()
         return run
+
+
+# How long stopping a streaming query may take (Spark's spark.sql.streaming.stopTimeout; its default waits for
+# ever, and a query waiting for an absent broker does not stop by itself).
+QUERY_STOP_TIMEOUT_S = 5
+
+
+def bound_query_stop(spark) -> None:
+    """Queries started after this stop within QUERY_STOP_TIMEOUT_S (or raise, see ``stop_query``)."""
+    spark.conf.set("spark.sql.streaming.stopTimeout", f"{QUERY_STOP_TIMEOUT_S}s")
+
+
+def stop_query(query, log: Callable[[str], None] = print) -> None:
+    """Stop ``query``; one that does not stop in time (it waits for the broker) is logged and left to end with the
+    process: its checkpoint only ever holds committed batches, so the next start redoes the unfinished one."""
+    try:
+        query.stop()
+    except Exception as e:  # noqa: BLE001 -- Spark's TimeoutException, through py4j
+        log(f"{query.name or 'query'}: not stopped within {QUERY_STOP_TIMEOUT_S}s ({str(e).splitlines()[0][:200]}); "
+            f"left to end with the process (the next start redoes its unfinished batch from the checkpoint)")
 
 
 def _event_row_schema(spark):
