@@ -312,6 +312,9 @@ _MAX_POLL_INTERVAL_MS = 60_000
 _KEEPALIVE_EVERY_S = 2.0
 # Every blocking client call waits at most this long before the handler checks stop() and polls again.
 _CALL_TIMEOUT_S = 5.0
+# A transactional producer call that has not returned this long after its timeout is taken as stuck (see
+# CommandHandler._bounded); longer than the transaction timeout, by which the broker has aborted it anyway.
+_STUCK_CALL_S = _TRANSACTION_TIMEOUT_MS / 1000 + 10
 # The producer's own limit on one record (librdkafka's message.max.bytes, its default written out): the
 # size precheck uses the smaller of it and each topic's max.message.bytes.
 _PRODUCER_MESSAGE_MAX_BYTES = 1_000_000
@@ -879,11 +882,41 @@ class CommandHandler:
         started = time.monotonic()
         producer = self._producer
         # The group metadata of the moment the offsets are sent: a keepalive may have rejoined the group.
-        self._retrying(lambda: producer.send_offsets_to_transaction(
-            offsets, self._consumer.consumer_group_metadata(), _CALL_TIMEOUT_S),
+        self._retrying(lambda: self._bounded(lambda: producer.send_offsets_to_transaction(
+            offsets, self._consumer.consumer_group_metadata(), _CALL_TIMEOUT_S), "send_offsets_to_transaction"),
             "sending the offsets of a transaction", moved)
-        self._retrying(lambda: producer.commit_transaction(_CALL_TIMEOUT_S), "committing a transaction", moved)
+        self._retrying(lambda: self._bounded(lambda: producer.commit_transaction(_CALL_TIMEOUT_S),
+                                             "commit_transaction"), "committing a transaction", moved)
         self.stats.commit_seconds += time.monotonic() - started
+
+    def _bounded(self, call: Callable[[], None], name: str) -> None:
+        """``call`` (a transactional producer call given a timeout) in a thread of its own, with keepalives while
+        it runs. librdkafka may block in such a call long past its timeout after a broker restart (seen in
+        tests/integration/test_services_broker_restart.py: commit_transaction(5) still blocked minutes later, so
+        the consumer left its group and no command was handled again). Past _STUCK_CALL_S the producer counts as
+        failed (a fatal error): it is renewed, which fences it and aborts its transaction."""
+        outcome: list = []
+
+        def run() -> None:
+            try:
+                call()
+                outcome.append(None)
+            except BaseException as e:  # noqa: BLE001 -- handed to the caller's thread
+                outcome.append(e)
+
+        thread = threading.Thread(target=run, name=f"handler-{name}", daemon=True)
+        thread.start()
+        thread.join(_CALL_TIMEOUT_S)
+        deadline = time.monotonic() + _STUCK_CALL_S
+        while thread.is_alive():
+            if time.monotonic() > deadline:
+                raise confluent_kafka.KafkaException(confluent_kafka.KafkaError(
+                    confluent_kafka.KafkaError._TIMED_OUT, f"{name} did not return within {_STUCK_CALL_S:.0f}s "
+                    f"(its timeout: {_CALL_TIMEOUT_S:.0f}s)", fatal=True))
+            self._keepalive()  # raises _Stopping on stop(): the call is abandoned (its transaction aborts)
+            thread.join(0.2)
+        if outcome and outcome[0] is not None:
+            raise outcome[0]
 
     def _retrying(self, call: Callable[[], None], what: str, moved: Callable[[], bool] | None = None) -> None:
         waiting_since = last_said = None

@@ -199,9 +199,11 @@ def _cmd_resolve_quarantine(settings: Settings, args) -> int:
 
 def _cmd_policy(settings: Settings, args) -> int:
     from event_store.policy import FraudPolicy
+    from eventlake.signals import stop_requested_on_sigterm
 
     _require_broker(settings)
     policy = FraudPolicy(settings)
+    stop_requested_on_sigterm(policy.stop)  # ends run() within seconds, whatever it waits for
     try:
         stats = policy.run(until_caught_up=args.until_caught_up)
     except KeyboardInterrupt:
@@ -217,10 +219,10 @@ def _cmd_handler(settings: Settings, args) -> int:
     log = lambda message: print(message, flush=True)  # noqa: E731 -- a service's log, seen even if it is killed
     with CommandHandler(settings, instance_id=args.instance_id, use_snapshots=not args.no_snapshots,
                         log=log) as handler:
-        import signal
+        from eventlake.signals import stop_requested_on_sigterm
 
         # SIGTERM (e.g. from Kubernetes) stops after the current batch; closing then writes the snapshots.
-        signal.signal(signal.SIGTERM, lambda *_: handler.stop())
+        stop_requested_on_sigterm(handler.stop)
         try:
             stats = handler.run(until_caught_up=args.until_caught_up)
         except KeyboardInterrupt:

@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 from event_store.fraud_rules import FraudState, Observation, detect, flag_command_id
 from eventlake.settings import Settings
 from spark_apps.events import parse_events, read_event_records
+from spark_apps.projection import bound_query_stop
 
 __all__ = ["FraudDetector", "main"]
 
@@ -81,6 +82,7 @@ class FraudDetector:
 
     def start(self, until_caught_up: bool = False):
         s = self.settings
+        bound_query_stop(self.spark)
         records = read_event_records(self.spark, s)
         writer = (self.findings(records).writeStream.format("kafka").queryName("fraud_detector")
                   .option("kafka.bootstrap.servers", s.bootstrap_servers)
@@ -99,20 +101,30 @@ class FraudDetector:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
+    from eventlake.signals import stop_requested_on_sigterm
+    from spark_apps.projection import stop_query
     from spark_apps.session import build_session
 
     parser = argparse.ArgumentParser(prog="fraud_detector", description=__doc__.splitlines()[0])
     parser.add_argument("--until-caught-up", action="store_true", help="process what the log holds now, then stop")
     args = parser.parse_args(argv)
     settings = Settings.load()
+    # Installed before the (slow) session start, so that a SIGTERM meanwhile is not lost either.
+    stop_requested = stop_requested_on_sigterm()
     spark = build_session(settings, app_name="eventlake-fraud-detector")
     query = FraudDetector(spark, settings).start(until_caught_up=args.until_caught_up)
     try:
-        query.awaitTermination()
+        # Checked every second, whatever the query waits for (the broker may be away): a batch cut short commits
+        # nothing, and the next start redoes it from the checkpoint (its findings' command ids repeat).
+        while not stop_requested.is_set() and not query.awaitTermination(1):  # raises the query's failure
+            pass
     except KeyboardInterrupt:
-        query.stop()
-    flagged = sum(p["numInputRows"] for p in query.recentProgress)
-    print(f"fraud detector: read {flagged} events; findings are FlagFraud commands on {settings.commands_topic}")
+        pass
+    finally:
+        stop_query(query)  # bounded: a query waiting for an absent broker is left to end with the process
+    read = sum(p["numInputRows"] for p in query.recentProgress)
+    print(f"fraud detector: {'stopped (SIGTERM) after reading' if stop_requested.is_set() else 'read'} {read} "
+          f"events; findings are FlagFraud commands on {settings.commands_topic}")
     return 0
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -234,6 +235,7 @@ class Projection:
     def _start_query(self, name: str, checkpoint: Path, process, until_caught_up: bool,
                      max_offsets_per_trigger: int | None):
         s = self.settings
+        bound_query_stop(self.spark)
         records = read_event_records(self.spark, s, max_offsets_per_trigger)
         writer = (records.writeStream.queryName(name.replace("+", "_").replace("-", "_"))
                   .foreachBatch(process(self._app_id(checkpoint, name)))
@@ -264,16 +266,22 @@ class Projection:
         return query
 
     def stop(self) -> None:
+        """Stop every query, each within ``QUERY_STOP_TIMEOUT_S``: a query waiting for an absent broker is left
+        behind (it ends with this process), and nothing of its unfinished batch is committed."""
         for query in self.queries:
             if query.isActive:
-                query.stop()
+                stop_query(query, self.log)
         self.queries = []
 
-    def await_termination(self) -> None:
-        """Until a query fails (its error is raised, the others stopped) or all have stopped."""
+    def await_termination(self, stop_requested: threading.Event | None = None) -> None:
+        """Until a query fails (its error is raised, the others stopped), all have stopped, or ``stop_requested``
+        is set (e.g. by SIGTERM; noticed within a second or two, whatever the queries wait for): then every
+        query is stopped. A batch cut short commits nothing; the next start redoes it from the checkpoint."""
         try:
             with self._explained_failures():
                 while any(q.isActive for q in self.queries):
+                    if stop_requested is not None and stop_requested.is_set():
+                        return
                     for q in self.queries:
                         q.awaitTermination(1)  # raises the query's failure
                 for q in self.queries:
@@ -336,6 +344,26 @@ class Projection:
         return run
 
 
+# How long stopping a streaming query may take (Spark's spark.sql.streaming.stopTimeout; its default waits for
+# ever, and a query waiting for an absent broker does not stop by itself).
+QUERY_STOP_TIMEOUT_S = 5
+
+
+def bound_query_stop(spark) -> None:
+    """Queries started after this stop within QUERY_STOP_TIMEOUT_S (or raise, see ``stop_query``)."""
+    spark.conf.set("spark.sql.streaming.stopTimeout", f"{QUERY_STOP_TIMEOUT_S}s")
+
+
+def stop_query(query, log: Callable[[str], None] = print) -> None:
+    """Stop ``query``; one that does not stop in time (it waits for the broker) is logged and left to end with the
+    process: its checkpoint only ever holds committed batches, so the next start redoes the unfinished one."""
+    try:
+        query.stop()
+    except Exception as e:  # noqa: BLE001 -- Spark's TimeoutException, through py4j
+        log(f"{query.name or 'query'}: not stopped within {QUERY_STOP_TIMEOUT_S}s ({str(e).splitlines()[0][:200]}); "
+            f"left to end with the process (the next start redoes its unfinished batch from the checkpoint)")
+
+
 def _event_row_schema(spark):
     """Schema of the parsed event rows (what waits in a ``_pending`` table)."""
     from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType, \
@@ -383,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     """spark-submit entry point (also used by ``eventlake project``)."""
     import argparse
 
+    from eventlake.signals import stop_requested_on_sigterm
     from spark_apps.session import build_session
 
     parser = argparse.ArgumentParser(prog="projection", description=__doc__.splitlines()[0])
@@ -395,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in args.models if n != ARCHIVE_TABLE]
     models = read_models.select(names) if names else ([] if args.models else None)
     archive = not args.models or ARCHIVE_TABLE in args.models
+    # Installed before the (slow) session start, so that a SIGTERM meanwhile is not lost either.
+    stop_requested = None if args.until_caught_up else stop_requested_on_sigterm()
     spark = build_session(settings, app_name="eventlake-projection")
     projection = Projection(spark, settings, models, archive=archive)
     if args.until_caught_up:
@@ -404,9 +435,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     projection.start()
     try:
-        projection.await_termination()
+        projection.await_termination(stop_requested)
     except KeyboardInterrupt:
         projection.stop()
+    if stop_requested.is_set():
+        print(f"projection: stopped (SIGTERM); the next start resumes from the checkpoints under "
+              f"{settings.checkpoints}")
     return 0
 
 

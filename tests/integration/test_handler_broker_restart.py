@@ -1,12 +1,11 @@
 """The command handler across a broker restart (issue 14, defect 8): it resumes by itself and answers every
 command, and stop() ends it within seconds whatever it is waiting for.
 
-These tests stop and restart a broker, so they get one of their own (the same helper as the suite's shared
-broker, on other free ports): the shared broker is never disturbed.
+These tests stop and restart a broker, so they get one of their own (tests/integration/restartable_broker.py):
+the shared broker is never disturbed.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -19,48 +18,15 @@ from event_store import kafka_log
 from event_store.envelope import CommandEnvelope, CommandResult, EventEnvelope
 from event_store.handler import CommandHandler
 from eventlake.settings import Settings
-from tests.conftest import _free_port
+from tests.integration.restartable_broker import (  # noqa: F401 -- own_broker is a fixture
+    BROKER_AWAY_S, STOP_WITHIN_S, broker_down, broker_up, needs_local_broker, own_broker, settings_on)
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(bool(os.environ.get("KAFKA_BOOTSTRAP_SERVERS")),
-                                 reason="stops and restarts a broker: needs the local one, not an external cluster")]
-# Longer than the handler's consumer session (10 s) and its transactions' timeout (20 s): the group forgets the
-# handler and the records it produced meanwhile expire, as in the issue's 40 s outage.
-BROKER_AWAY_S = 25
-# How long stop() may take while the handler waits for an absent broker ("within seconds").
-STOP_WITHIN_S = 15
-
-
-@pytest.fixture(scope="module")
-def own_broker(tmp_path_factory):
-    """A broker for this module alone, which its tests stop and start (infra/kafka.py, like the conftest's)."""
-    from infra import kafka
-
-    broker = Settings.load({}).replace(home=tmp_path_factory.mktemp("restartable-kafka"), kafka_port=_free_port(),
-                                       kafka_controller_port=_free_port())
-    kafka.up(broker, log=lambda *_: None)
-    try:
-        yield broker
-    finally:
-        kafka.down(broker, log=lambda *_: None)
+pytestmark = [pytest.mark.slow, needs_local_broker]
 
 
 @pytest.fixture
 def settings(tmp_path, own_broker) -> Settings:
-    return Settings.load({}).replace(
-        home=tmp_path / "home", kafka_bootstrap_servers=own_broker.bootstrap_servers,
-        topic_prefix=f"test-{uuid.uuid4().hex[:10]}.", topic_partitions=3,
-        handler_group_id=f"handler-{uuid.uuid4().hex[:8]}")
-
-
-def broker_down(own_broker):
-    from infra import kafka
-    kafka.down(own_broker, log=lambda *_: None)
-
-
-def broker_up(own_broker):
-    from infra import kafka
-    kafka.up(own_broker, log=lambda *_: None)
+    return settings_on(own_broker, tmp_path / "home")
 
 
 def account_stream(accounts: int, payments: int) -> list[list[CommandEnvelope]]:
