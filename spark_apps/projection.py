@@ -11,6 +11,7 @@ Run it with ``eventlake project`` or as a spark-submit target:
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 import uuid
 from contextlib import contextmanager
@@ -57,8 +58,12 @@ class Projection:
     so it runs with its own checkpoint and never holds the read models back."""
 
     def __init__(self, spark, settings: Settings, models: list[ReadModel] | None = None,
-                 log: Callable[[str], None] = print, archive: bool | None = None):
+                 log: Callable[[str], None] = print, archive: bool | None = None,
+                 starting_offsets: dict[int, int] | None = None):
         self.spark = spark
+        # The read models' query starts here when its checkpoint is new (partition -> first offset to read, -2
+        # for the earliest; every partition of the topic): a rebuild's catch-up after its fold of the archive.
+        self.starting_offsets = starting_offsets
         self.settings = settings
         self.archive = models is None if archive is None else archive
         self.models = read_models.select(None) if models is None else models
@@ -174,7 +179,10 @@ class Projection:
     def _start_query(self, name: str, checkpoint: Path, process, until_caught_up: bool,
                      max_offsets_per_trigger: int | None):
         s = self.settings
-        records = read_event_records(self.spark, s, max_offsets_per_trigger)
+        starting = "earliest"
+        if self.starting_offsets is not None and checkpoint == self.checkpoint:
+            starting = json.dumps({s.events_topic: {str(p): o for p, o in sorted(self.starting_offsets.items())}})
+        records = read_event_records(self.spark, s, max_offsets_per_trigger, starting)
         writer = (records.writeStream.queryName(name.replace("+", "_").replace("-", "_"))
                   .foreachBatch(process(self._app_id(checkpoint, name)))
                   .option("checkpointLocation", str(checkpoint)))
