@@ -74,14 +74,15 @@ def envelope_schema():
                          StructField("payload", payload)])
 
 
-def read_event_records(spark, settings, max_offsets_per_trigger: int | None = None):
-    """The events topic as a stream of Kafka records: from the first offset, committed transactions only,
+def read_event_records(spark, settings, max_offsets_per_trigger: int | None = None, starting_offsets: str = "earliest"):
+    """The events topic as a stream of Kafka records: from the first offset (or ``starting_offsets``, Spark's
+    JSON of partition -> offset, for a new checkpoint only), committed transactions only,
     stopping on a gap in the log (``failOnDataLoss``), at most ``maxOffsetsPerTrigger`` per batch, read by
     three tasks per core."""
     return (spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", settings.bootstrap_servers)
             .option("subscribe", settings.events_topic)
-            .option("startingOffsets", "earliest")
+            .option("startingOffsets", starting_offsets)
             .option("kafka.isolation.level", "read_committed")
             .option("failOnDataLoss", "true")
             .option("maxOffsetsPerTrigger", str(max_offsets_per_trigger or settings.max_offsets_per_trigger))

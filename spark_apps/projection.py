@@ -67,11 +67,15 @@ class Projection:
 
     def __init__(self, spark, settings: Settings, models: list[ReadModel] | None = None,
                  log: Callable[[str], None] = print, archive: bool | None = None,
-                 generations: Mapping[str, Generation] | None = None, checkpoint: Path | None = None):
+                 generations: Mapping[str, Generation] | None = None, checkpoint: Path | None = None,
+                 starting_offsets: dict[int, int] | None = None):
         """``generations`` (name -> Generation): write these generations of the models, not the current ones;
         ``checkpoint``: the read models' query's checkpoint (default ``checkpoints/projection-<names>``; it
         must lie under the checkpoints folder, as the projection's name is its path there)."""
         self.spark = spark
+        # The read models' query starts here when its checkpoint is new (partition -> first offset to read, -2
+        # for the earliest; every partition of the topic): a rebuild's catch-up after its fold of the archive.
+        self.starting_offsets = starting_offsets
         self.settings = settings
         self.archive = models is None if archive is None else archive
         self.models = read_models.select(None) if models is None else models
@@ -236,7 +240,10 @@ class Projection:
                      max_offsets_per_trigger: int | None):
         s = self.settings
         bound_query_stop(self.spark)
-        records = read_event_records(self.spark, s, max_offsets_per_trigger)
+        starting = "earliest"
+        if self.starting_offsets is not None and checkpoint == self.checkpoint:
+            starting = json.dumps({s.events_topic: {str(p): o for p, o in sorted(self.starting_offsets.items())}})
+        records = read_event_records(self.spark, s, max_offsets_per_trigger, starting)
         writer = (records.writeStream.queryName(name.replace("+", "_").replace("-", "_"))
                   .foreachBatch(process(self._app_id(checkpoint, name)))
                   .option("checkpointLocation", str(checkpoint)))

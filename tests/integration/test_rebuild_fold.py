@@ -1,0 +1,130 @@
+"""The rebuild's batch fold of ``event_archive`` (spark_apps/rebuild.py) on a messy log projected for real:
+it gives the streaming projection's tables (windowed: with the late events folded in) and the oracle's, and a
+fold up to a midpoint followed by a streaming catch-up from there gives the same tables as the full fold."""
+import json
+import random
+
+import pytest
+
+import read_models
+from event_store import kafka_log
+from event_store.envelope import EventEnvelope
+from eventlake.generator import GeneratorConfig
+from read_models.sequence import sequence
+from read_models.spec import WINDOWED_SUM
+from spark_apps import sequence as spark_sequence
+from spark_apps.projection import ARCHIVE_TABLE, Projection
+from spark_apps.rebuild import archive_position, catch_up_offsets, fold_archive, warehouse_targets
+from tests.domain_helpers import events_for
+from tests.oracle import assert_matches_oracle, late_count, table_rows, windowed_with_late
+
+pytestmark = pytest.mark.slow
+
+CFG = GeneratorConfig(accounts=30, commands=400, seed=11, run_id="rebuild", late_rate=0.03)
+MODELS = read_models.select(None)
+PROJECTION = "projection-" + "+".join(m.name for m in MODELS)
+
+
+def forged(event, **changes):
+    obj = json.loads(event.to_json())
+    obj["payload"].update(changes.pop("payload", {}))
+    obj.update(changes)
+    return EventEnvelope.from_dict(obj)
+
+
+def messy_log():
+    """Every event twice, shuffled (later versions before earlier ones, late event times), a different event at
+    a taken version and an event after a gap that is never filled: in log order (per account)."""
+    events = events_for(CFG, flag_every=7)
+    payment = next(e for e in events if e.event_type == "PaymentAuthorized")
+    last = max(e.aggregate_version for e in events if e.aggregate_id == payment.aggregate_id)
+    log = events * 2
+    random.Random(4).shuffle(log)
+    log.insert(len(log) // 3, forged(payment, event_id="forged-conflict",
+                                     payload={"payment_id": "pay-forged-1", "amount_minor": 7}))
+    log.insert(len(log) // 3, forged(payment, event_id="forged-gap", aggregate_version=last + 2,
+                                     payload={"payment_id": "pay-forged-2"}))
+    return log
+
+
+def delta_rows(spark, path, *columns):
+    return {tuple(r[c] for c in columns) for r in spark.read.format("delta").load(str(path)).collect()}
+
+
+def model_tables(spark, settings):
+    """Each model's rows; a windowed model's with its late events added (what the log folds to)."""
+    out = {}
+    for model in MODELS:
+        if model.merge_strategy == WINDOWED_SUM:
+            out[model.name] = windowed_with_late(spark, settings, model)
+        else:
+            out[model.name] = table_rows(spark, settings, model)
+    return out
+
+
+def sums(rows):
+    return {k: {"payments": r["payments"], "amount_minor": r["amount_minor"]} for k, r in rows.items()}
+
+
+def test_the_fold_of_the_archive_equals_the_stream_and_a_catch_up_from_its_midpoint_equals_the_full_fold(
+        spark, settings, tmp_path):
+    log = messy_log()
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    producer = kafka_log.make_producer(settings)
+    try:
+        kafka_log.produce_all(producer, settings.events_topic, [(e.aggregate_id, e.to_json()) for e in log])
+    finally:
+        producer.close()
+    stream = Projection(spark, settings, log=lambda *_: None).run_until_caught_up(max_offsets_per_trigger=300)
+    assert stream.batches >= 3
+    assert late_count(spark, settings) > 0  # the stream recorded late events: the fold must put them back
+
+    # The whole archive, into a fresh generation's folders.
+    full = settings.replace(home=tmp_path / "full")
+    lines = []
+    result = fold_archive(spark, settings, MODELS, warehouse_targets(full, MODELS), log=lines.append)
+    assert result.position == archive_position(spark, settings)
+    assert result.events == len(log) and result.conflicts == 1 and result.held == 1
+    assert [line.split("]")[0] for line in lines[:-1]] == [f"rebuild: [{k}/6" for k in range(1, 7)]
+    assert_matches_oracle(spark, full, log)  # windowed: the table alone, as nothing of it is late
+    assert late_count(spark, full) == 0
+    for model in MODELS:
+        folded = table_rows(spark, full, model)
+        if model.merge_strategy == WINDOWED_SUM:
+            assert sums(folded) == windowed_with_late(spark, settings, model), model.name
+        else:
+            assert folded == table_rows(spark, settings, model), model.name
+    ledger = ("aggregate_id", "aggregate_version", "event_id")
+    assert delta_rows(spark, full.table_path(spark_sequence.ledger_table(PROJECTION)), *ledger) == \
+        delta_rows(spark, settings.table_path(spark_sequence.ledger_table(PROJECTION)), *ledger)
+    held = delta_rows(spark, full.table_path(spark_sequence.held_table(PROJECTION)), "event_id")
+    assert held == delta_rows(spark, settings.table_path(spark_sequence.held_table(PROJECTION)), "event_id") \
+        == {("forged-gap",)}
+    assert delta_rows(spark, full.table_path("_applied/merchant_minute_volume"), "event_id") == \
+        delta_rows(spark, settings.table_path("_applied/merchant_minute_volume"), "event_id")
+    assert delta_rows(spark, full.table_path("_pending/account_summary"), "event_id") == set()
+
+    # Up to a midpoint: the bookkeeping stands as the rule says for the log up to there ...
+    midpoint = {p: o // 2 for p, o in result.position.items()}
+    half = settings.replace(home=tmp_path / "half")
+    fold_archive(spark, settings, MODELS, warehouse_targets(half, MODELS), up_to=midpoint, log=lambda *_: None)
+    by_id = {e.event_id: e for e in log}
+    archived = spark.read.format("delta").load(str(settings.table_path(ARCHIVE_TABLE))).select(
+        "event_id", "kafka_partition", "kafka_offset").collect()
+    prefix = [by_id[r["event_id"]] for r in sorted(archived, key=lambda r: (r["kafka_partition"], r["kafka_offset"]))
+              if r["kafka_offset"] <= midpoint[r["kafka_partition"]]]
+    expected = sequence(prefix)
+    assert len(expected.waiting) > 1  # events wait at the midpoint for versions that come after it
+    assert delta_rows(spark, half.table_path(spark_sequence.ledger_table(PROJECTION)), "event_id") == \
+        {(e.event_id,) for e in expected.admitted}
+    assert delta_rows(spark, half.table_path(spark_sequence.held_table(PROJECTION)), "event_id") == \
+        {(e.event_id,) for e in expected.waiting}
+    assert_matches_oracle(spark, half, prefix)
+
+    # ... and the stream, started there with the generation's own checkpoint and bookkeeping, finishes the job.
+    catch_up = Projection(spark, half, MODELS, archive=False, log=lambda *_: None,
+                          starting_offsets=catch_up_offsets(half, midpoint))
+    caught_up = catch_up.run_until_caught_up(max_offsets_per_trigger=300)
+    assert caught_up.input_rows == sum(r["kafka_offset"] > midpoint[r["kafka_partition"]] for r in archived)
+    assert model_tables(spark, half) == model_tables(spark, full)
+    assert delta_rows(spark, half.table_path(spark_sequence.held_table(PROJECTION)), "event_id") == held
