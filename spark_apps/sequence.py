@@ -62,11 +62,15 @@ def admit(ctx, events, projection: str) -> Admission:
         if held is not None or _may_repeat(candidates, "event_id"):
             candidates = candidates.dropDuplicates(["event_id"])
         heads = ledger.groupBy("aggregate_id").agg(F.max("aggregate_version").alias("_head"))
+        # An aggregate continues its head simply when its versions are head+1 .. last, each once: as many
+        # events as distinct versions (else two events share a version: a conflict, even when the count alone
+        # would look like a run, as {1, 1', 3} does) and as many as the run is long (else a gap).
         runs = candidates.groupBy("aggregate_id").agg(
             F.min("aggregate_version").alias("_first"), F.max("aggregate_version").alias("_last"),
-            F.count(F.lit(1)).alias("_n"))
+            F.count(F.lit(1)).alias("_n"), F.count_distinct("aggregate_version").alias("_versions"))
         slow_keys = (runs.join(heads, "aggregate_id", "left")
                      .filter((F.col("_first") != F.coalesce("_head", F.lit(0)) + 1)
+                             | (F.col("_n") != F.col("_versions"))
                              | (F.col("_n") != F.col("_last") - F.col("_first") + 1))
                      .select("aggregate_id").persist(StorageLevel.MEMORY_AND_DISK))
         slow = slow_keys.count()

@@ -188,3 +188,35 @@ def test_a_different_event_at_a_taken_version_or_after_a_gap_counts_in_no_read_m
     assert payment.aggregate_id not in "\n".join(lines[:-1])  # a version conflict quarantines nothing
     for name in read_models.REGISTRY:  # the reconciliation applies the same rule to the archive
         assert reconcile(settings, name).success, reconcile(settings, name).lines()
+
+
+def test_a_conflict_and_a_gap_of_one_account_in_one_batch_are_both_caught(spark, settings):
+    """Versions {1, 1', 3} of one account in one batch: as many events as versions 1..3 would have, but the
+    gate must still see the conflict at 1 and the gap at 2 (a count-only check would admit all three)."""
+    import json
+
+    from event_store.envelope import EventEnvelope
+    from read_models.sequence import sequence
+
+    events = events_for(GeneratorConfig(accounts=2, commands=30, seed=8, run_id="onebatch"))
+    account = events[0].aggregate_id
+    mine = [e for e in events if e.aggregate_id == account]
+    opened, payment = mine[0], next(e for e in mine if e.event_type == "PaymentAuthorized")
+
+    def forged(event, **changes):
+        obj = json.loads(event.to_json())
+        obj.update(changes)
+        return EventEnvelope.from_dict(obj)
+
+    other_opening = forged(opened, event_id="forged-opening", payload={**opened.payload, "credit_limit_minor": 1})
+    after_gap = forged(payment, event_id="forged-v3", aggregate_version=3)
+    log = [opened, other_opening, after_gap]
+    publish(settings, [(e.aggregate_id, e.to_json()) for e in log])
+    project(spark, settings)  # one batch
+
+    expected = sequence(log)
+    assert [e.event_id for e in expected.admitted] == [opened.event_id]
+    assert_matches_oracle(spark, settings, log)
+    assert delta(spark, settings, "payments").count() == 0
+    dead = [r for r in delta(spark, settings, DEAD_LETTER_TABLE).collect() if "version conflict" in r["reason"]]
+    assert len(dead) == 1 and "forged-opening" in dead[0]["reason"]
