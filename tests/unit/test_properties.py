@@ -9,6 +9,7 @@ Profiles (tests/conftest.py): HYPOTHESIS_PROFILE=thorough runs many more example
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -20,10 +21,12 @@ import read_models
 from event_store.account import AccountState, evolve
 from event_store.handler import CommandHandler
 from event_store.snapshots import PartitionState
+from eventlake.generator import GeneratorConfig
 from eventlake.settings import Settings
 from expectations.cross_model import compare_payments_with_summary
 from read_models.sequence import sequence
-from tests.log_strategies import interleavings, logs, short
+from tests.domain_helpers import events_for
+from tests.log_strategies import forged, interleavings, logs, short
 
 
 def _ids(events) -> list[str]:
@@ -137,3 +140,19 @@ def test_the_handlers_rebuild_folds_the_events_the_read_models_apply(log):
     for e in sequence(log.merged).admitted:
         by_account[e.aggregate_id].append(e)
     assert _handler_rebuild(log.partitions) == _states(e for events in by_account.values() for e in events)
+
+
+# Examples the properties found ---------------------------------------------------------------------------------
+def test_an_event_id_repeated_at_a_version_no_other_event_holds_counts_once():
+    """A record that repeats an event id under another version is a duplicate of the first record with that
+    id (it used to raise KeyError, taking the reconciliation down with it)."""
+    clean = events_for(GeneratorConfig(accounts=1, commands=6, seed=1, run_id="prop"))
+    repeat = dataclasses.replace(clean[1], aggregate_version=len(clean) + 2)
+    admitted = sequence(clean + [repeat])
+    assert _ids(admitted.admitted) == _ids(clean) and admitted.conflicts == [] and admitted.waiting == []
+
+
+def test_the_rule_reads_a_generator_like_a_list():
+    clean = events_for(GeneratorConfig(accounts=1, commands=6, seed=1, run_id="prop"))
+    log = clean + [forged(clean[2], "forged-conflict")]
+    assert _outcome(iter(log)) == _outcome(log) and _outcome(log)[1] == [("forged-conflict", clean[2].event_id)]
