@@ -139,7 +139,11 @@ _last_archive_read: list = [None, None]
 
 def _read_archive(settings: Settings, position: dict[int, int]) -> list[EventEnvelope]:
     events = []
-    for row in _table_rows(settings.table_path(ARCHIVE_TABLE)):
+    # In log order: the first record at a version takes it (read_models.sequence), and a Delta table's files
+    # come back in no order that can be relied on (delta-rs lists the newest first).
+    rows = sorted(_table_rows(settings.table_path(ARCHIVE_TABLE)),
+                  key=lambda r: (r["kafka_partition"], r["kafka_offset"]))
+    for row in rows:
         if row["kafka_offset"] >= position.get(row["kafka_partition"], 0):
             continue
         event_type = row["event_type"]

@@ -28,6 +28,7 @@ class Sequenced(NamedTuple):
 def sequence(events: Iterable) -> Sequenced:
     """Split ``events`` (envelopes in log order) into what the read models apply, the version conflicts and
     what still waits for an earlier version."""
+    events = list(events)  # read twice below: a generator would leave the second pass empty
     seen: set[str] = set()
     taken: dict[tuple[str, int], object] = {}
     for e in events:
@@ -38,10 +39,12 @@ def sequence(events: Iterable) -> Sequenced:
     conflicts = []
     seen.clear()
     for e in events:
-        holder = taken[(e.aggregate_id, e.aggregate_version)]
-        if holder.event_id != e.event_id and e.event_id not in seen:
-            conflicts.append((e, holder.event_id))
+        if e.event_id in seen:  # a repeated id counts once, wherever the repeat claims to be
+            continue
         seen.add(e.event_id)
+        holder = taken[(e.aggregate_id, e.aggregate_version)]
+        if holder.event_id != e.event_id:
+            conflicts.append((e, holder.event_id))
     admitted, waiting = [], []
     heads: dict[str, int] = {}
     for (aggregate_id, version), e in sorted(taken.items(), key=lambda kv: (kv[0][0], kv[0][1])):

@@ -17,7 +17,21 @@ import pytest
 os.environ["TZ"] = "UTC"
 time.tzset()
 
+from hypothesis import HealthCheck  # noqa: E402
+from hypothesis import settings as hypothesis_settings  # noqa: E402
+
 from eventlake.settings import Settings  # noqa: E402
+
+# Property-based tests (Hypothesis): "ci" (the default) is derandomized, so every run tries the same examples
+# and a failure reproduces; "dev" explores new random examples on each run; "thorough" explores ten times as
+# many. Choose with HYPOTHESIS_PROFILE. No deadline: a slow example on a busy machine is no failure.
+hypothesis_settings.register_profile("ci", max_examples=100, derandomize=True, database=None, deadline=None,
+                                     print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.register_profile("dev", max_examples=100, deadline=None, print_blob=True,
+                                     suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.register_profile("thorough", max_examples=1000, deadline=None, print_blob=True,
+                                     suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def _free_port() -> int:
