@@ -10,7 +10,9 @@ read with delta-rs: no JVM, so the CLI and Airflow tasks answer fast):
 ``name``       the read model
 ``generation`` the generation the row is about (1, 2, ...)
 ``action``     ``created`` (paths reserved), ``positioned`` (the log position it is complete up to is recorded),
-               ``switched`` (it becomes current), ``dropped`` (maintenance deleted it)
+               ``ready`` (a rebuild about to switch: the live projection writes it too from its next batch),
+               ``abandoned`` (a rebuild that did not switch: no longer written), ``switched`` (it becomes
+               current), ``dropped`` (maintenance deleted it)
 ``paths``      JSON: ``table``, ``pending``, ``applied``, ``late_events`` relative to the warehouse, ``checkpoint``
                relative to the checkpoints folder, ``late_events_shared``
 ``position``   JSON ``{partition: end offset}`` or null: the Kafka offsets the generation is complete up to
@@ -19,6 +21,10 @@ read with delta-rs: no JVM, so the CLI and Airflow tasks answer fast):
 =============  ===================================================================================================
 
 The state of a name is the fold of its rows: its current generation is the target of the last ``switched`` row.
+The live projection writes the current generation and the *followed* ones (``ModelState.followed``): a generation
+marked ``ready`` by a rebuild (so nothing the live projection applies between the rebuild's last catch-up and
+its switch is missing from it), and the rollback target (so a rollback is one commit to a complete table; the
+price is a second write of that model per batch until maintenance drops the older generation).
 
 **Atomic and serial.** Each change is one appended commit. Every commit also carries a Delta application
 transaction (``txn``, app id ``eventlake-catalog``), and delta-rs refuses a commit when another commit with that
@@ -58,7 +64,7 @@ GENERATIONS_FOLDER = "_generations"
 # The late events of every generation-1 windowed model, told apart by ``read_model`` (the layout before generations).
 SHARED_LATE_EVENTS_TABLE = "late_events"
 _TXN_APP_ID = "eventlake-catalog"
-_ACTIONS = ("created", "positioned", "switched", "dropped")
+_ACTIONS = ("created", "positioned", "ready", "abandoned", "switched", "dropped")
 _RETRIES = 8
 
 
@@ -121,6 +127,28 @@ class ModelState:
     served: frozenset[int]               # generations that have been current (generation 1 always)
     switched: CatalogEntry | None        # the row that made ``current`` current (None: generation 1 by default)
     entries: tuple[CatalogEntry, ...] = field(default=())
+    ready: frozenset[int] = frozenset()  # marked ready by a rebuild, not yet switched to nor abandoned
+
+    @property
+    def followed(self) -> tuple[int, ...]:
+        """The generations the live projection writes besides the current one: the ready ones and the rollback
+        target (see the module's docstring)."""
+        extra = set(self.ready) - {self.current} - set(self.dropped)
+        target = self.rollback_target()
+        if target is not None:
+            extra.add(target)
+        return tuple(sorted(extra))
+
+    @property
+    def unfinished(self) -> tuple[int, ...]:
+        """Generations newer than every served one that were never switched to, abandoned nor dropped: what a
+        rebuild that stopped part-way (kill -9) left."""
+        return tuple(n for n in sorted(self.generations)
+                     if n > max(self.served) and n not in self.dropped and n not in self.abandoned)
+
+    @property
+    def abandoned(self) -> frozenset[int]:
+        return frozenset(e.generation for e in self.entries if e.action == "abandoned")
 
     def rollback_target(self) -> int | None:
         """The newest generation older than the current one that has served readers and is not dropped."""
@@ -157,7 +185,7 @@ def fold(settings: Settings, name: str, entries: Iterable[CatalogEntry]) -> Mode
     import dataclasses
 
     generations = {1: legacy_generation(settings, name)}
-    current, dropped, served, switched, mine = 1, set(), {1}, None, []
+    current, dropped, served, switched, mine, ready = 1, set(), {1}, None, [], set()
     for e in entries:
         if e.name != name:
             continue
@@ -170,12 +198,19 @@ def fold(settings: Settings, name: str, entries: Iterable[CatalogEntry]) -> Mode
                 generations[n] = dataclasses.replace(_generation_from(settings, e), position=e.position)
         elif e.action == "positioned" and n in generations:
             generations[n] = dataclasses.replace(generations[n], position=e.position)
+        elif e.action == "ready" and n in generations and n not in dropped:
+            ready.add(n)
+        elif e.action == "abandoned":
+            ready.discard(n)
         elif e.action == "switched" and n in generations and n not in dropped:
             current, switched = n, e
             served.add(n)
+            ready.discard(n)
         elif e.action == "dropped" and n in generations and n != current:
             dropped.add(n)
-    return ModelState(name, current, generations, frozenset(dropped), frozenset(served), switched, tuple(mine))
+            ready.discard(n)
+    return ModelState(name, current, generations, frozenset(dropped), frozenset(served), switched, tuple(mine),
+                      frozenset(ready))
 
 
 def _positions(value) -> dict[int, int] | None:
@@ -285,6 +320,26 @@ class Catalog:
         def plan(state: ModelState):
             self._require(state, number)
             return [self._row(name, number, "positioned", position=position, by=by, reason=reason)]
+
+        return self._change(name, plan).generations[number]
+
+    def mark_ready(self, name: str, number: int, by: str, reason: str = "caught up; about to be checked and switched to") \
+            -> Generation:
+        """From the live projection's next batch on, it writes generation ``number`` too (``followed``)."""
+        def plan(state: ModelState):
+            self._require(state, number)
+            return [] if number in state.ready else [self._row(name, number, "ready", by=by, reason=reason)]
+
+        return self._change(name, plan).generations[number]
+
+    def abandon(self, name: str, number: int, by: str, reason: str) -> Generation:
+        """A generation a rebuild will not switch to (a failed check, a dry run, a killed rebuild's leftover):
+        no longer followed; ``drop`` deletes its files."""
+        def plan(state: ModelState):
+            self._require(state, number, allow_dropped=True)
+            if number == state.current or number in state.served:
+                raise CatalogRefused(f"{name}: generation {number} has served readers; it is not abandoned")
+            return [self._row(name, number, "abandoned", by=by, reason=reason)]
 
         return self._change(name, plan).generations[number]
 

@@ -276,10 +276,43 @@ def _cmd_rollback(settings: Settings, args) -> int:
     print(f"rollback: {args.name} is back on generation {after.number} (was {before.current}); readers and the "
           f"running projection use {after.table} from now on")
     if before.switched is not None:
-        print(f"note: the projection wrote generation {before.current}, not {after.number}, since "
-              f"{before.switched.at:%Y-%m-%d %H:%M:%S}Z: generation {after.number} lacks the events of that time "
-              f"until it is caught up (`eventlake check --reconcile {args.name}` shows the difference)")
+        print(f"note: the live projection kept generation {after.number} up to date beside generation "
+              f"{before.current} (a rollback target is followed); `eventlake check --reconcile {args.name}` "
+              f"compares it with the log")
     return 0
+
+
+def _cmd_rebuild(settings: Settings, args) -> int:
+    """Rebuild read models from the event archive into new generations, check them and switch (issue 9)."""
+    from spark_apps.rebuild import RebuildError, RebuildFailed, rebuild
+    from spark_apps.session import build_session
+
+    _require_broker(settings)
+    spark = build_session(settings, app_name="eventlake-rebuild")
+    failed = 0
+    try:
+        for name in args.models:
+            try:
+                outcome = rebuild(spark, settings, name, by=_who(args), reason=args.reason or "",
+                                  dry_run=args.dry_run)
+            except RebuildFailed as e:
+                print(f"eventlake rebuild: {e}", file=sys.stderr)
+                for line in e.lines:
+                    print(f"  {line}", file=sys.stderr)
+                failed += 1
+                continue
+            except RebuildError as e:
+                print(f"eventlake rebuild: {e}", file=sys.stderr)
+                failed += 1
+                continue
+            f = outcome.fold
+            print(f"rebuild: {name}: generation {outcome.generation} "
+                  + ("is current" if outcome.switched else "checked (dry run, not switched)")
+                  + f": {f.events:,} archived events folded at {f.events_per_second:,.0f} events/s, "
+                    f"{outcome.caught_up_events:,} caught up from Kafka, {outcome.seconds:.0f}s in all")
+    finally:
+        spark.stop()
+    return 1 if failed else 0
 
 
 def _cmd_catalog(settings: Settings, args) -> int:
@@ -462,6 +495,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("catalog", help="each read model's current generation and the catalog's changes")
     p.add_argument("models", nargs="*", help="read models to show (default: all)")
     p.set_defaults(run=_cmd_catalog)
+
+    p = sub.add_parser("rebuild", help="rebuild read models from the event archive into new generations, check "
+                                       "them and switch readers to them (the current ones serve meanwhile)")
+    p.add_argument("models", nargs="+", help="read models to rebuild")
+    p.add_argument("--dry-run", action="store_true", help="build and check, but do not switch (the new "
+                                                          "generation is dropped)")
+    p.add_argument("--reason", help="why (kept in the catalog)")
+    p.add_argument("--by", help="who asks (default: the current user)")
+    p.set_defaults(run=_cmd_rebuild)
 
     p = sub.add_parser("rollback", help="switch a read model back to its previous generation (one catalog commit)")
     p.add_argument("name", help="the read model")

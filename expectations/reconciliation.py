@@ -109,8 +109,14 @@ def _position(settings: Settings, generation: Generation) -> tuple[dict[int, int
     written = [json.loads(c["userMetadata"]) for c in history if c.get("userMetadata")]
     written = [m for m in written if "batch_id" in m and "projection" in m]
     if not written:
-        if generation.position is not None:  # written whole (a rebuild), complete up to the recorded position
-            return dict(generation.position), ""
+        # Written whole by a rebuild's fold (complete up to the recorded position: the last offset folded per
+        # partition), then perhaps caught up by batches that brought none of its events: the newest of the two.
+        last_batch = _last_batch(generation.checkpoint)
+        offsets = None if last_batch is None else _offsets(generation.checkpoint, last_batch, settings.events_topic)
+        if offsets is not None:
+            return offsets, ""
+        if generation.position is not None:
+            return {p: o + 1 for p, o in generation.position.items()}, ""
         return None, f"no projection batch has written {name} yet"
     last = written[0]  # newest first
     checkpoint = settings.checkpoints / last["projection"]

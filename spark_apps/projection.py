@@ -86,7 +86,7 @@ class Projection:
         self.catalog = Catalog(settings)
         self.pinned = dict(generations) if generations is not None else None
         self._ensured: set[tuple[str, int]] = set()  # (model, generation) whose tables exist
-        self._written: dict[str, int] = {}  # model -> the generation the last batch wrote
+        self._written: dict[str, tuple[int, ...]] = {}  # model -> the generations the last batch wrote
         self.archive_checkpoint = settings.checkpoints / f"projection-{ARCHIVE_TABLE}"
         self.queries: list = []
         self._tables_ready = False
@@ -108,11 +108,10 @@ class Projection:
         self._ensure_generation_tables(self._resolve())
         self._tables_ready = True
 
-    def _ensure_generation_tables(self, generations: Mapping[str, Generation], spark=None) -> None:
+    def _ensure_generation_tables(self, generations: Mapping[str, list[Generation]], spark=None) -> None:
         """Create a generation's table and bookkeeping tables, if missing, the first time it is met."""
         event_rows = None
-        for model in self.models:
-            generation = generations[model.name]
+        for model, generation in self._units(generations):
             if (model.name, generation.number) in self._ensured:
                 continue
             event_rows = event_rows or _event_row_schema(spark or self.spark)
@@ -121,35 +120,44 @@ class Projection:
                 ensure_table(spark or self.spark, path, schema)
             self._ensured.add((model.name, generation.number))
 
-    def _resolve(self) -> dict[str, Generation]:
-        """The generations to write: the pinned ones, or each model's current one (one small catalog read)."""
+    def _resolve(self) -> dict[str, list[Generation]]:
+        """The generations to write, per model: the pinned one, or the current one followed by those the catalog
+        says the live projection follows (a rebuild's ready generation, the rollback target). One small read."""
         if self.pinned is not None:
-            return {m.name: self.pinned.get(m.name) or self.catalog.current(m.name) for m in self.models}
-        return self.catalog.current_all([m.name for m in self.models])
+            return {m.name: [self.pinned.get(m.name) or self.catalog.current(m.name)] for m in self.models}
+        states = self.catalog.states([m.name for m in self.models])
+        return {name: [s.generations[n] for n in (s.current, *s.followed)] for name, s in states.items()}
 
-    def _generations_for_batch(self, spark, batch_id: int) -> dict[str, Generation]:
+    def _units(self, generations: Mapping[str, list[Generation]]) -> list[tuple[ReadModel, Generation]]:
+        """(model, generation) pairs a batch writes, the current generations first."""
+        return [(m, g) for m in self.models for g in generations[m.name]]
+
+    def _generations_for_batch(self, spark, batch_id: int) -> dict[str, list[Generation]]:
         """The generations batch ``batch_id`` writes, resolved once: a re-run of the batch (after a crash)
         reads back what its first run resolved from the checkpoint, so it completes the same generations."""
         folder = self.checkpoint / "eventlake-generations"
         marker = folder / str(batch_id)
         if marker.exists():
             numbers = json.loads(marker.read_text())
-            generations = {name: self.catalog.generation(name, n) for name, n in numbers.items()}
+            generations = {name: [self.catalog.generation(name, n) for n in (ns if isinstance(ns, list) else [ns])]
+                           for name, ns in numbers.items()}
         else:
             generations = self._resolve()
             folder.mkdir(parents=True, exist_ok=True)
             partial = folder / f".{batch_id}.tmp"
-            partial.write_text(json.dumps({name: g.number for name, g in generations.items()}))
+            partial.write_text(json.dumps({name: [g.number for g in gs] for name, gs in generations.items()}))
             partial.replace(marker)  # atomic: a crash leaves no half-written marker
             for old in folder.iterdir():  # keep the last few
                 if old.name.isdigit() and int(old.name) < batch_id - 10:
                     old.unlink(missing_ok=True)
         self._ensure_generation_tables(generations, spark)
-        for name, generation in generations.items():
-            if self._written.get(name, generation.number) != generation.number:
-                self.log(f"projection: batch {batch_id}: {name} now writes generation {generation.number} "
-                         f"({generation.table})")
-            self._written[name] = generation.number
+        for name, gs in generations.items():
+            numbers = tuple(g.number for g in gs)
+            if self._written.get(name, numbers) != numbers:
+                also = f" (and follows {', '.join(map(str, numbers[1:]))})" if len(numbers) > 1 else ""
+                self.log(f"projection: batch {batch_id}: {name} now writes generation {numbers[0]}{also} "
+                         f"({gs[0].table})")
+            self._written[name] = numbers
         return generations
 
     @staticmethod
@@ -176,7 +184,7 @@ class Projection:
                 events, dead = split_checked(checked)
                 generations = self._generations_for_batch(spark, batch_id) if self.models else {}
                 ctx = BatchContext(spark, self.settings, app_id, self.name, batch_id, input_rows=-1, steps=steps,
-                                   generations=generations)
+                                   generations={name: gs[0] for name, gs in generations.items()})
                 has_dead = not dead.isEmpty()  # the first pass over the batch: it also fills the cache
                 steps["read, parse, cache"] = steps.get("read, parse, cache", 0.0) + time.monotonic() - started
                 if has_dead:
@@ -189,10 +197,13 @@ class Projection:
                     self.log(f"projection: batch {batch_id}: {admission.conflicts} version conflict(s) (a different "
                              f"event at a version already taken) -> dead-letter table "
                              f"{self.settings.table_path(DEAD_LETTER_TABLE)}")
-                if len(self.models) == 1:
-                    self._apply_timed(ctx, self.models[0], admission.events)
+                units = self._units(generations) if self.models else []
+                if len(units) == 1:
+                    model, generation = units[0]
+                    ctx.generations = {model.name: generation}
+                    self._apply_timed(ctx, model, admission.events)
                 else:
-                    self._apply_side_by_side(ctx, admission.events)
+                    self._apply_side_by_side(ctx, units, admission.events)
             finally:
                 checked.unpersist()
         return process
@@ -201,29 +212,30 @@ class Projection:
         with ctx.timed(model.name):
             apply(ctx, model, events)
 
-    def _apply_side_by_side(self, ctx: BatchContext, events) -> None:
-        """Every read model's writes at once, one thread and one Spark session each (its own conf, so each
-        MERGE carries its own idempotent-write ids), reading the batch's admitted events (over the one cached
-        batch) through a global temporary view. While one model's commit runs on the driver, another's tasks
-        keep the cores busy."""
+    def _apply_side_by_side(self, ctx: BatchContext, units: list[tuple[ReadModel, Generation]], events) -> None:
+        """Every read model's writes at once (each generation it writes: the current one and any followed),
+        one thread and one Spark session each (its own conf, so each MERGE carries its own idempotent-write ids),
+        reading the batch's admitted events (over the one cached batch) through a global temporary view. While
+        one model's commit runs on the driver, another's tasks keep the cores busy."""
         from concurrent.futures import ThreadPoolExecutor
 
         spark = ctx.spark
         view = f"eventlake_batch_{ctx.app_id}_{ctx.batch_id}"
         events.createOrReplaceGlobalTempView(view)
 
-        def run(model: ReadModel) -> None:
-            session = self._model_sessions.get(model.name)
-            if session is None:  # one per model for the projection's life (not one per batch: sessions pile up)
-                session = self._model_sessions[model.name] = spark.newSession()
+        def run(model: ReadModel, generation: Generation) -> None:
+            key = (model.name, generation.number)
+            session = self._model_sessions.get(key)
+            if session is None:  # one per model and generation for the projection's life (sessions pile up)
+                session = self._model_sessions[key] = spark.newSession()
             events = session.table(f"global_temp.{view}")
             own = BatchContext(session, self.settings, ctx.app_id, ctx.projection, ctx.batch_id, ctx.input_rows,
-                               steps=ctx.steps, generations=ctx.generations)
+                               steps=ctx.steps, generations={model.name: generation})
             self._apply_timed(own, model, events)
 
         try:
-            with ThreadPoolExecutor(max_workers=len(self.models), thread_name_prefix="read-model") as pool:
-                futures = [pool.submit(run, model) for model in self.models]
+            with ThreadPoolExecutor(max_workers=len(units), thread_name_prefix="read-model") as pool:
+                futures = [pool.submit(run, model, generation) for model, generation in units]
                 for future in futures:
                     future.result()  # a failed model fails the batch; Spark re-runs it, the writes are idempotent
         finally:

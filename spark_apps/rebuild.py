@@ -26,7 +26,8 @@ from typing import Callable
 from eventlake.settings import Settings
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
-__all__ = ["FoldTargets", "FoldStep", "FoldResult", "RebuildError", "warehouse_targets", "archive_position",
+__all__ = ["FoldTargets", "FoldStep", "FoldResult", "RebuildError", "RebuildFailed", "RebuildRefused", "RebuildOutcome",
+           "rebuild", "lock_path", "warehouse_targets", "archive_position",
            "catch_up_offsets", "fold_archive"]
 
 # Aggregates whose events need the ranked (window) path are joined by broadcast below this many.
@@ -354,3 +355,182 @@ def _required(path: str | None, model: ReadModel, what: str) -> str:
     if not path:
         raise RebuildError(f"read model {model.name} ({model.merge_strategy}) needs a {what} target")
     return path
+
+
+# -- the whole rebuild: fold, catch up, check, switch ------------------------------------------------------------
+
+class RebuildRefused(RebuildError):
+    """A rebuild that must not start (another one of the same read model is running)."""
+
+
+class RebuildFailed(RebuildError):
+    """The new generation failed its checks: readers stay on the current one. ``lines`` say why."""
+
+    def __init__(self, message: str, lines: list[str]):
+        super().__init__(message)
+        self.lines = lines
+
+
+@dataclass
+class RebuildOutcome:
+    name: str
+    generation: int  # the new generation (current now, unless a dry run)
+    previous: int  # the generation that was current when the rebuild began (kept for rollback)
+    switched: bool
+    fold: FoldResult
+    caught_up_events: int = 0
+    seconds: float = 0.0
+    check_lines: list[str] = field(default_factory=list)
+
+
+def lock_path(settings: Settings, name: str):
+    return settings.home / "locks" / f"rebuild-{name}.lock"
+
+
+class _RebuildLock:
+    """One rebuild per read model at a time: a file created exclusively under the home folder, naming the
+    process that holds it. A lock whose process is gone (a rebuild killed with kill -9) is taken over."""
+
+    def __init__(self, settings: Settings, name: str, log: Callable[[str], None]):
+        self.path = lock_path(settings, name)
+        self.name = name
+        self.log = log
+
+    def __enter__(self):
+        import os
+        import socket
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = {"pid": os.getpid(), "host": socket.gethostname(),
+              "started": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._holder()
+                if holder and holder.get("host") == me["host"] and _alive(holder.get("pid")):
+                    raise RebuildRefused(
+                        f"{self.name}: a rebuild of it is already running (pid {holder['pid']}, started "
+                        f"{holder.get('started', '?')}); wait for it to end (or stop it) and run this again") from None
+                self.log(f"rebuild: {self.name}: an earlier rebuild (pid {holder.get('pid') if holder else '?'}, "
+                         f"started {holder.get('started', '?') if holder else '?'}) stopped without finishing; "
+                         f"taking over")
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            return self
+        raise RebuildRefused(f"{self.name}: could not take the rebuild lock {self.path}; try again")
+
+    def _holder(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def __exit__(self, *exc):
+        self.path.unlink(missing_ok=True)
+
+
+def _alive(pid) -> bool:
+    import os
+
+    try:
+        os.kill(int(pid), 0)
+    except (TypeError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def rebuild(spark, settings: Settings, name: str, by: str = "", reason: str = "", dry_run: bool = False,
+            log: Callable[[str], None] = print) -> RebuildOutcome:
+    """Build the next generation of read model ``name`` while the current one keeps serving, check it, and
+    switch readers to it in one catalog commit (issue 9):
+
+    1. fold ``event_archive`` up to the position it has reached, into a new generation (``fold_archive``);
+    2. catch the generation up from Kafka after that position (its own checkpoint and sequence ledger);
+    3. mark it ``ready``: from its next batch on the live projection writes it too; catch up once more, which
+       covers every batch the live projection planned before it saw the mark, so nothing is missing;
+    4. its suite and the reconciliation; a failure abandons it (readers stay) and raises RebuildFailed;
+    5. switch (a compare-and-set against the generation that was current at the start).
+
+    A rebuild killed at any point leaves readers on a complete generation (only the switch changes what they
+    read); running it again abandons what the killed one left and starts over. ``dry_run`` does 1-4 and then
+    abandons the generation. Two rebuilds of one model at once: the second raises RebuildRefused."""
+    import read_models
+    from eventlake.catalog import Catalog
+    from expectations.checks import verdict
+    from spark_apps import sequence
+    from spark_apps.projection import Projection
+
+    model = read_models.get(name)
+    who = by or "eventlake rebuild"
+    started = time.monotonic()
+    with _RebuildLock(settings, name, log):
+        catalog = Catalog(settings)
+        state = catalog.state(name)
+        for leftover in state.unfinished:
+            log(f"rebuild: {name}: generation {leftover} was left unfinished by an earlier rebuild; abandoning it")
+            catalog.abandon(name, leftover, who, "left unfinished by an earlier rebuild")
+            catalog.drop(name, leftover, who, "left unfinished by an earlier rebuild")
+        previous = catalog.state(name).current
+        generation = catalog.create_next(name, who, reason or "rebuild from the event archive")
+        log(f"rebuild: {name}: building generation {generation.number} in {generation.table} while generation "
+            f"{previous} keeps serving")
+        catch_up_name = str(generation.checkpoint.relative_to(settings.checkpoints))
+        targets = {name: FoldTargets(
+            table=str(generation.table), ledger=str(settings.table_path(sequence.ledger_table(catch_up_name))),
+            held=str(settings.table_path(sequence.held_table(catch_up_name))),
+            pending=str(generation.pending) if model.merge_strategy == CURRENT_STATE_BY_VERSION else None,
+            applied=str(generation.applied) if model.merge_strategy == WINDOWED_SUM else None,
+            late=str(generation.late_events) if model.merge_strategy == WINDOWED_SUM else None)}
+        try:
+            folded = fold_archive(spark, settings, [model], targets, log=log)
+            catalog.record_position(name, generation.number, folded.position, who)
+            generation = catalog.generation(name, generation.number)
+
+            def catch_up(step: str) -> int:
+                projection = Projection(spark, settings, [model], log=log, archive=False,
+                                        generations={name: generation}, checkpoint=generation.checkpoint,
+                                        starting_offsets=catch_up_offsets(settings, folded.position))
+                run = projection.run_until_caught_up()
+                log(f"rebuild: {name}: {step}: {run.input_rows:,} event(s) from Kafka after the archive's position "
+                    f"in {run.batches} batch(es)")
+                return run.input_rows
+
+            caught = catch_up("catch-up")
+            catalog.mark_ready(name, generation.number, who)
+            caught += catch_up("catch-up after the live projection follows it")
+            log(f"rebuild: {name}: checking generation {generation.number} (its suite and the reconciliation)")
+            checked = verdict(settings, name, reconcile=True, generation=generation)
+            lines = checked.lines()
+        except BaseException:
+            _abandon_quietly(catalog, name, generation.number, who, "the rebuild stopped with an error", log)
+            raise
+        outcome = RebuildOutcome(name, generation.number, previous, False, folded, caught, 0.0, lines)
+        if checked.failed:
+            _abandon_quietly(catalog, name, generation.number, who, "failed its checks", log)
+            raise RebuildFailed(f"{name}: generation {generation.number} failed its checks; readers stay on "
+                                f"generation {previous}", lines)
+        if dry_run:
+            _abandon_quietly(catalog, name, generation.number, who, "dry run: built and checked, not switched", log)
+        else:
+            catalog.switch(name, generation.number, previous, who, reason or "rebuild passed its checks")
+            outcome.switched = True
+        outcome.seconds = time.monotonic() - started
+        log(f"rebuild: {name}: generation {generation.number} "
+            + ("is current now" if outcome.switched else "passed its checks (dry run: not switched, dropped)")
+            + f"; generation {previous} is kept for `eventlake rollback {name}` ({outcome.seconds:.0f}s in all)")
+        return outcome
+
+
+def _abandon_quietly(catalog, name: str, number: int, by: str, reason: str, log: Callable[[str], None]) -> None:
+    """Abandon and drop a generation that will not be switched to; a failure here is logged, not raised (the
+    next rebuild abandons what is left)."""
+    try:
+        catalog.abandon(name, number, by, reason)
+        catalog.drop(name, number, by, reason)
+    except Exception as e:  # noqa: BLE001 -- the original error matters more
+        log(f"rebuild: {name}: could not abandon generation {number} ({e}); the next rebuild will")
