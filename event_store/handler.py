@@ -89,6 +89,7 @@ class HandlerStats:
     repeated_events: int = 0  # events at a version already taken (the same event again, or a forged one)
     unreadable_results: int = 0  # command-results records a rebuild skipped
     producers_renewed: int = 0  # producers replaced after a fatal error that was no fence
+    consumers_renewed: int = 0  # consumers replaced after not rejoining their group (see _REJOIN_WAIT_S)
     commit_seconds: float = 0.0  # waiting for send_offsets_to_transaction + commit_transaction
     started: float = field(default_factory=time.monotonic)
 
@@ -99,7 +100,8 @@ class HandlerStats:
                   "unreadable events (accounts quarantined)": self.unreadable_events,
                   "events at a taken version skipped": self.repeated_events,
                   "unreadable results skipped": self.unreadable_results,
-                  "producers renewed after a fatal error": self.producers_renewed}
+                  "producers renewed after a fatal error": self.producers_renewed,
+                  "consumers renewed after not rejoining their group": self.consumers_renewed}
         return (f"{self.commands} commands ({self.accepted} accepted, {self.rejected} rejected, "
                 f"{self.duplicates} duplicate, {self.dead_lettered} dead-lettered) -> {self.events} events "
                 f"in {self.transactions} transactions, {self.commands / secs:,.0f} commands/s"
@@ -323,6 +325,11 @@ _PRODUCER_MESSAGE_MAX_BYTES = 1_000_000
 _RECORD_OVERHEAD_BYTES = 128
 # A command whose own transaction fails this many times (non-retriable errors) is answered NotWritable.
 _SINGLE_COMMAND_ATTEMPTS = 3
+# After its group session timed out (e.g. the broker restarted), the consumer should be assigned partitions
+# again within a few heartbeats. librdkafka (2.16, cooperative-sticky, static membership) sometimes never
+# rejoins (seen in tests/integration/test_services_broker_restart.py: assigned nothing for minutes while
+# polled): a consumer unassigned this long after such a loss is replaced by a new one with the same ids.
+_REJOIN_WAIT_S = 30.0
 
 
 class CommandHandler:
@@ -354,6 +361,7 @@ class CommandHandler:
         self._rebuild_retry_at: dict[int, float] = {}
         self._buffered: list = []  # command records a keepalive consumed; handled by the next _poll
         self._last_consume = time.monotonic()
+        self._lost_at: float | None = None  # when the group session was lost; None once assigned again
         self._producer = None
         self._consumer = None
         self._reader = None  # read_committed, no group: rebuilds
@@ -383,17 +391,43 @@ class CommandHandler:
         # Short request timeouts: a rebuild that waits for an absent broker gives way to stop() and keepalives.
         self._reader = kafka_log.make_consumer(s, request_timeout_ms=5_000)
         self._watermarks = kafka_log.make_consumer(s, isolation_level="read_uncommitted", request_timeout_ms=5_000)
+        self._consumer = self._group_consumer()
+
+    def _group_consumer(self):
+        """The consumer of the commands topic in the handlers' group, subscribed."""
+        s = self.settings
         # Static membership: a restarted instance takes its partitions back without waiting for a timeout.
-        self._consumer = confluent_kafka.Consumer({
+        consumer = confluent_kafka.Consumer({
             "bootstrap.servers": s.bootstrap_servers, "group.id": s.handler_group_id,
             "group.instance.id": self.transactional_id, "isolation.level": "read_committed",
             "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": 10_000,
             "heartbeat.interval.ms": 2_000, "max.poll.interval.ms": _MAX_POLL_INTERVAL_MS,
             "topic.metadata.refresh.interval.ms": 10_000})
-        self._consumer.subscribe([s.commands_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                 on_lost=self._on_revoke)
+        consumer.subscribe([s.commands_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                           on_lost=self._on_lost)
         self._last_consume = time.monotonic()
+        return consumer
+
+    def _rejoin_if_stuck(self) -> None:
+        """Replace the consumer when it has been assigned nothing for _REJOIN_WAIT_S since its group session was
+        lost (see _REJOIN_WAIT_S). Nothing is assigned, so no state is dropped; the new consumer, with the same
+        group.instance.id, takes this instance's place in the group."""
+        if self._lost_at is None or time.monotonic() - self._lost_at < _REJOIN_WAIT_S:
+            return
+        if self._consumer.assignment():
+            self._lost_at = None
+            return
+        self.stats.consumers_renewed += 1
+        self.log(f"handler {self.instance_id}: assigned no partition {time.monotonic() - self._lost_at:.0f}s after "
+                 f"its group session was lost; replacing its consumer")
+        old = self._consumer
+        closing = threading.Thread(target=old.close, name="handler-close-consumer", daemon=True)
+        closing.start()
+        closing.join(_CALL_TIMEOUT_S)  # a close that hangs on an absent broker is left behind
+        self._buffered = []
+        self._consumer = self._group_consumer()
+        self._lost_at = time.monotonic()
 
     def _read_size_limits(self) -> int:
         """Read what one record may weigh in each topic the handler writes commands' outcomes to (the topic's
@@ -456,6 +490,7 @@ class CommandHandler:
             self._generation[tp.partition] = self._generation.get(tp.partition, 0) + 1
             self._unready.add(tp.partition)
             self._rebuild_retry_at.pop(tp.partition, None)
+        self._lost_at = None
         self.log(f"handler {self.instance_id}: partitions assigned: {sorted(tp.partition for tp in partitions)}")
 
     def _on_revoke(self, consumer, partitions) -> None:
@@ -467,6 +502,13 @@ class CommandHandler:
             if self.partitions.pop(p, None) is not None:
                 self.log(f"handler {self.instance_id}: partition {p}'s state dropped")
         self._buffered = [m for m in self._buffered if m.partition() not in revoked]
+
+    def _on_lost(self, consumer, partitions) -> None:
+        """The group session timed out (the coordinator did not answer, e.g. the broker restarted): the
+        partitions may be someone else's already. Dropped like a revocation; see _rejoin_if_stuck."""
+        self._lost_at = time.monotonic()
+        self.log(f"handler {self.instance_id}: group session lost")
+        self._on_revoke(consumer, partitions)
 
     def _consume(self, timeout: float) -> list:
         messages = self._consumer.consume(num_messages=self.max_poll_records, timeout=timeout)
@@ -697,6 +739,7 @@ class CommandHandler:
             batch = self._poll()
             # Newly assigned partitions are rebuilt now (not on their first command), so a restart is ready at once.
             self._rebuild_unready()
+            self._rejoin_if_stuck()
             if batch:
                 self.process(batch)
             elif until_caught_up and self._caught_up():

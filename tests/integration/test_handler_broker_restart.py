@@ -163,3 +163,49 @@ def test_stop_ends_the_handler_within_seconds_while_a_rebuild_waits_for_an_absen
     finally:
         broker_up(own_broker)
         blocker.abort_transaction(30)
+
+
+def test_a_handler_whose_consumer_does_not_rejoin_after_a_lost_session_replaces_it(settings):
+    """librdkafka sometimes never rejoins the group after the broker restarts (seen in
+    test_services_broker_restart.py: nothing assigned for minutes while polled). Made to happen here: the
+    consumer drops its partitions as on a lost session and is not given them back; the handler must replace it
+    (event_store/handler.py, _REJOIN_WAIT_S) and answer commands again."""
+    from event_store import handler as handler_module
+
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    opens, first, second = account_stream(accounts=3, payments=2)
+    producer = kafka_log.make_producer(settings)
+    lines: list[str] = []
+    handler, thread, raised = start_handler(settings, lines)
+    try:
+        kafka_log.produce_all(producer, settings.commands_topic, [(c.aggregate_id, c.to_json()) for c in opens + first])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(results(settings)) < len(opens + first):
+            time.sleep(0.5)
+        assert len(results(settings)) == len(opens + first), lines[-10:]
+        handler.stop()
+        thread.join(STOP_WITHIN_S)
+        assert not thread.is_alive() and not raised, raised
+        # The stuck state: the session was lost long enough ago, the partitions dropped, none assigned since.
+        consumer = handler._consumer
+        assigned = consumer.assignment()
+        handler._on_lost(consumer, assigned)
+        consumer.incremental_unassign(assigned)
+        handler._lost_at = time.monotonic() - handler_module._REJOIN_WAIT_S
+        thread = threading.Thread(target=handler.run, daemon=True)
+        thread.start()
+        kafka_log.produce_all(producer, settings.commands_topic, [(c.aggregate_id, c.to_json()) for c in second])
+        expected = {c.command_id for c in opens + first + second}
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and set(results(settings)) != expected:
+            time.sleep(0.5)
+        got = results(settings)
+    finally:
+        producer.close()
+        handler.stop()
+        thread.join(STOP_WITHIN_S * 2)
+        handler.close()
+    assert set(got) == expected, f"{len(expected - set(got))} commands unanswered; log tail: {lines[-10:]}"
+    assert all(r.status == "accepted" for r in got.values())
+    assert any("replacing its consumer" in line for line in lines)
+    assert handler.stats.consumers_renewed == 1
