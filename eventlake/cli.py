@@ -315,6 +315,29 @@ def _cmd_rebuild(settings: Settings, args) -> int:
     return 1 if failed else 0
 
 
+def _cmd_reprocess(settings: Settings, args) -> int:
+    """Recompute the closed windows of a time range from the event archive, late events included, and replace
+    that range of the current generation (issue 9)."""
+    from spark_apps.reprocess import ReprocessError, ReprocessRefused, reprocess, validate
+
+    try:  # bad input is told before a Spark session is started
+        validate(args.name, args.start, args.end)
+    except ReprocessError as e:
+        print(f"eventlake reprocess: {e}", file=sys.stderr)
+        return 2
+    from spark_apps.session import build_session
+
+    spark = build_session(settings, app_name="eventlake-reprocess")
+    try:
+        reprocess(spark, settings, args.name, args.start, args.end, by=_who(args))
+    except ReprocessRefused as e:
+        print(f"eventlake reprocess: {e}", file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()
+    return 0
+
+
 def _cmd_catalog(settings: Settings, args) -> int:
     """Each read model's current generation and every change of the catalog."""
     from eventlake.catalog import Catalog, CatalogError
@@ -504,6 +527,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", help="why (kept in the catalog)")
     p.add_argument("--by", help="who asks (default: the current user)")
     p.set_defaults(run=_cmd_rebuild)
+
+    p = sub.add_parser("reprocess", help="recompute the closed windows of a time range of a windowed read model "
+                                         "from the event archive (late events included) and replace that range",
+                       description="Replaces the windows FROM <= window_start < TO of the current generation in one "
+                                   "Delta commit (none when nothing differs) and marks the late events folded in "
+                                   "(late_events.reprocessed_at). Only closed windows (ending at or before the "
+                                   "watermark). Times: ISO-8601 on minute boundaries, no zone = UTC.")
+    p.add_argument("name", help="a windowed read model, e.g. merchant_minute_volume")
+    p.add_argument("--from", dest="start", required=True, metavar="T1", help="first window start, e.g. 2026-01-01")
+    p.add_argument("--to", dest="end", required=True, metavar="T2", help="end of the range (excluded), e.g. "
+                                                                         "2026-01-02T00:00:00Z")
+    p.add_argument("--by", help="who asks (default: the current user)")
+    p.set_defaults(run=_cmd_reprocess)
 
     p = sub.add_parser("rollback", help="switch a read model back to its previous generation (one catalog commit)")
     p.add_argument("name", help="the read model")
