@@ -9,8 +9,8 @@ are folded. When the archive has not reached that position yet, the result says 
 
 The read model's own ``python_fold`` (the test oracle) is the fold; for a windowed model the table plus the
 events recorded in ``late_events`` must add up to it, except the late events a reprocess has folded into their
-window (``reprocessed_at`` set, spark_apps/reprocess.py): those are counted in the table. The fold runs in plain Python: about a minute per
-million events.
+window (``reprocessed_at`` set, spark_apps/reprocess.py): those are counted in the table. The fold runs in plain
+Python: about a minute per million events.
 
 The table is the read model's current generation (eventlake/catalog.py), or the generation given (a rebuild
 checks its new generation before switching). A generation no projection batch has written yet (one a rebuild
