@@ -8,6 +8,9 @@ cross-model check (`check_models_agree`, e.g. `payments_match_account_summary`) 
 from the same events disagree, naming the accounts and the numbers; tables caught mid-batch are "not compared"
 (no failure). Where the tables are comes from the workers' environment (`EVENTLAKE_HOME`, `EVENTLAKE_CONFIG`),
 as for every eventlake command.
+Each task also publishes its validation to Great Expectations **Data Docs**, a static HTML site under the
+eventlake home (`<EVENTLAKE_HOME>/data_docs/index.html`, named in the task's log): open it in a browser to see
+each suite's recent results, expectation by expectation.
 The same checks run from a shell: `eventlake check [--reconcile] [NAMES]`.
 """
 from __future__ import annotations
@@ -35,6 +38,8 @@ def check_read_models():
         context["table"] = name
         result = verdict(Settings.load(), name, reconcile=context["params"]["reconcile"])
         print("\n".join(result.lines()))
+        if result.report is not None and result.report.data_docs:
+            print(f"Data Docs of every suite: file://{result.report.data_docs_index}")
         if result.failed:
             raise AirflowFailException("\n".join(result.lines()))
         return result.summary()

@@ -5,6 +5,12 @@ ephemeral GE context; the report names every failed expectation with how many ro
 their values. ``eventlake check`` and the ``check_read_models`` DAG call ``check_tables``/``verdict``. The table
 is the read model's current generation (eventlake/catalog.py), or the generation given (a rebuild checks its new
 generation before switching).
+
+Every check is also published to Great Expectations **Data Docs**, a static HTML site under the eventlake home:
+``<home>/data_docs/index.html`` lists every suite's recent validations (newest first, the generation and Delta
+version in the run name); each links to a page with every expectation and its result. The validation results and
+suites behind it are kept as JSON under ``<home>/gx`` (the last ``KEEP_VALIDATIONS`` per suite). A check's report
+names the page; a failure to write the docs is reported, never a reason for the check to fail.
 """
 from __future__ import annotations
 
@@ -20,7 +26,12 @@ from eventlake.settings import Settings
 from eventlake.tables import read_table
 from expectations import SUITES, suite_module
 
-__all__ = ["CheckReport", "Failure", "Verdict", "check_table", "check_tables", "context", "verdict", "TableMissing"]
+__all__ = ["CheckReport", "Failure", "Verdict", "check_table", "check_tables", "context", "data_docs_index", "verdict",
+           "TableMissing", "DATA_DOCS_FOLDER", "KEEP_VALIDATIONS"]
+
+DATA_DOCS_FOLDER = "data_docs"  # under settings.home: the HTML site
+_GX_STORES_FOLDER = "gx"  # under settings.home: the validation results and suites the site is built from
+KEEP_VALIDATIONS = 20  # per suite: older validation results (and their pages) are deleted when a new one comes
 
 
 class TableMissing(LookupError):
@@ -48,6 +59,9 @@ class CheckReport:
     rows: int
     evaluated: int
     failures: tuple[Failure, ...] = field(default_factory=tuple)
+    data_docs: str = ""  # the Data Docs page of this validation ("" when not published)
+    data_docs_index: str = ""  # the site's front page (every suite)
+    data_docs_problem: str = ""
 
     @property
     def success(self) -> bool:
@@ -57,7 +71,10 @@ class CheckReport:
         outcome = (f"passed all {self.evaluated} expectations" if self.success
                    else f"FAILED {len(self.failures)} of {self.evaluated} expectations")
         head = f"{self.table}: {outcome} on {self.rows:,} rows (Delta version {self.delta_version} of {self.path})"
-        return [head] + [f"  failed: {f.line()}" for f in self.failures]
+        docs = ([f"  data docs: {self.data_docs_index} (this validation: {self.data_docs})"] if self.data_docs
+                else []) + (
+            [f"  data docs not written: {self.data_docs_problem}"] if self.data_docs_problem else [])
+        return [head] + [f"  failed: {f.line()}" for f in self.failures] + docs
 
 
 def context():
@@ -73,9 +90,10 @@ def context():
     return gx, ge_context
 
 
-def check_table(settings: Settings, name: str, ge=None, generation: Generation | None = None) -> CheckReport:
+def check_table(settings: Settings, name: str, ge=None, generation: Generation | None = None,
+                data_docs: bool = True) -> CheckReport:
     """Validate the current version of read model ``name``'s Delta table (its current generation, or
-    ``generation``) against its suite."""
+    ``generation``) against its suite; with ``data_docs``, publish the result to the Data Docs site."""
     from deltalake import DeltaTable
 
     module = suite_module(name)
@@ -105,7 +123,76 @@ def check_table(settings: Settings, name: str, ge=None, generation: Generation |
         failures.append(Failure(config.type, _arguments(config.kwargs) + (f"; error: {error}" if error else ""),
                                 details.get("unexpected_count"),
                                 tuple(_plain(v) for v in details.get("partial_unexpected_list") or ())))
-    return CheckReport(name, path, table.version(), len(frame), len(result.results), tuple(failures))
+    docs, problem = "", ""
+    if data_docs:
+        try:
+            docs = _publish_data_docs(settings, gx, name, module, result, generation, table.version())
+        except Exception as e:  # noqa: BLE001 -- the check's verdict stands without its HTML page
+            problem = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    return CheckReport(name, path, table.version(), len(frame), len(result.results), tuple(failures), docs,
+                       str(data_docs_index(settings)) if docs else "", problem)
+
+
+def data_docs_index(settings: Settings) -> Path:
+    """The Data Docs site's front page: every suite's recent validations."""
+    return settings.home / DATA_DOCS_FOLDER / "index.html"
+
+
+def _docs_context(settings: Settings):
+    """A GE context whose suites and validation results are JSON files under ``<home>/gx`` and whose one Data Docs
+    site is ``<home>/data_docs``: what several processes (the DAG's tasks, a shell) add to and build from."""
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import DataContextConfig, InMemoryStoreBackendDefaults
+
+    stores = settings.home / _GX_STORES_FOLDER
+    config = DataContextConfig(store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False))
+    filesystem = lambda folder: {"class_name": "TupleFilesystemStoreBackend",  # noqa: E731
+                                 "base_directory": str(folder)}
+    config.stores["validation_results_store"] = {"class_name": "ValidationResultsStore",
+                                                 "store_backend": filesystem(stores / "validations")}
+    config.stores["expectations_store"] = {"class_name": "ExpectationsStore",
+                                           "store_backend": filesystem(stores / "expectations")}
+    config.data_docs_sites = {"eventlake": {
+        "class_name": "SiteBuilder", "show_how_to_buttons": False,
+        "store_backend": filesystem(settings.home / DATA_DOCS_FOLDER),
+        "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}}}
+    return gx.get_context(project_config=config)
+
+
+def _publish_data_docs(settings: Settings, gx, name: str, module, result, generation: Generation,
+                       version: int) -> str:
+    """Store one validation result (and its suite) and rebuild its page and the index -> the page's path."""
+    import datetime as dt
+
+    from great_expectations.core.run_identifier import RunIdentifier
+    from great_expectations.data_context.types.resource_identifiers import (ExpectationSuiteIdentifier,
+                                                                            ValidationResultIdentifier)
+
+    docs = _docs_context(settings)
+    docs.suites.add_or_update(gx.ExpectationSuite(name=name, expectations=module.expectations(gx)))
+    suite_key = ExpectationSuiteIdentifier(name)
+    key = ValidationResultIdentifier(suite_key, RunIdentifier(run_name=f"{generation.label}-v{version}",
+                                                              run_time=dt.datetime.now(dt.timezone.utc)),
+                                     name)
+    docs.validation_results_store.set(key, result)
+    _prune_validations(settings, name)
+    docs.build_data_docs(resource_identifiers=[key, suite_key])
+    folder = settings.home / DATA_DOCS_FOLDER
+    pages = sorted((folder / "validations" / name).glob(f"{generation.label}-v{version}/*/{name}.html"),
+                   key=lambda p: p.stat().st_mtime)
+    return str(pages[-1] if pages else data_docs_index(settings))
+
+
+def _prune_validations(settings: Settings, name: str) -> None:
+    """Keep the newest KEEP_VALIDATIONS results of suite ``name`` (and their pages): the index stays short."""
+    import shutil
+
+    root = settings.home / _GX_STORES_FOLDER / "validations" / name
+    results = sorted(root.glob("*/*/*.json"), key=lambda p: p.parent.name)  # run_time folders sort by time
+    for stale in results[:-KEEP_VALIDATIONS]:
+        relative = stale.parent.relative_to(root)
+        shutil.rmtree(stale.parent, ignore_errors=True)
+        shutil.rmtree(settings.home / DATA_DOCS_FOLDER / "validations" / name / relative, ignore_errors=True)
 
 
 def _arguments(kwargs: dict) -> str:
@@ -136,11 +223,11 @@ def _plain(value):
     return value.item() if hasattr(value, "item") and not isinstance(value, (str, bytes)) else value
 
 
-def check_tables(settings: Settings, names: list[str] | None = None) -> list[CheckReport]:
+def check_tables(settings: Settings, names: list[str] | None = None, data_docs: bool = True) -> list[CheckReport]:
     """Check the named read models (all with a suite when ``names`` is empty); raises TableMissing for a
     table not created yet."""
     ge = context()
-    return [check_table(settings, name, ge) for name in (names or list(SUITES))]
+    return [check_table(settings, name, ge, data_docs=data_docs) for name in (names or list(SUITES))]
 
 
 @dataclass(frozen=True)
@@ -176,12 +263,12 @@ class Verdict:
 
 
 def verdict(settings: Settings, name: str, reconcile: bool = False, ge=None,
-            generation: Generation | None = None) -> Verdict:
+            generation: Generation | None = None, data_docs: bool = True) -> Verdict:
     """Check read model ``name`` (its current generation, or ``generation``) against its suite and, with
     ``reconcile``, against a fold of the log. Both look at the same generation, resolved once."""
     generation = generation or Catalog(settings).current(name)
     try:
-        report = check_table(settings, name, ge, generation)
+        report = check_table(settings, name, ge, generation, data_docs)
     except TableMissing as e:
         return Verdict(name, None, missing=str(e))
     if not reconcile:

@@ -27,7 +27,8 @@ from eventlake.settings import Settings
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
 __all__ = ["FoldTargets", "FoldStep", "FoldResult", "RebuildError", "RebuildFailed", "RebuildRefused", "RebuildOutcome",
-           "rebuild", "lock_path", "warehouse_targets", "archive_position",
+           "BuildResult", "RebuildLock", "rebuild", "start_generation", "build_generation", "check_generation",
+           "switch_generation", "airflow_owner", "lock_path", "warehouse_targets", "archive_position",
            "catch_up_offsets", "fold_archive"]
 
 # Aggregates whose events need the ranked (window) path are joined by broadcast below this many.
@@ -141,11 +142,19 @@ def fold_archive(spark, settings: Settings, models: list[ReadModel], targets: di
     total_steps = 2 + len(models)
     result = FoldResult(position={})
 
+    estimated = _archived_events(settings)
+
     def step(name: str, t0: float, rows: int, detail: str = "") -> None:
+        # Every step reads all the events folded: progress is steps done over all events; the ETA assumes the
+        # steps left take as long as the average step so far.
         seconds = time.monotonic() - t0
         result.steps.append(FoldStep(name, seconds, rows))
-        log(f"rebuild: [{len(result.steps)}/{total_steps}] {name}: {rows:,} {detail or 'rows'} in {seconds:.1f}s "
-            f"(elapsed {time.monotonic() - started:.1f}s)")
+        elapsed = time.monotonic() - started
+        events = result.events or estimated
+        done = len(result.steps)
+        log(f"rebuild: [{done}/{total_steps}] {name}: {rows:,} {detail or 'rows'} in {seconds:.1f}s "
+            f"({done}/{total_steps} steps over {'' if result.events else '~'}{events:,} events done; "
+            f"elapsed {elapsed:.1f}s, {_eta(elapsed, done, total_steps)})")
 
     # 1. read: where the fold stops, and the archive's columns up to there.
     t0 = time.monotonic()
@@ -191,6 +200,19 @@ def fold_archive(spark, settings: Settings, models: list[ReadModel], targets: di
         f"{result.seconds:.1f}s ({result.events_per_second:,.0f} events/s); a catch-up starts after "
         f"{_offsets_text(position) or 'nothing'}")
     return result
+
+
+def _archived_events(settings: Settings) -> int:
+    """How many events the archive holds, from its Delta statistics (no Spark job): for progress only."""
+    from spark_apps.projection import ARCHIVE_TABLE
+
+    try:
+        from deltalake import DeltaTable as RustDeltaTable
+
+        actions = RustDeltaTable(str(settings.table_path(ARCHIVE_TABLE))).get_add_actions(flatten=True)
+        return int(sum(n or 0 for n in actions.column("num_records").to_pylist()))
+    except Exception:  # noqa: BLE001 -- a URI delta-rs cannot read, no stats: progress without a total
+        return 0
 
 
 def _offsets_text(position: dict[int, int]) -> str:
@@ -358,6 +380,10 @@ def _required(path: str | None, model: ReadModel, what: str) -> str:
 
 
 # -- the whole rebuild: fold, catch up, check, switch ------------------------------------------------------------
+#
+# Four steps, each a function the CLI's ``rebuild()`` calls in one process and the ``rebuild_read_model`` DAG
+# calls as its own task (``start_generation`` + ``build_generation`` in ``build``, ``check_generation`` in
+# ``check``, ``switch_generation`` in ``switch``). Between them only (name, generation, previous) travels.
 
 class RebuildRefused(RebuildError):
     """A rebuild that must not start (another one of the same read model is running)."""
@@ -383,44 +409,62 @@ class RebuildOutcome:
     check_lines: list[str] = field(default_factory=list)
 
 
+@dataclass
+class BuildResult:
+    """What ``build_generation`` did: the fold and the events caught up from Kafka after it."""
+    name: str
+    generation: int
+    fold: FoldResult
+    caught_up_events: int = 0
+    seconds: float = 0.0
+
+
 def lock_path(settings: Settings, name: str):
     return settings.home / "locks" / f"rebuild-{name}.lock"
 
 
-class _RebuildLock:
-    """One rebuild per read model at a time: a file created exclusively under the home folder, naming the
-    process that holds it. A lock whose process is gone (a rebuild killed with kill -9) is taken over."""
+# How long a lock owned by an Airflow run stays taken between two of its tasks (and after its last heartbeat):
+# the scheduler starts the next task well within it; a run killed outright frees the model after it.
+AIRFLOW_LOCK_LEASE = dt.timedelta(minutes=10)
+_HEARTBEAT_S = 60.0
 
-    def __init__(self, settings: Settings, name: str, log: Callable[[str], None]):
+
+def airflow_owner(dag_id: str, run_id: str) -> str:
+    """The lock owner of one Airflow DAG run: every task of that run may take the lock again."""
+    return f"airflow:{dag_id}/{run_id}"
+
+
+class RebuildLock:
+    """One rebuild (or maintenance) of a read model at a time: a file created exclusively under the home folder.
+
+    It names its *owner*: a process (the CLI; ``owner`` None) or an Airflow DAG run (``airflow_owner``), whose
+    tasks are separate processes. A holder is alive while its process runs on this host or, for a run, while
+    its lease lasts (renewed by a heartbeat while a task runs, and set anew by ``hand_over`` when a task ends
+    and the next one of the run follows). A live holder refuses everyone else with a clear message; a dead
+    one's lock (kill -9, a run killed outright) is taken over. ``resume=True``: the lock must still be this
+    owner's (a later task of the same run); if it was lost, RebuildRefused."""
+
+    def __init__(self, settings: Settings, name: str, log: Callable[[str], None] = print, owner: str | None = None,
+                 purpose: str = "rebuild", resume: bool = False):
         self.path = lock_path(settings, name)
         self.name = name
         self.log = log
+        self.owner = owner
+        self.purpose = purpose
+        self.resume = resume
+        self._heartbeat = None
 
-    def __enter__(self):
+    # -- the file ---------------------------------------------------------------------------------------------
+    def _me(self, lease: bool) -> dict:
         import os
         import socket
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        me = {"pid": os.getpid(), "host": socket.gethostname(),
-              "started": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-        for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                holder = self._holder()
-                if holder and holder.get("host") == me["host"] and _alive(holder.get("pid")):
-                    raise RebuildRefused(
-                        f"{self.name}: a rebuild of it is already running (pid {holder['pid']}, started "
-                        f"{holder.get('started', '?')}); wait for it to end (or stop it) and run this again") from None
-                self.log(f"rebuild: {self.name}: an earlier rebuild (pid {holder.get('pid') if holder else '?'}, "
-                         f"started {holder.get('started', '?') if holder else '?'}) stopped without finishing; "
-                         f"taking over")
-                self.path.unlink(missing_ok=True)
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-            return self
-        raise RebuildRefused(f"{self.name}: could not take the rebuild lock {self.path}; try again")
+        now = dt.datetime.now(dt.timezone.utc)
+        me = {"owner": self.owner or f"pid {os.getpid()}", "purpose": self.purpose, "pid": os.getpid(),
+              "host": socket.gethostname(), "started": now.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        if self.owner and lease:
+            me["lease_until"] = (now + AIRFLOW_LOCK_LEASE).isoformat()
+        return me
 
     def _holder(self) -> dict | None:
         try:
@@ -428,8 +472,121 @@ class _RebuildLock:
         except (OSError, ValueError):
             return None
 
+    def _rewrite(self, me: dict) -> None:
+        """Replace the lock's content atomically (a reader sees the old or the new owner record, never half)."""
+        import os
+
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(me))
+        os.replace(tmp, self.path)
+
+    # -- taking and giving back -------------------------------------------------------------------------------
+    def acquire(self) -> "RebuildLock":
+        import os
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            holder = self._holder()
+            if self.owner and holder and holder.get("owner") == self.owner:
+                self._rewrite({**self._me(lease=True), "started": holder.get("started", "?")})  # the same run
+                return self._started()
+            if self.resume:
+                raise RebuildRefused(
+                    f"{self.name}: this run ({self.owner}) no longer holds the rebuild lock {self.path} "
+                    + (f"(now held by {_holder_text(holder)})" if holder else "(it was released or taken over)")
+                    + "; its generation may have been abandoned; run the rebuild again")
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if holder is None:
+                    holder = self._holder()
+                if holder and _holder_alive(holder):
+                    raise RebuildRefused(
+                        f"{self.name}: a {holder.get('purpose', 'rebuild')} of it is already running "
+                        f"({_holder_text(holder)}); wait for it to end (or stop it) and run this again") from None
+                self.log(f"rebuild: {self.name}: an earlier {holder.get('purpose', 'rebuild') if holder else 'rebuild'}"
+                         f" ({_holder_text(holder) if holder else 'unknown holder'}) stopped without finishing; "
+                         f"taking over")
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(self._me(lease=True), f)
+            return self._started()
+        raise RebuildRefused(f"{self.name}: could not take the rebuild lock {self.path}; try again")
+
+    def _started(self) -> "RebuildLock":
+        if self.owner:  # a run's lease is renewed while this task works (e.g. a long fold on another host)
+            import threading
+
+            stop = threading.Event()
+
+            def beat():
+                while not stop.wait(_HEARTBEAT_S):
+                    holder = self._holder()
+                    if not holder or holder.get("owner") != self.owner:
+                        return
+                    self._rewrite({**holder, "lease_until": (dt.datetime.now(dt.timezone.utc)
+                                                             + AIRFLOW_LOCK_LEASE).isoformat()})
+
+            thread = threading.Thread(target=beat, name=f"rebuild-lock-{self.name}", daemon=True)
+            thread.start()
+            self._heartbeat = stop
+        return self
+
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.set()
+            self._heartbeat = None
+
+    def hand_over(self) -> None:
+        """End of a task whose run goes on: keep the lock for the run's next task (lease from now)."""
+        self._stop_heartbeat()
+        holder = self._holder()
+        if holder and holder.get("owner") == self.owner:
+            self._rewrite({**holder, "pid": None, "lease_until": (dt.datetime.now(dt.timezone.utc)
+                                                                  + AIRFLOW_LOCK_LEASE).isoformat()})
+
+    def release(self) -> None:
+        """Give the lock back (only if it is still this owner's)."""
+        import os
+
+        self._stop_heartbeat()
+        holder = self._holder()
+        if holder is None or holder.get("owner") == (self.owner or f"pid {os.getpid()}"):
+            self.path.unlink(missing_ok=True)
+
+    def __enter__(self):
+        return self.acquire()
+
     def __exit__(self, *exc):
-        self.path.unlink(missing_ok=True)
+        self.release()
+
+
+_RebuildLock = RebuildLock  # the name it had before runs could own it
+
+
+def _holder_text(holder: dict) -> str:
+    owner = holder.get("owner") or ""
+    if owner.startswith("airflow:"):
+        lease = holder.get("lease_until")
+        return (f"Airflow run {owner[len('airflow:'):]}, started {holder.get('started', '?')}"
+                + (f", task pid {holder['pid']}" if holder.get("pid") else "")
+                + (f", held until {lease[:19]}Z unless a task of it goes on" if lease else ""))
+    return f"pid {holder.get('pid', '?')}, started {holder.get('started', '?')}"
+
+
+def _holder_alive(holder: dict) -> bool:
+    import socket
+
+    if holder.get("pid") and holder.get("host") == socket.gethostname() and _alive(holder.get("pid")):
+        return True
+    lease = holder.get("lease_until")
+    if lease:
+        try:
+            return dt.datetime.fromisoformat(lease) > dt.datetime.now(dt.timezone.utc)
+        except ValueError:
+            return False
+    return False
 
 
 def _alive(pid) -> bool:
@@ -441,6 +598,135 @@ def _alive(pid) -> bool:
         return False
     except PermissionError:
         return True
+    return True
+
+
+def start_generation(settings: Settings, name: str, by: str, reason: str = "",
+                     log: Callable[[str], None] = print):
+    """Step 0 (under the model's lock): abandon what an earlier rebuild left unfinished (a killed one, a failed
+    run) and reserve the next generation -> (previous current generation number, the new Generation)."""
+    import read_models
+    from eventlake.catalog import Catalog
+
+    read_models.get(name)  # an unknown name fails here, naming the known ones
+    catalog = Catalog(settings)
+    for leftover in catalog.state(name).unfinished:
+        log(f"rebuild: {name}: generation {leftover} was left unfinished by an earlier rebuild; abandoning it")
+        catalog.abandon(name, leftover, by, "left unfinished by an earlier rebuild")
+        catalog.drop(name, leftover, by, "left unfinished by an earlier rebuild")
+    previous = catalog.state(name).current
+    generation = catalog.create_next(name, by, reason or "rebuild from the event archive")
+    log(f"rebuild: {name}: building generation {generation.number} in {generation.table} while generation "
+        f"{previous} keeps serving")
+    return previous, generation
+
+
+def _eta(elapsed: float, done: float, total: float) -> str:
+    if done <= 0 or total <= done:
+        return "ETA 0s" if total and done >= total else "ETA unknown"
+    return f"ETA ~{elapsed * (total - done) / done:.0f}s"
+
+
+def build_generation(spark, settings: Settings, name: str, number: int, by: str,
+                     log: Callable[[str], None] = print) -> BuildResult:
+    """Steps 1-3 on a reserved generation: fold the archive into it, catch it up from Kafka, mark it ready (the
+    live projection writes it too from its next batch) and catch up once more. Progress lines name the events
+    done of the total and an ETA. An error abandons the generation (readers never saw it) and is raised."""
+    import read_models
+    from eventlake.catalog import Catalog
+    from spark_apps import sequence
+    from spark_apps.projection import Projection
+
+    model = read_models.get(name)
+    catalog = Catalog(settings)
+    generation = catalog.generation(name, number)
+    started = time.monotonic()
+    catch_up_name = str(generation.checkpoint.relative_to(settings.checkpoints))
+    targets = {name: FoldTargets(
+        table=str(generation.table), ledger=str(settings.table_path(sequence.ledger_table(catch_up_name))),
+        held=str(settings.table_path(sequence.held_table(catch_up_name))),
+        pending=str(generation.pending) if model.merge_strategy == CURRENT_STATE_BY_VERSION else None,
+        applied=str(generation.applied) if model.merge_strategy == WINDOWED_SUM else None,
+        late=str(generation.late_events) if model.merge_strategy == WINDOWED_SUM else None)}
+    try:
+        folded = fold_archive(spark, settings, [model], targets, log=log)
+        catalog.record_position(name, number, folded.position, by)
+        generation = catalog.generation(name, number)
+
+        def catch_up(step: str) -> int:
+            from event_store import kafka_log
+
+            offsets = catch_up_offsets(settings, folded.position)
+            ends = {tp.partition: end for tp, end in kafka_log.end_offsets(settings, settings.events_topic).items()}
+            waiting = sum(max(0, end - (offsets.get(p, 0) if offsets.get(p, 0) >= 0 else 0))
+                          for p, end in ends.items())
+            log(f"rebuild: {name}: {step}: up to {waiting:,} record(s) in Kafka after the folded position "
+                f"(elapsed {time.monotonic() - started:.0f}s)")
+            projection = Projection(spark, settings, [model], log=log, archive=False,
+                                    generations={name: generation}, checkpoint=generation.checkpoint,
+                                    starting_offsets=offsets)
+            run = projection.run_until_caught_up()
+            log(f"rebuild: {name}: {step}: {run.input_rows:,} event(s) from Kafka after the archive's position "
+                f"in {run.batches} batch(es) (elapsed {time.monotonic() - started:.0f}s)")
+            return run.input_rows
+
+        caught = catch_up("catch-up [1/2]")
+        catalog.mark_ready(name, number, by)
+        caught += catch_up("catch-up [2/2] (the live projection follows it now)")
+    except BaseException:
+        _abandon_quietly(catalog, name, number, by, "the rebuild stopped with an error", log)
+        raise
+    return BuildResult(name, number, folded, caught, time.monotonic() - started)
+
+
+def check_generation(settings: Settings, name: str, number: int, previous: int, by: str,
+                     log: Callable[[str], None] = print) -> list[str]:
+    """Step 4: the model's suite and the reconciliation on generation ``number`` -> the report lines. A failure
+    (or an error) abandons the generation, so readers stay on ``previous``, and raises RebuildFailed."""
+    from eventlake.catalog import Catalog
+    from expectations.checks import verdict
+
+    catalog = Catalog(settings)
+    try:
+        state = catalog.state(name)
+        if number in state.dropped or number in state.abandoned:
+            raise RebuildError(f"{name}: generation {number} was abandoned meanwhile (by another rebuild or "
+                               f"maintenance); run the rebuild again")
+        generation = catalog.generation(name, number)
+        log(f"rebuild: {name}: checking generation {number} (its suite and the reconciliation)")
+        checked = verdict(settings, name, reconcile=True, generation=generation)
+        lines = checked.lines()
+        for line in lines:
+            log(f"rebuild: {name}: {line}")
+    except BaseException:
+        _abandon_quietly(catalog, name, number, by, "its check stopped with an error", log)
+        raise
+    if checked.failed:
+        _abandon_quietly(catalog, name, number, by, "failed its checks", log)
+        raise RebuildFailed(f"{name}: generation {number} failed its checks; readers stay on generation {previous}",
+                            lines)
+    return lines
+
+
+def switch_generation(settings: Settings, name: str, number: int, previous: int, by: str, reason: str = "",
+                      dry_run: bool = False, log: Callable[[str], None] = print) -> bool:
+    """Step 5: make the checked generation current, a compare-and-set against ``previous`` -> switched. A dry run
+    (or a refused switch: another switch or rollback came first) abandons it instead; readers stay."""
+    from eventlake.catalog import Catalog, CatalogRefused
+
+    catalog = Catalog(settings)
+    if dry_run:
+        _abandon_quietly(catalog, name, number, by, "dry run: built and checked, not switched", log)
+        log(f"rebuild: {name}: generation {number} passed its checks (dry run: not switched, dropped); readers stay "
+            f"on generation {previous}")
+        return False
+    try:
+        catalog.switch(name, number, previous, by, reason or "rebuild passed its checks")
+    except CatalogRefused as e:
+        _abandon_quietly(catalog, name, number, by, f"switch refused: {e}", log)
+        raise RebuildError(str(e)) from None
+    log(f"rebuild: {name}: generation {number} is current now; generation {previous} is kept for "
+        f"`eventlake rollback {name}`")
     return True
 
 
@@ -460,69 +746,18 @@ def rebuild(spark, settings: Settings, name: str, by: str = "", reason: str = ""
     read); running it again abandons what the killed one left and starts over. ``dry_run`` does 1-4 and then
     abandons the generation. Two rebuilds of one model at once: the second raises RebuildRefused."""
     import read_models
-    from eventlake.catalog import Catalog
-    from expectations.checks import verdict
-    from spark_apps import sequence
-    from spark_apps.projection import Projection
 
-    model = read_models.get(name)
+    read_models.get(name)
     who = by or "eventlake rebuild"
     started = time.monotonic()
-    with _RebuildLock(settings, name, log):
-        catalog = Catalog(settings)
-        state = catalog.state(name)
-        for leftover in state.unfinished:
-            log(f"rebuild: {name}: generation {leftover} was left unfinished by an earlier rebuild; abandoning it")
-            catalog.abandon(name, leftover, who, "left unfinished by an earlier rebuild")
-            catalog.drop(name, leftover, who, "left unfinished by an earlier rebuild")
-        previous = catalog.state(name).current
-        generation = catalog.create_next(name, who, reason or "rebuild from the event archive")
-        log(f"rebuild: {name}: building generation {generation.number} in {generation.table} while generation "
-            f"{previous} keeps serving")
-        catch_up_name = str(generation.checkpoint.relative_to(settings.checkpoints))
-        targets = {name: FoldTargets(
-            table=str(generation.table), ledger=str(settings.table_path(sequence.ledger_table(catch_up_name))),
-            held=str(settings.table_path(sequence.held_table(catch_up_name))),
-            pending=str(generation.pending) if model.merge_strategy == CURRENT_STATE_BY_VERSION else None,
-            applied=str(generation.applied) if model.merge_strategy == WINDOWED_SUM else None,
-            late=str(generation.late_events) if model.merge_strategy == WINDOWED_SUM else None)}
-        try:
-            folded = fold_archive(spark, settings, [model], targets, log=log)
-            catalog.record_position(name, generation.number, folded.position, who)
-            generation = catalog.generation(name, generation.number)
-
-            def catch_up(step: str) -> int:
-                projection = Projection(spark, settings, [model], log=log, archive=False,
-                                        generations={name: generation}, checkpoint=generation.checkpoint,
-                                        starting_offsets=catch_up_offsets(settings, folded.position))
-                run = projection.run_until_caught_up()
-                log(f"rebuild: {name}: {step}: {run.input_rows:,} event(s) from Kafka after the archive's position "
-                    f"in {run.batches} batch(es)")
-                return run.input_rows
-
-            caught = catch_up("catch-up")
-            catalog.mark_ready(name, generation.number, who)
-            caught += catch_up("catch-up after the live projection follows it")
-            log(f"rebuild: {name}: checking generation {generation.number} (its suite and the reconciliation)")
-            checked = verdict(settings, name, reconcile=True, generation=generation)
-            lines = checked.lines()
-        except BaseException:
-            _abandon_quietly(catalog, name, generation.number, who, "the rebuild stopped with an error", log)
-            raise
-        outcome = RebuildOutcome(name, generation.number, previous, False, folded, caught, 0.0, lines)
-        if checked.failed:
-            _abandon_quietly(catalog, name, generation.number, who, "failed its checks", log)
-            raise RebuildFailed(f"{name}: generation {generation.number} failed its checks; readers stay on "
-                                f"generation {previous}", lines)
-        if dry_run:
-            _abandon_quietly(catalog, name, generation.number, who, "dry run: built and checked, not switched", log)
-        else:
-            catalog.switch(name, generation.number, previous, who, reason or "rebuild passed its checks")
-            outcome.switched = True
-        outcome.seconds = time.monotonic() - started
-        log(f"rebuild: {name}: generation {generation.number} "
-            + ("is current now" if outcome.switched else "passed its checks (dry run: not switched, dropped)")
-            + f"; generation {previous} is kept for `eventlake rollback {name}` ({outcome.seconds:.0f}s in all)")
+    with RebuildLock(settings, name, log):
+        previous, generation = start_generation(settings, name, who, reason, log)
+        built = build_generation(spark, settings, name, generation.number, who, log)
+        lines = check_generation(settings, name, generation.number, previous, who, log)
+        switched = switch_generation(settings, name, generation.number, previous, who, reason, dry_run, log)
+        outcome = RebuildOutcome(name, generation.number, previous, switched, built.fold, built.caught_up_events,
+                                 time.monotonic() - started, lines)
+        log(f"rebuild: {name}: done in {outcome.seconds:.0f}s")
         return outcome
 
 
@@ -530,7 +765,9 @@ def _abandon_quietly(catalog, name: str, number: int, by: str, reason: str, log:
     """Abandon and drop a generation that will not be switched to; a failure here is logged, not raised (the
     next rebuild abandons what is left)."""
     try:
-        catalog.abandon(name, number, by, reason)
+        state = catalog.state(name)
+        if number not in state.abandoned and number not in state.dropped:
+            catalog.abandon(name, number, by, reason)
         catalog.drop(name, number, by, reason)
     except Exception as e:  # noqa: BLE001 -- the original error matters more
         log(f"rebuild: {name}: could not abandon generation {number} ({e}); the next rebuild will")

@@ -1,0 +1,157 @@
+"""Rebuild read models from the event archive into new generations, check them, and switch readers (issue 9).
+
+Trigger it with the form: **read_models** (one or more; each is rebuilt independently, in its own group of
+tasks) and **dry_run** (build and check, then drop the new generation instead of switching). Per read model:
+
+- `rebuild_model.build`: fold the archive into a new generation (its log shows each step with the events done
+  and an ETA), catch it up from Kafka, mark it ready so the live projection writes it too, catch up again;
+- `rebuild_model.check`: its Great Expectations suite and the reconciliation with the log, on the new
+  generation; a failure names the reasons and drops the generation: readers stay on the current one;
+- `rebuild_model.switch`: makes it current in one catalog commit (a compare-and-set); skipped on a dry run.
+
+The run owns the model's rebuild lock from `build` to `switch`: a second rebuild of the same model (another
+run, or `eventlake rebuild` in a shell) is refused with who holds it. What a failed or killed run left is
+abandoned by the next rebuild. Roll back with `eventlake rollback NAME`. The same steps run from a shell:
+`eventlake rebuild NAME... [--dry-run]`. Tables are found through the workers' environment (`EVENTLAKE_HOME`,
+`EVENTLAKE_CONFIG`), as for every eventlake command.
+"""
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import Param, dag, get_current_context, task, task_group
+
+import read_models  # names only: Spark, Kafka and the tables are touched by the tasks
+
+_NAMES = list(read_models.REGISTRY)
+
+
+def _owner() -> str:
+    from spark_apps.rebuild import airflow_owner
+
+    context = get_current_context()
+    return airflow_owner(context["dag"].dag_id, context["run_id"])
+
+
+def _by() -> str:
+    context = get_current_context()
+    return f"airflow {context['dag'].dag_id}/{context['run_id']}"
+
+
+@dag(dag_id="rebuild_read_model", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False,
+     doc_md=__doc__, tags=["eventlake", "rebuild"],
+     params={"read_models": Param(["account_summary"], type="array", title="Read models to rebuild",
+                                  items={"type": "string", "enum": _NAMES}, examples=_NAMES, minItems=1,
+                                  uniqueItems=True, description="each gets a new generation, checked and switched to"),
+             "dry_run": Param(False, type="boolean", title="Dry run",
+                              description="build and check the new generation, then drop it (readers stay)")})
+def rebuild_read_model():
+    @task
+    def choose_read_models() -> list[str]:
+        """The read models of the form (validated by the Param's schema), in order, each once."""
+        names = list(dict.fromkeys(get_current_context()["params"]["read_models"]))
+        print(f"rebuild_read_model: rebuilding {', '.join(names)}"
+              + (" (dry run: nothing is switched)" if get_current_context()["params"]["dry_run"] else ""))
+        return names
+
+    @task_group(group_id="rebuild_model")
+    def rebuild_model(name: str):
+        @task(map_index_template="{{ read_model }}", retries=0)
+        def build(name: str) -> dict:
+            """Fold + catch-ups + mark ready, under the model's lock (kept for this run's next task)."""
+            from airflow.sdk.exceptions import AirflowFailException
+
+            from eventlake.settings import Settings
+            from spark_apps.rebuild import RebuildError, RebuildLock, build_generation, start_generation
+            from spark_apps.session import build_session
+
+            get_current_context()["read_model"] = name
+            settings = Settings.load()
+            lock = RebuildLock(settings, name, log=_log, owner=_owner())
+            try:
+                lock.acquire()
+            except RebuildError as e:
+                raise AirflowFailException(str(e)) from None
+            try:
+                previous, generation = start_generation(settings, name, _by(), "rebuild_read_model DAG", _log)
+                spark = build_session(settings, app_name=f"eventlake-rebuild-{name}", log=_log)
+                try:
+                    built = build_generation(spark, settings, name, generation.number, _by(), _log)
+                finally:
+                    spark.stop()
+            except RebuildError as e:
+                lock.release()
+                raise AirflowFailException(str(e)) from None
+            except BaseException:
+                lock.release()
+                raise
+            lock.hand_over()
+            f = built.fold
+            _log(f"rebuild: {name}: generation {generation.number} built: {f.events:,} archived events folded at "
+                 f"{f.events_per_second:,.0f} events/s, {built.caught_up_events:,} caught up from Kafka "
+                 f"({built.seconds:.0f}s); next: check")
+            return {"name": name, "generation": generation.number, "previous": previous}
+
+        @task(map_index_template="{{ read_model }}", retries=0)
+        def check(built: dict) -> dict:
+            """The suite and the reconciliation on the new generation; a failure drops it (readers stay)."""
+            from airflow.sdk.exceptions import AirflowFailException
+
+            from eventlake.settings import Settings
+            from spark_apps.rebuild import RebuildError, RebuildFailed, RebuildLock, check_generation
+
+            name = built["name"]
+            get_current_context()["read_model"] = name
+            settings = Settings.load()
+            lock = RebuildLock(settings, name, log=_log, owner=_owner(), resume=True)
+            try:
+                lock.acquire()
+            except RebuildError as e:
+                raise AirflowFailException(str(e)) from None
+            try:
+                check_generation(settings, name, built["generation"], built["previous"], _by(), _log)
+            except RebuildFailed as e:
+                lock.release()
+                raise AirflowFailException("\n".join([str(e), *e.lines])) from None
+            except RebuildError as e:
+                lock.release()
+                raise AirflowFailException(str(e)) from None
+            except BaseException:
+                lock.release()
+                raise
+            lock.hand_over()
+            return built
+
+        @task(map_index_template="{{ read_model }}", retries=0)
+        def switch(checked: dict) -> dict:
+            """Make the checked generation current (compare-and-set); on a dry run drop it and skip."""
+            from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+            from eventlake.settings import Settings
+            from spark_apps.rebuild import RebuildError, RebuildLock, switch_generation
+
+            context = get_current_context()
+            name = checked["name"]
+            context["read_model"] = name
+            settings = Settings.load()
+            dry_run = bool(context["params"]["dry_run"])
+            try:
+                with RebuildLock(settings, name, log=_log, owner=_owner(), resume=True):
+                    switched = switch_generation(settings, name, checked["generation"], checked["previous"], _by(),
+                                                 "rebuild_read_model DAG: passed its checks", dry_run, _log)
+            except RebuildError as e:
+                raise AirflowFailException(str(e)) from None
+            if not switched:
+                raise AirflowSkipException(f"dry run: generation {checked['generation']} of {name} passed its "
+                                           f"checks and was dropped; readers stay on {checked['previous']}")
+            return {**checked, "switched": True}
+
+        switch(check(build(name)))
+
+    rebuild_model.expand(name=choose_read_models())
+
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+rebuild_read_model()

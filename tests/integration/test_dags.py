@@ -1,0 +1,134 @@
+"""The DAGs of issue 9 run with `airflow dags test` against the real broker, Spark and Delta: every DAG file
+imports cleanly; `rebuild_read_model` rebuilds, checks and switches (or, on a dry run, leaves readers where they
+are) and owns the rebuild lock across its tasks; `check_read_models` publishes Great Expectations Data Docs."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import read_models
+from eventlake.catalog import Catalog
+from eventlake.generator import GeneratorConfig
+from eventlake.settings import PROJECT_ROOT, Settings
+from infra.airflow import environment
+from spark_apps.rebuild import RebuildLock, RebuildRefused, airflow_owner, lock_path
+from tests.domain_helpers import events_for
+from tests.integration.test_checks import write_folded
+from tests.integration.test_rebuild import project, publish
+from tests.oracle import assert_matches_oracle
+
+pytestmark = pytest.mark.slow
+
+EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
+DAG_IDS = {"check_read_models", "rebuild_read_model", "maintenance"}
+
+
+def eventlake_env(settings: Settings) -> dict:
+    """What a worker's environment says for ``settings``: the same home, broker and topics."""
+    env = dict(os.environ)
+    # This checkout's code (and DAGs folder) first, whatever checkout the console script was installed from.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
+    env.update(EVENTLAKE_HOME=str(settings.home), EVENTLAKE_TOPIC_PREFIX=settings.topic_prefix,
+               EVENTLAKE_TOPIC_PARTITIONS=str(settings.topic_partitions), EVENTLAKE_SPARK_SHUFFLE_PARTITIONS="2")
+    if settings.kafka_bootstrap_servers:
+        env["KAFKA_BOOTSTRAP_SERVERS"] = settings.kafka_bootstrap_servers
+    return env
+
+
+def dags_test(settings: Settings, dag_id: str, conf: dict | None = None) -> subprocess.CompletedProcess:
+    args = [EVENTLAKE, "airflow", "dags", "test", dag_id] + (["-c", json.dumps(conf)] if conf is not None else [])
+    return subprocess.run(args, env=eventlake_env(settings), capture_output=True, text=True, timeout=1200)
+
+
+def output(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout + proc.stderr
+
+
+def test_every_dag_file_imports_cleanly(tmp_path):
+    code = ("import json; from airflow.dag_processing.dagbag import DagBag; from infra.airflow import DAGS_FOLDER\n"
+            "bag = DagBag(dag_folder=str(DAGS_FOLDER))\n"
+            "print(json.dumps({'errors': {k: str(v) for k, v in bag.import_errors.items()},"
+            " 'dags': {d: sorted(t.task_id for t in bag.dags[d].tasks) for d in bag.dags},"
+            " 'params': {d: sorted(bag.dags[d].params) for d in bag.dags}}))")
+    proc = subprocess.run([sys.executable, "-c", code], env=environment(Settings(home=tmp_path)), cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, output(proc)[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["errors"] == {}
+    assert set(found["dags"]) == DAG_IDS
+    assert found["dags"]["rebuild_read_model"] == ["choose_read_models", "rebuild_model.build",
+                                                   "rebuild_model.check", "rebuild_model.switch"]
+    assert found["params"]["rebuild_read_model"] == ["dry_run", "read_models"]
+    assert found["dags"]["maintenance"] == ["maintain_read_model"]
+    assert found["params"]["maintenance"] == ["retention_hours"]
+
+
+def test_a_run_owns_the_lock_across_its_tasks_and_refuses_everyone_else(tmp_path):
+    settings = Settings(home=tmp_path)
+    run = airflow_owner("rebuild_read_model", "manual__1")
+    build = RebuildLock(settings, "payments", log=lambda *_: None, owner=run).acquire()
+    build.hand_over()  # the build task ended; its process is gone, the run goes on
+    holder = json.loads(lock_path(settings, "payments").read_text())
+    assert holder["owner"] == run and holder["pid"] is None and holder["lease_until"]
+    with pytest.raises(RebuildRefused, match=r"already running \(Airflow run rebuild_read_model/manual__1"):
+        RebuildLock(settings, "payments", log=lambda *_: None).acquire()  # a shell's `eventlake rebuild`
+    with pytest.raises(RebuildRefused, match="already running"):
+        RebuildLock(settings, "payments", log=lambda *_: None,
+                    owner=airflow_owner("rebuild_read_model", "manual__2")).acquire()  # another run
+    check = RebuildLock(settings, "payments", log=lambda *_: None, owner=run, resume=True).acquire()  # same run
+    check.release()  # e.g. the check failed: the run is over for this model
+    with pytest.raises(RebuildRefused, match="no longer holds the rebuild lock"):
+        RebuildLock(settings, "payments", log=lambda *_: None, owner=run, resume=True).acquire()
+    # A run killed outright: its lease has run out and no process of it is alive: the next rebuild takes over.
+    lock_path(settings, "payments").write_text(json.dumps({**holder, "lease_until": "2026-01-01T00:00:00+00:00"}))
+    lines = []
+    with RebuildLock(settings, "payments", log=lines.append):
+        pass
+    assert any("taking over" in line for line in lines) and not lock_path(settings, "payments").exists()
+
+
+def test_the_rebuild_dag_switches_readers_to_a_checked_generation_and_a_dry_run_leaves_them(spark, settings):
+    events = events_for(GeneratorConfig(accounts=12, commands=200, seed=29, run_id="dag", late_rate=0.05),
+                        flag_every=9)
+    publish(settings, events[:-30])
+    project(spark, settings)
+    publish(settings, events[-30:])  # in Kafka, not yet archived: the build catches them up
+
+    rebuilt = ["account_summary", "merchant_minute_volume"]
+    proc = dags_test(settings, "rebuild_read_model", {"read_models": rebuilt, "dry_run": False})
+    text = output(proc)
+    assert proc.returncode == 0, text[-6000:]
+    assert "ETA" in text and "steps over" in text and "catch-up [2/2]" in text  # progress in the task log
+    catalog = Catalog(settings)
+    assert {n: catalog.current(n).number for n in read_models.REGISTRY} == {
+        "account_summary": 2, "payments": 1, "merchant_minute_volume": 2, "fraud_alerts": 1}
+    assert_matches_oracle(spark, settings, events, models=[read_models.get(n) for n in rebuilt])
+    assert not any(lock_path(settings, n).exists() for n in rebuilt)
+
+    proc = dags_test(settings, "rebuild_read_model", {"read_models": ["account_summary"], "dry_run": True})
+    assert proc.returncode == 0, output(proc)[-6000:]
+    state = Catalog(settings).state("account_summary")
+    assert state.current == 2 and 3 in state.dropped and "dry run" in output(proc)
+    assert not lock_path(settings, "account_summary").exists()
+
+    # While another rebuild of the model runs (here: this process holds its lock), the DAG's build is refused.
+    with RebuildLock(settings, "payments", log=lambda *_: None):
+        proc = dags_test(settings, "rebuild_read_model", {"read_models": ["payments"], "dry_run": False})
+    assert proc.returncode != 0 and f"already running (pid {os.getpid()}" in output(proc), output(proc)[-4000:]
+    assert Catalog(settings).state("payments").current == 1
+
+
+def test_check_read_models_publishes_data_docs_naming_each_suite(tmp_path):
+    settings = Settings(home=tmp_path)
+    write_folded(settings, events_for(GeneratorConfig(accounts=10, commands=200, seed=4, run_id="docs")))
+    proc = dags_test(settings, "check_read_models")
+    assert proc.returncode == 0, output(proc)[-4000:]
+    index = tmp_path / "data_docs" / "index.html"
+    assert f"Data Docs of every suite: file://{index}" in output(proc)
+    page = index.read_text()
+    for name in read_models.REGISTRY:
+        assert f"validations/{name}/" in page, name
+        assert list((tmp_path / "data_docs" / "validations" / name).glob(f"*/*/{name}.html")), name
