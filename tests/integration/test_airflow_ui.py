@@ -76,6 +76,8 @@ def airflow_standalone(settings, tmp_path):
     env = airflow.environment(settings, base=service_env(settings))
     port = _free_port()
     env.update(AIRFLOW__API__PORT=str(port), AIRFLOW__API__HOST="127.0.0.1",
+               # Task workers talk to the API server's execution API: on this port, not the default 8080.
+               AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
                AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(_free_port()),
                AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(_free_port()),
                AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="True")
