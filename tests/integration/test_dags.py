@@ -23,7 +23,7 @@ from tests.oracle import assert_matches_oracle
 pytestmark = pytest.mark.slow
 
 EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
-DAG_IDS = {"check_read_models", "rebuild_read_model", "maintenance"}
+DAG_IDS = {"check_read_models", "rebuild_read_model", "reprocess_windows", "maintenance"}
 
 
 def eventlake_env(settings: Settings) -> dict:
