@@ -6,12 +6,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: demo test test-fast setup clean
+.PHONY: demo test test-all test-fast setup clean
 
 demo: setup
 	$(BIN)/eventlake demo
 
 test: setup
+	$(BIN)/python -m pytest -m "not heavy"
+
+# Also the heavy tests: Airflow's real services driven through its REST API, the maintenance DAG, kill -9 of a
+# rebuild at each step, the rebuild DAG with `airflow dags test` (about 25 more minutes).
+test-all: setup
 	$(BIN)/python -m pytest
 
 # Unit tests only: no broker, no Spark.

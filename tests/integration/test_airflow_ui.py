@@ -27,7 +27,7 @@ from tests.domain_helpers import events_for
 from tests.integration.services import WORKTREE, service_env
 from tests.oracle import assert_matches_oracle
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
 

@@ -90,6 +90,7 @@ def test_a_run_owns_the_lock_across_its_tasks_and_refuses_everyone_else(tmp_path
     assert any("taking over" in line for line in lines) and not lock_path(settings, "payments").exists()
 
 
+@pytest.mark.heavy
 def test_the_rebuild_dag_switches_readers_to_a_checked_generation_and_a_dry_run_leaves_them(spark, settings):
     events = events_for(GeneratorConfig(accounts=12, commands=200, seed=29, run_id="dag", late_rate=0.05),
                         flag_every=9)

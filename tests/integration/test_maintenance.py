@@ -13,7 +13,7 @@ from tests.integration.test_dags import dags_test, output
 from tests.integration.test_rebuild import project, publish
 from tests.oracle import assert_matches_oracle
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 NAME = "account_summary"
 

@@ -88,6 +88,7 @@ def test_queries_during_a_rebuild_and_its_switch_never_fail_and_see_one_whole_ge
 KILL_AFTER = ("catch-up:", "checking generation")
 
 
+@pytest.mark.heavy
 def test_a_rebuild_killed_at_any_step_leaves_readers_on_a_whole_generation_and_a_rerun_finishes(
         spark, settings, tmp_path):
     events = events_for(GeneratorConfig(accounts=10, commands=120, seed=31, run_id="killed"))
