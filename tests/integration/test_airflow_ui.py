@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 import read_models
-from event_store import kafka_log
 from eventlake.catalog import Catalog
 from eventlake.generator import GeneratorConfig
 from eventlake.query import query_duckdb
@@ -25,6 +24,7 @@ from spark_apps.projection import Projection
 from tests.conftest import _free_port
 from tests.domain_helpers import events_for
 from tests.integration.services import WORKTREE, service_env
+from tests.integration.test_rebuild import publish
 from tests.oracle import assert_matches_oracle
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
@@ -104,12 +104,7 @@ def test_rebuild_read_model_triggered_through_the_rest_api_switches_readers_to_t
         spark, settings, airflow_standalone):
     api, log_path = airflow_standalone
     events = events_for(GeneratorConfig(accounts=8, commands=100, seed=41, run_id="airflow-ui"))
-    kafka_log.ensure_topics(settings, log=lambda *_: None)
-    producer = kafka_log.make_producer(settings)
-    try:
-        kafka_log.produce_all(producer, settings.events_topic, [(e.aggregate_id, e.to_json()) for e in events])
-    finally:
-        producer.close()
+    publish(settings, events)
     Projection(spark, settings, log=lambda *_: None).run_until_caught_up()
     _, before = query_duckdb(settings, "SELECT * FROM account_summary ORDER BY account_id")
 

@@ -13,7 +13,6 @@ import time
 import pytest
 
 import read_models
-from event_store import kafka_log
 from eventlake.catalog import Catalog
 from eventlake.generator import GeneratorConfig
 from eventlake.query import query_duckdb
@@ -21,6 +20,7 @@ from spark_apps.projection import Projection
 from spark_apps.rebuild import lock_path, rebuild
 from tests.domain_helpers import events_for
 from tests.integration.services import WORKTREE, service_env
+from tests.integration.test_rebuild import publish
 from tests.oracle import assert_matches_oracle
 
 pytestmark = pytest.mark.slow
@@ -29,12 +29,7 @@ SUMMARY_SQL = "SELECT * FROM account_summary ORDER BY account_id"
 
 
 def publish_and_project(spark, settings, events):
-    kafka_log.ensure_topics(settings, log=lambda *_: None)
-    producer = kafka_log.make_producer(settings)
-    try:
-        kafka_log.produce_all(producer, settings.events_topic, [(e.aggregate_id, e.to_json()) for e in events])
-    finally:
-        producer.close()
+    publish(settings, events)
     Projection(spark, settings, log=lambda *_: None).run_until_caught_up()
 
 
