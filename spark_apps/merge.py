@@ -13,11 +13,18 @@ WINDOWED_SUM: events not yet in the model's ``_applied`` ledger are split by the
 added to their window, late ones are recorded in ``late_events``; then the ledger records them all.
 The target is always written before its bookkeeping table (pending / applied), so a crash in between
 leaves bookkeeping that the re-run batch rewrites, never a row counted twice.
+
+A write that loses a commit race (Delta's optimistic concurrency: maintenance's OPTIMIZE, a reprocess's
+``replaceWhere`` or a schema change committed between the write's read and its commit) is not an error of the
+batch: ``apply`` runs the model's part of the batch again, up to ``COMMIT_ATTEMPTS`` times. That is the path a
+re-run batch takes after a crash: what committed is skipped by its idempotent-write id, the rest is redone
+against the table as it now stands.
 """
 from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,8 +32,18 @@ from pathlib import Path
 from eventlake.catalog import SHARED_LATE_EVENTS_TABLE, Generation, legacy_generation
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
-__all__ = ["BatchContext", "apply", "ensure_table", "bookkeeping_tables", "LATE_EVENTS_TABLE", "watermark_delay",
+__all__ = ["BatchContext", "apply", "commit_conflict", "COMMIT_ATTEMPTS", "ensure_table", "bookkeeping_tables", "LATE_EVENTS_TABLE", "watermark_delay",
            "windowed_watermark", "newest_event_time_on_clock"]
+
+# How often a model's part of a batch is run when its commits keep losing races, and the pause before each retry.
+COMMIT_ATTEMPTS = 6
+RETRY_PAUSE_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+
+# Delta's commit conflicts that another run of the same write resolves. Not ConcurrentTransactionException:
+# that is another writer with the same idempotent-write id (two copies of one projection), which must stop.
+RETRIED_CONFLICTS = ("ConcurrentAppendException", "ConcurrentDeleteReadException",
+                     "ConcurrentDeleteDeleteException", "ConcurrentWriteException", "MetadataChangedException",
+                     "DeltaConcurrentModificationException")
 
 # The logical name readers query (the union of the current generations' late events); generation 1's table.
 LATE_EVENTS_TABLE = SHARED_LATE_EVENTS_TABLE
@@ -50,8 +67,11 @@ class BatchContext:
     a model not in it is at generation 1, the layout from before generations)."""
 
     def __init__(self, spark, settings, app_id: str, projection: str, batch_id: int, input_rows: int,
-                 steps: dict[str, float] | None = None, generations: dict[str, Generation] | None = None):
+                 steps: dict[str, float] | None = None, generations: dict[str, Generation] | None = None,
+                 log=None):
         self.spark, self.settings, self.app_id = spark, settings, app_id
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.retries = 0  # parts of this batch run again after losing a commit race
         self.projection, self.batch_id, self.input_rows = projection, batch_id, input_rows
         self.steps = {} if steps is None else steps  # step name -> seconds, summed: where a batch's time goes
         self.generations = dict(generations or {})
@@ -126,8 +146,48 @@ def bookkeeping_tables(model: ReadModel, event_row_schema, generation: Generatio
     return {}
 
 
-def apply(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]:
-    """Fold ``events`` (valid event rows of any type) into ``model``'s table; returns counts for progress."""
+def commit_conflict(error: BaseException) -> str | None:
+    """The name of the Delta commit conflict ``error`` is (or is caused by), if another run resolves it."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        names = {cls.__name__ for cls in type(error).__mro__}
+        text = str(error)[:2000]
+        for name in RETRIED_CONFLICTS:
+            if name in names or f"io.delta.exceptions.{name}" in text or f"[DELTA_{_snake(name)}" in text:
+                return name
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _snake(name: str) -> str:
+    """ConcurrentAppendException -> CONCURRENT_APPEND (the start of Delta's error class)."""
+    import re
+
+    words = re.findall(r"[A-Z][a-z]*", name.removesuffix("Exception"))
+    return "_".join(w.upper() for w in words)
+
+
+def apply(ctx: BatchContext, model: ReadModel, events, attempts: int = COMMIT_ATTEMPTS) -> dict[str, int]:
+    """Fold ``events`` (valid event rows of any type) into ``model``'s table; returns counts for progress.
+    A commit race lost to another writer of the model's tables runs the model's part again (module docstring)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return _apply_once(ctx, model, events)
+        except Exception as e:  # noqa: BLE001 -- only commit conflicts are retried; the rest is raised as is
+            conflict = commit_conflict(e)
+            if conflict is None or attempt == attempts:
+                raise
+            pause = RETRY_PAUSE_S[min(attempt, len(RETRY_PAUSE_S)) - 1]
+            ctx.retries += 1
+            ctx.log(f"{ctx.projection}: batch {ctx.batch_id}: {model.name}: a commit lost a race with another "
+                    f"writer ({conflict}); running this model's part of the batch again in {pause:.1f}s "
+                    f"(attempt {attempt + 1} of {attempts})")
+            time.sleep(pause)
+    raise AssertionError("unreachable")
+
+
+def _apply_once(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]:
     from pyspark.sql import functions as F
 
     mine = events.filter(F.col("event_type").isin(*model.event_types))

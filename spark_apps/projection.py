@@ -184,7 +184,7 @@ class Projection:
                 events, dead = split_checked(checked)
                 generations = self._generations_for_batch(spark, batch_id) if self.models else {}
                 ctx = BatchContext(spark, self.settings, app_id, self.name, batch_id, input_rows=-1, steps=steps,
-                                   generations={name: gs[0] for name, gs in generations.items()})
+                                   generations={name: gs[0] for name, gs in generations.items()}, log=self.log)
                 has_dead = not dead.isEmpty()  # the first pass over the batch: it also fills the cache
                 steps["read, parse, cache"] = steps.get("read, parse, cache", 0.0) + time.monotonic() - started
                 if has_dead:
@@ -230,7 +230,7 @@ class Projection:
                 session = self._model_sessions[key] = spark.newSession()
             events = session.table(f"global_temp.{view}")
             own = BatchContext(session, self.settings, ctx.app_id, ctx.projection, ctx.batch_id, ctx.input_rows,
-                               steps=ctx.steps, generations={model.name: generation})
+                               steps=ctx.steps, generations={model.name: generation}, log=ctx.log)
             self._apply_timed(own, model, events)
 
         try:

@@ -59,6 +59,7 @@ class WatermarkStatus:
     late: int                           # events recorded in late_events instead of their window
     clock: datetime
     delay: str
+    reprocessed: int = 0                # of the late ones: folded back into their windows by `eventlake reprocess`
 
 
 def watermark_statuses(settings: Settings, now: datetime | None = None) -> list[WatermarkStatus]:
@@ -93,8 +94,25 @@ def watermark_statuses(settings: Settings, now: datetime | None = None) -> list[
             ahead = ledger.count_rows(filter=ds.field("event_time") > clock)
             late = ledger.count_rows(filter=ds.field("_late"))
         out.append(WatermarkStatus(model.name, windowed_watermark(newest_on_clock, watermark_delay(model)),
-                                   newest_on_clock, newest_event, ahead, late, clock, model.watermark_delay))
+                                   newest_on_clock, newest_event, ahead, late, clock, model.watermark_delay,
+                                   _reprocessed(current[model.name], model.name) if late else 0))
     return out
+
+
+def _reprocessed(generation: Generation, name: str) -> int:
+    """How many of the model's late events a reprocess has folded back in (``late_events.reprocessed_at`` set)."""
+    import pyarrow.dataset as ds
+
+    from eventlake.tables import dataset
+    from spark_apps.reprocess import REPROCESSED_AT
+
+    path = generation.late_events
+    if not (path / "_delta_log").is_dir():
+        return 0
+    late = dataset(path)
+    if REPROCESSED_AT not in late.schema.names:  # no reprocess has run on it yet
+        return 0
+    return late.count_rows(filter=(ds.field("read_model") == name) & ds.field(REPROCESSED_AT).is_valid())
 
 
 def generation_lines(settings: Settings) -> list[str]:
@@ -227,7 +245,8 @@ def render(settings: Settings) -> str:
                      f"{_iso(w.newest_on_clock)}, its minute's end - {w.delay}); newest event time applied "
                      f"{_iso(w.newest_event_time)}; {ahead} ahead of the clock ({_iso(w.clock)}: counted in their "
                      f"windows, they move the watermark only to their recording time); {w.late:,} late (in "
-                     f"{LATE_EVENTS_TABLE})")
+                     f"{LATE_EVENTS_TABLE}" + (f"; {w.reprocessed:,} of them since folded back in by eventlake "
+                                               f"reprocess" if w.reprocessed else "") + ")")
     lines.extend(quarantine_lines(settings))
     lines.append("read models (eventlake catalog lists every generation; eventlake rollback NAME goes one back):")
     lines.extend(generation_lines(settings))

@@ -19,6 +19,7 @@ from eventlake.settings import Settings
 from expectations.reconciliation import reconcile
 from read_models.sequence import sequence
 from spark_apps.projection import Projection
+from spark_apps.status import render, watermark_statuses
 from spark_apps.reprocess import REPROCESSED_AT, ReprocessError, ReprocessRefused, reprocess, validate
 from tests.domain_helpers import events_for
 
@@ -119,6 +120,11 @@ def test_a_reprocess_folds_the_late_events_of_exactly_its_range_and_a_second_run
     assert strip(late_after) == strip(late_before)  # recorded, not lost: only the mark is new
     checked = reconcile(settings, NAME)
     assert checked.success, checked.lines()
+    # eventlake status tells the late events still out of their windows from those folded back in.
+    status = next(w for w in watermark_statuses(settings) if w.name == NAME)
+    assert (status.late, status.reprocessed) == (len(late_before), len(late_in))
+    assert f"{len(late_before):,} late (in late_events; {len(late_in):,} of them since folded back in by " \
+           f"eventlake reprocess)" in render(settings)
 
     # Again: the same fold, so no commit and no mark.
     table_path, late_path = Catalog(settings).current(NAME).table, Catalog(settings).current(NAME).late_events
