@@ -338,6 +338,46 @@ def _cmd_reprocess(settings: Settings, args) -> int:
     return 0
 
 
+def _cmd_maintenance(settings: Settings, args) -> int:
+    """What the maintenance DAG does, by hand: drop generations beyond the last two, OPTIMIZE and VACUUM the
+    tables of those kept (spark_apps/maintenance.py). Exit 1 when a model was skipped or a step not done."""
+    import read_models
+    from spark_apps.maintenance import DEFAULT_RETENTION_HOURS, MaintenanceError
+
+    names = args.models or list(read_models.REGISTRY)
+    unknown = [n for n in names if n not in read_models.REGISTRY]
+    if unknown:
+        print(f"eventlake maintenance: unknown read model(s) {', '.join(unknown)}; known: "
+              f"{', '.join(read_models.REGISTRY)}", file=sys.stderr)
+        return 2
+    if args.retention_hours < DEFAULT_RETENTION_HOURS:  # told before a Spark session is started
+        print(f"eventlake maintenance: --retention-hours {args.retention_hours}: below Delta's default retention of "
+              f"{DEFAULT_RETENTION_HOURS} hours (readers and writers in flight could lose files)", file=sys.stderr)
+        return 2
+    from spark_apps.maintenance import maintain
+    from spark_apps.session import build_session
+
+    spark = build_session(settings, app_name="eventlake-maintenance")
+    incomplete = []
+    try:
+        for name in names:
+            try:
+                report = maintain(spark, settings, name, args.retention_hours, by=_who(args), log=lambda _: None)
+            except MaintenanceError as e:
+                print(f"eventlake maintenance: {e}", file=sys.stderr)
+                return 2
+            print("\n".join(report.lines()), flush=True)
+            if report.skipped or report.problems:
+                incomplete.append(name)
+    finally:
+        spark.stop()
+    if incomplete:
+        print(f"eventlake maintenance: not complete for {', '.join(incomplete)} (see above); run it again later",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_catalog(settings: Settings, args) -> int:
     """Each read model's current generation and every change of the catalog."""
     from eventlake.catalog import Catalog, CatalogError
@@ -540,6 +580,18 @@ def build_parser() -> argparse.ArgumentParser:
                                                                          "2026-01-02T00:00:00Z")
     p.add_argument("--by", help="who asks (default: the current user)")
     p.set_defaults(run=_cmd_reprocess)
+
+    p = sub.add_parser("maintenance", help="drop generations beyond the last two; OPTIMIZE and VACUUM the tables "
+                                           "of those kept (what the maintenance DAG runs daily)",
+                       description="Per read model, under its rebuild lock (a model being rebuilt is skipped): drops "
+                                   "every generation but the current one and the rollback target, compacts their "
+                                   "tables (no data change) and vacuums files unreferenced for longer than the "
+                                   "retention. Exit 1 when a model was skipped or a step not done (run it again).")
+    p.add_argument("models", nargs="*", help="read models (default: all)")
+    p.add_argument("--retention-hours", type=int, default=168,
+                   help="VACUUM retention, at least Delta's default of 168 hours (default: 168)")
+    p.add_argument("--by", help="who runs it (default: the current user)")
+    p.set_defaults(run=_cmd_maintenance)
 
     p = sub.add_parser("rollback", help="switch a read model back to its previous generation (one catalog commit)")
     p.add_argument("name", help="the read model")

@@ -146,6 +146,9 @@ def _vacuum(spark, path: str, retention_hours: int, report: MaintenanceReport, l
 
     try:
         before = _file_count(path)
+        # Delta 4 ignores VACUUM's retention argument unless this (internal) switch is off, and keeps the table's
+        # deletedFileRetentionDuration (a week) instead: a longer retention asked for would silently not apply.
+        spark.conf.set("spark.databricks.delta.vacuum.retentionWindowIgnore.enabled", "false")
         DeltaTable.forPath(spark, path).vacuum(float(retention_hours))
         after = _file_count(path)
         what = f"{before - after} unreferenced file(s) older than {retention_hours}h deleted"

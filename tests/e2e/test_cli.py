@@ -61,6 +61,26 @@ def test_demo_then_sql_query(env, settings):
     assert bad.returncode == 2
     assert "nope" in bad.stderr and "account_summary" in bad.stderr
 
+    # Maintenance by hand: the demo's tables got one commit per batch; compaction changes no answer.
+    maintained = run(["maintenance", "account_summary", "payments"], env)
+    assert maintained.returncode == 0, maintained.stdout[-3000:] + maintained.stderr[-3000:]
+    for name in ("account_summary", "payments"):
+        assert f"maintenance: {name}: generation 1 is current; kept 1; dropped none" in maintained.stdout
+        assert re.search(rf"vacuum \S+/{name}: 0 unreferenced file\(s\) older than 168h deleted", maintained.stdout)
+    assert re.search(r"optimize \S+/payments: \d+ file\(s\) compacted into 1", maintained.stdout), maintained.stdout
+    again = run(["query", f"SELECT count(*) AS n, sum(version) AS versions FROM account_summary "
+                          f"WHERE account_id LIKE 'acc-{run_id}-%'"], env)
+    assert again.stdout == query.stdout
+
+
+def test_maintenance_refuses_bad_input_before_starting_spark(env):
+    unknown = run(["maintenance", "account_sumary"], env)
+    assert unknown.returncode == 2
+    assert "unknown read model(s) account_sumary; known: account_summary" in unknown.stderr
+    short = run(["maintenance", "--retention-hours", "24"], env)
+    assert short.returncode == 2
+    assert "--retention-hours 24: below Delta's default retention of 168 hours" in short.stderr
+
 
 def test_query_before_any_table_exists_says_what_to_do(env):
     result = run(["query", "SELECT 1"], env)
