@@ -5,7 +5,8 @@ A task recomputes the windows of its interval from the event archive, late event
 that range of the model's current generation in one Delta commit (none when nothing differs, so re-running a day
 is safe); the late events it folded in get `late_events.reprocessed_at`. The task log shows each step and a
 summary (windows replaced, late events folded in, seconds).
-A day whose windows are not all closed yet (the watermark has not passed its end) fails its task with the
+A closed day with no late event waiting is skipped without starting Spark (the log says so), so a catch-up over
+months of quiet days is quick. A day whose windows are not all closed yet (the watermark has not passed its end) fails its task with the
 watermark in the log; the run can be cleared later. With `catchup=True` every day since the start date gets its
 run, oldest first, one at a time. Where the tables are comes from the workers' environment (`EVENTLAKE_HOME`,
 `EVENTLAKE_CONFIG`), as for every eventlake command.
@@ -34,13 +35,22 @@ def reprocess_windows():
         from airflow.sdk.exceptions import AirflowFailException
 
         from eventlake.settings import Settings
-        from spark_apps.reprocess import ReprocessError, ReprocessRefused, reprocess
+        from spark_apps.reprocess import ReprocessError, ReprocessRefused, late_events_waiting, reprocess
         from spark_apps.session import build_session
 
         context = get_current_context()
         context["table"] = name
         start, end = context["data_interval_start"], context["data_interval_end"]
         settings = Settings.load()
+        try:
+            waiting, watermark = late_events_waiting(settings, name, start, end)
+        except ReprocessError as e:
+            raise AirflowFailException(str(e)) from None
+        if waiting == 0 and watermark is not None and watermark >= end:
+            print(f"reprocess: {name}: no late event of {start:%Y-%m-%dT%H:%M}Z .. {end:%Y-%m-%dT%H:%M}Z waits to be "
+                  f"folded in and its windows are closed (watermark {watermark:%Y-%m-%dT%H:%M:%S}Z): skipped",
+                  flush=True)
+            return {"read_model": name, "skipped": "no late events waiting", "late_folded": 0}
         spark = build_session(settings, app_name=f"eventlake-reprocess-{name}")
         try:
             outcome = reprocess(spark, settings, name, start, end, by=f"airflow reprocess_windows {context['run_id']}",

@@ -20,7 +20,8 @@ from expectations.reconciliation import reconcile
 from read_models.sequence import sequence
 from spark_apps.projection import Projection
 from spark_apps.status import render, watermark_statuses
-from spark_apps.reprocess import REPROCESSED_AT, ReprocessError, ReprocessRefused, reprocess, validate
+from spark_apps.reprocess import (REPROCESSED_AT, ReprocessError, ReprocessRefused, late_events_waiting, reprocess,
+                                  validate)
 from tests.domain_helpers import events_for
 
 NAME = "merchant_minute_volume"
@@ -101,6 +102,9 @@ def test_a_reprocess_folds_the_late_events_of_exactly_its_range_and_a_second_run
                                                r"closed: windows ending after the watermark 2026-01-02T00:"):
         reprocess(spark, settings, NAME, "2026-01-01T22:00", "2026-01-02T02:00Z", log=lambda *_: None)
 
+    waiting, watermark = late_events_waiting(settings, NAME, utc(T1), utc(T2))
+    assert waiting == len(late_in) and watermark >= utc(T2)
+
     lines = []
     outcome = reprocess(spark, settings, NAME, utc(T1), utc(T2), by="test", log=lines.append)
     assert [line.split("]")[0] for line in lines[:-1]] == [f"reprocess: [{k}/5" for k in range(1, 6)]
@@ -120,6 +124,7 @@ def test_a_reprocess_folds_the_late_events_of_exactly_its_range_and_a_second_run
     assert strip(late_after) == strip(late_before)  # recorded, not lost: only the mark is new
     checked = reconcile(settings, NAME)
     assert checked.success, checked.lines()
+    assert late_events_waiting(settings, NAME, utc(T1), utc(T2))[0] == 0
     # eventlake status tells the late events still out of their windows from those folded back in.
     status = next(w for w in watermark_statuses(settings) if w.name == NAME)
     assert (status.late, status.reprocessed) == (len(late_before), len(late_in))
@@ -182,3 +187,12 @@ def test_the_dag_reprocesses_its_data_interval(spark, projected):
     assert {i for i, r in late_events(spark, settings).items()
             if in_range(r["event_time"], day, next_day) and r[REPROCESSED_AT] is not None} == late_day
     assert reconcile(settings, NAME).success
+
+    # The same day again: every late event of it is folded in, so the task is skipped without starting Spark.
+    again = subprocess.run([sys.executable, "-m", "eventlake.cli", "airflow", "dags", "test", "reprocess_windows",
+                            "2026-01-02"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out[-6000:]
+    assert f"reprocess: {NAME}: no late event of 2026-01-01T00:00Z .. 2026-01-02T00:00Z waits to be folded in and " \
+           f"its windows are closed" in out, out[-6000:]
+    assert "eventlake-reprocess-" not in out  # no Spark session was started
