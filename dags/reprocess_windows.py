@@ -6,9 +6,9 @@ that range of the model's current generation in one Delta commit (none when noth
 is safe); the late events it folded in get `late_events.reprocessed_at`. The task log shows each step and a
 summary (windows replaced, late events folded in, seconds).
 A closed day with no late event waiting is skipped without starting Spark (the log says so), so a catch-up over
-months of quiet days is quick. A day whose windows are not all closed yet (the watermark has not passed its end) fails its task with the
-watermark in the log; the run can be cleared later. With `catchup=True` every day since the start date gets its
-run, oldest first, one at a time. Where the tables are comes from the workers' environment (`EVENTLAKE_HOME`,
+months of quiet days is quick. A day whose windows are not all closed yet (the watermark has not passed its end)
+fails its task with the watermark in the log; the run can be cleared later. With `catchup=True` every day since
+the start date gets its run, oldest first, one at a time. Where the tables are comes from the workers' environment (`EVENTLAKE_HOME`,
 `EVENTLAKE_CONFIG`), as for every eventlake command.
 The same from a shell: `eventlake reprocess merchant_minute_volume --from 2026-01-01 --to 2026-01-02`.
 """

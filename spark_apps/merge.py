@@ -32,8 +32,8 @@ from pathlib import Path
 from eventlake.catalog import SHARED_LATE_EVENTS_TABLE, Generation, legacy_generation
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
-__all__ = ["BatchContext", "apply", "commit_conflict", "COMMIT_ATTEMPTS", "ensure_table", "bookkeeping_tables", "LATE_EVENTS_TABLE", "watermark_delay",
-           "windowed_watermark", "newest_event_time_on_clock"]
+__all__ = ["BatchContext", "apply", "commit_conflict", "COMMIT_ATTEMPTS", "ensure_table", "bookkeeping_tables",
+           "LATE_EVENTS_TABLE", "watermark_delay", "windowed_watermark", "newest_event_time_on_clock"]
 
 # How often a model's part of a batch is run when its commits keep losing races, and the pause before each retry.
 COMMIT_ATTEMPTS = 6

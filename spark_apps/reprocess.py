@@ -35,8 +35,7 @@ from eventlake.settings import Settings
 from read_models.spec import WINDOWED_SUM, ReadModel
 
 __all__ = ["ReprocessError", "ReprocessRefused", "ReprocessOutcome", "WINDOW", "parse_bound", "validate",
-           "late_events_waiting",
-           "reprocess", "REPROCESSED_AT"]
+           "late_events_waiting", "reprocess", "REPROCESSED_AT"]
 
 # The windows of a windowed model are event-time minutes (its fold: date_trunc('minute'), window_end = +1 minute).
 WINDOW = dt.timedelta(minutes=1)

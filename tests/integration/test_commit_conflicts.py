@@ -3,8 +3,8 @@ between the MERGE's read and its commit) runs again instead of stopping the proj
 table ends as if no race had happened.
 
 The race is made deterministic: the batch's events pass a Python filter that, while Delta's MERGE job is
-running (Spark's job description says so: "MERGE operation - materialize source"), compacts the target table once with delta-rs -- a second writer
-committing in the middle of the MERGE."""
+running (Spark's job description says so: "MERGE operation - materialize source"), compacts the target table
+once with delta-rs -- a second writer committing in the middle of the MERGE."""
 import os
 from pathlib import Path
 
