@@ -86,7 +86,7 @@ class HandlerStats:
     batch_retries: int = 0  # batches redone one command per transaction
     command_retries: int = 0  # failed transactions of a single command
     unreadable_events: int = 0  # events records a rebuild could not read (their accounts are quarantined)
-    repeated_events: int = 0  # events at a version already taken (the same event again, or a forged one)
+    repeated_events: int = 0  # an event id seen before, or an event at a version already taken (forged)
     unreadable_results: int = 0  # command-results records a rebuild skipped
     producers_renewed: int = 0  # producers replaced after a fatal error that was no fence
     consumers_renewed: int = 0  # consumers replaced after not rejoining their group (see _REJOIN_WAIT_S)
@@ -98,7 +98,7 @@ class HandlerStats:
         faults = {"too large": self.too_large, "not writable": self.unwritable,
                   "batches redone one by one": self.batch_retries, "single-command retries": self.command_retries,
                   "unreadable events (accounts quarantined)": self.unreadable_events,
-                  "events at a taken version skipped": self.repeated_events,
+                  "repeated or conflicting events skipped": self.repeated_events,
                   "unreadable results skipped": self.unreadable_results,
                   "producers renewed after a fatal error": self.producers_renewed,
                   "consumers renewed after not rejoining their group": self.consumers_renewed}
@@ -633,8 +633,13 @@ class CommandHandler:
 
     def _apply_logged(self, part: PartitionState, event: EventEnvelope, record) -> None:
         """Fold an event read from the log by the rule the read models apply (read_models.sequence): each
-        account's versions once and in order; the first event at a version takes it (a repeat or a different
-        event at a taken version counts nowhere); an event after a gap waits until the gap is filled."""
+        account's versions once and in order; an event id seen before counts once, wherever its repeat claims to
+        be; the first event at a version takes it (a different event at a taken version counts nowhere); an event
+        after a gap waits until the gap is filled."""
+        if event.event_id in part.event_ids:
+            self.stats.repeated_events += 1
+            return
+        part.event_ids.add(event.event_id)
         state = part.account(event.aggregate_id)
         version = event.aggregate_version
         if version <= state.version:
@@ -908,6 +913,8 @@ class CommandHandler:
         for part, result in staged_results.values():
             if result.aggregate_id and result.error_type != "InvalidCommand":
                 part.remember(result)
+                if result.event_ids:
+                    part.event_ids.update(result.event_ids)
         for name in ("commands", "accepted", "rejected", "duplicates", "dead_lettered", "events", "too_large"):
             setattr(self.stats, name, getattr(self.stats, name) + getattr(stats, name))
         self.stats.transactions += 1

@@ -26,6 +26,10 @@ from event_store.envelope import CommandResult, InvalidRecord, dumps
 __all__ = ["PartitionState", "snapshot_records", "load_snapshot"]
 
 _CHUNK_BYTES = 512 * 1024  # well under the broker's default max.message.bytes (1 MiB)
+# Snapshots of an older layout (without the partition's event ids) are not loaded: the partition is rebuilt
+# from its log instead, once, and snapshotted anew.
+_FORMAT = 2
+_IDS_PER_ENTRY = 10_000
 
 
 @dataclass
@@ -43,6 +47,10 @@ class PartitionState:
     # Per account, events read from the log after a gap (version -> event), applied once the gap is filled
     # (read_models.sequence). Only records written around the handler make gaps; not kept in snapshots.
     waiting: dict[str, dict] = field(default_factory=dict)
+    # The id of every event of this partition the log holds (read back or written by this handler): a record
+    # repeating one of them counts once, wherever its repeat claims to be (read_models.sequence); an account's
+    # records all live in its partition. Kept in snapshots, so a repeat of an id from before one is caught too.
+    event_ids: set[str] = field(default_factory=set)
 
     def account(self, account_id: str) -> AccountState:
         return self.accounts.get(account_id) or AccountState(account_id)
@@ -102,10 +110,18 @@ def snapshot_records(part: PartitionState) -> list[tuple[bytes, bytes]]:
             size = 0
         chunks[-1].append(entry)
         size += len(entry) + 1
+    ids = sorted(part.event_ids)
+    for i in range(0, len(ids), _IDS_PER_ENTRY):
+        entry = dumps({"event_ids": ids[i:i + _IDS_PER_ENTRY]})
+        if size + len(entry) > _CHUNK_BYTES and chunks[-1]:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(entry)
+        size += len(entry) + 1
     p = part.partition
     head = b'{"snapshot_id":' + dumps(snapshot_id) + b',"accounts":['
     records = [(f"{p}/{i}".encode(), head + b",".join(chunk) + b"]}") for i, chunk in enumerate(chunks)]
-    manifest = {"snapshot_id": snapshot_id, "partition": p, "chunks": len(chunks),
+    manifest = {"snapshot_id": snapshot_id, "format": _FORMAT, "partition": p, "chunks": len(chunks),
                 "events_offset": part.events_offset, "results_offset": part.results_offset,
                 "accounts": len(part.accounts)}
     records.append((str(p).encode(), json.dumps(manifest).encode()))
@@ -129,6 +145,8 @@ def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionSt
     if manifest_raw is None:
         return None
     manifest = json.loads(manifest_raw)
+    if manifest.get("format") != _FORMAT:
+        return None
     part = PartitionState(partition, events_offset=manifest["events_offset"],
                           results_offset=manifest["results_offset"], window=window)
     for i in range(manifest["chunks"]):
@@ -137,6 +155,9 @@ def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionSt
             raise InvalidRecord(f"snapshot {manifest['snapshot_id']} of partition {partition}: chunk {i} is "
                                 f"missing or from another snapshot; delete the snapshot key to rebuild from the log")
         for entry in chunk["accounts"]:
+            if "event_ids" in entry:
+                part.event_ids.update(entry["event_ids"])
+                continue
             if entry["state"] is not None:
                 state = entry["state"]
                 state["payment_ids"] = pset(state.get("payment_ids") or ())

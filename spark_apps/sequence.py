@@ -7,7 +7,8 @@ is a version conflict and goes to the dead letters naming both event ids; events
 same admitted events, no model can count an event another one ignores.
 
 Bookkeeping per projection: ``_sequence/<projection>``, the ledger of admitted (aggregate_id,
-aggregate_version, event_id) with the batch that admitted them. The ledger is written before the read models,
+aggregate_version, event_id) with the batch that admitted them; an event id it holds counts once, whatever
+version a later record with that id claims. The ledger is written before the read models,
 so a batch re-run after a crash finds its own admissions there (``admitted_by``) and hands them on again; the
 models' writes are idempotent. Common path (every aggregate's events continue its head without a repeat):
 one aggregation of the batch and one of the ledger's heads, no sort, no window.
@@ -60,7 +61,16 @@ def admit(ctx, events, projection: str) -> Admission:
     candidates = events if held is None else events.unionByName(held)
     with ctx.timed("sequence: check"):
         if held is not None or _may_repeat(candidates, "event_id"):
-            candidates = candidates.dropDuplicates(["event_id"])
+            # The first record with an id in log order counts (a repeat under another version is no new event).
+            first = Window.partitionBy("event_id").orderBy("kafka_partition", "kafka_offset")
+            candidates = (candidates.withColumn("_once", F.row_number().over(first))
+                          .filter("_once = 1").drop("_once"))
+        # An id an earlier batch admitted counts once, wherever its repeat claims to be: a replay at its own
+        # version, or a forged copy under another one. A batch re-run after a crash keeps its own admissions.
+        ids = candidates.select("event_id")
+        admitted_before = (ledger.filter(F.col("admitted_by") != admitted_by).select("event_id")
+                           .join(ids, "event_id", "left_semi"))
+        candidates = candidates.join(admitted_before, "event_id", "left_anti")
         heads = ledger.groupBy("aggregate_id").agg(F.max("aggregate_version").alias("_head"))
         # An aggregate continues its head simply when its versions are head+1 .. last, each once: as many
         # events as distinct versions (else two events share a version: a conflict, even when the count alone

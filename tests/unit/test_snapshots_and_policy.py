@@ -22,6 +22,7 @@ def a_partition(accounts=50, results_per_account=5, window=3) -> PartitionState:
         for j in range(results_per_account):
             part.remember(CommandResult(f"c-{i}-{j}", aid, "accepted", j + 1, (event_id_for(f"c-{i}-{j}", 0),),
                                         recorded_at="2026-01-01T00:00:00.000Z"))
+            part.event_ids.add(event_id_for(f"c-{i}-{j}", 0))
     return part
 
 
@@ -44,6 +45,7 @@ def test_a_snapshot_round_trips_through_its_records_even_in_several_chunks(monke
     back = load_snapshot(older + records, 1, window=3)  # the latest manifest wins; stale chunks are ignored
     assert (back.events_offset, back.results_offset) == (123, 456)
     assert back.accounts == part.accounts
+    assert back.event_ids == part.event_ids and len(back.event_ids) == 250
     assert {a: [back.first_result(a, c) for c in list(r)] for a, r in back.results.items()} == \
         {a: [part.first_result(a, c) for c in list(r)] for a, r in part.results.items()}
     assert load_snapshot(records, 2, window=3) is None
