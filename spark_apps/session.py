@@ -67,7 +67,13 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print):
                    .config("spark.jars.ivy", str(ivy))
                    .config("spark.driver.memory", settings.spark_driver_memory)
                    .config("spark.ui.enabled", "false")
-                   .config("spark.ui.showConsoleProgress", "false"))
+                   .config("spark.ui.showConsoleProgress", "false")
+                   # No UI is served, yet Spark keeps the plans and metrics of the last 1,000 queries, jobs
+                   # and stages for it in the driver's heap: a long-running service needs only a few.
+                   .config("spark.sql.ui.retainedExecutions", "50")
+                   .config("spark.ui.retainedJobs", "100")
+                   .config("spark.ui.retainedStages", "100")
+                   .config("spark.sql.streaming.ui.retainedQueries", "20"))
     builder = (builder
                .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
                .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")

@@ -69,8 +69,24 @@ def settings(tmp_path: Path, bootstrap_servers: str) -> Settings:
 def spark(tmp_path_factory):
     from spark_apps.session import build_session
 
+    # One session serves the whole run (an hour of tests): a bigger heap than a service's default.
     session = build_session(Settings.load({}).replace(home=tmp_path_factory.mktemp("spark-home"),
-                                                      spark_shuffle_partitions=2), app_name="eventlake-tests",
-                            log=lambda *_: None)
+                                                      spark_shuffle_partitions=2, spark_driver_memory="4g"),
+                            app_name="eventlake-tests", log=lambda *_: None)
     yield session
     session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _spark_forgets_each_tests_tables(request):
+    """After a test that used the shared Spark session: its streams stopped, its cached data and Delta's
+    cached logs of its tables dropped. Left in place, a run's hundreds of tables fill the driver's heap
+    (a CI run once ended in OutOfMemoryError after 45 minutes)."""
+    yield
+    if "spark" not in request.fixturenames:
+        return
+    spark = request.getfixturevalue("spark")
+    for query in spark.streams.active:
+        query.stop()
+    spark.catalog.clearCache()
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
