@@ -454,7 +454,7 @@ def _cmd_airflow(settings: Settings, args) -> int:
 
 
 def _cmd_query(settings: Settings, args) -> int:
-    from eventlake.query import QueryError, format_table, query_duckdb, query_spark
+    from eventlake.query import QueryError, format_csv, format_json_lines, format_table, query_duckdb, query_spark
 
     run = query_spark if args.engine == "spark" else query_duckdb
     try:
@@ -462,7 +462,14 @@ def _cmd_query(settings: Settings, args) -> int:
     except QueryError as e:
         print(f"eventlake query: {e}", file=sys.stderr)
         return 2
-    print(format_table(columns, rows, max_rows=args.max_rows))
+    if args.format == "csv":
+        text = format_csv(columns, rows)
+    elif args.format == "json":
+        text = format_json_lines(columns, rows)
+    else:
+        text = format_table(columns, rows, max_rows=args.max_rows)
+    if text:
+        print(text)
     return 0
 
 
@@ -605,11 +612,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER, help="e.g. standalone | dags list | dags test check_read_models")
     p.set_defaults(run=_cmd_airflow)
 
-    p = sub.add_parser("query", help="run SQL over the read models and print the rows")
+    p = sub.add_parser("query", help="run SQL over the read models and print the rows (read-only)",
+                       description="Runs one read (SELECT, WITH ..., DESCRIBE, SHOW, EXPLAIN) over the read models, "
+                                   "each resolved through the catalog to its current generation; a statement that "
+                                   "would change a table, or names a table folder by path, is refused.")
     p.add_argument("sql")
     p.add_argument("--engine", choices=("duckdb", "spark"), default="duckdb",
                    help="duckdb: embedded and fast (default); spark: Spark SQL")
-    p.add_argument("--max-rows", type=int, default=50)
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                   help="table: aligned columns, the first --max-rows rows (default); csv: every row, with a "
+                        "header; json: every row as one JSON object per line")
+    p.add_argument("--max-rows", type=int, default=50, help="rows shown by --format table (default 50)")
     p.set_defaults(run=_cmd_query)
     return parser
 

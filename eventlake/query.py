@@ -5,6 +5,7 @@ JVM, answers in well under a second. ``engine="spark"`` runs the same SQL on Spa
 Every read model is a view named after it; so are ``late_events`` and ``event_archive``; the event dead
 letters are ``event_dead_letters``. A read model's name resolves through the catalog (eventlake/catalog.py) to
 its current generation's table, and ``late_events`` is the union of the current generations' late events.
+Both engines only read (eventlake/read_only.py): a statement that would change a table is refused.
 """
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from typing import NamedTuple
 
 import read_models
 from eventlake.catalog import Catalog, late_events_sources
+from eventlake.read_only import WriteRefused, check_duckdb, check_spark, lock_duckdb
 from eventlake.settings import Settings
 
 __all__ = ["QueryError", "TablePart", "logical_tables", "table_paths", "query_duckdb", "query_spark",
-           "format_table"]
+           "format_table", "format_csv", "format_json_lines"]
 
 
 class QueryError(RuntimeError):
@@ -88,6 +90,10 @@ def _refused(engine: str, error: BaseException, tables: dict[str, Path]) -> Quer
     return QueryError(f"{engine} could not run the query: {message}\n(tables: {', '.join(tables)})")
 
 
+def _read_only(error: WriteRefused, tables) -> QueryError:
+    return QueryError(f"read-only: {error}\n(tables: {', '.join(tables)})")
+
+
 def query_duckdb(settings: Settings, sql: str) -> tuple[list[str], list[tuple]]:
     """Run ``sql`` with DuckDB over the current versions of the Delta tables (read with delta-rs + pyarrow)."""
     import duckdb
@@ -101,9 +107,13 @@ def query_duckdb(settings: Settings, sql: str) -> tuple[list[str], list[tuple]]:
         try:
             for name, parts in tables.items():
                 _register_duckdb(con, name, parts, dataset)
+            lock_duckdb(con)
+            check_duckdb(con, sql)
             result = con.execute(sql)
             columns = [d[0] for d in result.description] if result.description else []
             return columns, result.fetchall()
+        except WriteRefused as e:
+            raise _read_only(e, tables) from None
         except _engine_errors() as e:
             raise _refused("DuckDB", e, tables) from None
     finally:
@@ -118,10 +128,13 @@ def query_spark(settings: Settings, sql: str) -> tuple[list[str], list[tuple]]:
     spark = build_session(settings, app_name="eventlake-query")
     _quiet_spark_error_logs()
     try:
+        check_spark(spark, sql)
         for name, parts in tables.items():
             _spark_frame(spark, parts).createOrReplaceTempView(name)
         df = spark.sql(sql)
         return df.columns, [tuple(r) for r in df.collect()]
+    except WriteRefused as e:
+        raise _read_only(e, tables) from None
     except _engine_errors() as e:  # AnalysisException, ParseException, a failed job: Spark's own message
         raise _refused("Spark SQL", e, tables) from None
 
@@ -185,4 +198,43 @@ def _cell(value) -> str:
         return "NULL"
     if isinstance(value, (bytes, bytearray, memoryview)):  # binary columns (e.g. raw_bytes) as Python shows bytes
         return repr(bytes(value))
+    return str(value)
+
+
+def format_csv(columns: list[str], rows: list[tuple]) -> str:
+    """Every row, RFC 4180 CSV with a header; NULL is an empty field, timestamps ISO 8601, bytes as hex."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows([["" if v is None else _plain(v) for v in row] for row in rows])
+    return out.getvalue().rstrip("\n")
+
+
+def format_json_lines(columns: list[str], rows: list[tuple]) -> str:
+    """Every row as one JSON object per line (JSON Lines): NULL is null, timestamps ISO 8601 strings, decimals
+    exact (as strings), bytes as hex strings."""
+    import json
+
+    def value(v):
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        if isinstance(v, (list, tuple)):
+            return [value(x) for x in v]
+        if isinstance(v, dict):
+            return {str(k): value(x) for k, x in v.items()}
+        return _plain(v)
+
+    return "\n".join(json.dumps({c: value(v) for c, v in zip(columns, row)}, ensure_ascii=False) for row in rows)
+
+
+def _plain(value) -> str:
+    import datetime as dt
+
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
     return str(value)
