@@ -277,9 +277,16 @@ class Catalog:
         state = self.state(name)
         return state.generations[state.current]
 
-    def current_all(self, names: Iterable[str] | None = None) -> dict[str, Generation]:
-        """name -> current generation for every read model (or ``names``), from one read of the catalog."""
-        return {name: s.generations[s.current] for name, s in self.states(names).items()}
+    def current_all(self, names: Iterable[str] | None = None, as_of: datetime | None = None) \
+            -> dict[str, Generation]:
+        """name -> current generation for every read model (or ``names``), from one read of the catalog; with
+        ``as_of`` (aware UTC): the generation that was current then (the changes made up to that time)."""
+        if as_of is None:
+            return {name: s.generations[s.current] for name, s in self.states(names).items()}
+        names = list(read_models.REGISTRY) if names is None else list(names)
+        entries = [e for e in self._snapshot()[1] if e.at <= as_of]
+        states = {name: fold(self.settings, name, entries) for name in names}
+        return {name: s.generations[s.current] for name, s in states.items()}
 
     def generation(self, name: str, number: int) -> Generation:
         state = self.state(name)

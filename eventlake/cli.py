@@ -454,11 +454,16 @@ def _cmd_airflow(settings: Settings, args) -> int:
 
 
 def _cmd_query(settings: Settings, args) -> int:
-    from eventlake.query import QueryError, format_csv, format_json_lines, format_table, query_duckdb, query_spark
+    from eventlake.query import (QueryError, describe_as_of, format_csv, format_json_lines, format_table,
+                                 logical_tables, parse_as_of, query_duckdb, query_spark)
 
     run = query_spark if args.engine == "spark" else query_duckdb
     try:
-        columns, rows = run(settings, args.sql)
+        as_of = None if args.as_of is None else parse_as_of(args.as_of)
+        travelled = {} if as_of is None else logical_tables(settings, as_of)
+        if travelled:
+            print(f"eventlake query: {describe_as_of(travelled, as_of)}", file=sys.stderr)
+        columns, rows = run(settings, args.sql, as_of)
     except QueryError as e:
         print(f"eventlake query: {e}", file=sys.stderr)
         return 2
@@ -470,6 +475,18 @@ def _cmd_query(settings: Settings, args) -> int:
         text = format_table(columns, rows, max_rows=args.max_rows)
     if text:
         print(text)
+    return 0
+
+
+def _cmd_history(settings: Settings, args) -> int:
+    from eventlake.history import HistoryError, format_history, history
+
+    try:
+        what, lines = history(settings, args.name, args.generation, args.limit)
+    except HistoryError as e:
+        print(f"eventlake history: {e}", file=sys.stderr)
+        return 2
+    print(format_history(what, lines))
     return 0
 
 
@@ -623,7 +640,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="table: aligned columns, the first --max-rows rows (default); csv: every row, with a "
                         "header; json: every row as one JSON object per line")
     p.add_argument("--max-rows", type=int, default=50, help="rows shown by --format table (default 50)")
+    p.add_argument("--as-of", metavar="VERSION|TIME",
+                   help="time travel: every table at this Delta version, or as it was at this UTC time (the "
+                        "generations current then, e.g. 2026-11-24T06:00:00Z); `eventlake history NAME` lists them")
     p.set_defaults(run=_cmd_query)
+
+    p = sub.add_parser("history", help="a table's commits (version, time, operation, rows, by whom), newest first",
+                       description="A read model's current generation (or --generation N): its Delta commits with the "
+                                   "projection batch, rebuild or reprocess that made each, and the catalog's changes "
+                                   "of the name (created, switched, dropped); also event_archive, "
+                                   "event_dead_letters. A version is what `eventlake query --as-of VERSION` reads.")
+    p.add_argument("name")
+    p.add_argument("--generation", type=int, help="a generation other than the current one")
+    p.add_argument("--limit", type=int, default=30, help="the newest commits shown (default 30)")
+    p.set_defaults(run=_cmd_history)
     return parser
 
 

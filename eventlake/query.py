@@ -9,15 +9,16 @@ Both engines only read (eventlake/read_only.py): a statement that would change a
 """
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Union
 
 import read_models
 from eventlake.catalog import Catalog, late_events_sources
 from eventlake.read_only import WriteRefused, check_duckdb, check_spark, lock_duckdb
 from eventlake.settings import Settings
 
-__all__ = ["QueryError", "TablePart", "logical_tables", "table_paths", "query_duckdb", "query_spark",
+__all__ = ["QueryError", "TablePart", "AsOf", "parse_as_of", "describe_as_of", "logical_tables", "table_paths", "query_duckdb", "query_spark",
            "format_table", "format_csv", "format_json_lines"]
 
 
@@ -28,32 +29,86 @@ class QueryError(RuntimeError):
 
 class TablePart(NamedTuple):
     """One Delta table that makes (part of) a logical table; ``read_models``: keep only its rows with these
-    ``read_model`` values (None: every row)."""
+    ``read_model`` values (None: every row); ``version``: the table's version to read (None: the newest)."""
     path: Path
     read_models: tuple[str, ...] | None = None
+    version: int | None = None
+    generation: int | None = None  # a read model's table: its generation
 
 
-def logical_tables(settings: Settings) -> dict[str, list[TablePart]]:
+AsOf = Union[int, datetime]  # a table version, or a point in time (aware, UTC)
+
+
+def parse_as_of(text: str) -> AsOf:
+    """``--as-of``: a table version (``12``) or a UTC time (``2026-11-24T06:00:00Z``, ``2026-11-24 06:00``,
+    ``2026-11-24``; without a zone: UTC)."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise QueryError(f"--as-of {text!r} is neither a table version (a whole number) nor an ISO 8601 time "
+                         f"such as 2026-11-24T06:00:00Z") from None
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+
+
+def logical_tables(settings: Settings, as_of: AsOf | None = None) -> dict[str, list[TablePart]]:
     """The names a user queries -> the physical tables behind them (those that exist), resolved through the
     catalog in one read: each read model -> its current generation's table; ``late_events`` -> the current
-    generations' late-events tables; ``event_archive`` and ``event_dead_letters`` -> their own tables."""
-    current = Catalog(settings).current_all()
-    candidates = {name: [TablePart(generation.table)] for name, generation in current.items()}
+    generations' late-events tables; ``event_archive`` and ``event_dead_letters`` -> their own tables.
+
+    ``as_of`` a time: the generations current then, each table at its newest version committed by then (a table
+    not yet created then is left out); ``as_of`` a version: each table at that version (left out where it has
+    no such version)."""
+    moment = as_of if isinstance(as_of, datetime) else None
+    current = Catalog(settings).current_all(as_of=moment)
+    candidates = {name: [TablePart(g.table, generation=g.number)] for name, g in current.items()}
     candidates["event_dead_letters"] = [TablePart(settings.table_path("_dead_letters/events"))]
     candidates["late_events"] = [TablePart(path, tuple(names)) for path, names in late_events_sources(current)]
     candidates["event_archive"] = [TablePart(settings.table_path("event_archive"))]
-    return {name: parts for name, parts in candidates.items()
-            if parts and all((p.path / "_delta_log").is_dir() for p in parts)}
+    existing = {name: parts for name, parts in candidates.items()
+                if parts and all((p.path / "_delta_log").is_dir() for p in parts)}
+    if as_of is None:
+        return existing
+    travelled = {}
+    for name, parts in existing.items():
+        versions = [_version_as_of(p.path, as_of) for p in parts]
+        if all(v is not None for v in versions):
+            travelled[name] = [p._replace(version=v) for p, v in zip(parts, versions)]
+    return travelled
 
 
-def table_paths(settings: Settings) -> dict[str, Path]:
-    """Logical name -> the Delta table path behind it, for the names backed by one whole table."""
-    return {name: parts[0].path for name, parts in logical_tables(settings).items()
-            if len(parts) == 1 and parts[0].read_models is None}
+def _version_as_of(path: Path, as_of: AsOf) -> int | None:
+    """The table's version to read for ``as_of`` (None: the table had no such version, or did not exist then)."""
+    from deltalake import DeltaTable
+
+    history = DeltaTable(str(path)).history()  # newest first; commits whose log files are still there
+    versions = {int(c["version"]): int(c["timestamp"]) for c in history if "version" in c}
+    if isinstance(as_of, int):
+        return as_of if as_of in versions else None
+    cutoff = as_of.timestamp() * 1000
+    committed = [v for v, ms in versions.items() if ms <= cutoff]
+    return max(committed) if committed else None
 
 
-def _existing_tables(settings: Settings) -> dict[str, list[TablePart]]:
-    tables = logical_tables(settings)
+def describe_as_of(tables: dict[str, list[TablePart]], as_of: AsOf) -> str:
+    """One line naming what each table is read at, for the user (stderr)."""
+    parts = []
+    for name, table_parts in tables.items():
+        versions = "+".join(str(p.version) for p in table_parts)
+        generation = "".join(f"generation {p.generation}, " for p in table_parts if p.generation is not None)
+        parts.append(f"{name} ({generation}version {versions})")
+    when = f"version {as_of}" if isinstance(as_of, int) else as_of.isoformat()
+    return f"as of {when}: " + (", ".join(parts) or "no table")
+
+
+def _existing_tables(settings: Settings, as_of: AsOf | None = None) -> dict[str, list[TablePart]]:
+    tables = logical_tables(settings, as_of)
+    if not tables and as_of is not None and logical_tables(settings):
+        when = f"version {as_of}" if isinstance(as_of, int) else as_of.isoformat()
+        raise QueryError(f"no table under {settings.warehouse} has {when} (the tables: "
+                         f"{', '.join(logical_tables(settings))}); `eventlake history NAME` lists a table's versions")
     if not tables:
         raise QueryError(f"no read model tables under {settings.warehouse} yet; run `eventlake demo` or "
                          f"`eventlake project --until-caught-up` first")
@@ -94,13 +149,14 @@ def _read_only(error: WriteRefused, tables) -> QueryError:
     return QueryError(f"read-only: {error}\n(tables: {', '.join(tables)})")
 
 
-def query_duckdb(settings: Settings, sql: str) -> tuple[list[str], list[tuple]]:
-    """Run ``sql`` with DuckDB over the current versions of the Delta tables (read with delta-rs + pyarrow)."""
+def query_duckdb(settings: Settings, sql: str, as_of: AsOf | None = None) -> tuple[list[str], list[tuple]]:
+    """Run ``sql`` with DuckDB over the current versions of the Delta tables (read with delta-rs + pyarrow), or
+    over their versions ``as_of`` a version or a time."""
     import duckdb
 
     from eventlake.tables import dataset
 
-    tables = _existing_tables(settings)
+    tables = _existing_tables(settings, as_of)
     con = duckdb.connect()
     try:
         # Reading the data (fetchall) is where bad bytes or unconvertible values surface, so it is inside too.
@@ -120,9 +176,10 @@ def query_duckdb(settings: Settings, sql: str) -> tuple[list[str], list[tuple]]:
         con.close()
 
 
-def query_spark(settings: Settings, sql: str) -> tuple[list[str], list[tuple]]:
-    """Run ``sql`` with Spark SQL (the process's active session, or a new one) over the Delta tables."""
-    tables = _existing_tables(settings)  # before starting a JVM for nothing
+def query_spark(settings: Settings, sql: str, as_of: AsOf | None = None) -> tuple[list[str], list[tuple]]:
+    """Run ``sql`` with Spark SQL (the process's active session, or a new one) over the Delta tables (``as_of``:
+    the versions ``logical_tables`` picks, the same as the embedded path's)."""
+    tables = _existing_tables(settings, as_of)  # before starting a JVM for nothing
     from spark_apps.session import build_session
 
     spark = build_session(settings, app_name="eventlake-query")
@@ -145,7 +202,12 @@ def _register_duckdb(con, name: str, parts: list[TablePart], dataset) -> None:
 
     sources = []
     for part in parts:
-        data = dataset(part.path)
+        if part.version is None:
+            data = dataset(part.path)
+        else:
+            from deltalake import DeltaTable
+
+            data = dataset(DeltaTable(str(part.path), version=part.version))
         if part.read_models is not None:
             data = data.filter(ds.field("read_model").isin(list(part.read_models)))
         sources.append(data)
@@ -163,7 +225,10 @@ def _spark_frame(spark, parts: list[TablePart]):
 
     frames = []
     for part in parts:
-        df = spark.read.format("delta").load(str(part.path))
+        reader = spark.read.format("delta")
+        if part.version is not None:
+            reader = reader.option("versionAsOf", part.version)
+        df = reader.load(str(part.path))
         frames.append(df if part.read_models is None else df.filter(F.col("read_model").isin(*part.read_models)))
     out = frames[0]
     for df in frames[1:]:
