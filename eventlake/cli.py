@@ -490,6 +490,26 @@ def _cmd_history(settings: Settings, args) -> int:
     return 0
 
 
+def _cmd_sql_server(settings: Settings, args) -> int:
+    from eventlake import sql_server
+
+    try:
+        if args.action == "start":
+            sql_server.start(settings)
+        elif args.action == "stop":
+            sql_server.stop(settings)
+        elif args.action == "serve":
+            sql_server.serve(settings)
+        else:
+            state = sql_server.status(settings)
+            print(state.describe())
+            return 0 if state.running else 3
+    except sql_server.SqlServerError as e:
+        print(f"eventlake sql-server: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_demo(settings: Settings, args) -> int:
     from eventlake.demo import run_demo
 
@@ -644,6 +664,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time travel: every table at this Delta version, or as it was at this UTC time (the "
                         "generations current then, e.g. 2026-11-24T06:00:00Z); `eventlake history NAME` lists them")
     p.set_defaults(run=_cmd_query)
+
+    p = sub.add_parser("sql-server", help="Spark's Thrift (JDBC/ODBC) server over the read models, read-only",
+                       description="start: runs the server in the background and waits until it accepts JDBC "
+                                   "connections at jdbc:hive2://HOST:PORT/default (EVENTLAKE_SQL_SERVER_HOST, default "
+                                   "127.0.0.1; EVENTLAKE_SQL_SERVER_PORT, default 10000); stop: SIGTERM; status: "
+                                   "exit 0 when running, 3 when not; serve: the server in the foreground (what start "
+                                   "runs). Every read model, late_events, event_archive and event_dead_letters is a "
+                                   "table of that name, following the catalog's switches without a restart.")
+    p.add_argument("action", choices=("start", "stop", "status", "serve"))
+    p.set_defaults(run=_cmd_sql_server)
 
     p = sub.add_parser("history", help="a table's commits (version, time, operation, rows, by whom), newest first",
                        description="A read model's current generation (or --generation N): its Delta commits with the "

@@ -34,7 +34,8 @@ class HistoryLine:
     by: str
 
 
-def history(settings: Settings, name: str, generation: int | None = None, limit: int = 30) -> tuple[str, list[HistoryLine]]:
+def history(settings: Settings, name: str, generation: int | None = None, limit: int = 30) \
+        -> tuple[str, list[HistoryLine]]:
     """(what was read, lines newest first): the last ``limit`` commits of the table and the catalog's changes of
     ``name`` since the oldest of them."""
     from deltalake import DeltaTable

@@ -44,8 +44,12 @@ def extra_jars(settings: Settings, log=print) -> list[Path]:
     return [jar]
 
 
-def build_session(settings: Settings, app_name: str = "eventlake", log=print):
-    """The Spark session for this process (created on first call, reused afterwards)."""
+_APPENDED = ("spark.jars", "spark.sql.extensions")  # lists: extra_conf adds to them
+
+
+def build_session(settings: Settings, app_name: str = "eventlake", log=print, extra_conf: dict | None = None):
+    """The Spark session for this process (created on first call, reused afterwards). ``extra_conf``: more
+    settings for a new session (``spark.jars`` and ``spark.sql.extensions`` are added to, not replaced)."""
     # Workers must run this interpreter: it has the project's packages.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -63,7 +67,8 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print):
         builder = (builder.master(settings.spark_master)
                    .config("spark.jars.packages", ",".join(SPARK_PACKAGES))
                    .config("spark.jars.excludes", ",".join(SPARK_PACKAGE_EXCLUDES))
-                   .config("spark.jars", ",".join(str(j) for j in extra_jars(settings, log)))
+                   .config("spark.jars", ",".join([*(str(j) for j in extra_jars(settings, log)),
+                                                    *filter(None, [(extra_conf or {}).get("spark.jars")])]))
                    .config("spark.jars.ivy", str(ivy))
                    .config("spark.driver.memory", settings.spark_driver_memory)
                    .config("spark.ui.enabled", "false")
@@ -75,7 +80,8 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print):
                    .config("spark.ui.retainedStages", "100")
                    .config("spark.sql.streaming.ui.retainedQueries", "20"))
     builder = (builder
-               .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+               .config("spark.sql.extensions", ",".join(["io.delta.sql.DeltaSparkSessionExtension", *filter(
+                   None, [(extra_conf or {}).get("spark.sql.extensions")])]))
                .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
                .config("spark.sql.shuffle.partitions", str(settings.spark_shuffle_partitions))
                # Delta's VACUUM lists a table's folders in a job of this many tasks (Spark's default: 10,000):
@@ -98,6 +104,9 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print):
                .config("spark.sql.adaptive.maxShuffledHashJoinLocalMapThreshold", "64MB")
                .config("spark.sql.warehouse.dir", str(settings.home / "spark-warehouse"))
                .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={settings.home / 'derby'}"))
+    for key, value in (extra_conf or {}).items():
+        if key not in _APPENDED:
+            builder = builder.config(key, value)
     # The JVM's own output (Ivy resolution, log4j warnings) goes to a log file, not the user's terminal:
     # the launched JVM inherits whatever file descriptor 2 is while it starts.
     log_file = settings.home / "logs" / f"{app_name}.log"

@@ -1,0 +1,304 @@
+"""``eventlake sql-server start|stop|status|serve``: Spark's Thrift (HiveServer2: JDBC/ODBC) server over the read
+models, read-only, on loopback by default.
+
+``serve`` is the service itself (``start`` runs it in the background and waits until it accepts connections): one
+Spark session with Delta, in which every logical table of ``eventlake query`` (the read models, ``late_events``,
+``event_archive``, ``event_dead_letters``) is a temporary view resolved through the catalog to its current
+generation. The Thrift server (``HiveThriftServer2.startWithContext``) shares that one session with every JDBC
+connection (``spark.sql.hive.thriftServer.singleSession``), so the views are visible by name to every client.
+Once a second the service reads the catalog (delta-rs, no Spark job); when a rebuild's switch or a rollback
+changed what a name resolves to, or a table appeared, it re-points the views: no restart, and a client's next
+query reads the new generation. New commits to a table are visible to the next query anyway (Delta reads the
+newest snapshot of a view's table at each query).
+
+**Read-only.** A check rule (``infra/sql_guard``: ``eventlake.sql.ReadOnlyExtension``, compiled here with the
+JDK's ``javac`` against pyspark's jars on first use, cached under ``.cache/sql-guard``) runs on every analyzed plan
+before anything executes: a plan holding a command (INSERT, UPDATE, DELETE, MERGE, CREATE, DROP, ALTER, OPTIMIZE,
+VACUUM, SET key=value, CACHE ...) is refused unless it only describes (EXPLAIN, DESCRIBE, SHOW, USE), and a table
+named by path (``delta.`/path```) is refused. Only the service's own thread, registering the views, is trusted.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from eventlake.settings import PROJECT_ROOT, Settings
+
+__all__ = ["SqlServerError", "SqlServerStatus", "guard_jar", "serve", "start", "stop", "status", "jdbc_url"]
+
+GUARD_SOURCE = PROJECT_ROOT / "infra" / "sql_guard" / "src" / "eventlake" / "sql" / "ReadOnlyExtension.java"
+GUARD_CLASS = "eventlake.sql.ReadOnlyExtension"
+THRIFT_SERVER = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
+
+
+class SqlServerError(RuntimeError):
+    """The SQL server could not be built, started or stopped; the message says why (and where its log is)."""
+
+
+@dataclass(frozen=True)
+class SqlServerStatus:
+    running: bool
+    pid: int | None
+    url: str
+    log_file: Path
+    views: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        state = f"running (pid {self.pid})" if self.running else "stopped"
+        views = f"\n  tables: {', '.join(self.views)}" if self.running and self.views else ""
+        return f"sql-server: {state} at {self.url}{views}\n  log: {self.log_file}"
+
+
+def jdbc_url(settings: Settings) -> str:
+    return f"jdbc:hive2://{settings.sql_server_host}:{settings.sql_server_port}/default"
+
+
+def _paths(settings: Settings) -> dict[str, Path]:
+    d = settings.home / "sql-server"
+    return {"dir": d, "pid": d / "server.pid", "state": d / "state.json", "log": d / "server.log"}
+
+
+# -- the guard's jar ------------------------------------------------------------------------------------------------
+
+def guard_jar(settings: Settings, log=print) -> Path:
+    """The read-only check rule as a jar, compiled from ``infra/sql_guard`` against pyspark's jars (once per
+    version of its source; a few seconds)."""
+    source = GUARD_SOURCE.read_bytes()
+    digest = hashlib.sha1(source).hexdigest()[:12]
+    jar = settings.cache_dir / "sql-guard" / f"eventlake-sql-guard-{digest}.jar"
+    if jar.exists():
+        return jar
+    javac, jar_tool = shutil.which("javac"), shutil.which("jar")
+    if javac is None or jar_tool is None:
+        raise SqlServerError("the SQL server's read-only guard is compiled with the JDK's javac and jar, which are "
+                             "not on PATH; install a JDK 17 (apt-get install openjdk-17-jdk-headless)")
+    import pyspark
+
+    spark_jars = Path(pyspark.__file__).parent / "jars"
+    build = jar.parent / f"build-{digest}"
+    shutil.rmtree(build, ignore_errors=True)
+    build.mkdir(parents=True)
+    log(f"sql-server: compiling the read-only guard ({GUARD_SOURCE.relative_to(PROJECT_ROOT)}) into {jar} (once)")
+    compiled = subprocess.run([javac, "-nowarn", "-d", str(build), "-cp", f"{spark_jars}/*", str(GUARD_SOURCE)],
+                              capture_output=True, text=True)
+    if compiled.returncode != 0:
+        raise SqlServerError(f"compiling {GUARD_SOURCE} failed:\n{compiled.stdout[-3000:]}{compiled.stderr[-3000:]}")
+    packed = subprocess.run([jar_tool, "cf", str(jar.with_suffix(".tmp")), "-C", str(build), "."],
+                            capture_output=True, text=True)
+    if packed.returncode != 0:
+        raise SqlServerError(f"packing {jar} failed:\n{packed.stderr[-3000:]}")
+    jar.with_suffix(".tmp").rename(jar)
+    shutil.rmtree(build, ignore_errors=True)
+    return jar
+
+
+# -- the service ----------------------------------------------------------------------------------------------------
+
+def serve(settings: Settings, log=print, stop_event=None) -> None:
+    """Run the SQL server in this process until SIGTERM (or ``stop_event``)."""
+    from eventlake.signals import stop_requested_on_sigterm
+    from spark_apps.session import build_session
+
+    stop_event = stop_event or stop_requested_on_sigterm()
+    p = _paths(settings)
+    p["dir"].mkdir(parents=True, exist_ok=True)
+    jar = guard_jar(settings, log)
+    # Delta's classes on the driver's own class path: the Thrift server runs each statement with a class loader
+    # that does not see jars added at run time (spark.jars.packages), and Spark's closure cleaner then cannot
+    # read Delta's classes (a NullPointerException deep in a query).
+    delta_jars = sorted((settings.cache_dir / "ivy" / "jars").glob("io.delta_*.jar"))
+    if not delta_jars:
+        raise SqlServerError(f"Delta's jars are not under {settings.cache_dir / 'ivy' / 'jars'} yet; run `make setup`")
+    spark = build_session(settings, app_name="eventlake-sql-server", log=log, extra_conf={
+        "spark.jars": str(jar), "spark.sql.extensions": GUARD_CLASS,
+        "spark.driver.extraClassPath": os.pathsep.join(str(j) for j in [*delta_jars, jar]),
+        # Each JDBC session opens Hive's session state on an in-memory Derby metastore: with a Derby system home
+        # set (as other eventlake sessions do, to keep derby.log out of the working folder) its creation fails and
+        # is retried for seconds on every connection.
+        "spark.driver.extraJavaOptions": f"-Dderby.stream.error.file={p['dir'] / 'derby.log'}",
+        "spark.sql.hive.thriftServer.singleSession": "true",
+        "hive.server2.thrift.port": str(settings.sql_server_port),
+        "hive.server2.thrift.bind.host": settings.sql_server_host,
+        "spark.sql.warehouse.dir": str(p["dir"] / "spark-warehouse")})
+    if spark.conf.get("spark.sql.extensions", "").find(GUARD_CLASS) < 0:
+        raise SqlServerError("this process already had a Spark session without the read-only guard; run "
+                             "`eventlake sql-server serve` in a process of its own")
+    views = _Views(spark, settings, log)
+    views.refresh()
+    jvm = spark._jvm
+    server = jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
+        spark._jsparkSession.sqlContext())
+    _write_state(p, views.names)
+    log(f"sql-server: serving {jdbc_url(settings)} (read-only): {', '.join(views.names) or 'no table yet'}")
+    try:
+        while not stop_event.wait(1.0):
+            if views.refresh():
+                _write_state(p, views.names)
+    finally:
+        log("sql-server: stopping")
+        try:
+            server.stop()
+        finally:
+            p["state"].unlink(missing_ok=True)
+            spark.stop()
+
+
+class _Views:
+    """The logical tables as temporary views of the shared session, re-pointed when the catalog changes."""
+
+    def __init__(self, spark, settings: Settings, log):
+        self.spark, self.settings, self.log = spark, settings, log
+        self.resolved: dict[str, tuple] = {}
+        self.guard = spark._jvm.eventlake.sql.ReadOnlyExtension
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.resolved)
+
+    def refresh(self) -> bool:
+        """Re-register what changed -> whether anything did."""
+        from eventlake.query import _spark_frame, logical_tables
+
+        tables = logical_tables(self.settings)
+        wanted = {name: tuple((str(p.path), p.read_models) for p in parts) for name, parts in tables.items()}
+        if wanted == self.resolved:
+            return False
+        self.guard.trustThisThread(True)
+        try:
+            for name, parts in tables.items():
+                if self.resolved.get(name) != wanted[name]:
+                    _spark_frame(self.spark, parts).createOrReplaceTempView(name)
+                    if name in self.resolved:
+                        self.log(f"sql-server: {name} now reads {', '.join(str(p.path) for p in parts)}")
+            for name in set(self.resolved) - set(wanted):
+                self.spark.catalog.dropTempView(name)
+        finally:
+            self.guard.trustThisThread(False)
+        self.resolved = wanted
+        return True
+
+
+def _write_state(p: dict[str, Path], names: list[str]) -> None:
+    tmp = p["state"].with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "views": names}))
+    tmp.replace(p["state"])
+
+
+# -- start / stop / status ------------------------------------------------------------------------------------------
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped) is not running
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return True
+
+
+def _read_pid(p: dict[str, Path]) -> int | None:
+    try:
+        pid = int(p["pid"].read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _pid_alive(pid) else None
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def status(settings: Settings) -> SqlServerStatus:
+    p = _paths(settings)
+    pid = _read_pid(p)
+    views: tuple[str, ...] = ()
+    if pid is not None:
+        try:
+            views = tuple(json.loads(p["state"].read_text())["views"])
+        except (OSError, ValueError, KeyError):
+            views = ()
+    return SqlServerStatus(pid is not None and p["state"].exists(), pid, jdbc_url(settings), p["log"], views)
+
+
+def start(settings: Settings, log=print, timeout: float = 240.0) -> SqlServerStatus:
+    """Start ``serve`` in the background and wait until it accepts JDBC connections (idempotent)."""
+    p = _paths(settings)
+    current = status(settings)
+    if current.running:
+        log(current.describe())
+        return current
+    if current.pid is not None:
+        raise SqlServerError(f"a SQL server (pid {current.pid}) is starting or stuck; see {p['log']}, or run "
+                             f"`eventlake sql-server stop` first")
+    if _accepts(settings.sql_server_host, settings.sql_server_port):
+        raise SqlServerError(f"port {settings.sql_server_port} on {settings.sql_server_host} is taken by another "
+                             f"process; choose another with EVENTLAKE_SQL_SERVER_PORT")
+    guard_jar(settings, log)  # a compile error is said here, not in the log
+    p["dir"].mkdir(parents=True, exist_ok=True)
+    p["state"].unlink(missing_ok=True)
+    # The service reads its settings from the environment: these are the caller's (whatever their source).
+    env = {**os.environ, **{f"EVENTLAKE_{name.upper()}": str(getattr(settings, name)) for name in (
+        "home", "cache_dir", "sql_server_host", "sql_server_port", "spark_master", "spark_driver_memory",
+        "spark_shuffle_partitions")}}
+    with open(p["log"], "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "eventlake.cli", "sql-server", "serve"], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=str(PROJECT_ROOT),
+                                start_new_session=True)
+    p["pid"].write_text(str(proc.pid))
+    log(f"sql-server: starting (pid {proc.pid}; log {p['log']}) ...")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            p["pid"].unlink(missing_ok=True)
+            raise SqlServerError(f"the SQL server exited with code {proc.returncode} while starting; the end of "
+                                 f"{p['log']}:\n{_tail(p['log'])}")
+        if p["state"].exists() and _accepts(settings.sql_server_host, settings.sql_server_port):
+            started = status(settings)
+            log(started.describe())
+            return started
+        time.sleep(0.5)
+    raise SqlServerError(f"the SQL server did not accept connections within {timeout:.0f}s (pid {proc.pid} still "
+                         f"running); the end of {p['log']}:\n{_tail(p['log'])}")
+
+
+def stop(settings: Settings, log=print, timeout: float = 60.0) -> None:
+    p = _paths(settings)
+    pid = _read_pid(p)
+    if pid is None:
+        log("sql-server: not running")
+        p["pid"].unlink(missing_ok=True)
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _pid_alive(pid):
+        time.sleep(0.2)
+    if _pid_alive(pid):
+        os.killpg(pid, signal.SIGKILL)
+        log(f"sql-server: pid {pid} did not stop within {timeout:.0f}s of SIGTERM; killed")
+    p["pid"].unlink(missing_ok=True)
+    p["state"].unlink(missing_ok=True)
+    log(f"sql-server: stopped pid {pid}")
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return "(no log)"
