@@ -1,0 +1,228 @@
+"""Benchmark: SQL reads of the read models on the three paths, and where the embedded path's time goes.
+
+Prints figures; it is not a test. It writes a warehouse with delta-rs (vectorised, no Kafka, no Spark):
+``payments`` with ``--payments`` rows (default 1M) over ``--accounts`` accounts, and ``account_summary`` with one
+row per account. Then, in one run, p50/p99/max of
+- an account point lookup: ``SELECT * FROM account_summary WHERE account_id = '<a random account>'``,
+- a GROUP BY over every payment: per status and currency, the count and the sum of amounts,
+on the embedded path (``eventlake.query.query_duckdb``, in this process, as ``eventlake query`` runs it), the
+Thrift server (``eventlake sql-server``, through PyHive) and Spark SQL (``query_spark``, one session, started
+before the clock). For the embedded path it also times its steps on their own: resolving the names through the
+catalog, opening each table's Delta log (delta-rs), and the query in DuckDB.
+
+``--small-commits N`` also builds a table the way a streaming projection leaves it: N appends of a few rows each
+(one commit, one small file each), and times the point lookup on it as it is, after a Delta log checkpoint and
+after OPTIMIZE (compaction) + checkpoint.
+
+    .venv/bin/python bench/sql.py [--payments 1000000] [--accounts 20000] [--repeat 50] [--small-commits 2000]
+                                  [--engines embedded thrift spark]
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import socket
+import statistics
+import time
+import uuid
+from pathlib import Path
+
+from eventlake.settings import Settings
+
+LOOKUP = "SELECT * FROM account_summary WHERE account_id = '{account}'"
+GROUP_BY = ("SELECT status, currency, count(*) AS payments, sum(amount_minor) AS amount FROM payments "
+            "GROUP BY status, currency ORDER BY status, currency")
+
+
+def account(i: int) -> str:
+    return f"acc-bench-{i:08d}"
+
+
+def build_warehouse(settings: Settings, payments: int, accounts: int) -> float:
+    import numpy as np
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    started = time.perf_counter()
+    rng = np.random.default_rng(7)
+    owner = rng.integers(0, accounts, payments)
+    amount = rng.integers(100, 200_000, payments)
+    status = np.where(rng.random(payments) < 0.93, "authorized", "declined")
+    base = np.datetime64("2026-01-01T00:00:00", "us")
+    occurred = base + (np.arange(payments) * 50_000).astype("timedelta64[us]")
+    table = pa.table({
+        "payment_id": pa.array([f"pay-{i:010d}" for i in range(payments)]),
+        "account_id": pa.array([account(int(a)) for a in owner]),
+        "merchant_id": pa.array([f"m-{int(a) % 997:04d}" for a in owner]),
+        "amount_minor": pa.array(amount, pa.int64()),
+        "currency": pa.array(np.where(owner % 10 == 0, "EUR", "USD")),
+        "location": pa.array(np.where(owner % 3 == 0, "US-NYC", "GB-LON")),
+        "merchant_country": pa.array(np.where(owner % 5 == 0, "GB", "US")),
+        "status": pa.array(status),
+        "decline_reason": pa.array(np.where(status == "declined", "over_limit", None)),
+        "occurred_at": pa.array(occurred, pa.timestamp("us", tz="UTC")),
+        "event_id": pa.array([str(uuid.UUID(int=i)) for i in range(payments)]),
+    })
+    write_deltalake(str(settings.table_path("payments")), table, mode="overwrite")
+    ids = np.arange(accounts)
+    summary = pa.table({
+        "account_id": pa.array([account(int(i)) for i in ids]),
+        "customer_id": pa.array([f"cust-{int(i):08d}" for i in ids]),
+        "status": pa.array(["open"] * accounts),
+        "credit_limit_minor": pa.array(np.full(accounts, 5_000_000), pa.int64()),
+        "available_minor": pa.array(np.full(accounts, 1_000_000), pa.int64()),
+        "currency": pa.array(np.where(ids % 10 == 0, "EUR", "USD")),
+        "payments_authorized": pa.array(np.full(accounts, 40), pa.int64()),
+        "payments_declined": pa.array(np.full(accounts, 3), pa.int64()),
+        "authorized_total_minor": pa.array(np.full(accounts, 4_000_000), pa.int64()),
+        "last_device_location": pa.array(["US-NYC"] * accounts),
+        "version": pa.array(np.full(accounts, 44), pa.int64()),
+        "updated_at": pa.array(np.full(accounts, base), pa.timestamp("us", tz="UTC")),
+    })
+    write_deltalake(str(settings.table_path("account_summary")), summary, mode="overwrite")
+    return time.perf_counter() - started
+
+
+def figures(seconds: list[float]) -> str:
+    ms = sorted(s * 1000 for s in seconds)
+    p99 = ms[min(len(ms) - 1, int(round(0.99 * (len(ms) - 1))))]
+    return f"p50 {statistics.median(ms):8.1f} ms   p99 {p99:8.1f} ms   max {ms[-1]:8.1f} ms   (n={len(ms)})"
+
+
+def timed(run, sqls: list[str]) -> list[float]:
+    out = []
+    for sql in sqls:
+        t0 = time.perf_counter()
+        run(sql)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def embedded_steps(settings: Settings, accounts: int, repeat: int) -> None:
+    """The embedded path's steps on their own, for the point lookup."""
+    import duckdb
+    from deltalake import DeltaTable
+
+    from eventlake.query import _register_duckdb, logical_tables
+    from eventlake.tables import dataset
+
+    resolve, open_logs, run = [], [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        tables = logical_tables(settings)
+        t1 = time.perf_counter()
+        for parts in tables.values():
+            for part in parts:
+                DeltaTable(str(part.path))
+        t2 = time.perf_counter()
+        con = duckdb.connect()
+        _register_duckdb(con, "account_summary", tables["account_summary"], dataset)
+        con.execute(LOOKUP.format(account=account(random.randrange(accounts)))).fetchall()
+        con.close()
+        t3 = time.perf_counter()
+        resolve.append(t1 - t0)
+        open_logs.append(t2 - t1)
+        run.append(t3 - t2)
+    print(f"  embedded, by step (point lookup; {len(tables)} names):")
+    print(f"    resolve names (catalog)          {figures(resolve)}")
+    print(f"    open every table's Delta log     {figures(open_logs)}")
+    print(f"    open one table + DuckDB query    {figures(run)}")
+
+
+def small_commits(settings: Settings, commits: int, repeat: int) -> None:
+    """A table of ``commits`` tiny appends, read as it is, after a checkpoint, after OPTIMIZE + checkpoint."""
+    import duckdb
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from eventlake.tables import dataset
+
+    path = str(settings.home / "small-commits")
+    t0 = time.perf_counter()
+    for c in range(commits):
+        write_deltalake(path, pa.table({"account_id": [account(c * 3 + k) for k in range(3)],
+                                        "version": pa.array([c] * 3, pa.int64())}), mode="append")
+    print(f"small commits: {commits:,} appends of 3 rows written in {time.perf_counter() - t0:.1f}s")
+
+    def lookups() -> list[float]:
+        out = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            con = duckdb.connect()
+            con.register("t", dataset(DeltaTable(path)))
+            con.execute(f"SELECT * FROM t WHERE account_id = '{account(random.randrange(commits * 3))}'").fetchall()
+            con.close()
+            out.append(time.perf_counter() - t)
+        return out
+
+    print(f"  as written ({len(DeltaTable(path).file_uris()):,} files, no checkpoint)  {figures(lookups())}")
+    DeltaTable(path).create_checkpoint()
+    print(f"  after a log checkpoint                       {figures(lookups())}")
+    DeltaTable(path).optimize.compact()
+    DeltaTable(path).create_checkpoint()
+    print(f"  after OPTIMIZE + checkpoint ({len(DeltaTable(path).file_uris())} file(s))          {figures(lookups())}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--payments", type=int, default=1_000_000)
+    ap.add_argument("--accounts", type=int, default=20_000)
+    ap.add_argument("--repeat", type=int, default=50, help="point lookups per engine (GROUP BYs: a fifth of it)")
+    ap.add_argument("--small-commits", type=int, default=0)
+    ap.add_argument("--engines", nargs="+", default=["embedded", "thrift", "spark"],
+                    choices=["embedded", "thrift", "spark"])
+    args = ap.parse_args()
+
+    from eventlake import sql_server
+    from eventlake.query import query_duckdb, query_spark
+
+    home = Path(".cache/bench/sql") / uuid.uuid4().hex[:8]
+    settings = Settings.load({}).replace(home=home.resolve(), sql_server_port=free_port())
+    try:
+        print(f"warehouse: {args.payments:,} payments, {args.accounts:,} accounts written in "
+              f"{build_warehouse(settings, args.payments, args.accounts):.1f}s ({home})")
+        lookups = [LOOKUP.format(account=account(random.randrange(args.accounts))) for _ in range(args.repeat)]
+        group_bys = [GROUP_BY] * max(5, args.repeat // 5)
+        engines = {}
+        if "embedded" in args.engines:
+            engines["embedded (DuckDB over delta-rs)"] = lambda sql: query_duckdb(settings, sql)
+        if "thrift" in args.engines:
+            from pyhive import hive
+
+            sql_server.start(settings, log=lambda *_: None)
+            conn = hive.connect(host="127.0.0.1", port=settings.sql_server_port, username="bench")
+
+            def thrift(sql: str):
+                cursor = conn.cursor()
+                cursor.execute(sql)
+                return cursor.fetchall()
+
+            engines["Thrift server (PyHive, one connection)"] = thrift
+        if "spark" in args.engines:
+            query_spark(settings, "SELECT 1")  # the session starts before the clock
+            engines["--engine spark (Spark SQL in process)"] = lambda sql: query_spark(settings, sql)
+        for name, run in engines.items():
+            run(lookups[0])
+            run(GROUP_BY)  # warm-up: first reads of each table
+            print(name)
+            print(f"  point lookup   {figures(timed(run, lookups))}")
+            print(f"  GROUP BY       {figures(timed(run, group_bys))}  over {args.payments:,} payments")
+        if "embedded" in args.engines:
+            embedded_steps(settings, args.accounts, args.repeat)
+        if args.small_commits:
+            small_commits(settings, args.small_commits, args.repeat)
+    finally:
+        if "thrift" in args.engines:
+            sql_server.stop(settings, log=lambda *_: None)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
