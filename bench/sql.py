@@ -101,10 +101,9 @@ def timed(run, sqls: list[str]) -> list[float]:
 
 def embedded_steps(settings: Settings, accounts: int, repeat: int) -> None:
     """The embedded path's steps on their own, for the point lookup."""
-    import duckdb
     from deltalake import DeltaTable
 
-    from eventlake.query import _register_duckdb, logical_tables
+    from eventlake.query import _duckdb_connection, _register_duckdb, logical_tables
     from eventlake.tables import dataset
 
     resolve, open_logs, run = [], [], []
@@ -116,7 +115,7 @@ def embedded_steps(settings: Settings, accounts: int, repeat: int) -> None:
             for part in parts:
                 DeltaTable(str(part.path))
         t2 = time.perf_counter()
-        con = duckdb.connect()
+        con = _duckdb_connection()
         _register_duckdb(con, "account_summary", tables["account_summary"], dataset)
         con.execute(LOOKUP.format(account=account(random.randrange(accounts)))).fetchall()
         con.close()
@@ -127,15 +126,15 @@ def embedded_steps(settings: Settings, accounts: int, repeat: int) -> None:
     print(f"  embedded, by step (point lookup; {len(tables)} names):")
     print(f"    resolve names (catalog)          {figures(resolve)}")
     print(f"    open every table's Delta log     {figures(open_logs)}")
-    print(f"    open one table + DuckDB query    {figures(run)}")
+    print(f"    open its table + DuckDB query    {figures(run)}")
 
 
 def small_commits(settings: Settings, commits: int, repeat: int) -> None:
     """A table of ``commits`` tiny appends, read as it is, after a checkpoint, after OPTIMIZE + checkpoint."""
-    import duckdb
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
+    from eventlake.query import _duckdb_connection
     from eventlake.tables import dataset
 
     path = str(settings.home / "small-commits")
@@ -149,7 +148,7 @@ def small_commits(settings: Settings, commits: int, repeat: int) -> None:
         out = []
         for _ in range(repeat):
             t = time.perf_counter()
-            con = duckdb.connect()
+            con = _duckdb_connection()
             con.register("t", dataset(DeltaTable(path)))
             con.execute(f"SELECT * FROM t WHERE account_id = '{account(random.randrange(commits * 3))}'").fetchall()
             con.close()
