@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from eventlake.processes import pid_alive, read_pid
 from eventlake.settings import PROJECT_ROOT, Settings
 
 __all__ = ["SqlServerError", "SqlServerStatus", "guard_jar", "serve", "start", "stop", "status", "jdbc_url"]
@@ -195,28 +196,6 @@ def _write_state(p: dict[str, Path], names: list[str]) -> None:
 
 # -- start / stop / status ------------------------------------------------------------------------------------------
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped) is not running
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return True
-
-
-def _read_pid(p: dict[str, Path]) -> int | None:
-    try:
-        pid = int(p["pid"].read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if _pid_alive(pid) else None
-
-
 def _accepts(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=1):
@@ -227,7 +206,7 @@ def _accepts(host: str, port: int) -> bool:
 
 def status(settings: Settings) -> SqlServerStatus:
     p = _paths(settings)
-    pid = _read_pid(p)
+    pid = read_pid(p["pid"])
     views: tuple[str, ...] = ()
     if pid is not None:
         try:
@@ -280,16 +259,16 @@ def start(settings: Settings, log=print, timeout: float = 240.0) -> SqlServerSta
 
 def stop(settings: Settings, log=print, timeout: float = 60.0) -> None:
     p = _paths(settings)
-    pid = _read_pid(p)
+    pid = read_pid(p["pid"])
     if pid is None:
         log("sql-server: not running")
         p["pid"].unlink(missing_ok=True)
         return
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _pid_alive(pid):
+    while time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.2)
-    if _pid_alive(pid):
+    if pid_alive(pid):
         os.killpg(pid, signal.SIGKILL)
         log(f"sql-server: pid {pid} did not stop within {timeout:.0f}s of SIGTERM; killed")
     p["pid"].unlink(missing_ok=True)

@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from eventlake.processes import pid_alive, read_pid
 from eventlake.settings import Settings
 
 __all__ = ["BrokerStatus", "KafkaError", "resolve_libs", "up", "down", "status"]
@@ -120,29 +121,6 @@ def _java(settings: Settings, p: dict[str, Path], main: str, *args: str, heap: s
             f"-Dlog4j2.configurationFile={p['log4j']}", main, *args]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (our own exited child) is not alive.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return True
-
-
-def _read_pid(p: dict[str, Path]) -> int | None:
-    try:
-        pid = int(p["pid"].read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if _pid_alive(pid) else None
-
-
 def _port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
@@ -151,7 +129,7 @@ def _port_open(port: int) -> bool:
 
 def status(settings: Settings) -> BrokerStatus:
     p = _paths(settings)
-    pid = _read_pid(p)
+    pid = read_pid(p["pid"])
     return BrokerStatus(pid is not None, pid, settings.bootstrap_servers, p["data"], p["log"])
 
 
@@ -217,15 +195,15 @@ def _broker_ready(settings: Settings) -> bool:
 def down(settings: Settings, log=print, timeout: float = 30.0) -> None:
     """Stop the local broker (SIGTERM, then SIGKILL after ``timeout``). Data stays for the next ``up``."""
     p = _paths(settings)
-    pid = _read_pid(p)
+    pid = read_pid(p["pid"])
     if pid is None:
         log("kafka: not running")
         return
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _pid_alive(pid):
+    while time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.2)
-    if _pid_alive(pid):
+    if pid_alive(pid):
         os.kill(pid, signal.SIGKILL)
     p["pid"].unlink(missing_ok=True)
     log(f"kafka: stopped pid {pid}")
