@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["pid_alive", "read_pid"]
+__all__ = ["pid_alive", "read_pid", "terminate"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -29,3 +29,19 @@ def read_pid(pid_file: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return pid if pid_alive(pid) else None
+
+
+def terminate(pid: int, timeout: float, group: bool = False) -> bool:
+    """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL (the whole process group with ``group``: a service
+    started in a session of its own, with its JVM) -> whether it had to be killed."""
+    import signal
+    import time
+
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and pid_alive(pid):
+        time.sleep(0.2)
+    if not pid_alive(pid):
+        return False
+    (os.killpg if group else os.kill)(pid, signal.SIGKILL)
+    return True

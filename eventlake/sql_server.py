@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from eventlake.processes import pid_alive, read_pid
+from eventlake.processes import read_pid, terminate
 from eventlake.settings import PROJECT_ROOT, Settings
 
 __all__ = ["SqlServerError", "SqlServerStatus", "guard_jar", "serve", "start", "stop", "status", "jdbc_url"]
@@ -264,12 +263,7 @@ def stop(settings: Settings, log=print, timeout: float = 60.0) -> None:
         log("sql-server: not running")
         p["pid"].unlink(missing_ok=True)
         return
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and pid_alive(pid):
-        time.sleep(0.2)
-    if pid_alive(pid):
-        os.killpg(pid, signal.SIGKILL)
+    if terminate(pid, timeout, group=True):
         log(f"sql-server: pid {pid} did not stop within {timeout:.0f}s of SIGTERM; killed")
     p["pid"].unlink(missing_ok=True)
     p["state"].unlink(missing_ok=True)

@@ -7,9 +7,7 @@ Everything is idempotent: ``up`` on a running broker only reports it.
 from __future__ import annotations
 
 import base64
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -17,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from eventlake.processes import pid_alive, read_pid
+from eventlake.processes import read_pid, terminate
 from eventlake.settings import Settings
 
 __all__ = ["BrokerStatus", "KafkaError", "resolve_libs", "up", "down", "status"]
@@ -199,11 +197,6 @@ def down(settings: Settings, log=print, timeout: float = 30.0) -> None:
     if pid is None:
         log("kafka: not running")
         return
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and pid_alive(pid):
-        time.sleep(0.2)
-    if pid_alive(pid):
-        os.kill(pid, signal.SIGKILL)
+    terminate(pid, timeout)
     p["pid"].unlink(missing_ok=True)
     log(f"kafka: stopped pid {pid}")
