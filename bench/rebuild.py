@@ -6,13 +6,14 @@ opened then mostly paying (about 88% authorized, 7% declined), with device locat
 freezes, in three partitions with each account's versions in offset order, and a few re-sent records
 (``--duplicates``) that send their accounts through the ranked path of the sequence rule. The Kafka path (and
 its JSON parsing) is skipped on purpose: this measures the fold, whose input is the archive's columns. Then it
-times ``spark_apps.rebuild.fold_archive`` into fresh folders (after an unmeasured warm-up fold): per step
-(read: the position; sequence: the rule's checks and the ledger written; each model: its fold and its one
-write), events/s, and the time ratio of the largest size to the smallest. ``--limits`` also times a scan of the
+times ``spark_apps.rebuild.fold_archive`` into fresh folders (after an unmeasured warm-up fold) with each of
+``--engines`` (default: duckdb, what a rebuild uses; ``spark`` for the same fold in Spark, side by side):
+per step (read: the position; sequence: the rule's checks and the ledger written; each model: its fold and
+its one write), events/s, and the time ratio of the largest size to the smallest. ``--limits`` also times a scan of the
 archive's columns into Spark's ``noop`` sink and a plain copy of them to a new Delta table: the floor under
 any fold that reads every event and writes one table row per payment.
 
-    .venv/bin/python bench/rebuild.py [--events 1000000 10000000] [--events-per-account 50] [--limits]
+    .venv/bin/python bench/rebuild.py [--events 1000000 10000000] [--engines duckdb spark] [--limits]
 """
 from __future__ import annotations
 
@@ -111,6 +112,8 @@ def main() -> int:
     parser.add_argument("--events-per-account", type=int, default=50)
     parser.add_argument("--duplicates", type=float, default=0.0001, help="share of events re-sent once")
     parser.add_argument("--warmup", type=int, default=200_000, help="events of an unmeasured warm-up fold")
+    parser.add_argument("--engines", nargs="+", default=["duckdb"], choices=["duckdb", "spark"],
+                        help="fold with each (spark: the same fold as Spark jobs)")
     parser.add_argument("--limits", action="store_true", help="also time a scan and a copy of the archive")
     parser.add_argument("--keep", action="store_true", help="keep the archives and tables (under .eventlake/bench)")
     args = parser.parse_args()
@@ -127,34 +130,47 @@ def main() -> int:
     print(f"spark {spark.version}, master {spark.sparkContext.master}, shuffle partitions "
           f"{spark.conf.get('spark.sql.shuffle.partitions')}, driver memory {base.spark_driver_memory}", flush=True)
 
-    def fold(n: int, quiet: bool):
+    def archive(n: int, quiet: bool) -> Settings:
         settings = base.replace(home=home / f"archive-{n}")
         built = build_archive(spark, settings, n, args.events_per_account, args.duplicates)
         if not quiet:
             print(f"archive of {n:,} events (+{args.duplicates:.2%} re-sent) for {n // args.events_per_account:,} "
                   f"accounts built in {built:.1f}s (not measured)", flush=True)
-        target = settings.replace(home=home / f"generation-{n}")
-        result = fold_archive(spark, settings, models, warehouse_targets(target, models),
-                              log=(lambda *_: None) if quiet else (lambda line: print("  " + line, flush=True)))
-        if args.limits and not quiet:
-            for name, rate in limits(spark, settings).items():
-                print(f"  limit: {name}: {rate:,.0f} events/s", flush=True)
-        return result
+        return settings
+
+    def fold(settings: Settings, n: int, engine: str, quiet: bool):
+        target = settings.replace(home=home / f"generation-{n}-{engine}")
+        return fold_archive(spark, settings, models, warehouse_targets(target, models), engine=engine,
+                            log=(lambda *_: None) if quiet else (lambda line: print("  " + line, flush=True)))
 
     if args.warmup:
-        fold(args.warmup, quiet=True)  # the JVM's first jobs are slower (class loading, JIT)
+        warm = archive(args.warmup, quiet=True)
+        for engine in args.engines:
+            fold(warm, args.warmup, engine, quiet=True)  # the JVM's first jobs are slower (class loading, JIT)
         print(f"warmed up on {args.warmup:,} events", flush=True)
-    results = {}
+    results: dict[str, dict[int, object]] = {engine: {} for engine in args.engines}
     for n in args.events:
-        r = results[n] = fold(n, quiet=False)
-        print(f"fold of {r.events:,} events into account_summary + payments: {r.seconds:.1f}s = "
-              f"{r.events_per_second:,.0f} events/s (aim: 300,000)", flush=True)
-        print("  by step (s): " + ", ".join(f"{k} {v:.1f}" for k, v in r.step_seconds().items()), flush=True)
-    if len(results) > 1:
-        small, large = min(results), max(results)
-        ratio = results[large].seconds / results[small].seconds
-        print(f"time ratio {large:,} / {small:,} events: {ratio:.2f} (linear: {large / small:.0f}; aim: within "
-              f"{large / small * 1.1:.0f})")
+        settings = archive(n, quiet=False)
+        for engine in args.engines:
+            print(f"{engine}:", flush=True)
+            r = results[engine][n] = fold(settings, n, engine, quiet=False)
+            print(f"{engine} fold of {r.events:,} events into account_summary + payments: {r.seconds:.1f}s = "
+                  f"{r.events_per_second:,.0f} events/s (aim: 300,000)", flush=True)
+            print("  by step (s): " + ", ".join(f"{k} {v:.1f}" for k, v in r.step_seconds().items()), flush=True)
+        if len(args.engines) > 1:
+            first = results[args.engines[0]][n]
+            print(f"{n:,} events: " + ", ".join(
+                f"{engine} takes {results[engine][n].seconds / first.seconds:.2f}x {args.engines[0]}'s time"
+                for engine in args.engines[1:]), flush=True)
+        if args.limits:
+            for name, rate in limits(spark, settings).items():
+                print(f"  limit: {name}: {rate:,.0f} events/s", flush=True)
+    for engine, by_size in results.items():
+        if len(by_size) > 1:
+            small, large = min(by_size), max(by_size)
+            ratio = by_size[large].seconds / by_size[small].seconds
+            print(f"{engine}: time ratio {large:,} / {small:,} events: {ratio:.2f} (linear: {large / small:.0f}; "
+                  f"aim: within {large / small * 1.1:.0f})")
     if not args.keep:
         shutil.rmtree(home, ignore_errors=True)
     spark.stop()

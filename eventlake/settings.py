@@ -52,6 +52,8 @@ class Settings:
     # A batch this big (~600 MB cached for 1M events) amortises the per-batch Delta commits: bench/projection.py
     max_offsets_per_trigger: int = 1_000_000
     trigger_interval: str = "5 seconds"
+    # How a rebuild folds the event archive: "duckdb" (in process, each model's fold_sql) or "spark".
+    rebuild_engine: str = "duckdb"
     sql_server_host: str = "127.0.0.1"
     sql_server_port: int = 10000
     # Free-form extras, e.g. {"projection_id": "..."} from tests; not read from the environment.

@@ -81,6 +81,28 @@ def _fold(events):
     return numbers.join(strings, "account_id", "left")
 
 
+def _latest(column: str, types: tuple[str, ...]) -> str:
+    kinds = ", ".join(f"'{t}'" for t in types)
+    return f"arg_max_null({column}, aggregate_version) FILTER (WHERE event_type IN ({kinds}))"
+
+
+# The same fold in SQL, for the rebuild (``ReadModel.fold_sql``).
+FOLD_SQL = f"""
+SELECT aggregate_id AS account_id,
+       min(aggregate_version) AS first_version, max(aggregate_version) AS version, count(*) AS _events,
+       count(*) FILTER (WHERE event_type = 'PaymentAuthorized') AS payments_authorized,
+       count(*) FILTER (WHERE event_type = 'PaymentDeclined') AS payments_declined,
+       coalesce(sum(amount_minor) FILTER (WHERE event_type = 'PaymentAuthorized'), 0) AS authorized_total_minor,
+       arg_max_null(recorded_at, aggregate_version) AS updated_at,
+       {_latest("customer_id", ("AccountOpened",))} AS customer_id,
+       {_latest("credit_limit_minor", ("AccountOpened",))} AS credit_limit_minor,
+       {_latest("currency", ("AccountOpened",))} AS currency,
+       {_latest("CASE WHEN event_type = 'AccountFrozen' THEN 'frozen' ELSE 'open' END",
+                ("AccountOpened", "AccountFrozen", "AccountUnfrozen"))} AS status,
+       {_latest("location", ("DeviceLocationReported",))} AS last_device_location
+FROM events GROUP BY aggregate_id
+"""
+
 _AUTHORIZED_TOTAL = "t.authorized_total_minor + s.authorized_total_minor"
 MERGE_UPDATE = {
     "customer_id": "coalesce(s.customer_id, t.customer_id)",
@@ -146,6 +168,7 @@ MODEL = ReadModel(
     event_types=EVENT_TYPES,
     schema=_schema,
     fold=_fold,
+    fold_sql=FOLD_SQL,
     merge_update=MERGE_UPDATE,
     merge_insert=MERGE_INSERT,
     merge_strategy=CURRENT_STATE_BY_VERSION,

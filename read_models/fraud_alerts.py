@@ -32,6 +32,13 @@ def _fold(events):
                          F.col("recorded_at").alias("detected_at"), "evidence", "event_id")
 
 
+# The same fold in SQL, for the rebuild (``ReadModel.fold_sql``).
+FOLD_SQL = """
+SELECT payment_id, aggregate_id AS account_id, rule, occurred_at, recorded_at AS detected_at, evidence, event_id
+FROM events
+"""
+
+
 def python_fold(events: Iterable[EventEnvelope]) -> dict[tuple, dict[str, Any]]:
     rows: dict[tuple, dict[str, Any]] = {}
     for e in events:
@@ -53,6 +60,7 @@ MODEL = ReadModel(
     event_types=EVENT_TYPES,
     schema=_schema,
     fold=_fold,
+    fold_sql=FOLD_SQL,
     merge_strategy=INSERT_ONCE,
     python_fold=python_fold,
     description="one row per payment and fraud rule that fired, with the evidence",

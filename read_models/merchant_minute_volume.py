@@ -43,6 +43,15 @@ def _fold(events):
             .withColumn("window_end", F.col("window_start") + F.expr("INTERVAL 1 MINUTE")))
 
 
+# The same fold in SQL, for the rebuild (``ReadModel.fold_sql``).
+FOLD_SQL = """
+SELECT merchant_id, date_trunc('minute', occurred_at) AS window_start, count(*) AS payments,
+       sum(amount_minor) AS amount_minor, max(recorded_at) AS updated_at,
+       date_trunc('minute', occurred_at) + INTERVAL 1 MINUTE AS window_end
+FROM events GROUP BY merchant_id, date_trunc('minute', occurred_at)
+"""
+
+
 def python_fold(events: Iterable[EventEnvelope]) -> dict[tuple, dict[str, Any]]:
     """Every authorized payment counted once in its minute: what the table plus ``late_events`` must add up to."""
     seen: set[str] = set()
@@ -64,6 +73,7 @@ MODEL = ReadModel(
     event_types=EVENT_TYPES,
     schema=_schema,
     fold=_fold,
+    fold_sql=FOLD_SQL,
     merge_strategy=WINDOWED_SUM,
     python_fold=python_fold,
     merge_update={"payments": "t.payments + s.payments", "amount_minor": "t.amount_minor + s.amount_minor",

@@ -45,6 +45,17 @@ def _fold(events):
         "occurred_at", "event_id")
 
 
+# The same fold in SQL, for the rebuild (``ReadModel.fold_sql``).
+FOLD_SQL = """
+SELECT payment_id, aggregate_id AS account_id, merchant_id, amount_minor, currency, location,
+       CASE WHEN event_type = 'PaymentAuthorized' THEN merchant_country END AS merchant_country,
+       CASE WHEN event_type = 'PaymentAuthorized' THEN 'authorized' ELSE 'declined' END AS status,
+       CASE WHEN event_type = 'PaymentAuthorized' THEN NULL ELSE reason END AS decline_reason,
+       occurred_at, event_id
+FROM events
+"""
+
+
 def python_fold(events: Iterable[EventEnvelope]) -> dict[tuple, dict[str, Any]]:
     rows: dict[tuple, dict[str, Any]] = {}
     for e in events:
@@ -69,6 +80,7 @@ MODEL = ReadModel(
     event_types=EVENT_TYPES,
     schema=_schema,
     fold=_fold,
+    fold_sql=FOLD_SQL,
     merge_strategy=INSERT_ONCE,
     python_fold=python_fold,
     stats_columns=("payment_id", "account_id", "merchant_id", "occurred_at"),

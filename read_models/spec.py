@@ -46,6 +46,9 @@ class ReadModel:
     description: str = ""
     # Columns Delta keeps min/max statistics of (data skipping for readers); default: the key.
     stats_columns: tuple[str, ...] = ()
+    # The same fold as ``fold`` in SQL (DuckDB's dialect) over a relation ``events`` with the archive's columns:
+    # the rebuild folds the whole archive with it (``eventlake.archive_fold``; without it, with ``fold`` in Spark).
+    fold_sql: str = ""
 
     def __post_init__(self):
         if self.merge_strategy not in MERGE_STRATEGIES:

@@ -134,16 +134,19 @@ def late_events_schema():
 
 def bookkeeping_tables(model: ReadModel, event_row_schema, generation: Generation) -> dict[Path, object]:
     """The tables (path -> schema) a model's merge strategy needs in ``generation`` besides the model's table."""
-    from pyspark.sql.types import BooleanType, StringType, StructField, StructType, TimestampType
-
     if model.merge_strategy == CURRENT_STATE_BY_VERSION:
         return {generation.pending: event_row_schema}
     if model.merge_strategy == WINDOWED_SUM:
-        return {generation.applied: StructType([StructField("event_id", StringType()),
-                                                StructField("event_time", TimestampType()),
-                                                StructField("_late", BooleanType())]),
-                generation.late_events: late_events_schema()}
+        return {generation.applied: applied_schema(), generation.late_events: late_events_schema()}
     return {}
+
+
+def applied_schema():
+    """A windowed model's ``_applied`` ledger: each event id folded, its event time, and whether it came late."""
+    from pyspark.sql.types import BooleanType, StringType, StructField, StructType, TimestampType
+
+    return StructType([StructField("event_id", StringType()), StructField("event_time", TimestampType()),
+                       StructField("_late", BooleanType())])
 
 
 def commit_conflict(error: BaseException) -> str | None:

@@ -31,6 +31,8 @@ __all__ = ["FoldTargets", "FoldStep", "FoldResult", "RebuildError", "RebuildFail
            "switch_generation", "airflow_owner", "lock_path", "warehouse_targets", "archive_position",
            "catch_up_offsets", "fold_archive"]
 
+# How a rebuild folds the archive (``fold_archive``'s ``engine``).
+REBUILD_ENGINES = ("duckdb", "spark")
 # Aggregates whose events need the ranked (window) path are joined by broadcast below this many.
 _BROADCAST_KEYS = 100_000
 
@@ -127,15 +129,33 @@ def catch_up_offsets(settings: Settings, position: dict[int, int]) -> dict[int, 
 
 
 def fold_archive(spark, settings: Settings, models: list[ReadModel], targets: dict[str, FoldTargets],
-                 up_to: dict[int, int] | None = None, log: Callable[[str], None] = print) -> FoldResult:
+                 up_to: dict[int, int] | None = None, log: Callable[[str], None] = print,
+                 engine: str | None = None) -> FoldResult:
     """Fold the archived events up to ``up_to`` (partition -> last offset included; default: all archived) into
     ``targets`` (model name -> FoldTargets), each table written whole. Logs one line per step ("[k/n]", with the
-    elapsed time) and returns the position, the counts and each step's time."""
-    from pyspark.sql import functions as F
+    elapsed time) and returns the position, the counts and each step's time.
+
+    ``engine`` (default ``settings.rebuild_engine``): ``duckdb`` folds in this process with each model's
+    ``fold_sql`` (``eventlake.archive_fold``; no Spark job), ``spark`` with each model's ``fold`` on ``spark``.
+    DuckDB falls back to Spark, saying why, where it cannot do the job (a model without ``fold_sql``, a URI)."""
+    from eventlake import archive_fold
 
     missing = [m.name for m in models if m.name not in targets]
     if missing:
         raise RebuildError(f"fold_archive: no targets for {', '.join(missing)}")
+    engine = engine or settings.rebuild_engine
+    if engine not in REBUILD_ENGINES:
+        raise RebuildError(f"unknown rebuild engine {engine!r}; known: {', '.join(REBUILD_ENGINES)}")
+    if engine == "duckdb":
+        from spark_apps.projection import ARCHIVE_TABLE
+
+        paths = [str(settings.table_path(ARCHIVE_TABLE))] + [p for t in targets.values() for p in
+                                                               (t.table, t.ledger, t.held, t.pending, t.applied, t.late)
+                                                               if p]
+        why_not = archive_fold.supports(models, paths)
+        if why_not:
+            log(f"rebuild: folding in Spark, not DuckDB: {why_not}")
+            engine = "spark"
     started = time.monotonic()
     ledgers = sorted({targets[m.name].ledger for m in models})
     helds = sorted({targets[m.name].held for m in models})
@@ -158,13 +178,19 @@ def fold_archive(spark, settings: Settings, models: list[ReadModel], targets: di
 
     # 1. read: where the fold stops, and the archive's columns up to there.
     t0 = time.monotonic()
-    archived = archive_position(spark, settings)
+    archived = archive_fold.archive_position(settings) if engine == "duckdb" else archive_position(spark, settings)
     position = dict(archived) if up_to is None else {int(p): int(o) for p, o in up_to.items()}
     beyond = {p: o for p, o in position.items() if o > archived.get(p, -1)}
     if beyond:
         raise RebuildError(f"cannot fold up to {_offsets_text(beyond)}: the archive ends at "
                            f"{_offsets_text(archived) or 'nothing'} (its query has not got that far yet)")
     result.position = position
+    if engine == "duckdb":
+        step("read", t0, len(position), "partition(s), up to " + (_offsets_text(position) or "nothing"))
+        archive_fold.fold_archive(settings, models, targets, position, result, step)
+        return _folded(result, models, started, log)
+    from pyspark.sql import functions as F
+
     archive = _archive(spark, settings)
     within = F.lit(False)
     for p, o in sorted(position.items()):
@@ -195,10 +221,14 @@ def fold_archive(spark, settings: Settings, models: list[ReadModel], targets: di
             step(model.name, t0, rows)
     finally:
         admission.release()
+    return _folded(result, models, started, log)
+
+
+def _folded(result: FoldResult, models: list[ReadModel], started: float, log: Callable[[str], None]) -> FoldResult:
     result.seconds = time.monotonic() - started
     log(f"rebuild: folded {result.events:,} archived events into {', '.join(m.name for m in models)} in "
         f"{result.seconds:.1f}s ({result.events_per_second:,.0f} events/s); a catch-up starts after "
-        f"{_offsets_text(position) or 'nothing'}")
+        f"{_offsets_text(result.position) or 'nothing'}")
     return result
 
 

@@ -80,7 +80,7 @@ def test_queries_during_a_rebuild_and_its_switch_never_fail_and_see_one_whole_ge
 # Progress lines of the rebuild, in order: a kill -9 right after each one (caught up once and being marked ready,
 # or caught up again while the live projection follows it; being checked). A kill while the new generation is
 # only created and being folded leaves what test_rebuild.py's taken-over lock test starts from.
-KILL_AFTER = ("catch-up:", "checking generation")
+KILL_AFTER = ("event(s) from Kafka after the archive's position", "checking generation")
 
 
 @pytest.mark.heavy

@@ -104,6 +104,16 @@ def test_the_fold_of_the_archive_equals_the_stream_and_a_catch_up_from_its_midpo
         delta_rows(spark, settings.table_path("_applied/merchant_minute_volume"), "event_id")
     assert delta_rows(spark, full.table_path("_pending/account_summary"), "event_id") == set()
 
+    # The same fold as Spark jobs (what a model without fold_sql, or a URI, gets) writes the same tables.
+    in_spark = settings.replace(home=tmp_path / "spark")
+    spark_lines = []
+    fold_archive(spark, settings, MODELS, warehouse_targets(in_spark, MODELS), log=spark_lines.append, engine="spark")
+    assert model_tables(spark, in_spark) == model_tables(spark, full)
+    for bookkeeping in (spark_sequence.ledger_table(PROJECTION), spark_sequence.held_table(PROJECTION),
+                        "_applied/merchant_minute_volume", "_pending/account_summary"):
+        assert delta_rows(spark, in_spark.table_path(bookkeeping), "event_id") == \
+            delta_rows(spark, full.table_path(bookkeeping), "event_id"), bookkeeping
+
     # Up to a midpoint: the bookkeeping stands as the rule says for the log up to there ...
     midpoint = {p: o // 2 for p, o in result.position.items()}
     half = settings.replace(home=tmp_path / "half")
