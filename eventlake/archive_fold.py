@@ -85,8 +85,9 @@ class _Fold:
         except Exception as e:  # noqa: BLE001 -- TableNotFoundError and the like: not a Delta table
             from spark_apps.rebuild import RebuildError
 
-            raise RebuildError(f"cannot rebuild from {self.path}: no event archive there ({str(e).splitlines()[0][:200]}); "
-                               f"run `eventlake project` (its event_archive query) first") from None
+            raise RebuildError(f"cannot rebuild from {self.path}: no event archive there "
+                               f"({str(e).splitlines()[0][:200]}); run `eventlake project` (its event_archive query) "
+                               f"first") from None
         self.con = duckdb.connect(config={"threads": max(2, os.cpu_count() or 2)})
         self.con.execute("SET TimeZone = 'UTC'")
         self.con.execute("SET preserve_insertion_order = false")
@@ -103,6 +104,9 @@ class _Fold:
                 self.con.execute(f"CREATE VIEW archive AS SELECT * FROM read_parquet({_sql_list(files)})")
             else:
                 self.con.register("archive", self.schema.empty_table())
+
+    def close(self) -> None:
+        self.con.close()
 
     def one(self, query: str):
         return self.con.execute(query).fetchall()[0]
@@ -168,7 +172,10 @@ def _cast(data, schema):
 def archive_position(settings: Settings) -> dict[int, int]:
     """Per Kafka partition, the highest offset in ``event_archive`` (``spark_apps.rebuild.archive_position``)."""
     fold = _Fold(settings, {})
-    rows = fold.con.execute("SELECT kafka_partition, max(kafka_offset) FROM archive GROUP BY 1").fetchall()
+    try:
+        rows = fold.con.execute("SELECT kafka_partition, max(kafka_offset) FROM archive GROUP BY 1").fetchall()
+    finally:
+        fold.close()
     return {int(p): int(o) for p, o in rows}
 
 
@@ -178,11 +185,18 @@ def fold_archive(settings: Settings, models: list[ReadModel], targets: dict, pos
     (partition -> last offset; checked against the archive by the caller) into ``targets`` (model name ->
     ``FoldTargets``), filling ``result`` (a ``FoldResult``) and reporting each step through
     ``step(name, t0, rows, detail)``."""
+    metadata = {"projection": "rebuild", "position": {str(p): o for p, o in sorted(position.items())}}
+    fold = _Fold(settings, metadata)
+    try:
+        _fold(fold, models, targets, position, result, step)
+    finally:
+        fold.close()
+
+
+def _fold(fold: _Fold, models: list[ReadModel], targets: dict, position: dict[int, int], result, step) -> None:
     from spark_apps.merge import applied_schema, late_events_schema
     from spark_apps.sequence import ledger_schema
 
-    metadata = {"projection": "rebuild", "position": {str(p): o for p, o in sorted(position.items())}}
-    fold = _Fold(settings, metadata)
     within = " OR ".join(f"(kafka_partition = {int(p)} AND kafka_offset <= {int(o)})"
                          for p, o in sorted(position.items())) or "false"
     fold.con.execute(f"CREATE VIEW ev AS SELECT * FROM archive WHERE {within}")
