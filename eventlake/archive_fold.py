@@ -194,7 +194,6 @@ def fold_archive(settings: Settings, models: list[ReadModel], targets: dict, pos
 
 
 def _fold(fold: _Fold, models: list[ReadModel], targets: dict, position: dict[int, int], result, step) -> None:
-    from spark_apps.merge import applied_schema, late_events_schema
     from spark_apps.sequence import ledger_schema
 
     within = " OR ".join(f"(kafka_partition = {int(p)} AND kafka_offset <= {int(o)})"
@@ -251,11 +250,12 @@ def _fold(fold: _Fold, models: list[ReadModel], targets: dict, position: dict[in
     # 3. each model: its fold of the admitted events, written once, with its bookkeeping.
     for model in models:
         t0 = time.monotonic()
-        rows = _fold_model(fold, model, targets[model.name], rows_schema, applied_schema, late_events_schema)
-        step(model.name, t0, rows, "")
+        rows = _fold_model(fold, model, targets[model.name], rows_schema)
+        step(model.name, t0, rows)
 
 
-def _fold_model(fold: _Fold, model: ReadModel, targets, rows_schema, applied_schema, late_events_schema) -> int:
+def _fold_model(fold: _Fold, model: ReadModel, targets, rows_schema) -> int:
+    from spark_apps.merge import applied_schema, late_events_schema
     from spark_apps.rebuild import RebuildError, _required
 
     types = ", ".join("'" + t.replace("'", "''") + "'" for t in model.event_types)
