@@ -11,11 +11,13 @@ before the clock). For the embedded path it also times its steps on their own: r
 catalog, opening each table's Delta log (delta-rs), and the query in DuckDB.
 
 ``--small-commits N`` also builds a table the way a streaming projection leaves it: N appends of a few rows each
-(one commit, one small file each), and times the point lookup on it as it is, after a Delta log checkpoint and
-after OPTIMIZE (compaction) + checkpoint.
+(one commit, one small file each, written by delta-rs), and times the point lookup on it as it is, after a Delta
+log checkpoint and after OPTIMIZE (compaction) + checkpoint. ``--spark-commits N``: N such appends written by
+Spark as the projection writes them, with Delta's auto compaction off and on (``EVENTLAKE_AUTO_COMPACT_MIN_FILES``),
+side by side: files left, compactions, the append's time and the point lookup.
 
     .venv/bin/python bench/sql.py [--payments 1000000] [--accounts 20000] [--repeat 50] [--small-commits 2000]
-                                  [--engines embedded thrift spark]
+                                  [--spark-commits 200] [--engines embedded thrift spark]
 """
 from __future__ import annotations
 
@@ -134,9 +136,6 @@ def small_commits(settings: Settings, commits: int, repeat: int) -> None:
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
-    from eventlake.query import _duckdb_connection
-    from eventlake.tables import dataset
-
     path = str(settings.home / "small-commits")
     t0 = time.perf_counter()
     for c in range(commits):
@@ -144,23 +143,61 @@ def small_commits(settings: Settings, commits: int, repeat: int) -> None:
                                         "version": pa.array([c] * 3, pa.int64())}), mode="append")
     print(f"small commits: {commits:,} appends of 3 rows written in {time.perf_counter() - t0:.1f}s")
 
-    def lookups() -> list[float]:
-        out = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            con = _duckdb_connection()
-            con.register("t", dataset(DeltaTable(path)))
-            con.execute(f"SELECT * FROM t WHERE account_id = '{account(random.randrange(commits * 3))}'").fetchall()
-            con.close()
-            out.append(time.perf_counter() - t)
-        return out
-
-    print(f"  as written ({len(DeltaTable(path).file_uris()):,} files, no checkpoint)  {figures(lookups())}")
+    print(f"  as written ({len(DeltaTable(path).file_uris()):,} files, no checkpoint)  {figures(point_lookups(path, repeat, commits))}")
     DeltaTable(path).create_checkpoint()
-    print(f"  after a log checkpoint                       {figures(lookups())}")
+    print(f"  after a log checkpoint                       {figures(point_lookups(path, repeat, commits))}")
     DeltaTable(path).optimize.compact()
     DeltaTable(path).create_checkpoint()
-    print(f"  after OPTIMIZE + checkpoint ({len(DeltaTable(path).file_uris())} file(s))          {figures(lookups())}")
+    print(f"  after OPTIMIZE + checkpoint ({len(DeltaTable(path).file_uris())} file(s))          "
+          f"{figures(point_lookups(path, repeat, commits))}")
+
+
+def spark_small_commits(settings: Settings, commits: int, repeat: int) -> None:
+    """``commits`` appends of 3 rows written by Spark as the projection writes (Delta's log checkpoint every 10
+    commits), with Delta's auto compaction off and on (``auto_compact_min_files``), side by side."""
+    from deltalake import DeltaTable
+
+    from spark_apps.session import build_session
+
+    spark = build_session(settings, app_name="eventlake-bench-sql", log=lambda *_: None)
+    spark.conf.set("spark.databricks.delta.autoCompact.minNumFiles", str(max(settings.auto_compact_min_files, 1)))
+    conf = "spark.databricks.delta.autoCompact.enabled"
+    print(f"small commits through Spark: {commits:,} appends of 3 rows each (auto compaction at "
+          f"{settings.auto_compact_min_files} small files)")
+    for label, enabled in (("auto compaction off", "false"), ("auto compaction on ", "true")):
+        path = str(settings.home / f"spark-small-commits-{enabled}")
+        spark.conf.set(conf, enabled)
+        write_s = []
+        for c in range(commits):
+            rows = [(account(c * 3 + k), c) for k in range(3)]
+            t = time.perf_counter()
+            spark.createDataFrame(rows, "account_id string, version long").coalesce(1).write.format(
+                "delta").mode("append").save(path)
+            write_s.append(time.perf_counter() - t)
+        table = DeltaTable(path)
+        compactions = sum(c["operation"] == "OPTIMIZE" for c in table.history())
+        print(f"  {label}: {len(table.file_uris()):>4} files, {compactions:>3} compactions; "
+              f"append {figures(write_s)}")
+        print(f"    point lookup                {figures(point_lookups(path, repeat, commits))}")
+    spark.conf.set(conf, str(settings.auto_compact_min_files > 0).lower())
+
+
+def point_lookups(path: str, repeat: int, commits: int) -> list[float]:
+    """The embedded path's point lookup (a cursor of the process's DuckDB, the table's current version)."""
+    from deltalake import DeltaTable
+
+    from eventlake.query import _duckdb_connection
+    from eventlake.tables import dataset
+
+    out = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        con = _duckdb_connection()
+        con.register("t", dataset(DeltaTable(path)))
+        con.execute(f"SELECT * FROM t WHERE account_id = '{account(random.randrange(commits * 3))}'").fetchall()
+        con.close()
+        out.append(time.perf_counter() - t)
+    return out
 
 
 def free_port() -> int:
@@ -175,6 +212,10 @@ def main() -> None:
     ap.add_argument("--accounts", type=int, default=20_000)
     ap.add_argument("--repeat", type=int, default=50, help="point lookups per engine (GROUP BYs: a fifth of it)")
     ap.add_argument("--small-commits", type=int, default=0)
+    ap.add_argument("--spark-commits", type=int, default=0,
+                    help="also N small appends through Spark, auto compaction off and on")
+    ap.add_argument("--auto-compact-min-files", type=int, default=Settings.auto_compact_min_files,
+                    help="with --spark-commits: the small files that start a compaction (EVENTLAKE_AUTO_COMPACT_MIN_FILES)")
     ap.add_argument("--engines", nargs="+", default=["embedded", "thrift", "spark"],
                     choices=["embedded", "thrift", "spark"])
     args = ap.parse_args()
@@ -183,7 +224,8 @@ def main() -> None:
     from eventlake.query import query_duckdb, query_spark
 
     home = Path(".cache/bench/sql") / uuid.uuid4().hex[:8]
-    settings = Settings.load({}).replace(home=home.resolve(), sql_server_port=free_port())
+    settings = Settings.load({}).replace(home=home.resolve(), sql_server_port=free_port(),
+                                         auto_compact_min_files=args.auto_compact_min_files)
     try:
         print(f"warehouse: {args.payments:,} payments, {args.accounts:,} accounts written in "
               f"{build_warehouse(settings, args.payments, args.accounts):.1f}s ({home})")
@@ -217,6 +259,8 @@ def main() -> None:
             embedded_steps(settings, args.accounts, args.repeat)
         if args.small_commits:
             small_commits(settings, args.small_commits, args.repeat)
+        if args.spark_commits:
+            spark_small_commits(settings, args.spark_commits, args.repeat)
     finally:
         if "thrift" in args.engines:
             sql_server.stop(settings, log=lambda *_: None)

@@ -52,6 +52,10 @@ class Settings:
     # A batch this big (~600 MB cached for 1M events) amortises the per-batch Delta commits: bench/projection.py
     max_offsets_per_trigger: int = 1_000_000
     trigger_interval: str = "5 seconds"
+    # Delta auto compaction in every Spark writer of the warehouse: after a commit leaves a table with this many
+    # small files (under 64 MB), Delta compacts them in the same batch (0 = off: only the maintenance DAG's
+    # OPTIMIZE compacts). A streaming table of thousands of small commits stays fast to read (bench/sql.py).
+    auto_compact_min_files: int = 10
     # How a rebuild folds the event archive: "duckdb" (in process, each model's fold_sql) or "spark".
     rebuild_engine: str = "duckdb"
     sql_server_host: str = "127.0.0.1"

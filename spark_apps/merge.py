@@ -14,6 +14,10 @@ added to their window, late ones are recorded in ``late_events``; then the ledge
 The target is always written before its bookkeeping table (pending / applied), so a crash in between
 leaves bookkeeping that the re-run batch rewrites, never a row counted twice.
 
+A commit whose post-commit hook fails (Delta's auto compaction losing a race with another compaction, a log
+checkpoint that cannot be written) has committed: Delta raises after the fact. The write is logged as committed,
+with the hook's failure, and the batch goes on; the files are left for the next compaction.
+
 A write that loses a commit race (Delta's optimistic concurrency: maintenance's OPTIMIZE, a reprocess's
 ``replaceWhere`` or a schema change committed between the write's read and its commit) is not an error of the
 batch: ``apply`` runs the model's part of the batch again, up to ``COMMIT_ATTEMPTS`` times. That is the path a
@@ -32,7 +36,7 @@ from pathlib import Path
 from eventlake.catalog import SHARED_LATE_EVENTS_TABLE, Generation, legacy_generation
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
-__all__ = ["BatchContext", "apply", "commit_conflict", "COMMIT_ATTEMPTS", "ensure_table", "bookkeeping_tables",
+__all__ = ["BatchContext", "apply", "commit_conflict", "post_commit_hook_failure", "COMMIT_ATTEMPTS", "ensure_table", "bookkeeping_tables",
            "LATE_EVENTS_TABLE", "watermark_delay", "windowed_watermark", "newest_event_time_on_clock"]
 
 # How often a model's part of a batch is run when its commits keep losing races, and the pause before each retry.
@@ -100,13 +104,14 @@ class BatchContext:
 
     @contextmanager
     def dml(self, table: str, **metadata):
-        """MERGE inside this block is an idempotent write for (projection/table, batch id)."""
+        """MERGE inside this block (its last statement) is an idempotent write for (projection/table, batch id)."""
         conf = self.spark.conf
         conf.set("spark.databricks.delta.write.txnAppId", f"{self.app_id}/{table}")
         conf.set("spark.databricks.delta.write.txnVersion", str(self.batch_id))
         conf.set("spark.databricks.delta.commitInfo.userMetadata", self.metadata(**metadata))
         try:
-            yield
+            with self._committed_if_only_a_hook_failed(table):
+                yield
         finally:
             for key in ("write.txnAppId", "write.txnVersion", "commitInfo.userMetadata"):
                 conf.unset(f"spark.databricks.delta.{key}")
@@ -117,10 +122,23 @@ class BatchContext:
         names the write (its idempotency id); it is written at ``path`` when given (a generation's
         bookkeeping), else at ``settings.table_path(table)``."""
         # mergeSchema: a table of event rows written by an older release gains the columns added since.
-        (df.write.format("delta").mode(mode).option("mergeSchema", "true")
-         .option("txnAppId", f"{self.app_id}/{table}/{writer or ''}").option("txnVersion", self.batch_id)
-         .option("userMetadata", self.metadata())
-         .save(str(path) if path is not None else self.path(table)))
+        with self._committed_if_only_a_hook_failed(table):
+            (df.write.format("delta").mode(mode).option("mergeSchema", "true")
+             .option("txnAppId", f"{self.app_id}/{table}/{writer or ''}").option("txnVersion", self.batch_id)
+             .option("userMetadata", self.metadata())
+             .save(str(path) if path is not None else self.path(table)))
+
+    @contextmanager
+    def _committed_if_only_a_hook_failed(self, table: str):
+        """The write in this block committed even if a post-commit hook then failed: log that, go on."""
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 -- Delta's DELTA_POST_COMMIT_HOOK_FAILED through py4j; else raised
+            failure = post_commit_hook_failure(e)
+            if failure is None:
+                raise
+            self.log(f"{self.projection}: batch {self.batch_id}: {table}: committed; then {failure}; "
+                     f"the table's small files are left for the next compaction")
 
 
 def late_events_schema():
@@ -147,6 +165,22 @@ def applied_schema():
 
     return StructType([StructField("event_id", StringType()), StructField("event_time", TimestampType()),
                        StructField("_late", BooleanType())])
+
+
+def post_commit_hook_failure(error: BaseException) -> str | None:
+    """What failed, when ``error`` (or its cause) is Delta's DELTA_POST_COMMIT_HOOK_FAILED: the commit succeeded,
+    a hook run after it (auto compaction, a checkpoint) did not. None for any other error."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        start = text.find("[DELTA_POST_COMMIT_HOOK_FAILED]")
+        if start >= 0:
+            line = text[start + len("[DELTA_POST_COMMIT_HOOK_FAILED]"):].strip().splitlines()[0]
+            hook = line.split("post-commit hook", 1)[-1].strip() if "post-commit hook" in line else line
+            return f"its post-commit hook failed: {hook[:500]}"
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def commit_conflict(error: BaseException) -> str | None:

@@ -94,6 +94,10 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print, ex
                # (1900-01-01 up to 9999-01-01), where INT96 read as nanoseconds overflows past 2262.
                .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
                .config("spark.databricks.delta.snapshotPartitions", "2")
+               # Auto compaction (Delta's post-commit hook): a table that collects small files from streaming
+               # commits is compacted by its writer once it has this many, not only by the maintenance DAG.
+               .config("spark.databricks.delta.autoCompact.enabled", str(settings.auto_compact_min_files > 0).lower())
+               .config("spark.databricks.delta.autoCompact.minNumFiles", str(max(settings.auto_compact_min_files, 1)))
                # A projection batch is cached once and read by every read model; compressing the cache cost
                # as much as parsing the batch's JSON (bench/projection.py).
                .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
