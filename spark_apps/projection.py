@@ -180,6 +180,7 @@ class Projection:
             checked = check_records(batch).persist(StorageLevel.MEMORY_AND_DISK)
             steps = self.step_seconds
             started = time.monotonic()
+            before = dict(steps)
             try:
                 events, dead = split_checked(checked)
                 generations = self._generations_for_batch(spark, batch_id) if self.models else {}
@@ -204,6 +205,7 @@ class Projection:
                     self._apply_timed(ctx, model, admission.events)
                 else:
                     self._apply_side_by_side(ctx, units, admission.events)
+                self.log(_batch_line(batch_id, time.monotonic() - started, before, steps))
             finally:
                 checked.unpersist()
         return process
@@ -465,3 +467,11 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _batch_line(batch_id: int, seconds: float, before: dict[str, float], after: dict[str, float]) -> str:
+    """One line per batch: its time and where it went (the read models' steps run side by side, so they add up
+    to more than the batch's time)."""
+    spent = {step: after[step] - before.get(step, 0.0) for step in after}
+    parts = "; ".join(f"{step} {t:.2f}s" for step, t in spent.items() if t >= 0.005)
+    return f"projection: batch {batch_id} done in {seconds:.2f}s ({parts or 'nothing to do'})"

@@ -1,0 +1,310 @@
+"""Benchmark: freshness -- how long after a command is accepted a SQL read shows it, and how long after a payment is
+appended its FraudSuspected follows -- with the platform running as in production.
+
+Prints figures; it is not a test. It starts the services as a user does (`eventlake handler`, `eventlake project`
+with its default trigger and the archive, `eventlake detect-fraud`, `eventlake policy`; each a subprocess with its
+own log under the run's home), waits until they serve, then sends generated commands at ``--rate`` commands/s for
+``--seconds`` while, every ``--probe-every`` seconds, a probe command (a device location report on an account of
+its own) is submitted and waited for. Measured:
+
+- **freshness**: the probe's result received (accepted) -> its version visible in ``account_summary`` through
+  ``eventlake query``'s path (``eventlake.query.query_duckdb``, polled every 50 ms);
+- **accepted**: the probe sent -> its result received;
+- **fraud**: a payment event appended -> the ``FraudSuspected`` event about it appended (Kafka timestamps of the
+  events topic, for every payment the detector flags during the measurement);
+- the read models projection's batches (sizes and durations, from its checkpoint) and where a typical batch's time
+  goes (its `projection: batch N done in ...` lines).
+
+Halves of the run are printed apart (first and second half): a lag that builds up shows as a second half slower
+than the first.
+
+    .venv/bin/python bench/freshness.py [--rate 2000] [--seconds 60] [--warm-up 30] [--accounts 2000]
+                                        [--probe-every 1.0]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+from event_store.client import EventStore
+from event_store.envelope import CommandEnvelope, format_time
+from eventlake.generator import GeneratorConfig, generate_commands
+from eventlake.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVICES = {"handler": ["handler"], "projection": ["project"], "fraud-detector": ["detect-fraud"],
+            "policy": ["policy"]}
+REGIONS = ("US-NYC", "GB-LON")
+
+
+def figures(values: list[float], unit: str = "s") -> str:
+    if not values:
+        return "no sample"
+    v = sorted(values)
+    p99 = v[min(len(v) - 1, int(round(0.99 * (len(v) - 1))))]
+    return (f"p50 {statistics.median(v):7.2f} {unit}   p99 {p99:7.2f} {unit}   max {v[-1]:7.2f} {unit}   "
+            f"(n={len(v)})")
+
+
+class Services:
+    """The services as subprocesses in sessions of their own (their Spark JVMs with them), logs under home."""
+
+    def __init__(self, settings: Settings):
+        self.logs = settings.home / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLAKE_")}
+        env.update({"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+                    "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "EVENTLAKE_HOME": str(settings.home),
+                    "EVENTLAKE_TOPIC_PREFIX": settings.topic_prefix,
+                    "EVENTLAKE_HANDLER_GROUP_ID": settings.handler_group_id,
+                    "EVENTLAKE_POLICY_GROUP_ID": settings.policy_group_id})
+        env.setdefault("PYSPARK_PYTHON", sys.executable)
+        self.processes: dict[str, subprocess.Popen] = {}
+        for name, args in SERVICES.items():
+            with open(self.logs / f"{name}.log", "wb") as out:
+                self.processes[name] = subprocess.Popen(
+                    [sys.executable, "-m", "eventlake.cli", *args], cwd=ROOT, env=env, stdout=out,
+                    stderr=subprocess.STDOUT, start_new_session=True)
+
+    def output(self, name: str) -> str:
+        return (self.logs / f"{name}.log").read_text(errors="replace")
+
+    def check(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                tail = "\n".join(self.output(name).splitlines()[-15:])
+                raise SystemExit(f"freshness bench: the {name} service stopped (exit {process.returncode}):\n{tail}")
+
+    def stop(self) -> None:
+        """SIGTERM to each service (which stops its own JVM), then SIGKILL to what is left of its session."""
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait(10)
+
+
+def probe_version(settings: Settings, account: str) -> int | None:
+    from eventlake.query import QueryError, query_duckdb
+
+    try:
+        _, rows = query_duckdb(settings, f"SELECT version FROM account_summary WHERE account_id = '{account}'")
+    except QueryError:  # no table yet
+        return None
+    return rows[0][0] if rows else None
+
+
+class FraudWatch(threading.Thread):
+    """Reads the events topic from its end at the start: payment events' and FraudSuspected events' timestamps."""
+
+    def __init__(self, settings: Settings):
+        super().__init__(daemon=True)
+        from event_store import kafka_log
+        from kafka import TopicPartition
+
+        self.consumer = kafka_log.make_consumer(settings)
+        topic = settings.events_topic
+        partitions = [TopicPartition(topic, p) for p in sorted(self.consumer.partitions_for_topic(topic))]
+        self.consumer.assign(partitions)
+        self.consumer.seek_to_end(*partitions)
+        for tp in partitions:
+            self.consumer.position(tp)
+        self.paid: dict[str, float] = {}  # payment_id -> its event's timestamp (s)
+        self.flagged: list[tuple[float, float]] = []  # (payment appended, FraudSuspected appended)
+        self.stopping = False
+
+    def run(self) -> None:
+        while not self.stopping:
+            for records in self.consumer.poll(timeout_ms=200, max_records=5000).values():
+                for record in records:
+                    event = json.loads(record.value)
+                    kind, payload = event.get("event_type", ""), event.get("payload") or {}
+                    at = record.timestamp / 1000
+                    if kind.startswith("Payment"):
+                        self.paid.setdefault(payload.get("payment_id"), at)
+                    elif kind == "FraudSuspected" and payload.get("payment_id") in self.paid:
+                        self.flagged.append((self.paid[payload["payment_id"]], at))
+        self.consumer.close()
+
+
+def batches(settings: Settings, since: float, until: float) -> list[tuple[int, int, float]]:
+    """The read models projection's batches committed in [since, until]: (batch id, events, seconds)."""
+    from spark_apps.status import _batches, _offsets
+
+    out = []
+    for checkpoint in settings.checkpoints.glob("projection-*"):
+        if checkpoint.name == "projection-event_archive":  # the archive's query: not a read model's
+            continue
+        commits = _batches(checkpoint / "commits")
+        for before, batch in zip(commits, commits[1:]):
+            done = (checkpoint / "commits" / str(batch)).stat().st_mtime
+            if since <= done <= until:
+                started = (checkpoint / "offsets" / str(batch)).stat().st_mtime
+                size = (_offsets(checkpoint, batch, settings.events_topic)
+                        - _offsets(checkpoint, before, settings.events_topic))
+                out.append((batch, size, done - started))
+    return sorted(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rate", type=int, default=2000, help="background commands per second")
+    ap.add_argument("--seconds", type=int, default=60, help="the measurement's length")
+    ap.add_argument("--warm-up", type=int, default=30, help="seconds of traffic before the measurement")
+    ap.add_argument("--accounts", type=int, default=2000)
+    ap.add_argument("--probe-every", type=float, default=1.0)
+    ap.add_argument("--keep", action="store_true", help="keep the run's home (logs, tables)")
+    args = ap.parse_args()
+
+    run = uuid.uuid4().hex[:8]
+    base = Settings.load()
+    if base.uses_local_kafka:
+        from infra import kafka
+
+        kafka.up(base, log=lambda *_: None)
+    home = (ROOT / ".cache" / "bench" / "freshness" / run).resolve()
+    settings = base.replace(home=home, kafka_bootstrap_servers=base.bootstrap_servers,
+                            topic_prefix=f"bench-fresh-{run}.", handler_group_id=f"bench-fresh-{run}",
+                            policy_group_id=f"bench-fresh-policy-{run}")
+    total = args.rate * (args.warm_up + args.seconds)
+    # Event times follow the clock (the stream starts now, one command per 1/rate s of event time), as the
+    # probes' do: the windowed read model's watermark then moves as in production.
+    stream = iter(generate_commands(GeneratorConfig(
+        accounts=args.accounts, commands=total + args.accounts, run_id=f"fresh{run}", seed=11,
+        start=datetime.now(timezone.utc), mean_interval_s=1.0 / args.rate)))
+    probe = f"acc-probe-{run}"
+    store = EventStore(settings)  # creates the topics
+    services = Services(settings)
+    print(f"freshness bench {run}: services starting (logs: {services.logs})", flush=True)
+    try:
+        store.submit(CommandEnvelope.create("OpenAccount", probe, {"customer_id": "cus-probe",
+                                                                   "credit_limit_minor": 100_000,
+                                                                   "currency": "USD"}), timeout_s=300)
+        started = time.monotonic()
+        while probe_version(settings, probe) is None:  # the projection's first batch is in
+            services.check()
+            if time.monotonic() - started > 600:
+                raise SystemExit("freshness bench: account_summary did not show the probe account within 600s")
+            time.sleep(1)
+        print(f"services serving after {time.monotonic() - started:.0f}s; warm-up: {args.warm_up}s at "
+              f"{args.rate:,} commands/s", flush=True)
+
+        sent = {"commands": 0}
+        stop_load = threading.Event()
+
+        def load() -> None:
+            with EventStore(settings, ensure_topics=False) as loader:
+                tick, chunk = 0.1, max(1, args.rate // 10)
+                next_at = time.monotonic()
+                while not stop_load.is_set():
+                    records = [r for _, r in zip(range(chunk), stream)]
+                    if not records:
+                        return
+                    sent["commands"] += loader.send_raw(records)
+                    next_at += tick
+                    time.sleep(max(0.0, next_at - time.monotonic()))
+
+        loader = threading.Thread(target=load, daemon=True)
+        loader.start()
+        time.sleep(args.warm_up)
+        services.check()
+
+        fraud = FraudWatch(settings)
+        fraud.start()
+        measure_from = time.time()
+        probes: list[tuple[float, float, float]] = []  # (accepted at, sent -> accepted, accepted -> visible)
+        pending: list[tuple[int, float, float]] = []  # (version, sent at, accepted at)
+        lock = threading.Lock()
+        stop_poll = threading.Event()
+
+        def poll() -> None:
+            while not stop_poll.is_set() or pending:
+                with lock:
+                    waiting = list(pending)
+                if waiting:
+                    version = probe_version(settings, probe) or 0
+                    now = time.time()
+                    with lock:
+                        for item in [p for p in pending if p[0] <= version]:
+                            pending.remove(item)
+                            probes.append((item[2], item[2] - item[1], now - item[2]))
+                time.sleep(0.05)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        deadline = time.monotonic() + args.seconds
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            command = CommandEnvelope.create("ReportDeviceLocation", probe, {
+                "location": REGIONS[n % 2], "occurred_at": format_time(datetime.now(timezone.utc))})
+            sent_at = time.time()
+            result = store.submit(command, timeout_s=60)
+            accepted_at = time.time()
+            if result.accepted:
+                with lock:
+                    pending.append((result.version, sent_at, accepted_at))
+            time.sleep(max(0.0, args.probe_every - (time.time() - sent_at)))
+            services.check()
+        measure_until = time.time()
+        stop_load.set()
+        stop_poll.set()
+        poller.join(120)
+        fraud.stopping = True
+        fraud.join(10)
+        offered = args.rate * args.seconds
+
+        print(f"\nmeasured {args.seconds}s at {args.rate:,} commands/s ({sent['commands']:,} sent in all, "
+              f"{offered:,} in the measurement), {len(probes)} probes, {len(pending)} not visible within 120s")
+        half = measure_from + (measure_until - measure_from) / 2
+        print(f"  accepted   (probe sent -> result)            {figures([p[1] for p in probes])}")
+        print(f"  freshness  (accepted -> in account_summary)  {figures([p[2] for p in probes])}")
+        print(f"    first half                                 {figures([p[2] for p in probes if p[0] < half])}")
+        print(f"    second half                                {figures([p[2] for p in probes if p[0] >= half])}")
+        flagged = [(paid, at - paid) for paid, at in fraud.flagged]
+        print(f"  fraud      (payment -> FraudSuspected)       {figures([f[1] for f in flagged])}")
+        print(f"    first half                                 {figures([f[1] for f in flagged if f[0] < half])}")
+        print(f"    second half                                {figures([f[1] for f in flagged if f[0] >= half])}")
+        done = batches(settings, measure_from, measure_until)
+        if done:
+            print(f"  read models' batches during the measurement: {len(done)}; events per batch "
+                  f"{figures([float(b[1]) for b in done], 'ev')}")
+            print(f"    batch duration (offsets written -> commit) {figures([b[2] for b in done])}")
+        lines = re.findall(r"projection: batch (\d+) done in ([\d.]+)s \((.*)\)", services.output("projection"))
+        measured = {b[0] for b in done}
+        typical = [line for line in lines if int(line[0]) in measured] or lines
+        if typical:
+            by_time = sorted(typical, key=lambda line: float(line[1]))
+            batch, seconds, steps = by_time[len(by_time) // 2]
+            print(f"  a typical batch (the median of {len(typical)}): batch {batch}, {seconds}s in foreachBatch:")
+            for step in steps.split("; "):
+                print(f"    {step}")
+    finally:
+        services.stop()
+        store.close()
+        if not args.keep:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
