@@ -253,6 +253,7 @@ def main() -> None:
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()
         deadline = time.monotonic() + args.seconds
+        accepted: list[float] = []  # every probe: sent -> result
         n = 0
         while time.monotonic() < deadline:
             n += 1
@@ -261,6 +262,7 @@ def main() -> None:
             sent_at = time.time()
             result = store.submit(command, timeout_s=60)
             accepted_at = time.time()
+            accepted.append(accepted_at - sent_at)
             if result.accepted:
                 with lock:
                     pending.append((result.version, sent_at, accepted_at))
@@ -277,7 +279,7 @@ def main() -> None:
         print(f"\nmeasured {args.seconds}s at {args.rate:,} commands/s ({sent['commands']:,} sent in all, "
               f"{offered:,} in the measurement), {len(probes)} probes, {len(pending)} not visible within 120s")
         half = measure_from + (measure_until - measure_from) / 2
-        print(f"  accepted   (probe sent -> result)            {figures([p[1] for p in probes])}")
+        print(f"  accepted   (probe sent -> result)            {figures(accepted)}")
         print(f"  freshness  (accepted -> in account_summary)  {figures([p[2] for p in probes])}")
         print(f"    first half                                 {figures([p[2] for p in probes if p[0] < half])}")
         print(f"    second half                                {figures([p[2] for p in probes if p[0] >= half])}")
