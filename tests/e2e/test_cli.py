@@ -67,7 +67,9 @@ def test_demo_then_sql_query(env, settings):
     for name in ("account_summary", "payments"):
         assert f"maintenance: {name}: generation 1 is current; kept 1; dropped none" in maintained.stdout
         assert re.search(rf"vacuum \S+/{name}: 0 unreferenced file\(s\) older than 168h deleted", maintained.stdout)
-    assert re.search(r"optimize \S+/payments: \d+ file\(s\) compacted into 1", maintained.stdout), maintained.stdout
+    # The writers' auto compaction (EVENTLAKE_AUTO_COMPACT_MIN_FILES) may have left nothing to compact.
+    assert re.search(r"optimize \S+/payments: (\d+ file\(s\) compacted into 1|0 file\(s\) compacted into 0)",
+                     maintained.stdout), maintained.stdout
     again = run(["query", f"SELECT count(*) AS n, sum(version) AS versions FROM account_summary "
                           f"WHERE account_id LIKE 'acc-{run_id}-%'"], env)
     assert again.stdout == query.stdout
