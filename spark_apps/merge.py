@@ -14,9 +14,9 @@ added to their window, late ones are recorded in ``late_events``; then the ledge
 The target is always written before its bookkeeping table (pending / applied), so a crash in between
 leaves bookkeeping that the re-run batch rewrites, never a row counted twice.
 
-A commit whose post-commit hook fails (Delta's auto compaction losing a race with another compaction, a log
-checkpoint that cannot be written) has committed: Delta raises after the fact. The write is logged as committed,
-with the hook's failure, and the batch goes on; the files are left for the next compaction.
+A commit whose post-commit hook fails (e.g. Delta's auto compaction losing a race with another compaction) has
+committed: Delta raises after the fact. The write is logged as committed, with the hook's failure, and the batch
+goes on; the files are left for the next compaction.
 
 A write that loses a commit race (Delta's optimistic concurrency: maintenance's OPTIMIZE, a reprocess's
 ``replaceWhere`` or a schema change committed between the write's read and its commit) is not an error of the
@@ -36,8 +36,8 @@ from pathlib import Path
 from eventlake.catalog import SHARED_LATE_EVENTS_TABLE, Generation, legacy_generation
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
-__all__ = ["BatchContext", "apply", "commit_conflict", "post_commit_hook_failure", "COMMIT_ATTEMPTS", "ensure_table", "bookkeeping_tables",
-           "LATE_EVENTS_TABLE", "watermark_delay", "windowed_watermark", "newest_event_time_on_clock"]
+__all__ = ["BatchContext", "apply", "commit_conflict", "post_commit_hook_failure", "COMMIT_ATTEMPTS", "ensure_table",
+           "bookkeeping_tables", "LATE_EVENTS_TABLE", "watermark_delay", "windowed_watermark", "newest_event_time_on_clock"]
 
 # How often a model's part of a batch is run when its commits keep losing races, and the pause before each retry.
 COMMIT_ATTEMPTS = 6

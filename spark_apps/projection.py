@@ -465,13 +465,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 def _batch_line(batch_id: int, seconds: float, before: dict[str, float], after: dict[str, float]) -> str:
     """One line per batch: its time and where it went (the read models' steps run side by side, so they add up
     to more than the batch's time)."""
     spent = {step: after[step] - before.get(step, 0.0) for step in after}
     parts = "; ".join(f"{step} {t:.2f}s" for step, t in spent.items() if t >= 0.005)
     return f"projection: batch {batch_id} done in {seconds:.2f}s ({parts or 'nothing to do'})"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
