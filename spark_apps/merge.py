@@ -373,7 +373,8 @@ def _windowed_sum(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]
     applied_table = f"_applied/{model.name}"
     generation = ctx.generation(model.name)
     ledger = spark.read.format("delta").load(str(generation.applied)).select("event_id")
-    watermark, newest = _watermark_before_batch(ctx, model)
+    with ctx.timed(f"{model.name}: watermark"):
+        watermark, newest = _watermark_before_batch(ctx, model)
     late = F.col(model.event_time) < F.lit(watermark) if watermark is not None else F.lit(False)
     fresh = (events.dropDuplicates(["event_id"]).join(ledger, "event_id", "left_anti")
              .withColumn("_late", late).persist(StorageLevel.MEMORY_AND_DISK))
@@ -382,8 +383,9 @@ def _windowed_sum(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]
     # the clock read here cannot make a re-run of this batch differ.)
     on_clock = F.unix_micros(F.least(F.col(model.event_time), F.col("recorded_at"), F.current_timestamp()))
     try:
-        counts = fresh.groupBy("_late").agg(F.count(F.lit(1)).alias("count"),
-                                             F.max(on_clock).alias("newest_on_clock")).collect()
+        with ctx.timed(f"{model.name}: not yet applied"):
+            counts = fresh.groupBy("_late").agg(F.count(F.lit(1)).alias("count"),
+                                                 F.max(on_clock).alias("newest_on_clock")).collect()
         on_time = sum(r["count"] for r in counts if not r["_late"])
         late_count = sum(r["count"] for r in counts if r["_late"])
         for r in counts:
@@ -391,9 +393,10 @@ def _windowed_sum(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]
                 t = _EPOCH + dt.timedelta(microseconds=r["newest_on_clock"])
                 newest = t if newest is None else max(newest, t)
         if on_time:
-            _merge(ctx, model, model.fold(fresh.filter(~F.col("_late"))),
-                   watermark_before=None if watermark is None else watermark.isoformat(),
-                   watermark_newest_event_time=None if newest is None else newest.isoformat())
+            with ctx.timed(f"{model.name}: merge"):
+                _merge(ctx, model, model.fold(fresh.filter(~F.col("_late"))),
+                       watermark_before=None if watermark is None else watermark.isoformat(),
+                       watermark_newest_event_time=None if newest is None else newest.isoformat())
         if late_count:
             ctx.append(fresh.filter("_late").select(
                 F.lit(model.name).alias("read_model"), "event_id", "event_type", "aggregate_id",
@@ -402,8 +405,9 @@ def _windowed_sum(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]
                 F.current_timestamp().alias("recorded_at")), LATE_EVENTS_TABLE, writer=model.name,
                 path=generation.late_events)
         if on_time or late_count:
-            ctx.append(fresh.select("event_id", F.col(model.event_time).alias("event_time"), "_late"), applied_table,
-                       path=generation.applied)
+            with ctx.timed(f"{model.name}: applied ledger"):
+                ctx.append(fresh.select("event_id", F.col(model.event_time).alias("event_time"), "_late"),
+                           applied_table, path=generation.applied)
     finally:
         fresh.unpersist()
     return {"applied": on_time, "late": late_count}

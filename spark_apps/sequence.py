@@ -70,8 +70,12 @@ def admit(ctx, events, projection: str) -> Admission:
         ids = candidates.select("event_id")
         admitted_before = (ledger.filter(F.col("admitted_by") != admitted_by).select("event_id")
                            .join(ids, "event_id", "left_semi"))
-        candidates = candidates.join(admitted_before, "event_id", "left_anti")
-        heads = ledger.groupBy("aggregate_id").agg(F.max("aggregate_version").alias("_head"))
+        # Materialised once: the ledger is read here and only here. Left as a plan, every reader of the admitted
+        # events (the ledger append, each read model) would scan the whole ledger again.
+        candidates = candidates.join(admitted_before, "event_id", "left_anti").localCheckpoint(eager=True)
+        # The heads of this batch's aggregates only: the ledger's other rows are dropped before the aggregation.
+        heads = (ledger.join(candidates.select("aggregate_id").distinct(), "aggregate_id", "left_semi")
+                 .groupBy("aggregate_id").agg(F.max("aggregate_version").alias("_head")))
         # An aggregate continues its head simply when its versions are head+1 .. last, each once: as many
         # events as distinct versions (else two events share a version: a conflict, even when the count alone
         # would look like a run, as {1, 1', 3} does) and as many as the run is long (else a gap).
