@@ -31,7 +31,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "setup: installing pinned Python packages into $(VENV) (a few minutes the first time) ..."
-	$(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt -e '.[test]'
+	$(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt -e '.[test,bench]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

@@ -174,6 +174,7 @@ def main() -> None:
     ap.add_argument("--accounts", type=int, default=2000)
     ap.add_argument("--probe-every", type=float, default=1.0)
     ap.add_argument("--keep", action="store_true", help="keep the run's home (logs, tables)")
+    ap.add_argument("--json", type=Path, help="also write the measurements to this file (bench/report.py reads it)")
     args = ap.parse_args()
 
     run = uuid.uuid4().hex[:8]
@@ -301,6 +302,13 @@ def main() -> None:
             print(f"  a typical batch (the median of {len(typical)}): batch {batch}, {seconds}s in foreachBatch:")
             for step in steps.split("; "):
                 print(f"    {step}")
+        if args.json:
+            args.json.write_text(json.dumps({
+                "rate": args.rate, "seconds": args.seconds, "accounts": args.accounts,
+                "accepted": [round(a, 3) for a in accepted],
+                "freshness": [[round(p[0] - measure_from, 3), round(p[2], 3)] for p in probes],
+                "fraud": [[round(paid - measure_from, 3), round(latency, 3)] for paid, latency in flagged],
+                "batches": [[b[1], b[2]] for b in done], "not_visible": len(pending)}))
     finally:
         services.stop()
         store.close()

@@ -1,22 +1,30 @@
-"""Benchmark: events/s projected into account_summary + payments, against the raw Kafka -> Delta append rate.
+"""Benchmark: events/s projected into account_summary + payments, side by side with what else could do the work.
 
 Prints figures; it is not a test. It writes N generated events (the pure core's output for generated
-commands, cached under .cache/bench/) to a fresh events topic, then in one Spark session:
-1. the ceiling: the ``event_archive`` query alone: the same Kafka source and JSON parsing, appended to a Delta
-   table (no dedup, no MERGE);
+commands, cached under .cache/bench/) to a fresh events topic, then, on that one topic in one run:
+1. the archive append: the ``event_archive`` query alone: the same Kafka source and JSON parsing, appended to a
+   Delta table (no dedup, no MERGE);
 2. the projection: ``Projection([account_summary, payments])`` with the same trigger size (the archive is
-   its own query, so it is not part of this figure).
-Both run with ``availableNow`` from the first offset to the last; the clock runs from query start to stop.
-``--limits`` also times what any projection of this topic has to do at least, on the same events: the Kafka
-source alone (into Spark's ``noop`` sink), the Kafka records' bytes appended to Delta unparsed, and the
-envelope parsing and checks (``spark_apps.events.check_records``) into ``noop``.
+   its own query, so it is not part of this figure), with the Spark driver's peak RSS while it runs;
+3. a plain Python consumer of the kind a user might write instead (``bench/plain_consumer.py``: confluent-kafka,
+   json, delta-rs MERGE into the same two tables, no exactly-once bookkeeping), in a process of its own;
+4. the Kafka records appended to Delta unparsed (key, value, topic, partition, offset, timestamp): the least any
+   Spark projection of the topic writes.
+The Spark runs use ``availableNow`` from the first offset to the last; each clock runs from start to caught up.
+The projection's events/s is printed as ratios to the other three.
+``--limits`` also times the Kafka source alone (into Spark's ``noop`` sink) and the envelope parsing and checks
+(``spark_apps.events.check_records``) into ``noop``.
 
     .venv/bin/python bench/projection.py [--events 1000000] [--accounts 20000] [--max-offsets 1000000] [--limits]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
+import subprocess
+import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -79,28 +87,92 @@ def raw_append(spark, settings: Settings, max_offsets: int):
         max_offsets_per_trigger=max_offsets)
 
 
+def timed_stream(settings: Settings, name: str, frame, sink: str) -> tuple[int, float]:
+    """(rows, seconds) of one ``availableNow`` stream of ``frame`` into ``sink`` (``noop`` or ``delta``)."""
+    path = settings.home / "limits" / name
+    writer = (frame.writeStream.format(sink).trigger(availableNow=True)
+              .option("checkpointLocation", str(path / "_checkpoint")))
+    started = time.perf_counter()
+    query = writer.start(str(path / "table")) if sink == "delta" else writer.start()
+    query.awaitTermination()
+    seconds = time.perf_counter() - started
+    return sum(p.get("numInputRows", 0) for p in query.recentProgress), seconds
+
+
+def unparsed_copy(spark, settings: Settings, max_offsets: int) -> tuple[int, float]:
+    """The Kafka records appended to Delta as they are (no parsing): the least a Spark projection writes."""
+    from spark_apps.events import read_event_records
+
+    records = read_event_records(spark, settings, max_offsets)
+    return timed_stream(settings, "copy", records.select("key", "value", "topic", "partition", "offset",
+                                                         "timestamp"), "delta")
+
+
 def source_limits(spark, settings: Settings, max_offsets: int) -> dict[str, float]:
-    """Events/s of the least any projection of the events topic does: read it, copy it, parse it."""
+    """Events/s of the Kafka source alone and of the source with the envelope parsing and checks."""
     from spark_apps.events import check_records, read_event_records
 
-    def timed(name: str, frame, sink: str) -> float:
-        path = settings.home / "limits" / name
-        writer = (frame.writeStream.format(sink).trigger(availableNow=True)
-                  .option("checkpointLocation", str(path / "_checkpoint")))
-        started = time.perf_counter()
-        query = writer.start(str(path / "table")) if sink == "delta" else writer.start()
-        query.awaitTermination()
-        seconds = time.perf_counter() - started
-        rows = sum(p.get("numInputRows", 0) for p in query.recentProgress)
-        return rows / seconds
+    out = {}
+    for name, label, frame in (
+            ("read", "Kafka source alone (noop sink)", read_event_records(spark, settings, max_offsets)),
+            ("parse", "Kafka source + envelope parsing and checks (noop sink)",
+             check_records(read_event_records(spark, settings, max_offsets)))):
+        rows, seconds = timed_stream(settings, name, frame, "noop")
+        out[label] = rows / seconds
+    return out
 
-    records = lambda: read_event_records(spark, settings, max_offsets)  # noqa: E731 (a fresh stream each time)
-    return {
-        "Kafka source alone (noop sink)": timed("read", records(), "noop"),
-        "Kafka records appended to Delta unparsed (key, value, topic, partition, offset, timestamp)":
-            timed("copy", records().select("key", "value", "topic", "partition", "offset", "timestamp"), "delta"),
-        "Kafka source + envelope parsing and checks (noop sink)": timed("parse", check_records(records()), "noop"),
-    }
+
+class PeakRss:
+    """The peak resident memory of this process and of its children (the Spark driver's JVM), sampled."""
+
+    def __init__(self, every: float = 0.2):
+        import psutil
+
+        self._me, self._every, self._stop = psutil.Process(), every, threading.Event()
+        self.python_mib = self.jvm_mib = 0.0
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        import psutil
+
+        while not self._stop.wait(self._every):
+            try:
+                self.python_mib = max(self.python_mib, self._me.memory_info().rss / 2**20)
+                jvm = sum(c.memory_info().rss for c in self._me.children(recursive=True) if "java" in c.name())
+                self.jvm_mib = max(self.jvm_mib, jvm / 2**20)
+            except psutil.Error:
+                pass
+
+    def __enter__(self) -> "PeakRss":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def plain_consumer(settings: Settings, batch: int) -> dict:
+    """bench/plain_consumer.py on the events topic, in a process of its own (its own GIL and memory)."""
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-m", "bench.plain_consumer", "--bootstrap", settings.bootstrap_servers,
+                          "--topic", settings.events_topic, "--home", str(settings.home / "plain"),
+                          "--batch", str(batch)], cwd=root, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def plain_agrees(settings: Settings) -> dict[str, bool]:
+    """Whether the plain consumer's two tables hold the projection's rows (so the two did the same work)."""
+    from deltalake import DeltaTable
+
+    out = {}
+    for table, key in (("account_summary", ["account_id"]), ("payments", ["account_id", "payment_id"])):
+        frames = [DeltaTable(str(path)).to_pandas() for path in (settings.table_path(table),
+                                                                 settings.home / "plain" / table)]
+        columns = sorted(set(frames[0].columns) & set(frames[1].columns))
+        a, b = (f[columns].sort_values(key).reset_index(drop=True) for f in frames)
+        out[table] = len(a) == len(b) and a.astype(str).equals(b.astype(str))
+    return out
 
 
 def main() -> int:
@@ -109,8 +181,11 @@ def main() -> int:
     parser.add_argument("--accounts", type=int, default=20_000)
     parser.add_argument("--max-offsets", type=int, default=1_000_000, help="maxOffsetsPerTrigger of both runs")
     parser.add_argument("--warmup", type=int, default=100_000, help="events of an unmeasured warm-up run of both")
+    parser.add_argument("--plain-batch", type=int, default=None,
+                        help="events per batch of the plain consumer (default: --max-offsets)")
     parser.add_argument("--limits", action="store_true",
-                        help="also time the Kafka source alone, an unparsed copy to Delta and the parsing alone")
+                        help="also time the Kafka source alone and the parsing alone")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file (bench/report.py reads it)")
     args = parser.parse_args()
 
     base = Settings.load()
@@ -141,20 +216,44 @@ def main() -> int:
         print(f"warmed up on {args.warmup:,} events", flush=True)
     raw = raw_append(spark, settings, args.max_offsets)
     ceiling = raw.input_rows / raw.seconds
-    print(f"raw Kafka -> Delta append (no dedup; the event_archive query): {raw.input_rows:,} events in "
+    print(f"archive append (no dedup; the event_archive query): {raw.input_rows:,} events in "
           f"{raw.seconds:.1f}s = {ceiling:,.0f} events/s ({raw.batches} batches)", flush=True)
     projection = Projection(spark, settings, [ACCOUNT_SUMMARY, PAYMENTS], log=lambda *_: None)
-    result = projection.run_until_caught_up(max_offsets_per_trigger=args.max_offsets)
+    with PeakRss() as rss:
+        result = projection.run_until_caught_up(max_offsets_per_trigger=args.max_offsets)
     rate = result.input_rows / result.seconds
     print(f"projection account_summary + payments: {result.input_rows:,} events in {result.seconds:.1f}s = "
-          f"{rate:,.0f} events/s ({result.batches} batches)")
-    print(f"ratio to the ceiling: {rate / ceiling:.2f}")
-    print("per batch (ms) raw append:  " + ", ".join(str(ms) for ms in raw.batch_ms))
-    print("per batch (ms) projection:  " + ", ".join(str(ms) for ms in result.batch_ms))
+          f"{rate:,.0f} events/s ({result.batches} batches); driver peak RSS: JVM {rss.jvm_mib:,.0f} MiB, "
+          f"Python {rss.python_mib:,.0f} MiB", flush=True)
+    plain = plain_consumer(settings, args.plain_batch or args.max_offsets)
+    plain_rate = plain["events"] / plain["seconds"]
+    print(f"plain Python consumer (confluent-kafka, json, delta-rs MERGE, no exactly-once bookkeeping): "
+          f"{plain['events']:,} events in {plain['seconds']:.1f}s = {plain_rate:,.0f} events/s "
+          f"({plain['batches']} batches); peak RSS {plain['peak_rss_mib']:,.0f} MiB; rows {plain['rows']}",
+          flush=True)
+    plain["agrees"] = plain_agrees(settings)
+    print(f"plain consumer's tables hold the projection's rows: {plain['agrees']}")
+    print("plain consumer time by step (s): " + ", ".join(f"{k} {v:.1f}" for k, v in plain["steps"].items()))
+    copied, copy_seconds = unparsed_copy(spark, settings, args.max_offsets)
+    copy_rate = copied / copy_seconds
+    print(f"Kafka records appended to Delta unparsed: {copied:,} events in {copy_seconds:.1f}s = "
+          f"{copy_rate:,.0f} events/s", flush=True)
+    print(f"projection's events/s as a ratio: to the plain consumer {rate / plain_rate:.2f} (aim >= 1.5), "
+          f"to the unparsed copy {rate / copy_rate:.2f} (aim >= 0.5), to the archive append {rate / ceiling:.2f}")
+    print("per batch (ms) archive append: " + ", ".join(str(ms) for ms in raw.batch_ms))
+    print("per batch (ms) projection:     " + ", ".join(str(ms) for ms in result.batch_ms))
     print("projection time by step (s): " + ", ".join(f"{k} {v:.1f}" for k, v in result.step_seconds.items()))
-    if args.limits:
-        for name, limit in source_limits(spark, settings, args.max_offsets).items():
-            print(f"limit: {name}: {limit:,.0f} events/s")
+    limits = source_limits(spark, settings, args.max_offsets) if args.limits else {}
+    for name, limit in limits.items():
+        print(f"limit: {name}: {limit:,.0f} events/s")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "events": len(records), "max_offsets": args.max_offsets,
+            "archive": {"events": raw.input_rows, "seconds": raw.seconds, "batches": raw.batches},
+            "projection": {"events": result.input_rows, "seconds": result.seconds, "batches": result.batches,
+                           "steps": result.step_seconds, "jvm_peak_rss_mib": rss.jvm_mib,
+                           "python_peak_rss_mib": rss.python_mib},
+            "plain": plain, "copy": {"events": copied, "seconds": copy_seconds}, "limits": limits}))
     from delta.tables import DeltaTable
     for table in ("account_summary", "payments"):
         last = DeltaTable.forPath(spark, str(settings.table_path(table))).history(1).collect()[0]
