@@ -15,7 +15,8 @@ The projection's events/s is printed as ratios to the other three.
 ``--limits`` also times the Kafka source alone (into Spark's ``noop`` sink) and the envelope parsing and checks
 (``spark_apps.events.check_records``) into ``noop``.
 
-    .venv/bin/python bench/projection.py [--events 1000000] [--accounts 20000] [--max-offsets 1000000] [--limits]
+    .venv/bin/python bench/projection.py [--events 1000000] [--accounts 20000] [--max-offsets 1000000]
+                                         [--warmup 100000] [--plain-batch N] [--limits] [--json FILE]
 """
 from __future__ import annotations
 
