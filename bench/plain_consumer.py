@@ -55,7 +55,9 @@ def _fold(events: list[dict]) -> tuple[list[dict], list[dict]]:
             row = accounts[e["aggregate_id"]] = {
                 "account_id": e["aggregate_id"], "customer_id": None, "status": None, "credit_limit_minor": None,
                 "currency": None, "payments_authorized": 0, "payments_declined": 0, "authorized_total_minor": 0,
-                "last_device_location": None, "version": 0, "updated_at": None}
+                "last_device_location": None, "version": 0, "first_version": e["aggregate_version"],
+                "updated_at": None}
+        row["first_version"] = min(row["first_version"], e["aggregate_version"])
         if e["aggregate_version"] > row["version"]:
             row["version"], row["updated_at"] = e["aggregate_version"], _time(e["recorded_at"])
         if kind == "PaymentAuthorized" or kind == "PaymentDeclined":
