@@ -27,21 +27,11 @@ def _time(text: str | None) -> dt.datetime | None:
 
 
 def _schemas():
-    import pyarrow as pa
+    """The pyarrow schemas of ``account_summary`` and ``payments``, from the read models' own definitions."""
+    from eventlake.archive_fold import arrow_schema
+    from read_models import ACCOUNT_SUMMARY, PAYMENTS
 
-    ts = pa.timestamp("us", tz="UTC")
-    account_summary = pa.schema([
-        ("account_id", pa.string()), ("customer_id", pa.string()), ("status", pa.string()),
-        ("credit_limit_minor", pa.int64()), ("available_minor", pa.int64()), ("currency", pa.string()),
-        ("payments_authorized", pa.int64()), ("payments_declined", pa.int64()),
-        ("authorized_total_minor", pa.int64()), ("last_device_location", pa.string()), ("version", pa.int64()),
-        ("updated_at", ts)])
-    payments = pa.schema([
-        ("payment_id", pa.string()), ("account_id", pa.string()), ("merchant_id", pa.string()),
-        ("amount_minor", pa.int64()), ("currency", pa.string()), ("location", pa.string()),
-        ("merchant_country", pa.string()), ("status", pa.string()), ("decline_reason", pa.string()),
-        ("occurred_at", ts), ("event_id", pa.string())])
-    return account_summary, payments
+    return arrow_schema(ACCOUNT_SUMMARY.schema()), arrow_schema(PAYMENTS.schema())
 
 
 def _fold(events: list[dict]) -> tuple[list[dict], list[dict]]:
