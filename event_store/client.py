@@ -10,10 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable, Mapping
 
-import confluent_kafka
 from kafka import TopicPartition
 
-from event_store import kafka_log
+from event_store import kafka_clients, kafka_log
 from event_store.envelope import CommandEnvelope, CommandResult, InvalidRecord
 from eventlake.settings import Settings
 
@@ -103,22 +102,14 @@ class EventStore:
             def on_delivery(error, message):  # only called for failed records (delivery.report.only.error)
                 self._bulk_failed.append(f"{message.key()!r}: {error}")
 
-            self._bulk = confluent_kafka.Producer({
-                "bootstrap.servers": self.settings.bootstrap_servers, "enable.idempotence": True, "acks": "all",
-                "partitioner": "murmur2_random", "linger.ms": 5, "batch.size": 1024 * 1024,
-                "queue.buffering.max.messages": 1_000_000, "delivery.report.only.error": True,
-                "on_delivery": on_delivery})
+            self._bulk = kafka_clients.bulk_producer(self.settings, on_delivery)
         producer, topic = self._bulk, self.settings.commands_topic
         failed = self._bulk_failed
         failed.clear()
         count = 0
         for key, value in records:
             key_bytes = key.encode() if isinstance(key, str) else key
-            try:
-                producer.produce(topic, value, key_bytes)
-            except BufferError:  # the local queue is full: let it drain, then retry once
-                producer.poll(1)
-                producer.produce(topic, value, key_bytes)
+            kafka_clients.produce(producer, topic, value, key_bytes)
             count += 1
             if count % 10_000 == 0:
                 producer.poll(0)

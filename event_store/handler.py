@@ -1,48 +1,43 @@
-"""The command handler: the single writer of the events topic, scaled out through a consumer group.
+"""The command handler's transaction loop: the single writer of the events topic, scaled out through a
+consumer group.
 
 Each instance consumes some partitions of the commands topic (a Kafka consumer group shares them out),
-runs ``decide`` against in-memory aggregate state, and writes the resulting events, the command results and
-the consumer offsets in ONE Kafka transaction. Readers use ``read_committed``, so a crash mid-batch leaves
-no trace and the batch is redone on restart.
+decides each command against in-memory aggregate state (``event_store.decider``), and writes the resulting
+events, the command results and the consumer offsets in ONE Kafka transaction. Readers use ``read_committed``,
+so a crash mid-batch leaves no trace and the batch is redone on restart.
 
 Commands partition ``p`` maps to events partition ``p`` (events are written to the partition their command
-came from), so an instance that is assigned partition ``p`` rebuilds exactly that partition's accounts:
-from the latest snapshot (``event_store.snapshots``) plus the events and results after it. On revoke the
-partition's state is dropped. The transactional id is stable per instance (``<group>-<instance id>``) and
-the offsets are sent with the consumer's group metadata (KIP-447), so a zombie instance is fenced.
+came from), so an instance that is assigned partition ``p`` rebuilds exactly that partition's accounts
+(``event_store.partition_rebuild``): from the latest snapshot (``event_store.snapshots``) plus the events and
+results after it. On revoke the partition's state is dropped. The transactional id is stable per instance
+(``<group>-<instance id>``) and the offsets are sent with the consumer's group metadata (KIP-447), so a zombie
+instance is fenced. Its Kafka clients come from ``event_store.kafka_clients``. See docs/DESIGN.md.
 """
 from __future__ import annotations
 
 import dataclasses
 import gc
-import hashlib
 import json
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Callable, Sequence
+from datetime import datetime, timezone
+from typing import Callable
 
 import confluent_kafka
 from kafka import TopicPartition
 from kafka.errors import KafkaError
 
-from event_store import kafka_log
-from event_store.account import (AGGREGATE_TYPE, AccountState, CommandRejected, NewEvent, decide, evolve,
-                                 evolve_fields, quarantined)
-from event_store.envelope import (CommandEnvelope, CommandResult, EventEnvelope, InvalidRecord, built, dumps,
-                                  format_time, parse_time, utc_now)
-from event_store.schemas import EVENT_SCHEMA_VERSIONS
-from event_store.snapshots import PartitionState, load_snapshot, snapshot_records
+from event_store import kafka_clients, kafka_log
+from event_store.account import AccountState
+from event_store.decider import EventTimeLimit, execute_encoded
+from event_store.envelope import CommandEnvelope, CommandResult, InvalidRecord, format_time, utc_now
+from event_store.partition_rebuild import PartitionRebuilder, RebuildDeferred, RebuildStats, continue_waiting
+from event_store.snapshots import PartitionState, snapshot_records
 from eventlake.settings import Settings
 
-__all__ = ["CommandHandler", "HandlerStats", "HandlerError", "RebuildStats", "EventTimeLimit", "execute",
-           "execute_encoded", "event_id_for"]
+__all__ = ["CommandHandler", "HandlerStats", "HandlerError"]
 
-# Event ids derive from the command id, so a batch redone after an aborted transaction writes the same ids.
-_EVENT_ID_NAMESPACE = uuid.UUID("6f1c2b1e-7a4d-4e0b-9a59-3f0e2c1d8b71")
-_EVENT_ID_SHA1 = hashlib.sha1(_EVENT_ID_NAMESPACE.bytes)
 # An open transaction of a dead instance blocks a partition's readers until the broker aborts it.
 _TRANSACTION_TIMEOUT_MS = 20_000
 # The cyclic garbage collector while the loop runs. The handler keeps hundreds of thousands of live objects
@@ -54,20 +49,6 @@ _GC_THRESHOLDS = (100_000, 50, 100)
 
 class HandlerError(RuntimeError):
     """The handler cannot go on safely (e.g. a partition's log stays blocked by an open transaction)."""
-
-
-def event_id_for(command_id: str, index: int) -> str:
-    """The id of the ``index``-th event caused by ``command_id`` (deterministic, so redone batches match).
-
-    ``uuid.uuid5(_EVENT_ID_NAMESPACE, f"{command_id}/{index}")``, computed without building UUID objects."""
-    sha1 = _EVENT_ID_SHA1.copy()
-    sha1.update(f"{command_id}/{index}".encode())
-    h = sha1.hexdigest()
-    # RFC 4122: version 5 in the high nibble of byte 6, variant 10 in the top bits of byte 8.
-    return (f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}")
-
-
-_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
 
 
 @dataclass
@@ -109,146 +90,6 @@ class HandlerStats:
                 + "".join(f"; {n} {what}" for what, n in faults.items() if n))
 
 
-@dataclass
-class RebuildStats:
-    """How one partition's state came back: from a snapshot or not, and how many records were read after it."""
-    partition: int
-    from_snapshot: bool
-    accounts: int
-    events_read: int
-    results_read: int
-    seconds: float
-
-
-@dataclass(frozen=True)
-class EventTimeLimit:
-    """The latest event time (``occurred_at``) the handler accepts: its clock plus the allowed skew.
-
-    One event dated far ahead would move every event-time watermark past all later events, so such a command
-    is rejected before anything is written (settings.max_event_time_ahead_s)."""
-    now: datetime
-    max_ahead_s: float
-    latest: datetime
-    latest_second: str  # "YYYY-MM-DDTHH:MM:SS" of ``latest``: a text comparison settles the ordinary case
-
-    @classmethod
-    def at(cls, now: datetime, max_ahead_s: float) -> "EventTimeLimit":
-        latest = now + timedelta(seconds=max_ahead_s)
-        return cls(now, max_ahead_s, latest, latest.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"))
-
-    def check(self, command: CommandEnvelope, new_events: Sequence[NewEvent]) -> None:
-        """Raise CommandRejected (``EventTimeInFuture``) when an event of ``command`` lies beyond the limit."""
-        for new in new_events:
-            occurred_at = new.occurred_at
-            # Schemas allow only "YYYY-MM-DDTHH:MM:SS[.fff](Z|+hh:mm)": a UTC time earlier than the limit's second
-            # is fine as text; anything else (an offset, the same second or later) is parsed.
-            if occurred_at[-1] == "Z" and occurred_at[:19] < self.latest_second:
-                continue
-            field_name = "occurred_at" if command.payload.get("occurred_at") == occurred_at else "issued_at"
-            try:
-                t = parse_time(occurred_at, f"command {command.command_id}: {field_name}")
-            except InvalidRecord as e:
-                raise CommandRejected("InvalidCommand", str(e)) from None
-            except ValueError as e:  # e.g. out of range after the offset is applied
-                raise CommandRejected("InvalidCommand", f"command {command.command_id}: {field_name} "
-                                                        f"{occurred_at!r} is not a valid time ({e})") from None
-            if t > self.latest:
-                raise CommandRejected(
-                    "EventTimeInFuture",
-                    f"command {command.command_id}: {field_name} {occurred_at} ({new.event_type}) lies "
-                    f"{(t - self.now).total_seconds():,.0f}s ahead of the handler's clock ({format_time(self.now)}); "
-                    f"at most {self.max_ahead_s:,.0f}s ahead is accepted (max_event_time_ahead_s, "
-                    f"EVENTLAKE_MAX_EVENT_TIME_AHEAD_S)")
-
-
-def _rejection(state: AccountState, command: CommandEnvelope, e: CommandRejected, recorded_at: str) -> CommandResult:
-    return CommandResult(command.command_id, command.aggregate_id, "rejected", state.version,
-                         error_type=e.error_type, reason=e.reason, recorded_at=recorded_at)
-
-
-def _accepted(command: CommandEnvelope, state: AccountState, event_ids: list[str], recorded_at: str) -> CommandResult:
-    return built(CommandResult, command_id=command.command_id, aggregate_id=command.aggregate_id,
-                 status="accepted", version=state.version, event_ids=tuple(event_ids), error_type=None,
-                 reason=None, recorded_at=recorded_at, duplicate=False)
-
-
-def execute(state: AccountState, command: CommandEnvelope, recorded_at: str | None = None,
-            time_limit: EventTimeLimit | None = None) -> tuple[AccountState, list[EventEnvelope], CommandResult]:
-    """Pure: the new state, the event envelopes to append and the command's result (no Kafka). With
-    ``time_limit`` (the handler's clock), events dated beyond it reject the command."""
-    recorded_at = recorded_at or utc_now()
-    try:
-        new_events = decide(state, command)
-        if time_limit is not None and new_events:
-            time_limit.check(command, new_events)
-    except CommandRejected as e:
-        return state, [], _rejection(state, command, e, recorded_at)
-    command_id, aggregate_id = command.command_id, command.aggregate_id
-    correlation_id = command.correlation_id or command_id
-    envelopes = []
-    for i, new in enumerate(new_events):
-        event_type = new.event_type
-        event = built(EventEnvelope, event_id=event_id_for(command_id, i), event_type=event_type,
-                      schema_version=EVENT_SCHEMA_VERSIONS[event_type], aggregate_type=AGGREGATE_TYPE,
-                      aggregate_id=aggregate_id, aggregate_version=state.version + 1,
-                      occurred_at=new.occurred_at, recorded_at=recorded_at, command_id=command_id,
-                      correlation_id=correlation_id, causation_id=command_id, payload=new.payload)
-        state = evolve(state, event)
-        envelopes.append(event)
-    return state, envelopes, _accepted(command, state, [e.event_id for e in envelopes], recorded_at)
-
-
-def execute_encoded(state: AccountState, command: CommandEnvelope, recorded_at: str,
-                    time_limit: EventTimeLimit | None = None) -> tuple[AccountState, list[bytes], CommandResult]:
-    """``execute`` with the events as their JSON (``EventEnvelope.to_json()``), without building envelopes:
-    the handler's hot path. Same state, same bytes, same result (tests/unit/test_handler_core.py)."""
-    try:
-        new_events = decide(state, command)
-        if time_limit is not None and new_events:
-            time_limit.check(command, new_events)
-    except CommandRejected as e:
-        return state, [], _rejection(state, command, e, recorded_at)
-    command_id, aggregate_id = command.command_id, command.aggregate_id
-    correlation_id = command.correlation_id or command_id
-    encoded, event_ids = [], []
-    for i, new in enumerate(new_events):
-        event_type, payload, version = new.event_type, new.payload, state.version + 1
-        event_id = event_id_for(command_id, i)
-        # The fields of EventEnvelope.to_dict, in its order.
-        encoded.append(dumps({
-            "event_id": event_id, "event_type": event_type, "schema_version": EVENT_SCHEMA_VERSIONS[event_type],
-            "aggregate_type": AGGREGATE_TYPE, "aggregate_id": aggregate_id, "aggregate_version": version,
-            "occurred_at": new.occurred_at, "recorded_at": recorded_at, "command_id": command_id,
-            "correlation_id": correlation_id, "causation_id": command_id,
-            "payload": payload if type(payload) is dict else dict(payload)}))
-        state = evolve_fields(state, event_type, payload, version)
-        event_ids.append(event_id)
-    return state, encoded, _accepted(command, state, event_ids, recorded_at)
-
-
-def _account_of(record) -> str | None:
-    """The account an events record belongs to as far as it can be told: its key, else its aggregate_id."""
-    if record.key:
-        try:
-            return record.key.decode("utf-8") or None
-        except UnicodeDecodeError:
-            pass
-    try:
-        obj = json.loads(record.value)
-    except (ValueError, TypeError):
-        return None
-    aggregate_id = obj.get("aggregate_id") if isinstance(obj, dict) else None
-    return aggregate_id if isinstance(aggregate_id, str) and aggregate_id else None
-
-
-def _continue_waiting(part: PartitionState, state: AccountState) -> AccountState:
-    """``state`` with the events that waited for it applied (the versions right after it, in order). The
-    waiting events stay listed: a transaction that aborts goes back to an earlier state, which needs them."""
-    waiting = part.waiting.get(state.account_id) if part.waiting else None
-    while waiting and (event := waiting.get(state.version + 1)) is not None:
-        state = evolve(state, event)
-    return state
-
 
 def _command_ids(value: bytes | None) -> tuple[str, str] | None:
     """(command_id, aggregate_id) of a command record as far as they can be read; None without a command_id."""
@@ -276,11 +117,6 @@ class _PartitionsMoved(Exception):
     def __init__(self, message: str, in_flight: bool = False):
         super().__init__(message)
         self.in_flight = in_flight
-
-
-class _RebuildDeferred(Exception):
-    """A partition cannot be rebuilt right now (the broker does not answer, an open transaction blocks its log);
-    it stays paused and is tried again."""
 
 
 # Returned by _transact when a rebalance took a partition away mid-transaction (its records come again).
@@ -347,8 +183,11 @@ class CommandHandler:
         self.use_snapshots = use_snapshots
         self.max_poll_records = max_poll_records or settings.handler_max_batch
         self.partitions: dict[int, PartitionState] = {}
-        self.rebuilds: list[RebuildStats] = []
         self.stats = HandlerStats()
+        # Rebuilds partitions on assignment; its skipped records are counted in self.stats.
+        self._rebuilder = PartitionRebuilder(settings, instance_id, log, use_snapshots, counts=self.stats,
+                                             tick=self._keepalive, wait=self._wait,
+                                             stable_wait_s=_TRANSACTION_TIMEOUT_MS / 1000 + 15)
         # The most bytes one record may take, per topic written (set by start(): see _read_size_limits).
         self.record_limits: dict[str, int] = {}
         self._max_event_bytes = self._max_result_bytes = self._max_dead_letter_bytes = 0
@@ -364,8 +203,11 @@ class CommandHandler:
         self._lost_at: float | None = None  # when the group session was lost; None once assigned again
         self._producer = None
         self._consumer = None
-        self._reader = None  # read_committed, no group: rebuilds
-        self._watermarks = None  # read_uncommitted, no group: the high watermark, to see open transactions
+
+    @property
+    def rebuilds(self) -> list[RebuildStats]:
+        """How each partition's state came back, in the order of the rebuilds."""
+        return self._rebuilder.rebuilds
 
     @property
     def transactional_id(self) -> str:
@@ -380,30 +222,20 @@ class CommandHandler:
         # The handler's own two clients are librdkafka's (confluent-kafka): kafka-python's pure-Python send path
         # cost more than everything else the handler does (bench/commands.py). Same guarantees: idempotent,
         # acks=all, transactional, read_committed, offsets sent with the group metadata (KIP-447).
-        self._producer_config = {
-            "bootstrap.servers": s.bootstrap_servers, "transactional.id": self.transactional_id,
-            "enable.idempotence": True, "acks": "all", "linger.ms": 20, "batch.size": batch_bytes,
-            "message.max.bytes": _PRODUCER_MESSAGE_MAX_BYTES,
-            "transaction.timeout.ms": _TRANSACTION_TIMEOUT_MS, "queue.buffering.max.messages": 1_000_000}
-        self._producer = confluent_kafka.Producer(self._producer_config)
+        self._producer_config = kafka_clients.transactional_producer_config(
+            s, self.transactional_id, batch_bytes=batch_bytes, message_max_bytes=_PRODUCER_MESSAGE_MAX_BYTES,
+            transaction_timeout_ms=_TRANSACTION_TIMEOUT_MS)
+        self._producer = kafka_clients.new_producer(self._producer_config)
         # Fences any older instance with this id and aborts its open transaction before we read state.
         self._producer.init_transactions(60)
-        # Short request timeouts: a rebuild that waits for an absent broker gives way to stop() and keepalives.
-        self._reader = kafka_log.make_consumer(s, request_timeout_ms=5_000)
-        self._watermarks = kafka_log.make_consumer(s, isolation_level="read_uncommitted", request_timeout_ms=5_000)
+        self._rebuilder.open()
         self._consumer = self._group_consumer()
 
     def _group_consumer(self):
         """The consumer of the commands topic in the handlers' group, subscribed."""
         s = self.settings
         # Static membership: a restarted instance takes its partitions back without waiting for a timeout.
-        consumer = confluent_kafka.Consumer({
-            "bootstrap.servers": s.bootstrap_servers, "group.id": s.handler_group_id,
-            "group.instance.id": self.transactional_id, "isolation.level": "read_committed",
-            "enable.auto.commit": False, "auto.offset.reset": "earliest",
-            "partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": 10_000,
-            "heartbeat.interval.ms": 2_000, "max.poll.interval.ms": _MAX_POLL_INTERVAL_MS,
-            "topic.metadata.refresh.interval.ms": 10_000})
+        consumer = kafka_clients.group_consumer(s, s.handler_group_id, self.transactional_id, _MAX_POLL_INTERVAL_MS)
         consumer.subscribe([s.commands_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                            on_lost=self._on_lost)
         self._last_consume = time.monotonic()
@@ -448,15 +280,15 @@ class CommandHandler:
         broker away nothing is snapshotted (the next start reads more of the log; nothing is lost)."""
         if self._producer is not None and self._consumer is not None and self.settings.snapshot_every_events:
             self._snapshot([p for p in self.partitions.values() if p.events_since_snapshot], closing=True)
-        for client in (self._consumer, self._reader, self._watermarks):
-            if client is not None:
-                client.close()
+        if self._consumer is not None:
+            self._consumer.close()
+        self._rebuilder.close()
         if self._producer is not None:
             try:
                 self._producer.flush(_CALL_TIMEOUT_S)
             except confluent_kafka.KafkaException as e:  # e.g. stopped mid-transaction: nothing of it is visible
                 self.log(f"handler {self.instance_id}: closing the producer: {e}")
-        self._consumer = self._producer = self._reader = self._watermarks = None
+        self._consumer = self._producer = None
 
     def __enter__(self) -> "CommandHandler":
         self.start()
@@ -547,10 +379,10 @@ class CommandHandler:
                 continue
             generation = self._generation.get(p)
             try:
-                part = self._rebuild(p)
-            except (_RebuildDeferred, KafkaError, kafka_log.LogReadStalled) as e:
+                part = self._rebuilder.rebuild(p)
+            except (RebuildDeferred, KafkaError, kafka_log.LogReadStalled) as e:
                 self._rebuild_retry_at[p] = time.monotonic() + 2.0
-                self._renew_readers()
+                self._rebuilder.renew()
                 self.log(f"handler {self.instance_id}: partition {p} not rebuilt yet ({e!r}); its commands wait, "
                          f"retrying in 2s")
                 continue
@@ -561,166 +393,6 @@ class CommandHandler:
             self._unready.discard(p)
             self._consumer.resume([confluent_kafka.TopicPartition(self.settings.commands_topic, p)])
 
-    def _renew_readers(self) -> None:
-        """New rebuild readers: after a broker restart kafka-python's consumers may keep a stale fetch state and
-        read nothing more (seen in tests/integration/test_handler_broker_restart.py); fresh ones do."""
-        # The broker's API version, known already: without it kafka-python's constructor connects first, and
-        # waits (tens of seconds, deaf to stop()) for a broker that is away.
-        api_version = self._reader.config.get("api_version")
-        for client in (self._reader, self._watermarks):
-            try:
-                client.close()
-            except Exception as e:  # noqa: BLE001 -- a reader that cannot close cleanly is dropped anyway
-                self.log(f"handler {self.instance_id}: closing a rebuild reader: {e!r}")
-        self._reader = kafka_log.make_consumer(self.settings, request_timeout_ms=5_000, api_version=api_version)
-        self._watermarks = kafka_log.make_consumer(self.settings, isolation_level="read_uncommitted",
-                                                   request_timeout_ms=5_000, api_version=api_version)
-
-    def _rebuild(self, p: int) -> PartitionState:
-        """Partition ``p``'s accounts and idempotency window: the latest snapshot plus the records after it."""
-        s = self.settings
-        started = time.monotonic()
-        events_tp, results_tp = TopicPartition(s.events_topic, p), TopicPartition(s.results_topic, p)
-        snapshots_tp = TopicPartition(s.snapshots_topic, p)
-        # One offsets request for all three (each costs a round trip): where the committed log ends now.
-        ends = self._wait_until_stable([events_tp, results_tp, snapshots_tp])
-        part = self._load_snapshot(p, ends[snapshots_tp]) if self.use_snapshots else None
-        from_snapshot = part is not None
-        part = part or PartitionState(p, window=s.idempotency_window)
-        end = ends[events_tp]
-        events_read = 0
-        tick = self._keepalive
-        for record in kafka_log.read_partition(self._reader, events_tp, part.events_offset, end, tick=tick):
-            # No record may stop the handler: whatever fails to parse or to fold quarantines its account
-            # (logged and counted); every other account goes on.
-            try:
-                event = EventEnvelope.from_json(record.value)
-            except InvalidRecord as e:
-                self._unreadable_event(part, record, str(e))
-                continue
-            except Exception as e:  # noqa: BLE001 -- defensive: nothing from the log may stop the handler
-                self._unreadable_event(part, record, f"{type(e).__name__}: {e}")
-                continue
-            try:
-                self._apply_logged(part, event, record)
-            except Exception as e:  # noqa: BLE001 -- e.g. a payload evolve() cannot fold
-                self._unreadable_event(part, record, f"{type(e).__name__}: {e}")
-                continue
-            events_read += 1
-        part.events_offset = max(part.events_offset, end)
-        part.events_since_snapshot += events_read
-        end = ends[results_tp]
-        results_read = 0
-        for record in kafka_log.read_partition(self._reader, results_tp, part.results_offset, end, tick=tick):
-            try:
-                result = CommandResult.from_json(record.value)
-                if result.aggregate_id and result.error_type != "InvalidCommand":
-                    part.remember(result)
-            except Exception as e:  # noqa: BLE001 -- an unreadable result only costs its idempotency entry
-                self.stats.unreadable_results += 1
-                self.log(f"handler {self.instance_id}: unreadable command result {record.topic}/{p}/{record.offset} "
-                         f"skipped: {type(e).__name__}: {e}")
-                continue
-            results_read += 1
-        part.results_offset = max(part.results_offset, end)
-        stats = RebuildStats(p, from_snapshot, len(part.accounts), events_read, results_read,
-                             time.monotonic() - started)
-        self.rebuilds.append(stats)
-        self.log(f"handler {self.instance_id}: partition {p}: {len(part.accounts)} accounts from "
-                 f"{'a snapshot + ' if from_snapshot else ''}{events_read} events and {results_read} results "
-                 f"in {stats.seconds:.2f}s")
-        return part
-
-    def _apply_logged(self, part: PartitionState, event: EventEnvelope, record) -> None:
-        """Fold an event read from the log by the rule the read models apply (read_models.sequence): each
-        account's versions once and in order; an event id seen before counts once, wherever its repeat claims to
-        be; the first event at a version takes it (a different event at a taken version counts nowhere); an event
-        after a gap waits until the gap is filled."""
-        if event.event_id in part.event_ids:
-            self.stats.repeated_events += 1
-            return
-        part.event_ids.add(event.event_id)
-        state = part.account(event.aggregate_id)
-        version = event.aggregate_version
-        if version <= state.version:
-            self.stats.repeated_events += 1
-            return
-        if version > state.version + 1:
-            waiting = part.waiting.setdefault(event.aggregate_id, {})
-            if version not in waiting:
-                waiting[version] = event
-                self.log(f"handler {self.instance_id}: events record {record.topic}/{part.partition}/{record.offset}: "
-                         f"version {version} of account {event.aggregate_id} follows version {state.version}; it "
-                         f"waits for the versions in between, as in the read models")
-            return
-        part.accounts[event.aggregate_id] = _continue_waiting(part, evolve(state, event))
-
-    def _unreadable_event(self, part: PartitionState, record, reason: str) -> None:
-        """An events record the rebuild cannot read or fold: its account (the record's key, which every writer
-        sets to the aggregate id) is quarantined until an operator resolves it; every other account goes on."""
-        self.stats.unreadable_events += 1
-        where = f"{record.topic}/{part.partition}/{record.offset}"
-        account_id = _account_of(record)
-        if account_id is None:
-            self.log(f"handler {self.instance_id}: unreadable events record {where} skipped (no key names its "
-                     f"account): {reason}")
-            return
-        part.accounts[account_id] = quarantined(part.account(account_id), where, reason)
-        self.log(f"handler {self.instance_id}: unreadable events record {where}: account {account_id} quarantined "
-                 f"until resolved (eventlake resolve-quarantine {account_id} --record {where} --reason ...): {reason}")
-
-    def _load_snapshot(self, p: int, end: int) -> PartitionState | None:
-        """The latest snapshot of partition ``p``, reading only its own records when it can.
-
-        A snapshot's chunks and manifest are written contiguously in one transaction and nothing else writes
-        snapshots partition ``p`` in between, so the latest manifest sits just before the end (the commit
-        marker) and its chunks just before it. If that does not hold, the whole partition is read. A snapshot
-        that cannot be read is ignored: the state is rebuilt from the whole log instead.
-        """
-        s = self.settings
-        tp = TopicPartition(s.snapshots_topic, p)
-        if end == 0:
-            return None
-        tick = self._keepalive
-        try:
-            tail = list(kafka_log.read_partition(self._reader, tp, max(0, end - 3), end, tick=tick))
-            manifests = [r for r in tail if r.key == str(p).encode()]
-            if manifests:
-                manifest = manifests[-1]
-                chunks = json.loads(manifest.value)["chunks"]
-                records = list(kafka_log.read_partition(self._reader, tp, max(0, manifest.offset - chunks),
-                                                        manifest.offset + 1, tick=tick))
-                try:
-                    return load_snapshot(records, p, s.idempotency_window)
-                except InvalidRecord:
-                    pass  # not contiguous after all (e.g. compacted): read everything
-            return load_snapshot(kafka_log.read_partition(self._reader, tp, 0, end, tick=tick), p,
-                                 s.idempotency_window)
-        except (ValueError, KeyError, TypeError) as e:
-            self.log(f"handler {self.instance_id}: snapshot of partition {p} unreadable ({type(e).__name__}: {e}); "
-                     f"rebuilding from the whole log")
-            return None
-
-    def _wait_until_stable(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        """Wait until no open transaction (e.g. of a killed instance) holds back the end of ``tps``; their
-        last stable offsets. Raises _RebuildDeferred when the broker does not answer or the wait is too long."""
-        deadline = time.monotonic() + _TRANSACTION_TIMEOUT_MS / 1000 + 15
-        while True:
-            self._keepalive()
-            try:
-                stable = self._reader.end_offsets(tps)
-                high = self._watermarks.end_offsets(tps)
-            except KafkaError as e:
-                raise _RebuildDeferred(f"the broker does not answer offset requests ({e!r})") from None
-            if all(stable[tp] >= high[tp] for tp in tps):
-                return stable
-            if time.monotonic() > deadline:
-                raise _RebuildDeferred(f"partitions {sorted(str(tp) for tp in tps)} stay blocked by an open "
-                                       f"transaction (stable offsets {stable}, high watermarks {high}); is another "
-                                       f"handler with a different instance id writing them?")
-            self._wait(0.2)
-
-    # -- the loop ----------------------------------------------------------------------------------
     def run(self, until_caught_up: bool = False, max_seconds: float | None = None,
             progress_every_s: float = 5.0) -> HandlerStats:
         if self._consumer is None:
@@ -782,7 +454,7 @@ class CommandHandler:
         if not assigned or self._unready or self._buffered:
             return False
         try:
-            ends = self._reader.end_offsets([TopicPartition(tp.topic, tp.partition) for tp in assigned])
+            ends = self._rebuilder.reader.end_offsets([TopicPartition(tp.topic, tp.partition) for tp in assigned])
             positions = {(tp.topic, tp.partition): tp.offset for tp in self._consumer.position(assigned)}
             committed = {(tp.topic, tp.partition): tp.offset
                          for tp in self._consumer.committed(assigned, timeout=_CALL_TIMEOUT_S)}
@@ -1042,7 +714,7 @@ class CommandHandler:
             self.partitions.pop(tp.partition, None)
         self.partitions.clear()
         self._buffered = []
-        self._producer = confluent_kafka.Producer(self._producer_config)
+        self._producer = kafka_clients.new_producer(self._producer_config)
         try:
             self._retrying(lambda: self._producer.init_transactions(_CALL_TIMEOUT_S), "initialising a new producer")
         except confluent_kafka.KafkaException as e:
@@ -1222,7 +894,7 @@ class CommandHandler:
                 result_value = result.to_json()
             if result.status == "accepted":
                 if part.waiting and new_events:  # rarely: events after a gap this command's events fill
-                    state = _continue_waiting(part, state)
+                    state = continue_waiting(part, state)
                 staged[account_id] = (part, state)
                 accepted += 1
                 new_events_total += len(new_events)
@@ -1288,28 +960,11 @@ class CommandHandler:
                            on_last_delivered) -> None:
         """Produce ``records`` in order to ``topic``/``partition``. Only the last asks for a delivery report:
         its offset is all the handler needs (what a snapshot covers), and a report per record costs."""
-        if not records:
-            return
-        produce = self._producer.produce
-        last = len(records) - 1
-        for i, (key, value) in enumerate(records):
-            on_delivery = on_last_delivered if i == last else None
-            try:
-                produce(topic, value, key, partition, on_delivery)
-            except BufferError:  # the local queue is full: let it drain, then retry once
-                self._producer.poll(1)
-                produce(topic, value, key, partition, on_delivery)
+        kafka_clients.produce_records(self._producer, topic, records, partition, on_last_delivered)
 
     def _produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None,
                  on_delivery=None) -> None:
-        kwargs = {} if partition is None else {"partition": partition}
-        if on_delivery is not None:
-            kwargs["on_delivery"] = on_delivery
-        try:
-            self._producer.produce(topic, value, key, **kwargs)
-        except BufferError:  # the local queue is full: let it drain, then retry once
-            self._producer.poll(1)
-            self._producer.produce(topic, value, key, **kwargs)
+        kafka_clients.produce(self._producer, topic, value, key, partition, on_delivery)
 
     # Delivery reports arrive during commit_transaction: the last offset per partition becomes the offset a
     # snapshot covers.

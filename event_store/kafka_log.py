@@ -67,9 +67,11 @@ def ensure_topics(settings: Settings, log=print) -> list[str]:
 
 def max_message_bytes(settings: Settings, topics: Iterable[str], timeout_s: float = 30.0) -> dict[str, int]:
     """Each topic's ``max.message.bytes`` as the broker reports it (the most a record batch may take)."""
-    from confluent_kafka.admin import AdminClient, ConfigResource
+    from confluent_kafka.admin import ConfigResource
 
-    client = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    from event_store.kafka_clients import admin_client
+
+    client = admin_client(settings)
     futures = client.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics],
                                       request_timeout=timeout_s)
     return {resource.name: int(future.result(timeout=timeout_s)["max.message.bytes"].value)

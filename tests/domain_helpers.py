@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from event_store.account import AccountState
 from event_store.envelope import CommandEnvelope, EventEnvelope, InvalidRecord
-from event_store.handler import execute
+from event_store.decider import execute
 from eventlake.generator import GeneratorConfig, generate_commands
 
 

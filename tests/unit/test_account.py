@@ -3,7 +3,7 @@ import pytest
 
 from event_store.account import AccountState, CommandRejected, decide, evolve
 from event_store.envelope import CommandEnvelope, InvalidRecord
-from event_store.handler import execute
+from event_store.decider import execute
 
 T0 = "2026-01-01T10:00:00.000Z"
 

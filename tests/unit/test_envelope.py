@@ -4,7 +4,7 @@ import json
 import pytest
 
 from event_store.envelope import CommandEnvelope, EventEnvelope, InvalidRecord
-from event_store.handler import execute
+from event_store.decider import execute
 from event_store.account import AccountState
 
 

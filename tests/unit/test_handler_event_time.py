@@ -5,7 +5,7 @@ import pytest
 
 from event_store.account import AccountState
 from event_store.envelope import CommandEnvelope
-from event_store.handler import EventTimeLimit, execute, execute_encoded
+from event_store.decider import EventTimeLimit, execute, execute_encoded
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 LIMIT = EventTimeLimit.at(NOW, 900)

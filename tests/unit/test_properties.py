@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import read_models
 from event_store.account import AccountState, evolve
-from event_store.handler import CommandHandler
+from event_store.partition_rebuild import PartitionRebuilder
 from event_store.snapshots import PartitionState
 from eventlake.generator import GeneratorConfig
 from eventlake.settings import Settings
@@ -52,14 +52,14 @@ def _states(events) -> dict[str, AccountState]:
 
 
 def _handler_rebuild(partitions) -> dict[str, AccountState]:
-    """The command handler's rebuild of every partition (CommandHandler._apply_logged, record by record in
-    the partition's order), without Kafka: the handler is built, never started."""
-    handler = CommandHandler(Settings.load({}), log=lambda *_: None)
+    """The command handler's rebuild of every partition (PartitionRebuilder.apply_logged, record by record in
+    the partition's order), without Kafka: the rebuilder is built, never opened."""
+    rebuilder = PartitionRebuilder(Settings.load({}), log=lambda *_: None)
     accounts: dict[str, AccountState] = {}
     for p, records in enumerate(partitions):
         part = PartitionState(p)
         for offset, e in enumerate(records):
-            handler._apply_logged(part, e, SimpleNamespace(topic="events", offset=offset))
+            rebuilder.apply_logged(part, e, SimpleNamespace(topic="events", offset=offset))
         assert not accounts.keys() & part.accounts.keys(), "an account in two partitions"
         accounts.update(part.accounts)
     return accounts
@@ -175,14 +175,14 @@ def test_a_repeat_of_an_event_id_from_before_a_snapshot_is_caught_after_a_restar
 
     Record = namedtuple("Record", "key value")
     clean = events_for(GeneratorConfig(accounts=1, commands=6, seed=1, run_id="prop"))
-    handler = CommandHandler(Settings.load({}), log=lambda *_: None)
+    rebuilder = PartitionRebuilder(Settings.load({}), log=lambda *_: None)
     part = PartitionState(0)
     for offset, e in enumerate(clean):
-        handler._apply_logged(part, e, SimpleNamespace(topic="events", offset=offset))
+        rebuilder.apply_logged(part, e, SimpleNamespace(topic="events", offset=offset))
     restored = load_snapshot([Record(k, v) for k, v in snapshot_records(part)], 0, 100)
     assert restored.event_ids == {e.event_id for e in clean} and restored.accounts == part.accounts
     repeat = dataclasses.replace(clean[1], aggregate_version=clean[-1].aggregate_version + 1)
-    handler._apply_logged(restored, repeat, SimpleNamespace(topic="events", offset=len(clean)))
+    rebuilder.apply_logged(restored, repeat, SimpleNamespace(topic="events", offset=len(clean)))
     assert restored.accounts == _states(clean)
 
 

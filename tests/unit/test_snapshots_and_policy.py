@@ -5,7 +5,7 @@ import pytest
 
 from event_store.account import AccountState
 from event_store.envelope import CommandResult
-from event_store.handler import event_id_for, execute
+from event_store.decider import event_id_for, execute
 from event_store.policy import commands_for
 from event_store.snapshots import PartitionState, load_snapshot, snapshot_records
 from eventlake.cli import _read_commands

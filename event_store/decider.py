@@ -1,0 +1,146 @@
+"""The pure decider of the write side: a command and an aggregate's state in, events and a result out.
+
+``execute`` runs the aggregate's ``decide`` and ``evolve`` (no Kafka, no clock unless given one) and wraps the
+new events in envelopes whose ids derive from the command id, so a batch redone after an aborted transaction
+writes the same events. ``execute_encoded`` is the same, with the events already as JSON: the command handler's
+hot path. The handler's transaction loop (``event_store.handler``) calls these and only these to decide.
+See docs/DESIGN.md ("Guarantees").
+"""
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Sequence
+
+from event_store.account import AGGREGATE_TYPE, AccountState, CommandRejected, NewEvent, decide, evolve, evolve_fields
+from event_store.envelope import (CommandEnvelope, CommandResult, EventEnvelope, InvalidRecord, built, dumps,
+                                  format_time, parse_time, utc_now)
+from event_store.schemas import EVENT_SCHEMA_VERSIONS
+
+__all__ = ["execute", "execute_encoded", "event_id_for", "EventTimeLimit"]
+
+# Event ids derive from the command id, so a batch redone after an aborted transaction writes the same ids.
+_EVENT_ID_NAMESPACE = uuid.UUID("6f1c2b1e-7a4d-4e0b-9a59-3f0e2c1d8b71")
+_EVENT_ID_SHA1 = hashlib.sha1(_EVENT_ID_NAMESPACE.bytes)
+
+
+def event_id_for(command_id: str, index: int) -> str:
+    """The id of the ``index``-th event caused by ``command_id`` (deterministic, so redone batches match).
+
+    ``uuid.uuid5(_EVENT_ID_NAMESPACE, f"{command_id}/{index}")``, computed without building UUID objects."""
+    sha1 = _EVENT_ID_SHA1.copy()
+    sha1.update(f"{command_id}/{index}".encode())
+    h = sha1.hexdigest()
+    # RFC 4122: version 5 in the high nibble of byte 6, variant 10 in the top bits of byte 8.
+    return (f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}")
+
+
+_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
+
+
+@dataclass(frozen=True)
+class EventTimeLimit:
+    """The latest event time (``occurred_at``) the handler accepts: its clock plus the allowed skew.
+
+    One event dated far ahead would move every event-time watermark past all later events, so such a command
+    is rejected before anything is written (settings.max_event_time_ahead_s)."""
+    now: datetime
+    max_ahead_s: float
+    latest: datetime
+    latest_second: str  # "YYYY-MM-DDTHH:MM:SS" of ``latest``: a text comparison settles the ordinary case
+
+    @classmethod
+    def at(cls, now: datetime, max_ahead_s: float) -> "EventTimeLimit":
+        latest = now + timedelta(seconds=max_ahead_s)
+        return cls(now, max_ahead_s, latest, latest.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"))
+
+    def check(self, command: CommandEnvelope, new_events: Sequence[NewEvent]) -> None:
+        """Raise CommandRejected (``EventTimeInFuture``) when an event of ``command`` lies beyond the limit."""
+        for new in new_events:
+            occurred_at = new.occurred_at
+            # Schemas allow only "YYYY-MM-DDTHH:MM:SS[.fff](Z|+hh:mm)": a UTC time earlier than the limit's second
+            # is fine as text; anything else (an offset, the same second or later) is parsed.
+            if occurred_at[-1] == "Z" and occurred_at[:19] < self.latest_second:
+                continue
+            field_name = "occurred_at" if command.payload.get("occurred_at") == occurred_at else "issued_at"
+            try:
+                t = parse_time(occurred_at, f"command {command.command_id}: {field_name}")
+            except InvalidRecord as e:
+                raise CommandRejected("InvalidCommand", str(e)) from None
+            except ValueError as e:  # e.g. out of range after the offset is applied
+                raise CommandRejected("InvalidCommand", f"command {command.command_id}: {field_name} "
+                                                        f"{occurred_at!r} is not a valid time ({e})") from None
+            if t > self.latest:
+                raise CommandRejected(
+                    "EventTimeInFuture",
+                    f"command {command.command_id}: {field_name} {occurred_at} ({new.event_type}) lies "
+                    f"{(t - self.now).total_seconds():,.0f}s ahead of the handler's clock ({format_time(self.now)}); "
+                    f"at most {self.max_ahead_s:,.0f}s ahead is accepted (max_event_time_ahead_s, "
+                    f"EVENTLAKE_MAX_EVENT_TIME_AHEAD_S)")
+
+
+def _rejection(state: AccountState, command: CommandEnvelope, e: CommandRejected, recorded_at: str) -> CommandResult:
+    return CommandResult(command.command_id, command.aggregate_id, "rejected", state.version,
+                         error_type=e.error_type, reason=e.reason, recorded_at=recorded_at)
+
+
+def _accepted(command: CommandEnvelope, state: AccountState, event_ids: list[str], recorded_at: str) -> CommandResult:
+    return built(CommandResult, command_id=command.command_id, aggregate_id=command.aggregate_id,
+                 status="accepted", version=state.version, event_ids=tuple(event_ids), error_type=None,
+                 reason=None, recorded_at=recorded_at, duplicate=False)
+
+
+def execute(state: AccountState, command: CommandEnvelope, recorded_at: str | None = None,
+            time_limit: EventTimeLimit | None = None) -> tuple[AccountState, list[EventEnvelope], CommandResult]:
+    """Pure: the new state, the event envelopes to append and the command's result (no Kafka). With
+    ``time_limit`` (the handler's clock), events dated beyond it reject the command."""
+    recorded_at = recorded_at or utc_now()
+    try:
+        new_events = decide(state, command)
+        if time_limit is not None and new_events:
+            time_limit.check(command, new_events)
+    except CommandRejected as e:
+        return state, [], _rejection(state, command, e, recorded_at)
+    command_id, aggregate_id = command.command_id, command.aggregate_id
+    correlation_id = command.correlation_id or command_id
+    envelopes = []
+    for i, new in enumerate(new_events):
+        event_type = new.event_type
+        event = built(EventEnvelope, event_id=event_id_for(command_id, i), event_type=event_type,
+                      schema_version=EVENT_SCHEMA_VERSIONS[event_type], aggregate_type=AGGREGATE_TYPE,
+                      aggregate_id=aggregate_id, aggregate_version=state.version + 1,
+                      occurred_at=new.occurred_at, recorded_at=recorded_at, command_id=command_id,
+                      correlation_id=correlation_id, causation_id=command_id, payload=new.payload)
+        state = evolve(state, event)
+        envelopes.append(event)
+    return state, envelopes, _accepted(command, state, [e.event_id for e in envelopes], recorded_at)
+
+
+def execute_encoded(state: AccountState, command: CommandEnvelope, recorded_at: str,
+                    time_limit: EventTimeLimit | None = None) -> tuple[AccountState, list[bytes], CommandResult]:
+    """``execute`` with the events as their JSON (``EventEnvelope.to_json()``), without building envelopes:
+    the handler's hot path. Same state, same bytes, same result (tests/unit/test_handler_core.py)."""
+    try:
+        new_events = decide(state, command)
+        if time_limit is not None and new_events:
+            time_limit.check(command, new_events)
+    except CommandRejected as e:
+        return state, [], _rejection(state, command, e, recorded_at)
+    command_id, aggregate_id = command.command_id, command.aggregate_id
+    correlation_id = command.correlation_id or command_id
+    encoded, event_ids = [], []
+    for i, new in enumerate(new_events):
+        event_type, payload, version = new.event_type, new.payload, state.version + 1
+        event_id = event_id_for(command_id, i)
+        # The fields of EventEnvelope.to_dict, in its order.
+        encoded.append(dumps({
+            "event_id": event_id, "event_type": event_type, "schema_version": EVENT_SCHEMA_VERSIONS[event_type],
+            "aggregate_type": AGGREGATE_TYPE, "aggregate_id": aggregate_id, "aggregate_version": version,
+            "occurred_at": new.occurred_at, "recorded_at": recorded_at, "command_id": command_id,
+            "correlation_id": correlation_id, "causation_id": command_id,
+            "payload": payload if type(payload) is dict else dict(payload)}))
+        state = evolve_fields(state, event_type, payload, version)
+        event_ids.append(event_id)
+    return state, encoded, _accepted(command, state, event_ids, recorded_at)

@@ -1,0 +1,103 @@
+"""Every librdkafka (confluent-kafka) client eventlake makes, and the one way it produces a record.
+
+The command handler's transactional producer and group consumer, the client's bulk producer and the admin
+client are built here, so their configuration (idempotence, ``acks=all``, ``read_committed``, the murmur2
+partitioner of the Java client) is written once. ``produce`` and ``produce_records`` own the retry for a full
+local queue (``BufferError``): let librdkafka drain it, then try once more.
+
+The kafka-python clients (``make_producer``, ``make_consumer``, the admin that creates topics) live in
+``event_store.kafka_log``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import confluent_kafka
+from confluent_kafka.admin import AdminClient
+
+from eventlake.settings import Settings
+
+__all__ = ["transactional_producer_config", "new_producer", "group_consumer", "bulk_producer", "admin_client",
+           "produce", "produce_records"]
+
+
+def transactional_producer_config(settings: Settings, transactional_id: str, *, batch_bytes: int,
+                                  message_max_bytes: int, transaction_timeout_ms: int) -> dict:
+    """The command handler's producer: idempotent, ``acks=all``, transactional under ``transactional_id``.
+
+    A config (not a producer) because a producer that hit a fatal error is replaced by a new one made from the
+    same config (``new_producer``)."""
+    return {
+        "bootstrap.servers": settings.bootstrap_servers, "transactional.id": transactional_id,
+        "enable.idempotence": True, "acks": "all", "linger.ms": 20, "batch.size": batch_bytes,
+        "message.max.bytes": message_max_bytes,
+        "transaction.timeout.ms": transaction_timeout_ms, "queue.buffering.max.messages": 1_000_000}
+
+
+def new_producer(config: dict) -> confluent_kafka.Producer:
+    """A producer made from ``config`` (e.g. ``transactional_producer_config``)."""
+    return confluent_kafka.Producer(config)
+
+
+def group_consumer(settings: Settings, group_id: str, instance_id: str, max_poll_interval_ms: int
+                   ) -> confluent_kafka.Consumer:
+    """A ``read_committed`` consumer in ``group_id`` with static membership (``group.instance.id``), so a
+    restarted instance takes its partitions back without waiting for a session timeout. Offsets are committed
+    by the caller (in its transactions), never automatically."""
+    return confluent_kafka.Consumer({
+        "bootstrap.servers": settings.bootstrap_servers, "group.id": group_id,
+        "group.instance.id": instance_id, "isolation.level": "read_committed",
+        "enable.auto.commit": False, "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": 10_000,
+        "heartbeat.interval.ms": 2_000, "max.poll.interval.ms": max_poll_interval_ms,
+        "topic.metadata.refresh.interval.ms": 10_000})
+
+
+def bulk_producer(settings: Settings, on_failed_delivery: Callable) -> confluent_kafka.Producer:
+    """A fast producer for many records: idempotent, ``acks=all``, and the same partition for a key as
+    kafka-python's producer (murmur2, like the Java client). ``on_failed_delivery(error, message)`` is called
+    for failed records only."""
+    return confluent_kafka.Producer({
+        "bootstrap.servers": settings.bootstrap_servers, "enable.idempotence": True, "acks": "all",
+        "partitioner": "murmur2_random", "linger.ms": 5, "batch.size": 1024 * 1024,
+        "queue.buffering.max.messages": 1_000_000, "delivery.report.only.error": True,
+        "on_delivery": on_failed_delivery})
+
+
+def admin_client(settings: Settings) -> AdminClient:
+    return AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+
+
+def produce(producer: confluent_kafka.Producer, topic: str, value: bytes | None, key: bytes | None = None,
+            partition: int | None = None, on_delivery: Callable | None = None) -> None:
+    """Produce one record (to ``partition``, else by the producer's partitioner), retrying once after the
+    local queue drained when it is full."""
+    kwargs = {} if partition is None else {"partition": partition}
+    if on_delivery is not None:
+        kwargs["on_delivery"] = on_delivery
+    try:
+        producer.produce(topic, value, key, **kwargs)
+    except BufferError:
+        _drain_and_produce(producer, topic, value, key, **kwargs)
+
+
+def produce_records(producer: confluent_kafka.Producer, topic: str, records: Sequence[tuple[bytes, bytes]],
+                    partition: int, on_last_delivered: Callable | None = None) -> None:
+    """Produce (key, value) ``records`` in order to ``topic``/``partition``. Only the last asks for a delivery
+    report (``on_last_delivered``): a report per record costs, and its offset tells where the batch ended."""
+    if not records:
+        return
+    send = producer.produce
+    last = len(records) - 1
+    for i, (key, value) in enumerate(records):
+        on_delivery = on_last_delivered if i == last else None
+        try:
+            send(topic, value, key, partition, on_delivery)
+        except BufferError:
+            _drain_and_produce(producer, topic, value, key, partition=partition, on_delivery=on_delivery)
+
+
+def _drain_and_produce(producer: confluent_kafka.Producer, topic: str, value, key, **kwargs) -> None:
+    """The local queue is full: let it drain (serving delivery reports), then produce once more."""
+    producer.poll(1)
+    producer.produce(topic, value, key, **kwargs)

@@ -1,0 +1,271 @@
+"""The partition rebuild: one partition of the events topic read back into aggregate states.
+
+Commands partition ``p`` maps to events partition ``p``, so the handler instance that is assigned ``p`` rebuilds
+exactly that partition's aggregates: from the latest snapshot (``event_store.snapshots``) plus the events and
+command results after it. Every event is folded by the rule the read models apply (``read_models.sequence``); a
+record that cannot be read or folded quarantines its aggregate and nothing else. No transaction is written here:
+the transaction loop (``event_store.handler``) asks for a rebuild and gives the partition's state its commands.
+See docs/DESIGN.md ("Guarantees").
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from kafka import TopicPartition
+from kafka.errors import KafkaError
+
+from event_store import kafka_log
+from event_store.account import AccountState, evolve, quarantined
+from event_store.envelope import CommandResult, EventEnvelope, InvalidRecord
+from event_store.snapshots import PartitionState, load_snapshot
+from eventlake.settings import Settings
+
+__all__ = ["PartitionRebuilder", "RebuildStats", "RebuildCounts", "RebuildDeferred", "continue_waiting"]
+
+
+@dataclass
+class RebuildStats:
+    """How one partition's state came back: from a snapshot or not, and how many records were read after it."""
+    partition: int
+    from_snapshot: bool
+    accounts: int
+    events_read: int
+    results_read: int
+    seconds: float
+
+
+
+@dataclass
+class RebuildCounts:
+    """Records a rebuild skipped, by kind (the command handler passes its HandlerStats, which has these fields)."""
+    unreadable_events: int = 0  # events records that could not be read (their accounts are quarantined)
+    repeated_events: int = 0  # an event id seen before, or an event at a version already taken (forged)
+    unreadable_results: int = 0  # command-results records skipped
+
+
+class RebuildDeferred(Exception):
+    """A partition cannot be rebuilt right now (the broker does not answer, an open transaction blocks its log);
+    it stays paused and is tried again."""
+
+
+def _account_of(record) -> str | None:
+    """The account an events record belongs to as far as it can be told: its key, else its aggregate_id."""
+    if record.key:
+        try:
+            return record.key.decode("utf-8") or None
+        except UnicodeDecodeError:
+            pass
+    try:
+        obj = json.loads(record.value)
+    except (ValueError, TypeError):
+        return None
+    aggregate_id = obj.get("aggregate_id") if isinstance(obj, dict) else None
+    return aggregate_id if isinstance(aggregate_id, str) and aggregate_id else None
+
+
+def continue_waiting(part: PartitionState, state: AccountState) -> AccountState:
+    """``state`` with the events that waited for it applied (the versions right after it, in order). The
+    waiting events stay listed: a transaction that aborts goes back to an earlier state, which needs them."""
+    waiting = part.waiting.get(state.account_id) if part.waiting else None
+    while waiting and (event := waiting.get(state.version + 1)) is not None:
+        state = evolve(state, event)
+    return state
+
+
+class PartitionRebuilder:
+    """Rebuilds partitions of the events topic into ``PartitionState``s with two consumers of its own (no group):
+    a ``read_committed`` reader and a ``read_uncommitted`` one that sees the high watermark (an open transaction).
+
+    ``tick`` is called between the steps of a long read (the handler's keepalive: it may raise to stop the
+    rebuild), ``wait(seconds)`` pauses between tries; ``stable_wait_s`` bounds the wait for an open transaction
+    to end. Nothing connects before ``open()``."""
+
+    def __init__(self, settings: Settings, instance_id: str = "0", log: Callable[[str], None] = print,
+                 use_snapshots: bool = True, counts: RebuildCounts | None = None,
+                 tick: Callable[[], None] = lambda: None, wait: Callable[[float], None] = time.sleep,
+                 stable_wait_s: float = 35.0):
+        self.settings = settings
+        self.instance_id = instance_id
+        self.log = log
+        self.use_snapshots = use_snapshots
+        self.stats = counts if counts is not None else RebuildCounts()
+        self.rebuilds: list[RebuildStats] = []
+        self._keepalive = tick
+        self._wait = wait
+        self._stable_wait_s = stable_wait_s
+        self.reader = None  # read_committed, no group
+        self.watermarks = None  # read_uncommitted, no group: the high watermark, to see open transactions
+
+    def open(self) -> None:
+        # Short request timeouts: a rebuild that waits for an absent broker gives way to stop() and keepalives.
+        self.reader = kafka_log.make_consumer(self.settings, request_timeout_ms=5_000)
+        self.watermarks = kafka_log.make_consumer(self.settings, isolation_level="read_uncommitted",
+                                                  request_timeout_ms=5_000)
+
+    def close(self) -> None:
+        for client in (self.reader, self.watermarks):
+            if client is not None:
+                client.close()
+        self.reader = self.watermarks = None
+
+    def renew(self) -> None:
+        """New rebuild readers: after a broker restart kafka-python's consumers may keep a stale fetch state and
+        read nothing more (seen in tests/integration/test_handler_broker_restart.py); fresh ones do."""
+        # The broker's API version, known already: without it kafka-python's constructor connects first, and
+        # waits (tens of seconds, deaf to stop()) for a broker that is away.
+        api_version = self.reader.config.get("api_version")
+        for client in (self.reader, self.watermarks):
+            try:
+                client.close()
+            except Exception as e:  # noqa: BLE001 -- a reader that cannot close cleanly is dropped anyway
+                self.log(f"handler {self.instance_id}: closing a rebuild reader: {e!r}")
+        self.reader = kafka_log.make_consumer(self.settings, request_timeout_ms=5_000, api_version=api_version)
+        self.watermarks = kafka_log.make_consumer(self.settings, isolation_level="read_uncommitted",
+                                                  request_timeout_ms=5_000, api_version=api_version)
+
+    def rebuild(self, p: int) -> PartitionState:
+        """Partition ``p``'s accounts and idempotency window: the latest snapshot plus the records after it."""
+        s = self.settings
+        started = time.monotonic()
+        events_tp, results_tp = TopicPartition(s.events_topic, p), TopicPartition(s.results_topic, p)
+        snapshots_tp = TopicPartition(s.snapshots_topic, p)
+        # One offsets request for all three (each costs a round trip): where the committed log ends now.
+        ends = self._wait_until_stable([events_tp, results_tp, snapshots_tp])
+        part = self._load_snapshot(p, ends[snapshots_tp]) if self.use_snapshots else None
+        from_snapshot = part is not None
+        part = part or PartitionState(p, window=s.idempotency_window)
+        end = ends[events_tp]
+        events_read = 0
+        tick = self._keepalive
+        for record in kafka_log.read_partition(self.reader, events_tp, part.events_offset, end, tick=tick):
+            # No record may stop the handler: whatever fails to parse or to fold quarantines its account
+            # (logged and counted); every other account goes on.
+            try:
+                event = EventEnvelope.from_json(record.value)
+            except InvalidRecord as e:
+                self._unreadable_event(part, record, str(e))
+                continue
+            except Exception as e:  # noqa: BLE001 -- defensive: nothing from the log may stop the handler
+                self._unreadable_event(part, record, f"{type(e).__name__}: {e}")
+                continue
+            try:
+                self.apply_logged(part, event, record)
+            except Exception as e:  # noqa: BLE001 -- e.g. a payload evolve() cannot fold
+                self._unreadable_event(part, record, f"{type(e).__name__}: {e}")
+                continue
+            events_read += 1
+        part.events_offset = max(part.events_offset, end)
+        part.events_since_snapshot += events_read
+        end = ends[results_tp]
+        results_read = 0
+        for record in kafka_log.read_partition(self.reader, results_tp, part.results_offset, end, tick=tick):
+            try:
+                result = CommandResult.from_json(record.value)
+                if result.aggregate_id and result.error_type != "InvalidCommand":
+                    part.remember(result)
+            except Exception as e:  # noqa: BLE001 -- an unreadable result only costs its idempotency entry
+                self.stats.unreadable_results += 1
+                self.log(f"handler {self.instance_id}: unreadable command result {record.topic}/{p}/{record.offset} "
+                         f"skipped: {type(e).__name__}: {e}")
+                continue
+            results_read += 1
+        part.results_offset = max(part.results_offset, end)
+        stats = RebuildStats(p, from_snapshot, len(part.accounts), events_read, results_read,
+                             time.monotonic() - started)
+        self.rebuilds.append(stats)
+        self.log(f"handler {self.instance_id}: partition {p}: {len(part.accounts)} accounts from "
+                 f"{'a snapshot + ' if from_snapshot else ''}{events_read} events and {results_read} results "
+                 f"in {stats.seconds:.2f}s")
+        return part
+
+    def apply_logged(self, part: PartitionState, event: EventEnvelope, record) -> None:
+        """Fold an event read from the log by the rule the read models apply (read_models.sequence): each
+        account's versions once and in order; an event id seen before counts once, wherever its repeat claims to
+        be; the first event at a version takes it (a different event at a taken version counts nowhere); an event
+        after a gap waits until the gap is filled."""
+        if event.event_id in part.event_ids:
+            self.stats.repeated_events += 1
+            return
+        part.event_ids.add(event.event_id)
+        state = part.account(event.aggregate_id)
+        version = event.aggregate_version
+        if version <= state.version:
+            self.stats.repeated_events += 1
+            return
+        if version > state.version + 1:
+            waiting = part.waiting.setdefault(event.aggregate_id, {})
+            if version not in waiting:
+                waiting[version] = event
+                self.log(f"handler {self.instance_id}: events record {record.topic}/{part.partition}/{record.offset}: "
+                         f"version {version} of account {event.aggregate_id} follows version {state.version}; it "
+                         f"waits for the versions in between, as in the read models")
+            return
+        part.accounts[event.aggregate_id] = continue_waiting(part, evolve(state, event))
+
+    def _unreadable_event(self, part: PartitionState, record, reason: str) -> None:
+        """An events record the rebuild cannot read or fold: its account (the record's key, which every writer
+        sets to the aggregate id) is quarantined until an operator resolves it; every other account goes on."""
+        self.stats.unreadable_events += 1
+        where = f"{record.topic}/{part.partition}/{record.offset}"
+        account_id = _account_of(record)
+        if account_id is None:
+            self.log(f"handler {self.instance_id}: unreadable events record {where} skipped (no key names its "
+                     f"account): {reason}")
+            return
+        part.accounts[account_id] = quarantined(part.account(account_id), where, reason)
+        self.log(f"handler {self.instance_id}: unreadable events record {where}: account {account_id} quarantined "
+                 f"until resolved (eventlake resolve-quarantine {account_id} --record {where} --reason ...): {reason}")
+
+    def _load_snapshot(self, p: int, end: int) -> PartitionState | None:
+        """The latest snapshot of partition ``p``, reading only its own records when it can.
+
+        A snapshot's chunks and manifest are written contiguously in one transaction and nothing else writes
+        snapshots partition ``p`` in between, so the latest manifest sits just before the end (the commit
+        marker) and its chunks just before it. If that does not hold, the whole partition is read. A snapshot
+        that cannot be read is ignored: the state is rebuilt from the whole log instead.
+        """
+        s = self.settings
+        tp = TopicPartition(s.snapshots_topic, p)
+        if end == 0:
+            return None
+        tick = self._keepalive
+        try:
+            tail = list(kafka_log.read_partition(self.reader, tp, max(0, end - 3), end, tick=tick))
+            manifests = [r for r in tail if r.key == str(p).encode()]
+            if manifests:
+                manifest = manifests[-1]
+                chunks = json.loads(manifest.value)["chunks"]
+                records = list(kafka_log.read_partition(self.reader, tp, max(0, manifest.offset - chunks),
+                                                        manifest.offset + 1, tick=tick))
+                try:
+                    return load_snapshot(records, p, s.idempotency_window)
+                except InvalidRecord:
+                    pass  # not contiguous after all (e.g. compacted): read everything
+            return load_snapshot(kafka_log.read_partition(self.reader, tp, 0, end, tick=tick), p,
+                                 s.idempotency_window)
+        except (ValueError, KeyError, TypeError) as e:
+            self.log(f"handler {self.instance_id}: snapshot of partition {p} unreadable ({type(e).__name__}: {e}); "
+                     f"rebuilding from the whole log")
+            return None
+
+    def _wait_until_stable(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Wait until no open transaction (e.g. of a killed instance) holds back the end of ``tps``; their
+        last stable offsets. Raises RebuildDeferred when the broker does not answer or the wait is too long."""
+        deadline = time.monotonic() + self._stable_wait_s
+        while True:
+            self._keepalive()
+            try:
+                stable = self.reader.end_offsets(tps)
+                high = self.watermarks.end_offsets(tps)
+            except KafkaError as e:
+                raise RebuildDeferred(f"the broker does not answer offset requests ({e!r})") from None
+            if all(stable[tp] >= high[tp] for tp in tps):
+                return stable
+            if time.monotonic() > deadline:
+                raise RebuildDeferred(f"partitions {sorted(str(tp) for tp in tps)} stay blocked by an open "
+                                       f"transaction (stable offsets {stable}, high watermarks {high}); is another "
+                                       f"handler with a different instance id writing them?")
+            self._wait(0.2)
