@@ -32,8 +32,9 @@ from pathlib import Path
 
 from event_store import kafka_log
 from event_store.account import AccountState
-from event_store.envelope import CommandEnvelope, InvalidRecord
 from event_store.decider import execute
+from event_store.envelope import CommandEnvelope
+from event_store.errors import InvalidRecord
 from eventlake.generator import GeneratorConfig, generate_commands
 from eventlake.settings import Settings
 

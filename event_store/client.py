@@ -13,7 +13,8 @@ from typing import Any, Iterable, Mapping
 from kafka import TopicPartition
 
 from event_store import kafka_clients, kafka_log
-from event_store.envelope import CommandEnvelope, CommandResult, InvalidRecord
+from event_store.envelope import CommandEnvelope, CommandResult
+from event_store.errors import InvalidRecord
 from eventlake.settings import Settings
 
 __all__ = ["EventStore", "as_command"]

@@ -15,8 +15,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Sequence
 
 from event_store.account import AGGREGATE_TYPE, AccountState, CommandRejected, NewEvent, decide, evolve, evolve_fields
-from event_store.envelope import (CommandEnvelope, CommandResult, EventEnvelope, InvalidRecord, built, dumps,
-                                  format_time, parse_time, utc_now)
+from event_store.envelope import (CommandEnvelope, CommandResult, EventEnvelope, built, dumps, format_time, parse_time,
+                                  utc_now)
+from event_store.errors import InvalidRecord
 from event_store.schemas import EVENT_SCHEMA_VERSIONS
 
 __all__ = ["execute", "execute_encoded", "event_id_for", "EventTimeLimit"]

@@ -1,7 +1,8 @@
 """Event and command envelopes (DESIGN.md "Contracts"), their JSON form, and validation on the way in.
 
 Envelopes are plain frozen dataclasses; ``to_json`` / ``*.from_json`` are the only serialization.
-Anything that fails validation raises :class:`InvalidRecord` with a reason a person can act on.
+Anything that fails validation raises :class:`event_store.errors.InvalidRecord` with a reason a person can
+act on.
 """
 from __future__ import annotations
 
@@ -15,14 +16,11 @@ import msgspec
 import orjson
 
 from event_store import schemas
+from event_store.errors import InvalidRecord
 from event_store.upcasting import UnknownSchemaVersion, upcast
 
-__all__ = ["EventEnvelope", "CommandEnvelope", "CommandResult", "InvalidRecord", "utc_now", "parse_time",
-           "format_time", "new_id", "dumps", "built"]
-
-
-class InvalidRecord(ValueError):
-    """A record that cannot be accepted: bad JSON, a missing or mistyped field, an unknown type."""
+__all__ = ["EventEnvelope", "CommandEnvelope", "CommandResult", "utc_now", "parse_time", "format_time", "new_id",
+           "dumps", "built"]
 
 
 def new_id() -> str:

@@ -31,7 +31,8 @@ from kafka.errors import KafkaError
 from event_store import kafka_clients, kafka_log
 from event_store.account import AccountState
 from event_store.decider import EventTimeLimit, execute_encoded
-from event_store.envelope import CommandEnvelope, CommandResult, InvalidRecord, format_time, utc_now
+from event_store.envelope import CommandEnvelope, CommandResult, format_time, utc_now
+from event_store.errors import InvalidRecord
 from event_store.partition_rebuild import PartitionRebuilder, RebuildDeferred, RebuildStats, continue_waiting
 from event_store.snapshots import PartitionState, snapshot_records
 from eventlake.settings import Settings

@@ -19,7 +19,8 @@ from kafka.errors import KafkaError
 
 from event_store import kafka_log
 from event_store.account import AccountState, evolve, quarantined
-from event_store.envelope import CommandResult, EventEnvelope, InvalidRecord
+from event_store.envelope import CommandResult, EventEnvelope
+from event_store.errors import InvalidRecord
 from event_store.snapshots import PartitionState, load_snapshot
 from eventlake.settings import Settings
 

@@ -20,6 +20,8 @@ from typing import Annotated, Any, Literal, Mapping
 
 import msgspec
 
+from event_store.errors import InvalidRecord
+
 __all__ = ["Field", "COMMANDS", "EVENTS", "EVENT_ENVELOPE", "COMMAND_ENVELOPE", "CURRENCIES", "validate_payload",
            "validate_fields", "field_problem", "payload_decoder", "EVENT_SCHEMA_VERSIONS", "country_of",
            "EVENT_TIME_MIN", "EVENT_TIME_MAX", "ID_MAX_LENGTH", "AMOUNT_MAX_MINOR", "VERSION_MAX", "time_fields"]
@@ -232,8 +234,6 @@ def time_fields(schema: Mapping[str, Field]) -> tuple[str, ...]:
 
 def validate_fields(schema: Mapping[str, Field], obj: Mapping[str, Any], what: str, prefix: str = "") -> None:
     """Raise InvalidRecord naming the first field of ``obj`` that is missing, mistyped or out of range."""
-    from event_store.envelope import InvalidRecord
-
     for name, spec in schema.items():
         value = obj.get(name)
         if value is None:

@@ -21,7 +21,8 @@ from typing import Iterable
 from pyrsistent import pset
 
 from event_store.account import AccountState
-from event_store.envelope import CommandResult, InvalidRecord, dumps
+from event_store.envelope import CommandResult, dumps
+from event_store.errors import InvalidRecord
 
 __all__ = ["PartitionState", "snapshot_records", "load_snapshot"]
 

@@ -125,7 +125,7 @@ def _cmd_submit(settings: Settings, args) -> int:
     import json
 
     from event_store.client import EventStore, as_command
-    from event_store.envelope import InvalidRecord
+    from event_store.errors import InvalidRecord
 
     _require_broker(settings)
     source = "stdin" if args.file == "-" else args.file
@@ -169,7 +169,8 @@ def _cmd_resolve_quarantine(settings: Settings, args) -> int:
     import getpass
 
     from event_store.client import EventStore
-    from event_store.envelope import CommandEnvelope, InvalidRecord
+    from event_store.envelope import CommandEnvelope
+    from event_store.errors import InvalidRecord
 
     _require_broker(settings)
     try:

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from event_store.account import AccountState
-from event_store.envelope import CommandEnvelope, EventEnvelope, InvalidRecord
 from event_store.decider import execute
+from event_store.envelope import CommandEnvelope, EventEnvelope
+from event_store.errors import InvalidRecord
 from eventlake.generator import GeneratorConfig, generate_commands
 
 

@@ -51,7 +51,8 @@ HOSTILE_VALUES = [None, True, False, 0, -1, 1, 5000, -5000, 1.0, 1.5, 10**16, 10
 
 
 def _python_verdict(raw):
-    from event_store.envelope import EventEnvelope, InvalidRecord
+    from event_store.envelope import EventEnvelope
+    from event_store.errors import InvalidRecord
 
     try:
         EventEnvelope.from_json(raw)

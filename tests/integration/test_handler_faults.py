@@ -9,7 +9,8 @@ import pytest
 from kafka.admin import NewTopic
 
 from event_store import kafka_log
-from event_store.envelope import CommandEnvelope, CommandResult, EventEnvelope, InvalidRecord
+from event_store.envelope import CommandEnvelope, CommandResult, EventEnvelope
+from event_store.errors import InvalidRecord
 from event_store.handler import CommandHandler
 
 pytestmark = pytest.mark.slow

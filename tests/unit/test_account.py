@@ -2,8 +2,9 @@
 import pytest
 
 from event_store.account import AccountState, CommandRejected, decide, evolve
-from event_store.envelope import CommandEnvelope, InvalidRecord
 from event_store.decider import execute
+from event_store.envelope import CommandEnvelope
+from event_store.errors import InvalidRecord
 
 T0 = "2026-01-01T10:00:00.000Z"
 

@@ -3,9 +3,10 @@ import json
 
 import pytest
 
-from event_store.envelope import CommandEnvelope, EventEnvelope, InvalidRecord
-from event_store.decider import execute
 from event_store.account import AccountState
+from event_store.decider import execute
+from event_store.envelope import CommandEnvelope, EventEnvelope
+from event_store.errors import InvalidRecord
 
 
 def an_event() -> EventEnvelope:

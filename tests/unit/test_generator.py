@@ -1,6 +1,7 @@
 import json
 
-from event_store.envelope import CommandEnvelope, InvalidRecord
+from event_store.envelope import CommandEnvelope
+from event_store.errors import InvalidRecord
 from eventlake.generator import GeneratorConfig, generate_commands
 
 

@@ -6,8 +6,9 @@ import uuid
 import pytest
 
 from event_store.account import AccountState, evolve
-from event_store.envelope import CommandEnvelope, InvalidRecord, _load_json, dumps
 from event_store.decider import _EVENT_ID_NAMESPACE, event_id_for, execute, execute_encoded
+from event_store.envelope import CommandEnvelope, _load_json, dumps
+from event_store.errors import InvalidRecord
 from eventlake.generator import GeneratorConfig, generate_commands
 
 T = "2026-01-01T00:00:00.000Z"

@@ -4,7 +4,8 @@ import json
 import pytest
 
 from event_store import schemas, upcasting
-from event_store.envelope import EventEnvelope, InvalidRecord
+from event_store.envelope import EventEnvelope
+from event_store.errors import InvalidRecord
 
 
 def v1_payment_authorized() -> dict:
