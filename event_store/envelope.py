@@ -1,4 +1,4 @@
-"""Event and command envelopes (DESIGN.md "Contracts"), their JSON form, and validation on the way in.
+"""Event and command envelopes (docs/DESIGN.md, "Contracts"), their JSON form, and validation on the way in.
 
 Envelopes are plain frozen dataclasses; ``to_json`` / ``*.from_json`` are the only serialization.
 Anything that fails validation raises :class:`event_store.errors.InvalidRecord` with a reason a person can

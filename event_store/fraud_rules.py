@@ -1,7 +1,7 @@
 """The fraud rules of the reference domain, as pure functions over one account's events (no Spark, no Kafka).
 
 ``detect(state, event)`` folds one event (in aggregate-version order) into the detector's state and returns
-the findings it causes. Times are epoch milliseconds of event time. The rules (DESIGN.md):
+the findings it causes. Times are epoch milliseconds of event time. The rules (docs/DESIGN.md):
 
 1. ``rapid_attempts``: two or more payment attempts (authorized or declined) within 10 seconds of event time;
    the later one (in event time) is flagged.

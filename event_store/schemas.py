@@ -8,7 +8,7 @@ oracles), the handler's compiled msgspec decoders (:func:`payload_decoder`), and
 projection, the archive and the fraud detector (``spark_apps.events``). A record is valid on one side
 exactly when it is on the other (tests/integration/test_event_parsing.py holds them to it on hostile input).
 
-Field names are the read models' names (DESIGN.md). Money is an integer count of minor units plus an
+Field names are the read models' names (docs/DESIGN.md). Money is an integer count of minor units plus an
 ISO-4217 code; locations are short region codes such as ``US-NYC``.
 """
 from __future__ import annotations
@@ -163,7 +163,7 @@ EVENTS: dict[str, dict[str, Field]] = {
 # needs an upcaster in event_store.upcasting; tests/unit/test_upcasting.py checks that none is missing.
 EVENT_SCHEMA_VERSIONS: dict[str, int] = {**{name: 1 for name in EVENTS}, "PaymentAuthorized": 2}
 
-# The event envelope (DESIGN.md "Contracts"); ``payload`` is then checked against EVENTS[event_type] after
+# The event envelope (docs/DESIGN.md, "Contracts"); ``payload`` is then checked against EVENTS[event_type] after
 # upcasting. schema_version's upper bound depends on the type (EVENT_SCHEMA_VERSIONS): checked by the readers.
 EVENT_ENVELOPE: dict[str, Field] = {
     "event_id": _ID,

@@ -1,4 +1,4 @@
-"""``account_summary``: one row per account, its current state (DESIGN.md lists the public columns).
+"""``account_summary``: one row per account, its current state (docs/DESIGN.md lists the public columns).
 
 It consumes every account event (even those that change no column, such as FraudSuspected) so
 that ``version`` is the last applied ``aggregate_version`` and versions are applied without gaps.
