@@ -106,7 +106,7 @@ def guard_jar(settings: Settings, log=print) -> Path:
 def serve(settings: Settings, log=print, stop_event=None) -> None:
     """Run the SQL server in this process until SIGTERM (or ``stop_event``)."""
     from eventlake.signals import stop_requested_on_sigterm
-    from spark_apps.session import build_session
+    from spark_apps.session import JVM_OPTIONS, build_session
 
     stop_event = stop_event or stop_requested_on_sigterm()
     p = _paths(settings)
@@ -124,7 +124,7 @@ def serve(settings: Settings, log=print, stop_event=None) -> None:
         # Each JDBC session opens Hive's session state on an in-memory Derby metastore: with a Derby system home
         # set (as other eventlake sessions do, to keep derby.log out of the working folder) its creation fails and
         # is retried for seconds on every connection.
-        "spark.driver.extraJavaOptions": f"-Dderby.stream.error.file={p['dir'] / 'derby.log'}",
+        "spark.driver.extraJavaOptions": f"{JVM_OPTIONS} -Dderby.stream.error.file={p['dir'] / 'derby.log'}",
         "spark.sql.hive.thriftServer.singleSession": "true",
         "hive.server2.thrift.port": str(settings.sql_server_port),
         "hive.server2.thrift.bind.host": settings.sql_server_host,

@@ -46,6 +46,12 @@ def extra_jars(settings: Settings, log=print) -> list[Path]:
 
 _APPENDED = ("spark.jars", "spark.sql.extensions")  # lists: extra_conf adds to them
 
+# Options of every Spark JVM (driver and executors). HotSpot never compiles a method of more than 8,000 bytes of
+# bytecode by default; the event parser's whole-stage generated code holds one of ~15,000 (the checks of
+# spark_apps.events.check_records), which then ran interpreted: parsing and checking a batch took ~1.7x as long
+# (bench/parse_cost.py, side by side in one run: --compare-jit).
+JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
+
 
 def build_session(settings: Settings, app_name: str = "eventlake", log=print, extra_conf: dict | None = None):
     """The Spark session for this process (created on first call, reused afterwards). ``extra_conf``: more
@@ -107,7 +113,8 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print, ex
                # Joins whose shuffled side fits in memory per partition hash it instead of sorting both sides.
                .config("spark.sql.adaptive.maxShuffledHashJoinLocalMapThreshold", "64MB")
                .config("spark.sql.warehouse.dir", str(settings.home / "spark-warehouse"))
-               .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={settings.home / 'derby'}"))
+               .config("spark.driver.extraJavaOptions", f"{JVM_OPTIONS} -Dderby.system.home={settings.home / 'derby'}")
+               .config("spark.executor.extraJavaOptions", JVM_OPTIONS))
     for key, value in (extra_conf or {}).items():
         if key not in _APPENDED:
             builder = builder.config(key, value)
