@@ -18,8 +18,13 @@ its own) is submitted and waited for. Measured:
 Halves of the run are printed apart (first and second half): a lag that builds up shows as a second half slower
 than the first.
 
+``--backlog N``: catch-up, then live, on the same settings and without a restart. N generated events are in the
+events topic before the services start (a projection far behind); printed: how long the read models' projection
+took to catch up, its batches meanwhile, then the live measurement as above, and each service's peak memory (the
+high-water mark of the resident set of its processes, its Spark JVM included).
+
     .venv/bin/python bench/freshness.py [--rate 2000] [--seconds 60] [--warm-up 30] [--accounts 2000]
-                                        [--probe-every 1.0]
+                                        [--probe-every 1.0] [--backlog 1000000]
 """
 from __future__ import annotations
 
@@ -77,6 +82,22 @@ class Services:
                 self.processes[name] = subprocess.Popen(
                     [sys.executable, "-m", "eventlake.cli", *args], cwd=ROOT, env=env, stdout=out,
                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def peak_rss_mib(self) -> dict[str, float]:
+        """Each service's processes' resident-set high-water marks (VmHWM), summed per service, in MiB."""
+        peaks: dict[str, float] = {}
+        for name, process in self.processes.items():
+            total = 0
+            for status in Path("/proc").glob("[0-9]*/status"):
+                try:
+                    if os.getpgid(int(status.parent.name)) != process.pid:
+                        continue
+                    total += next(int(line.split()[1]) for line in status.read_text().splitlines()
+                                  if line.startswith("VmHWM:"))
+                except (OSError, StopIteration, ValueError):
+                    continue
+            peaks[name] = total / 1024
+        return peaks
 
     def output(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text(errors="replace")
@@ -156,14 +177,28 @@ def batches(settings: Settings, since: float, until: float) -> list[tuple[int, i
         if checkpoint.name == "projection-event_archive":  # the archive's query: not a read model's
             continue
         commits = _batches(checkpoint / "commits")
-        for before, batch in zip(commits, commits[1:]):
+        for before, batch in zip([None, *commits], commits):  # the first batch starts at offset 0 (a new topic)
             done = (checkpoint / "commits" / str(batch)).stat().st_mtime
             if since <= done <= until:
                 started = (checkpoint / "offsets" / str(batch)).stat().st_mtime
                 size = (_offsets(checkpoint, batch, settings.events_topic)
-                        - _offsets(checkpoint, before, settings.events_topic))
+                        - (0 if before is None else _offsets(checkpoint, before, settings.events_topic)))
                 out.append((batch, size, done - started))
     return sorted(out)
+
+
+def read_models_offsets(settings: Settings) -> int:
+    """The offsets the read models' projection has committed, summed over the topic's partitions (0 before)."""
+    from spark_apps.status import _batches, _offsets
+
+    best = 0
+    for checkpoint in settings.checkpoints.glob("projection-*"):
+        if checkpoint.name == "projection-event_archive":
+            continue
+        commits = _batches(checkpoint / "commits")
+        if commits:
+            best = max(best, _offsets(checkpoint, commits[-1], settings.events_topic))
+    return best
 
 
 def main() -> None:
@@ -175,6 +210,8 @@ def main() -> None:
     ap.add_argument("--probe-every", type=float, default=1.0)
     ap.add_argument("--keep", action="store_true", help="keep the run's home (logs, tables)")
     ap.add_argument("--json", type=Path, help="also write the measurements to this file (bench/report.py reads it)")
+    ap.add_argument("--backlog", type=int, default=0,
+                    help="generated events in the log before the services start: catch-up, then live")
     args = ap.parse_args()
 
     run = uuid.uuid4().hex[:8]
@@ -195,9 +232,32 @@ def main() -> None:
         start=datetime.now(timezone.utc), mean_interval_s=1.0 / args.rate)))
     probe = f"acc-probe-{run}"
     store = EventStore(settings)  # creates the topics
+    if args.backlog:
+        sys.path.insert(0, str(ROOT))
+        from bench.projection import generated_events, publish
+
+        backlog = generated_events(args.backlog, 20_000, ROOT / ".cache" / "bench")
+        publish(settings, backlog)
+        print(f"backlog: {len(backlog):,} events in {settings.events_topic} before the services start", flush=True)
     services = Services(settings)
+    services_started = time.monotonic()
     print(f"freshness bench {run}: services starting (logs: {services.logs})", flush=True)
     try:
+        if args.backlog:
+            last_report = 0.0
+            while read_models_offsets(settings) < len(backlog):
+                services.check()
+                if time.monotonic() - last_report >= 30:
+                    last_report = time.monotonic()
+                    print(f"  catching up: {read_models_offsets(settings):,} of {len(backlog):,} events projected "
+                          f"({last_report - services_started:.0f}s)", flush=True)
+                time.sleep(1)
+            caught_up = time.monotonic() - services_started
+            catch_up = batches(settings, 0, time.time())
+            print(f"caught up: the read models' projection reached the backlog's end {caught_up:.0f}s after the "
+                  f"services started ({len(backlog) / caught_up:,.0f} events/s, Spark start included), in "
+                  f"{len(catch_up)} batch(es): " + ", ".join(f"{b[1]:,} events in {b[2]:.0f}s" for b in catch_up[:8])
+                  + (" ..." if len(catch_up) > 8 else ""), flush=True)
         store.submit(CommandEnvelope.create("OpenAccount", probe, {"customer_id": "cus-probe",
                                                                    "credit_limit_minor": 100_000,
                                                                    "currency": "USD"}), timeout_s=300)
@@ -302,8 +362,11 @@ def main() -> None:
             print(f"  a typical batch (the median of {len(typical)}): batch {batch}, {seconds}s in foreachBatch:")
             for step in steps.split("; "):
                 print(f"    {step}")
+        peaks = services.peak_rss_mib()
+        print("  peak resident memory per service (its processes, Spark JVM included): "
+              + ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in peaks.items()))
         if args.json:
-            args.json.write_text(json.dumps({
+            args.json.write_text(json.dumps({"backlog": args.backlog, "peak_rss_mib": peaks,
                 "rate": args.rate, "seconds": args.seconds, "accounts": args.accounts,
                 "accepted": [round(a, 3) for a in accepted],
                 "freshness": [[round(p[0] - measure_from, 3), round(p[2], 3)] for p in probes],
