@@ -86,6 +86,9 @@ class EventTimeLimit:
                     f"EVENTLAKE_MAX_EVENT_TIME_AHEAD_S)")
 
 
+_DOMAINS_GET = DOMAINS.get
+
+
 def domain_for(command: CommandEnvelope) -> Domain:
     """The domain ``command`` goes to; CommandRejected (``InvalidCommand``) when none is registered for it (only a
     command built in code can get here: one read from JSON is routed, or rejected, by CommandEnvelope)."""
@@ -106,7 +109,7 @@ def initial_state(command: CommandEnvelope) -> Any:
 def _decide(state: Any, command: CommandEnvelope, time_limit: EventTimeLimit | None) -> tuple[Domain, list[NewEvent]]:
     """The command's domain and the events it causes; CommandRejected for a stale ``expected_version`` (the
     same check for every domain), for what the domain refuses, and for events dated beyond ``time_limit``."""
-    domain = domain_for(command)
+    domain = _DOMAINS_GET(command.aggregate_type) or domain_for(command)  # one lookup on the hot path
     if command.expected_version is not None and command.expected_version != state.version:
         raise CommandRejected("ConcurrencyConflict",
                               f"expected version {command.expected_version} of {domain.aggregate_type} "
