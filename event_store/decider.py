@@ -1,6 +1,9 @@
 """The pure decider of the write side: a command and an aggregate's state in, events and a result out.
 
-``execute`` runs the aggregate's ``decide`` and ``evolve`` (no Kafka, no clock unless given one) and wraps the
+The command goes to the domain of its ``aggregate_type`` (``event_store.domains``), and every domain gets the
+same treatment: ``expected_version`` is checked here, before the domain's ``decide``; versions, ids and
+timestamps are added here. ``execute`` runs the aggregate's ``decide`` and ``evolve`` (no Kafka, no clock
+unless given one) and wraps the
 new events in envelopes whose ids derive from the command id, so a batch redone after an aborted transaction
 writes the same events. ``execute_encoded`` is the same, with the events already as JSON: the command handler's
 hot path. The handler's transaction loop (``event_store.handler``) calls these and only these to decide.
@@ -12,15 +15,16 @@ import hashlib
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Sequence
+from typing import Any, Sequence
 
-from event_store.account import AGGREGATE_TYPE, AccountState, CommandRejected, NewEvent, decide, evolve, evolve_fields
+from event_store.domain import CommandRejected, Domain, NewEvent
+from event_store.domains import DOMAINS
 from event_store.envelope import (CommandEnvelope, CommandResult, EventEnvelope, built, dumps, format_time, parse_time,
                                   utc_now)
 from event_store.errors import InvalidRecord
 from event_store.schemas import EVENT_SCHEMA_VERSIONS
 
-__all__ = ["execute", "execute_encoded", "event_id_for", "EventTimeLimit"]
+__all__ = ["execute", "execute_encoded", "event_id_for", "EventTimeLimit", "domain_for", "initial_state"]
 
 # Event ids derive from the command id, so a batch redone after an aborted transaction writes the same ids.
 _EVENT_ID_NAMESPACE = uuid.UUID("6f1c2b1e-7a4d-4e0b-9a59-3f0e2c1d8b71")
@@ -82,35 +86,69 @@ class EventTimeLimit:
                     f"EVENTLAKE_MAX_EVENT_TIME_AHEAD_S)")
 
 
-def _rejection(state: AccountState, command: CommandEnvelope, e: CommandRejected, recorded_at: str) -> CommandResult:
+_DOMAINS_GET = DOMAINS.get
+
+
+def domain_for(command: CommandEnvelope) -> Domain:
+    """The domain ``command`` goes to; CommandRejected (``InvalidCommand``) when none is registered for it (only a
+    command built in code can get here: one read from JSON is routed, or rejected, by CommandEnvelope)."""
+    domain = DOMAINS.get(command.aggregate_type)  # type: ignore[arg-type]
+    if domain is None:
+        raise CommandRejected("InvalidCommand",
+                              f"command {command.command_id}: no domain is registered for aggregate_type "
+                              f"{command.aggregate_type!r} (command_type {command.command_type!r}); known: "
+                              f"{', '.join(DOMAINS)}")
+    return domain
+
+
+def initial_state(command: CommandEnvelope) -> Any:
+    """The state of ``command``'s aggregate before any event (for callers that keep states themselves)."""
+    return domain_for(command).initial(command.aggregate_id)
+
+
+def _decide(state: Any, command: CommandEnvelope, time_limit: EventTimeLimit | None) -> tuple[Domain, list[NewEvent]]:
+    """The command's domain and the events it causes; CommandRejected for a stale ``expected_version`` (the
+    same check for every domain), for what the domain refuses, and for events dated beyond ``time_limit``."""
+    domain = _DOMAINS_GET(command.aggregate_type) or domain_for(command)  # one lookup on the hot path
+    if command.expected_version is not None and command.expected_version != state.version:
+        raise CommandRejected("ConcurrencyConflict",
+                              f"expected version {command.expected_version} of {domain.aggregate_type} "
+                              f"{command.aggregate_id}, but it is at version {state.version}")
+    new_events = domain.decide(state, command)
+    if time_limit is not None and new_events:
+        time_limit.check(command, new_events)
+    return domain, new_events
+
+
+def _rejection(state: Any, command: CommandEnvelope, e: CommandRejected, recorded_at: str) -> CommandResult:
     return CommandResult(command.command_id, command.aggregate_id, "rejected", state.version,
                          error_type=e.error_type, reason=e.reason, recorded_at=recorded_at)
 
 
-def _accepted(command: CommandEnvelope, state: AccountState, event_ids: list[str], recorded_at: str) -> CommandResult:
+def _accepted(command: CommandEnvelope, state: Any, event_ids: list[str], recorded_at: str) -> CommandResult:
     return built(CommandResult, command_id=command.command_id, aggregate_id=command.aggregate_id,
                  status="accepted", version=state.version, event_ids=tuple(event_ids), error_type=None,
                  reason=None, recorded_at=recorded_at, duplicate=False)
 
 
-def execute(state: AccountState, command: CommandEnvelope, recorded_at: str | None = None,
-            time_limit: EventTimeLimit | None = None) -> tuple[AccountState, list[EventEnvelope], CommandResult]:
-    """Pure: the new state, the event envelopes to append and the command's result (no Kafka). With
+def execute(state: Any, command: CommandEnvelope, recorded_at: str | None = None,
+            time_limit: EventTimeLimit | None = None) -> tuple[Any, list[EventEnvelope], CommandResult]:
+    """Pure: the new state, the event envelopes to append and the command's result (no Kafka). ``state`` is
+    the state of the command's aggregate (its domain's ``initial`` when it has no event yet). With
     ``time_limit`` (the handler's clock), events dated beyond it reject the command."""
     recorded_at = recorded_at or utc_now()
     try:
-        new_events = decide(state, command)
-        if time_limit is not None and new_events:
-            time_limit.check(command, new_events)
+        domain, new_events = _decide(state, command, time_limit)
     except CommandRejected as e:
         return state, [], _rejection(state, command, e, recorded_at)
     command_id, aggregate_id = command.command_id, command.aggregate_id
     correlation_id = command.correlation_id or command_id
+    aggregate_type, evolve = domain.aggregate_type, domain.evolve
     envelopes = []
     for i, new in enumerate(new_events):
         event_type = new.event_type
         event = built(EventEnvelope, event_id=event_id_for(command_id, i), event_type=event_type,
-                      schema_version=EVENT_SCHEMA_VERSIONS[event_type], aggregate_type=AGGREGATE_TYPE,
+                      schema_version=EVENT_SCHEMA_VERSIONS[event_type], aggregate_type=aggregate_type,
                       aggregate_id=aggregate_id, aggregate_version=state.version + 1,
                       occurred_at=new.occurred_at, recorded_at=recorded_at, command_id=command_id,
                       correlation_id=correlation_id, causation_id=command_id, payload=new.payload)
@@ -119,18 +157,17 @@ def execute(state: AccountState, command: CommandEnvelope, recorded_at: str | No
     return state, envelopes, _accepted(command, state, [e.event_id for e in envelopes], recorded_at)
 
 
-def execute_encoded(state: AccountState, command: CommandEnvelope, recorded_at: str,
-                    time_limit: EventTimeLimit | None = None) -> tuple[AccountState, list[bytes], CommandResult]:
+def execute_encoded(state: Any, command: CommandEnvelope, recorded_at: str,
+                    time_limit: EventTimeLimit | None = None) -> tuple[Any, list[bytes], CommandResult]:
     """``execute`` with the events as their JSON (``EventEnvelope.to_json()``), without building envelopes:
     the handler's hot path. Same state, same bytes, same result (tests/unit/test_handler_core.py)."""
     try:
-        new_events = decide(state, command)
-        if time_limit is not None and new_events:
-            time_limit.check(command, new_events)
+        domain, new_events = _decide(state, command, time_limit)
     except CommandRejected as e:
         return state, [], _rejection(state, command, e, recorded_at)
     command_id, aggregate_id = command.command_id, command.aggregate_id
     correlation_id = command.correlation_id or command_id
+    aggregate_type, fold = domain.aggregate_type, domain.evolve_fields or domain.fold_fields
     encoded, event_ids = [], []
     for i, new in enumerate(new_events):
         event_type, payload, version = new.event_type, new.payload, state.version + 1
@@ -138,10 +175,10 @@ def execute_encoded(state: AccountState, command: CommandEnvelope, recorded_at: 
         # The fields of EventEnvelope.to_dict, in its order.
         encoded.append(dumps({
             "event_id": event_id, "event_type": event_type, "schema_version": EVENT_SCHEMA_VERSIONS[event_type],
-            "aggregate_type": AGGREGATE_TYPE, "aggregate_id": aggregate_id, "aggregate_version": version,
+            "aggregate_type": aggregate_type, "aggregate_id": aggregate_id, "aggregate_version": version,
             "occurred_at": new.occurred_at, "recorded_at": recorded_at, "command_id": command_id,
             "correlation_id": correlation_id, "causation_id": command_id,
             "payload": payload if type(payload) is dict else dict(payload)}))
-        state = evolve_fields(state, event_type, payload, version)
+        state = fold(state, event_type, payload, version)
         event_ids.append(event_id)
     return state, encoded, _accepted(command, state, event_ids, recorded_at)

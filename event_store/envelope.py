@@ -15,7 +15,7 @@ from typing import Annotated, Any, Mapping
 import msgspec
 import orjson
 
-from event_store import schemas
+from event_store import domains, schemas
 from event_store.errors import InvalidRecord
 from event_store.upcasting import UnknownSchemaVersion, upcast
 
@@ -155,15 +155,22 @@ class EventEnvelope:
 
 @dataclass(frozen=True)
 class CommandEnvelope:
+    """A command. ``aggregate_type`` may be left out: the registry (``event_store.domains``) knows it from
+    ``command_type``; a command read from JSON always has it (``from_dict`` routes it, or rejects it)."""
     command_id: str
     command_type: str
     aggregate_id: str
     payload: Mapping[str, Any] = field(default_factory=dict)
-    aggregate_type: str = "account"
+    aggregate_type: str | None = None
     expected_version: int | None = None
     issued_at: str = field(default_factory=utc_now)
     correlation_id: str | None = None
     causation_id: str | None = None
+
+    def __post_init__(self) -> None:
+        # Built in code without an aggregate type: the owner of its command type (validated by from_dict).
+        if self.aggregate_type is None:
+            object.__setattr__(self, "aggregate_type", domains.COMMAND_TYPES.get(self.command_type))
 
     def to_dict(self) -> dict[str, Any]:
         # Spelled out rather than dataclasses.asdict, which deep-copies (clients send many commands).
@@ -207,10 +214,13 @@ class CommandEnvelope:
         if expected is not None and (not isinstance(expected, int) or isinstance(expected, bool) or expected < 0
                                      or expected > schemas.VERSION_MAX):
             raise InvalidRecord(f"{what}: expected_version must be a non-negative integer, got {_short(expected)}")
+        # Routed by its aggregate_type, or by its command_type when it names none (docs/DESIGN.md, "Adding a
+        # domain"): an unknown aggregate type, or one that does not own the command type, is rejected here.
+        aggregate_type = domains.route_command(command_type, obj.get("aggregate_type"), what)
         payload = _require(obj, "payload", dict, what)
         schemas.validate_payload(schemas.COMMANDS[command_type], payload, f"{what} ({command_type})")
         return cls(command_id=obj["command_id"], command_type=command_type, aggregate_id=obj["aggregate_id"],
-                   payload=payload, aggregate_type=obj.get("aggregate_type") or "account",
+                   payload=payload, aggregate_type=aggregate_type,
                    expected_version=expected, issued_at=obj.get("issued_at") or utc_now(),
                    correlation_id=obj.get("correlation_id"), causation_id=obj.get("causation_id"))
 
@@ -288,6 +298,7 @@ _HEAD = msgspec.json.Decoder(_CommandHead)
 _TIME_FIELD = schemas.COMMAND_ENVELOPE["issued_at"]
 _TIME_PROBLEM = schemas.field_problem
 _UNSET = msgspec.UNSET
+_COMMAND_TYPES = domains.COMMAND_TYPES
 
 
 def _plain_command(cls: type[CommandEnvelope], raw: bytes | str) -> CommandEnvelope | None:
@@ -298,6 +309,9 @@ def _plain_command(cls: type[CommandEnvelope], raw: bytes | str) -> CommandEnvel
         schema = schemas.COMMANDS.get(head.command_type)
         if schema is None:
             return None
+        aggregate_type = _COMMAND_TYPES[head.command_type]
+        if head.aggregate_type is not None and head.aggregate_type != aggregate_type:
+            return None  # routed elsewhere, or nowhere: from_dict words the rejection
         decoder, optional = schemas.payload_decoder(schema)
         payload = msgspec.structs.asdict(decoder.decode(head.payload))
     except (msgspec.DecodeError, UnicodeDecodeError):
@@ -319,7 +333,7 @@ def _plain_command(cls: type[CommandEnvelope], raw: bytes | str) -> CommandEnvel
     command = _new(cls)
     command.__dict__.update(command_id=head.command_id, command_type=head.command_type,
                             aggregate_id=head.aggregate_id, payload=payload,
-                            aggregate_type=head.aggregate_type or "account", expected_version=head.expected_version,
+                            aggregate_type=aggregate_type, expected_version=head.expected_version,
                             issued_at=issued_at, correlation_id=head.correlation_id,
                             causation_id=head.causation_id)
     return command

@@ -7,7 +7,7 @@ events, the command results and the consumer offsets in ONE Kafka transaction. R
 so a crash mid-batch leaves no trace and the batch is redone on restart.
 
 Commands partition ``p`` maps to events partition ``p`` (events are written to the partition their command
-came from), so an instance that is assigned partition ``p`` rebuilds exactly that partition's accounts
+came from), so an instance that is assigned partition ``p`` rebuilds exactly that partition's aggregates
 (``event_store.partition_rebuild``): from the latest snapshot (``event_store.snapshots``) plus the events and
 results after it. On revoke the partition's state is dropped. The transactional id is stable per instance
 (``<group>-<instance id>``) and the offsets are sent with the consumer's group metadata (KIP-447), so a zombie
@@ -22,14 +22,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Any, Callable
 
 import confluent_kafka
 from kafka import TopicPartition
 from kafka.errors import KafkaError
 
 from event_store import kafka_clients, kafka_log
-from event_store.account import AccountState
 from event_store.decider import EventTimeLimit, execute_encoded
 from event_store.envelope import CommandEnvelope, CommandResult, format_time, utc_now
 from event_store.errors import InvalidRecord
@@ -67,7 +66,7 @@ class HandlerStats:
     unwritable: int = 0  # rejected NotWritable after transactions of their own failed (counted in rejected too)
     batch_retries: int = 0  # batches redone one command per transaction
     command_retries: int = 0  # failed transactions of a single command
-    unreadable_events: int = 0  # events records a rebuild could not read (their accounts are quarantined)
+    unreadable_events: int = 0  # events records a rebuild could not read (their aggregates are quarantined)
     repeated_events: int = 0  # an event id seen before, or an event at a version already taken (forged)
     unreadable_results: int = 0  # command-results records a rebuild skipped
     producers_renewed: int = 0  # producers replaced after a fatal error that was no fence
@@ -79,7 +78,7 @@ class HandlerStats:
         secs = max(time.monotonic() - self.started, 1e-9)
         faults = {"too large": self.too_large, "not writable": self.unwritable,
                   "batches redone one by one": self.batch_retries, "single-command retries": self.command_retries,
-                  "unreadable events (accounts quarantined)": self.unreadable_events,
+                  "unreadable events (aggregates quarantined)": self.unreadable_events,
                   "repeated or conflicting events skipped": self.repeated_events,
                   "unreadable results skipped": self.unreadable_results,
                   "producers renewed after a fatal error": self.producers_renewed,
@@ -90,6 +89,15 @@ class HandlerStats:
                 + (f", {self.commit_seconds / secs:.0%} of the time committing" if self.transactions else "")
                 + "".join(f"; {n} {what}" for what, n in faults.items() if n))
 
+
+
+def _version_of(part: PartitionState, value: bytes | None) -> int:
+    """The version of the aggregate a command record names, as far as it can be read (-1 when it cannot)."""
+    try:
+        command = CommandEnvelope.from_json(value)
+    except (InvalidRecord, TypeError):
+        return -1
+    return part.state(command.aggregate_type, command.aggregate_id).version
 
 
 def _command_ids(value: bytes | None) -> tuple[str, str] | None:
@@ -524,7 +532,7 @@ class CommandHandler:
         now = datetime.now(timezone.utc)
         recorded_at = format_time(now)
         time_limit = EventTimeLimit.at(now, self.settings.max_event_time_ahead_s)
-        staged: dict[str, tuple[PartitionState, AccountState]] = {}
+        staged: dict[tuple[str, str], tuple[PartitionState, Any]] = {}
         staged_results: dict[str, tuple[PartitionState, CommandResult]] = {}
         stats = HandlerStats(started=self.stats.started)
         self._delivered_events, self._delivered_results = {}, {}
@@ -581,8 +589,8 @@ class CommandHandler:
                 part.events_offset = self._delivered_events[tp.partition] + 1
             if tp.partition in self._delivered_results:
                 part.results_offset = self._delivered_results[tp.partition] + 1
-        for account_id, (part, state) in staged.items():
-            part.accounts[account_id] = state
+        for key, (part, state) in staged.items():
+            part.states[key] = state
         for part, result in staged_results.values():
             if result.aggregate_id and result.error_type != "InvalidCommand":
                 part.remember(result)
@@ -794,10 +802,10 @@ class CommandHandler:
         ids = _command_ids(value)
         result = None
         if ids is not None:
-            command_id, account_id = ids
+            command_id, aggregate_id = ids
             result = self._fit_result(CommandResult(
-                command_id, account_id, "rejected", part.account(account_id).version if account_id else -1,
-                error_type="NotWritable", reason=reason, recorded_at=utc_now()))
+                command_id, aggregate_id, "rejected", _version_of(part, value), error_type="NotWritable",
+                reason=reason, recorded_at=utc_now()))
         generation = self._generation.get(tp.partition)
         for with_answer in (True, False):
             self._producer.begin_transaction()
@@ -853,7 +861,7 @@ class CommandHandler:
         """Handle one partition's command records in order: append their events and results (key, value) to
         ``events`` and ``results``, which ``process`` produces into the open transaction."""
         from_json, add_event, add_result = CommandEnvelope.from_json, events.append, results.append
-        first_result, account = part.first_result, part.account
+        first_result, state_of = part.first_result, part.state
         max_event_bytes, max_result_bytes = self._max_event_bytes, self._max_result_bytes
         accepted = rejected = new_events_total = 0
         for record in records:
@@ -863,22 +871,24 @@ class CommandHandler:
             except InvalidRecord as e:
                 rejected += self._handle_invalid(record, value, str(e), stats, recorded_at, results)
                 continue
-            account_id = command.aggregate_id
+            aggregate_id = command.aggregate_id
             command_id = command.command_id
             staged_first = staged_results.get(command_id)
-            first = staged_first[1] if staged_first else first_result(account_id, command_id)
-            if first is not None and first.aggregate_id == account_id:
+            first = staged_first[1] if staged_first else first_result(aggregate_id, command_id)
+            if first is not None and first.aggregate_id == aggregate_id:
                 stats.duplicates += 1
                 add_result((command_id.encode(), CommandResult(
-                    first.command_id, account_id, first.status, first.version, first.event_ids, first.error_type,
+                    first.command_id, aggregate_id, first.status, first.version, first.event_ids, first.error_type,
                     first.reason, recorded_at, duplicate=True).to_json()))
                 continue
-            staged_state = staged.get(account_id)
-            before = staged_state[1] if staged_state else account(account_id)
+            # Routed by aggregate type: CommandEnvelope gives every command a registered one, or rejects it.
+            state_key = (command.aggregate_type, aggregate_id)
+            staged_state = staged.get(state_key)
+            before = staged_state[1] if staged_state else state_of(*state_key)
             state, new_events, result = execute_encoded(before, command, recorded_at, time_limit)
             result_key, result_value = command_id.encode(), result.to_json()
             if new_events:
-                key = account_id.encode()
+                key = aggregate_id.encode()
                 # Sizes are checked before anything is produced: a record the broker refuses would abort the
                 # whole transaction (see _too_large).
                 if (len(key) + max(map(len, new_events)) > max_event_bytes
@@ -895,8 +905,8 @@ class CommandHandler:
                 result_value = result.to_json()
             if result.status == "accepted":
                 if part.waiting and new_events:  # rarely: events after a gap this command's events fill
-                    state = continue_waiting(part, state)
-                staged[account_id] = (part, state)
+                    state = continue_waiting(part, state_key, state)
+                staged[state_key] = (part, state)
                 accepted += 1
                 new_events_total += len(new_events)
             else:
@@ -908,7 +918,7 @@ class CommandHandler:
         stats.rejected += rejected
         stats.events += new_events_total
 
-    def _too_large(self, state: AccountState, command: CommandEnvelope, key: bytes, new_events, result_key: bytes,
+    def _too_large(self, state: Any, command: CommandEnvelope, key: bytes, new_events, result_key: bytes,
                    result_value: bytes) -> CommandResult:
         """The rejection of a valid command whose event or result is bigger than a record may be: the broker
         would refuse it (MSG_SIZE_TOO_LARGE) and abort the whole transaction, again on every retry."""

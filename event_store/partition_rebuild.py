@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from kafka import TopicPartition
 from kafka.errors import KafkaError
 
 from event_store import kafka_log
-from event_store.account import AccountState, evolve, quarantined
+from event_store.domains import DOMAINS, EVENT_TYPES
 from event_store.envelope import CommandResult, EventEnvelope
 from event_store.errors import InvalidRecord
 from event_store.snapshots import PartitionState, load_snapshot
@@ -32,7 +32,7 @@ class RebuildStats:
     """How one partition's state came back: from a snapshot or not, and how many records were read after it."""
     partition: int
     from_snapshot: bool
-    accounts: int
+    aggregates: int
     events_read: int
     results_read: int
     seconds: float
@@ -42,7 +42,7 @@ class RebuildStats:
 @dataclass
 class RebuildCounts:
     """Records a rebuild skipped, by kind (the command handler passes its HandlerStats, which has these fields)."""
-    unreadable_events: int = 0  # events records that could not be read (their accounts are quarantined)
+    unreadable_events: int = 0  # events records that could not be read (their aggregates are quarantined)
     repeated_events: int = 0  # an event id seen before, or an event at a version already taken (forged)
     unreadable_results: int = 0  # command-results records skipped
 
@@ -52,27 +52,40 @@ class RebuildDeferred(Exception):
     it stays paused and is tried again."""
 
 
-def _account_of(record) -> str | None:
-    """The account an events record belongs to as far as it can be told: its key, else its aggregate_id."""
-    if record.key:
-        try:
-            return record.key.decode("utf-8") or None
-        except UnicodeDecodeError:
-            pass
+def _aggregate_of(record) -> tuple[list[str], str | None]:
+    """The aggregate an events record belongs to as far as it can be told: the aggregate types it may be of
+    (its aggregate_type when registered, else the owner of its event_type, else every registered one) and its
+    id (its key, else its aggregate_id)."""
     try:
         obj = json.loads(record.value)
     except (ValueError, TypeError):
-        return None
-    aggregate_id = obj.get("aggregate_id") if isinstance(obj, dict) else None
-    return aggregate_id if isinstance(aggregate_id, str) and aggregate_id else None
+        obj = None
+    obj = obj if isinstance(obj, dict) else {}
+    aggregate_type, event_type = obj.get("aggregate_type"), obj.get("event_type")
+    if isinstance(aggregate_type, str) and aggregate_type in DOMAINS:
+        types = [aggregate_type]
+    elif isinstance(event_type, str) and event_type in EVENT_TYPES:
+        types = [EVENT_TYPES[event_type]]
+    else:
+        types = list(DOMAINS)
+    if record.key:
+        try:
+            return types, record.key.decode("utf-8") or None
+        except UnicodeDecodeError:
+            pass
+    aggregate_id = obj.get("aggregate_id")
+    return types, aggregate_id if isinstance(aggregate_id, str) and aggregate_id else None
 
 
-def continue_waiting(part: PartitionState, state: AccountState) -> AccountState:
-    """``state`` with the events that waited for it applied (the versions right after it, in order). The
-    waiting events stay listed: a transaction that aborts goes back to an earlier state, which needs them."""
-    waiting = part.waiting.get(state.account_id) if part.waiting else None
-    while waiting and (event := waiting.get(state.version + 1)) is not None:
-        state = evolve(state, event)
+def continue_waiting(part: PartitionState, key: tuple[str, str], state: Any) -> Any:
+    """``state`` (of the aggregate ``key``: type and id) with the events that waited for it applied (the versions
+    right after it, in order). The waiting events stay listed: a transaction that aborts goes back to an earlier
+    state, which needs them."""
+    waiting = part.waiting.get(key) if part.waiting else None
+    if waiting:
+        evolve = DOMAINS[key[0]].evolve
+        while (event := waiting.get(state.version + 1)) is not None:
+            state = evolve(state, event)
     return state
 
 
@@ -128,7 +141,7 @@ class PartitionRebuilder:
                                                   request_timeout_ms=5_000, api_version=api_version)
 
     def rebuild(self, p: int) -> PartitionState:
-        """Partition ``p``'s accounts and idempotency window: the latest snapshot plus the records after it."""
+        """Partition ``p``'s aggregates and idempotency window: the latest snapshot plus the records after it."""
         s = self.settings
         started = time.monotonic()
         events_tp, results_tp = TopicPartition(s.events_topic, p), TopicPartition(s.results_topic, p)
@@ -142,8 +155,8 @@ class PartitionRebuilder:
         events_read = 0
         tick = self._keepalive
         for record in kafka_log.read_partition(self.reader, events_tp, part.events_offset, end, tick=tick):
-            # No record may stop the handler: whatever fails to parse or to fold quarantines its account
-            # (logged and counted); every other account goes on.
+            # No record may stop the handler: whatever fails to parse or to fold quarantines its aggregate
+            # (logged and counted); every other aggregate goes on.
             try:
                 event = EventEnvelope.from_json(record.value)
             except InvalidRecord as e:
@@ -174,51 +187,64 @@ class PartitionRebuilder:
                 continue
             results_read += 1
         part.results_offset = max(part.results_offset, end)
-        stats = RebuildStats(p, from_snapshot, len(part.accounts), events_read, results_read,
+        stats = RebuildStats(p, from_snapshot, len(part.states), events_read, results_read,
                              time.monotonic() - started)
         self.rebuilds.append(stats)
-        self.log(f"handler {self.instance_id}: partition {p}: {len(part.accounts)} accounts from "
+        self.log(f"handler {self.instance_id}: partition {p}: {len(part.states)} aggregates from "
                  f"{'a snapshot + ' if from_snapshot else ''}{events_read} events and {results_read} results "
                  f"in {stats.seconds:.2f}s")
         return part
 
     def apply_logged(self, part: PartitionState, event: EventEnvelope, record) -> None:
         """Fold an event read from the log by the rule the read models apply (read_models.sequence): each
-        account's versions once and in order; an event id seen before counts once, wherever its repeat claims to
+        aggregate's versions once and in order; an event id seen before counts once, wherever its repeat claims to
         be; the first event at a version takes it (a different event at a taken version counts nowhere); an event
-        after a gap waits until the gap is filled."""
+        after a gap waits until the gap is filled. An event of an aggregate type that is not registered, or
+        that does not own its event type, raises ValueError (the rebuild quarantines its aggregate)."""
+        aggregate_type = event.aggregate_type
+        domain = DOMAINS.get(aggregate_type)
+        if domain is None or EVENT_TYPES.get(event.event_type) != aggregate_type:
+            raise ValueError(f"event {event.event_id}: {event.event_type} is not an event of aggregate type "
+                             f"{aggregate_type!r} (registered: "
+                             f"{', '.join(f'{t}: {sorted(d.events)}' for t, d in DOMAINS.items())})")
         if event.event_id in part.event_ids:
             self.stats.repeated_events += 1
             return
         part.event_ids.add(event.event_id)
-        state = part.account(event.aggregate_id)
+        key = (aggregate_type, event.aggregate_id)
+        state = part.state(*key)
         version = event.aggregate_version
         if version <= state.version:
             self.stats.repeated_events += 1
             return
         if version > state.version + 1:
-            waiting = part.waiting.setdefault(event.aggregate_id, {})
+            waiting = part.waiting.setdefault(key, {})
             if version not in waiting:
                 waiting[version] = event
                 self.log(f"handler {self.instance_id}: events record {record.topic}/{part.partition}/{record.offset}: "
-                         f"version {version} of account {event.aggregate_id} follows version {state.version}; it "
+                         f"version {version} of {aggregate_type} {event.aggregate_id} follows version {state.version}; it "
                          f"waits for the versions in between, as in the read models")
             return
-        part.accounts[event.aggregate_id] = continue_waiting(part, evolve(state, event))
+        part.states[key] = continue_waiting(part, key, domain.evolve(state, event))
 
     def _unreadable_event(self, part: PartitionState, record, reason: str) -> None:
-        """An events record the rebuild cannot read or fold: its account (the record's key, which every writer
-        sets to the aggregate id) is quarantined until an operator resolves it; every other account goes on."""
+        """An events record the rebuild cannot read or fold: its aggregate (the record's key, which every writer
+        sets to the aggregate id) is quarantined until an operator resolves it; every other aggregate goes on.
+        When the record does not tell its aggregate type, the id is quarantined in every domain: better a
+        refused command than a command decided on a history with a hole."""
         self.stats.unreadable_events += 1
         where = f"{record.topic}/{part.partition}/{record.offset}"
-        account_id = _account_of(record)
-        if account_id is None:
+        types, aggregate_id = _aggregate_of(record)
+        if aggregate_id is None:
             self.log(f"handler {self.instance_id}: unreadable events record {where} skipped (no key names its "
-                     f"account): {reason}")
+                     f"aggregate): {reason}")
             return
-        part.accounts[account_id] = quarantined(part.account(account_id), where, reason)
-        self.log(f"handler {self.instance_id}: unreadable events record {where}: account {account_id} quarantined "
-                 f"until resolved (eventlake resolve-quarantine {account_id} --record {where} --reason ...): {reason}")
+        for aggregate_type in types:
+            key = (aggregate_type, aggregate_id)
+            part.states[key] = DOMAINS[aggregate_type].quarantined(part.state(*key), where, reason)
+        self.log(f"handler {self.instance_id}: unreadable events record {where}: {' or '.join(types)} "
+                 f"{aggregate_id} quarantined until resolved (eventlake resolve-quarantine {aggregate_id} --record "
+                 f"{where} --reason ...): {reason}")
 
     def _load_snapshot(self, p: int, end: int) -> PartitionState | None:
         """The latest snapshot of partition ``p``, reading only its own records when it can.

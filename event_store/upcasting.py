@@ -1,35 +1,24 @@
 """Upcasting: old event payloads are brought to the current schema on read, so the log is never rewritten.
 
 Every reader of the events topic goes through :func:`upcast` (``EventEnvelope.from_dict`` calls it), so the
-handler's state rebuild, the policy and the Python folds all see current-version events only. One upcaster
-per (event type, version) takes a payload at that version to the next one; :func:`upcast` chains them.
+handler's state rebuild, the policy and the Python folds all see current-version events only. Each domain
+brings one upcaster per (event type, version), taking a payload at that version to the next one
+(``event_store/<domain>/upcasters.py``); ``UPCASTERS`` is their union (``event_store.domains``), and
+:func:`upcast` chains them.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-from event_store.schemas import EVENT_SCHEMA_VERSIONS, country_of
+from event_store.domain import Upcaster
+from event_store.domains import UPCASTERS
+from event_store.schemas import EVENT_SCHEMA_VERSIONS
 
-__all__ = ["UPCASTERS", "upcast", "missing_upcasters", "UnknownSchemaVersion"]
-
-Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+__all__ = ["UPCASTERS", "Upcaster", "upcast", "missing_upcasters", "UnknownSchemaVersion"]
 
 
 class UnknownSchemaVersion(ValueError):
     """An event whose schema version this code cannot read (newer than current, or no upcaster path)."""
-
-
-def _payment_authorized_1_to_2(payload: dict[str, Any]) -> dict[str, Any]:
-    # v1 had no merchant_country; the payment's location (a region code like US-NYC) names the country.
-    # A payload without a readable location gets none: validation then names the location as the problem.
-    location = payload.get("location")
-    return {**payload, "merchant_country": country_of(location) if isinstance(location, str) else None}
-
-
-# (event_type, from_version) -> payload at from_version + 1.
-UPCASTERS: dict[tuple[str, int], Upcaster] = {
-    ("PaymentAuthorized", 1): _payment_authorized_1_to_2,
-}
 
 
 def missing_upcasters() -> list[tuple[str, int]]:

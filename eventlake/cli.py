@@ -199,7 +199,7 @@ def _cmd_resolve_quarantine(settings: Settings, args) -> int:
 
 
 def _cmd_policy(settings: Settings, args) -> int:
-    from event_store.policy import FraudPolicy
+    from event_store.account.policy import FraudPolicy
     from eventlake.signals import stop_requested_on_sigterm
 
     _require_broker(settings)

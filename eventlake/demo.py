@@ -23,7 +23,7 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, log=
     import read_models
     from expectations.checks import context, verdict
     from infra import kafka
-    from event_store.policy import FraudPolicy
+    from event_store.account.policy import FraudPolicy
     from spark_apps.fraud_detector import FraudDetector
     from spark_apps.projection import Projection
     from spark_apps.session import build_session

@@ -1,7 +1,7 @@
 """Expectations of ``account_summary``: one row per opened account, money that adds up, known statuses."""
 from __future__ import annotations
 
-from event_store.schemas import CURRENCIES
+from event_store.account.schemas import CURRENCIES
 
 TABLE = "account_summary"
 

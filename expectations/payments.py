@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from event_store.account import DECLINE_REASONS
-from event_store.schemas import CURRENCIES
+from event_store.account.schemas import CURRENCIES
 
 TABLE = "payments"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Callable, Iterator
 
-from event_store.fraud_rules import FraudState, Observation, detect, flag_command_id
+from event_store.account.fraud_rules import FraudState, Observation, detect, flag_command_id
 from eventlake.settings import Settings
 from spark_apps.events import parse_events, read_event_records
 from spark_apps.projection import bound_query_stop

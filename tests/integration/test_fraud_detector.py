@@ -4,7 +4,7 @@ import pytest
 from event_store import kafka_log
 from event_store.account import AccountState
 from event_store.envelope import CommandEnvelope
-from event_store.fraud_rules import flag_command_id
+from event_store.account.fraud_rules import flag_command_id
 from event_store.decider import execute
 from spark_apps.fraud_detector import FraudDetector
 

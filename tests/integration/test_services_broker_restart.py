@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, needs_local_broker]
 
 ACCOUNTS = 6
 ROUNDS = 10
-# The findings the stream holds (event_store.fraud_rules), each to be recorded once as FraudSuspected, and so
+# The findings the stream holds (event_store.account.fraud_rules), each to be recorded once as FraudSuspected, and so
 # these accounts frozen by the policy; every other payment breaks no rule (amounts never rise, a minute apart,
 # where the device is). One is sent before the outage, two after it.
 EXPECTED_FLAGS = {("p1-2", "amount_above_max"), ("p2-7", "location_mismatch"), ("p3-8b", "rapid_attempts")}

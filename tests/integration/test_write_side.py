@@ -11,7 +11,7 @@ from event_store import kafka_log
 from event_store.client import EventStore
 from event_store.envelope import CommandEnvelope, EventEnvelope
 from event_store.handler import CommandHandler
-from event_store.policy import FraudPolicy
+from event_store.account.policy import FraudPolicy
 from eventlake.generator import GeneratorConfig, generate_commands
 
 pytestmark = pytest.mark.slow
@@ -119,13 +119,13 @@ def test_a_restart_from_a_snapshot_reads_only_the_tail_and_gets_the_same_state(s
     total_events = len(events_of(settings))
     with CommandHandler(settings, **QUIET) as from_snapshot:
         from_snapshot.run(until_caught_up=True, max_seconds=60)
-        snap_state = {p: part.accounts for p, part in from_snapshot.partitions.items()}
+        snap_state = {p: part.states for p, part in from_snapshot.partitions.items()}
         assert all(r.from_snapshot for r in from_snapshot.rebuilds)
         assert sum(r.events_read for r in from_snapshot.rebuilds) < total_events / 10
     with CommandHandler(settings, use_snapshots=False, **QUIET) as full:
         full.run(until_caught_up=True, max_seconds=60)
         assert sum(r.events_read for r in full.rebuilds) == total_events
-        assert {p: part.accounts for p, part in full.partitions.items()} == snap_state
+        assert {p: part.states for p, part in full.partitions.items()} == snap_state
 
 
 def test_two_instances_share_the_partitions_and_keep_versions_gap_free(settings):
@@ -186,7 +186,7 @@ def test_fraud_suspected_freezes_the_account_once_even_when_the_policy_reads_it_
     events = events_of(settings)
     assert [e.event_type for e in events] == ["AccountOpened", "PaymentAuthorized", "FraudSuspected",
                                               "AccountFrozen", "PaymentDeclined"]
-    from event_store.policy import commands_for
+    from event_store.account.policy import commands_for
 
     assert events[3].command_id == commands_for(events[2])[0].command_id  # caused by the policy's command
     assert events[3].correlation_id == events[2].correlation_id

@@ -142,16 +142,16 @@ def test_payment_ids_survive_a_snapshot():
     from event_store.snapshots import PartitionState, load_snapshot, snapshot_records
 
     state, _, _ = run(open_cmd(), pay(100, "p1"), pay(200, "p2"))
-    part = PartitionState(0, accounts={"acc-1": state})
+    part = PartitionState(0, states={("account", "acc-1"): state})
 
     class Record:
         def __init__(self, key, value):
             self.key, self.value = key, value
 
     loaded = load_snapshot([Record(k, v) for k, v in snapshot_records(part)], 0, 100)
-    assert loaded.accounts["acc-1"] == state
+    assert loaded.states[("account", "acc-1")] == state
     with pytest.raises(CommandRejected, match="DuplicatePayment|already attempted"):
-        decide(loaded.accounts["acc-1"], pay(1, "p2"))
+        decide(loaded.states[("account", "acc-1")], pay(1, "p2"))
 
 
 def test_a_quarantined_account_takes_only_the_resolution_that_names_its_record():
@@ -182,11 +182,11 @@ def test_a_quarantine_survives_a_snapshot():
     from event_store.snapshots import PartitionState, load_snapshot, snapshot_records
 
     state = quarantined(run(open_cmd())[0], "events/0/7", "not JSON")
-    part = PartitionState(0, accounts={"acc-1": state})
+    part = PartitionState(0, states={("account", "acc-1"): state})
 
     class Record:
         def __init__(self, key, value):
             self.key, self.value = key, value
 
     loaded = load_snapshot([Record(k, v) for k, v in snapshot_records(part)], 0, 100)
-    assert loaded.accounts["acc-1"] == state and loaded.accounts["acc-1"].quarantine == ("events/0/7", "not JSON")
+    assert loaded.states[("account", "acc-1")] == state and loaded.states[("account", "acc-1")].quarantine == ("events/0/7", "not JSON")

@@ -1,5 +1,5 @@
 """The three fraud rules as pure functions: each fires exactly where expected and nowhere else."""
-from event_store.fraud_rules import FraudState, Observation, detect, flag_command_id
+from event_store.account.fraud_rules import FraudState, Observation, detect, flag_command_id
 
 S = 1000  # ms
 

@@ -1,6 +1,8 @@
 """The write side's import layering (docs/DESIGN.md, "Layers" and "Module map"), read from the source with ``ast``.
 
 Imports inside functions count too: the ``envelope`` <-> ``schemas`` cycle this guards against was one.
+Domains live in subpackages of ``event_store`` (``event_store/account/``); the framework (every other module)
+knows them only through the registry, ``event_store.domains`` (docs/DESIGN.md, "Adding a domain").
 """
 from __future__ import annotations
 
@@ -16,13 +18,25 @@ ALLOWED_OUTSIDE = {"eventlake.settings", "eventlake.tables"}
 # Top-level folders of the repository: importing any of them from event_store is a layering question.
 REPO_PACKAGES = {"eventlake", "read_models", "spark_apps", "dags", "expectations", "infra", "bench", "tests"}
 # The pure core: no Kafka, no Spark, no Delta, no Airflow.
-PURE = {"errors", "schemas", "upcasting", "envelope", "account", "fraud_rules", "decider", "snapshots"}
+PURE = {"errors", "fields", "domain", "domains", "schemas", "upcasting", "envelope", "decider", "snapshots",
+        "account", "account.aggregate", "account.schemas", "account.upcasters", "account.fraud_rules"}
+# The one framework module that may import domain packages.
+REGISTRY = f"{PACKAGE}.domains"
 IO_PACKAGES = {"kafka", "confluent_kafka", "pyspark", "delta", "deltalake", "airflow"}
 
 
 def _modules() -> dict[str, Path]:
-    return {f"{PACKAGE}.{path.stem}" if path.stem != "__init__" else PACKAGE: path
-            for path in sorted((ROOT / PACKAGE).glob("*.py"))}
+    """Every module of the package, subpackages included, by dotted name."""
+    found = {}
+    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _domain_packages() -> set[str]:
+    """The domain subpackages: every package directly below event_store."""
+    return {f"{PACKAGE}.{path.parent.name}" for path in (ROOT / PACKAGE).glob("*/__init__.py")}
 
 
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
@@ -41,6 +55,27 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
 
 MODULES = _modules()
 IMPORTS = {name: _imports(path, MODULES) for name, path in MODULES.items()}
+DOMAIN_PACKAGES = _domain_packages()
+
+
+def _in_domain(module: str) -> bool:
+    return any(module == d or module.startswith(d + ".") for d in DOMAIN_PACKAGES)
+
+
+FRAMEWORK = sorted(m for m in MODULES if not _in_domain(m) and m != REGISTRY)
+
+
+def test_domains_are_found():
+    assert f"{PACKAGE}.account" in DOMAIN_PACKAGES and f"{PACKAGE}.account.aggregate" in MODULES
+    assert f"{PACKAGE}.decider" in FRAMEWORK and f"{PACKAGE}.account" not in FRAMEWORK
+
+
+@pytest.mark.parametrize("module", FRAMEWORK)
+def test_the_framework_imports_no_domain_package(module):
+    domain = sorted(m for m in IMPORTS[module] if _in_domain(m))
+    assert not domain, (f"{module} imports {domain}: the framework knows domains only through the registry "
+                        f"({REGISTRY}); ask it (DOMAINS, COMMAND_TYPES, EVENT_TYPES) instead (docs/DESIGN.md, "
+                        f"'Adding a domain')")
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -52,7 +87,8 @@ def test_event_store_imports_only_the_bottom_layer_of_the_rest(module):
 
 
 def test_event_store_modules_form_no_import_cycle():
-    graph = {m: {d for d in IMPORTS[m] if d in MODULES and d != PACKAGE} for m in MODULES}
+    # A package naming itself (``from event_store.account import schemas`` in its __init__) is no cycle.
+    graph = {m: {d for d in IMPORTS[m] if d in MODULES and d not in (PACKAGE, m)} for m in MODULES}
     done: set[str] = set()
 
     def visit(module: str, path: list[str]) -> None:

@@ -60,8 +60,9 @@ def _handler_rebuild(partitions) -> dict[str, AccountState]:
         part = PartitionState(p)
         for offset, e in enumerate(records):
             rebuilder.apply_logged(part, e, SimpleNamespace(topic="events", offset=offset))
-        assert not accounts.keys() & part.accounts.keys(), "an account in two partitions"
-        accounts.update(part.accounts)
+        states = {aggregate_id: state for (_, aggregate_id), state in part.states.items()}
+        assert not accounts.keys() & states.keys(), "an account in two partitions"
+        accounts.update(states)
     return accounts
 
 
@@ -180,10 +181,10 @@ def test_a_repeat_of_an_event_id_from_before_a_snapshot_is_caught_after_a_restar
     for offset, e in enumerate(clean):
         rebuilder.apply_logged(part, e, SimpleNamespace(topic="events", offset=offset))
     restored = load_snapshot([Record(k, v) for k, v in snapshot_records(part)], 0, 100)
-    assert restored.event_ids == {e.event_id for e in clean} and restored.accounts == part.accounts
+    assert restored.event_ids == {e.event_id for e in clean} and restored.states == part.states
     repeat = dataclasses.replace(clean[1], aggregate_version=clean[-1].aggregate_version + 1)
     rebuilder.apply_logged(restored, repeat, SimpleNamespace(topic="events", offset=len(clean)))
-    assert restored.accounts == _states(clean)
+    assert {aid: s for (_, aid), s in restored.states.items()} == _states(clean)
 
 
 def test_a_snapshot_without_the_event_ids_is_not_loaded():

@@ -6,7 +6,7 @@ import pytest
 from event_store.account import AccountState
 from event_store.envelope import CommandResult
 from event_store.decider import event_id_for, execute
-from event_store.policy import commands_for
+from event_store.account.policy import commands_for
 from event_store.snapshots import PartitionState, load_snapshot, snapshot_records
 from eventlake.cli import _read_commands
 from tests.unit.test_account import cmd, open_cmd
@@ -18,7 +18,7 @@ def a_partition(accounts=50, results_per_account=5, window=3) -> PartitionState:
     part = PartitionState(1, events_offset=123, results_offset=456, window=window)
     for i in range(accounts):
         aid = f"acc-{i}"
-        part.accounts[aid] = AccountState(aid, version=i + 1, opened=True, currency="USD", credit_limit_minor=10)
+        part.states[("account", aid)] = AccountState(aid, version=i + 1, opened=True, currency="USD", credit_limit_minor=10)
         for j in range(results_per_account):
             part.remember(CommandResult(f"c-{i}-{j}", aid, "accepted", j + 1, (event_id_for(f"c-{i}-{j}", 0),),
                                         recorded_at="2026-01-01T00:00:00.000Z"))
@@ -44,7 +44,7 @@ def test_a_snapshot_round_trips_through_its_records_even_in_several_chunks(monke
     older = [Record(k, v) for k, v in snapshot_records(a_partition(accounts=60))]
     back = load_snapshot(older + records, 1, window=3)  # the latest manifest wins; stale chunks are ignored
     assert (back.events_offset, back.results_offset) == (123, 456)
-    assert back.accounts == part.accounts
+    assert back.states == part.states
     assert back.event_ids == part.event_ids and len(back.event_ids) == 250
     assert {a: [back.first_result(a, c) for c in list(r)] for a, r in back.results.items()} == \
         {a: [part.first_result(a, c) for c in list(r)] for a, r in part.results.items()}

@@ -1,39 +1,24 @@
 """The ``account`` aggregate: pure ``decide(state, command)`` and ``evolve(state, event)``.
 
 No Kafka here. ``decide`` returns the events a command causes, or raises :class:`CommandRejected`;
-``evolve`` folds one event into the state. The handler owns versions, ids and timestamps.
+``evolve`` folds one event into the state. The decider owns versions, ids, timestamps and the
+``expected_version`` check (``event_store.decider``), for every domain alike.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping
 
 from pyrsistent import PSet, pset
 
-from event_store.envelope import CommandEnvelope, EventEnvelope
-from event_store.schemas import country_of
+from event_store.account.schemas import country_of
+from event_store.domain import Command, CommandRejected, Event, NewEvent
 
 __all__ = ["AccountState", "NewEvent", "CommandRejected", "decide", "evolve", "evolve_fields", "quarantined",
-           "DECLINE_REASONS"]
+           "encode_state", "decode_state", "DECLINE_REASONS", "AGGREGATE_TYPE"]
 
 AGGREGATE_TYPE = "account"
 DECLINE_REASONS = ("over_credit_limit", "account_frozen")
-
-
-class CommandRejected(Exception):
-    """A command the aggregate refuses; ``error_type`` is machine-readable, the message is for people."""
-
-    def __init__(self, error_type: str, reason: str):
-        super().__init__(reason)
-        self.error_type = error_type
-        self.reason = reason
-
-
-class NewEvent(NamedTuple):
-    """An event ``decide`` wants appended; the handler adds the envelope (ids, version, timestamps)."""
-    event_type: str
-    payload: Mapping[str, Any]
-    occurred_at: str
 
 
 @dataclass(frozen=True)
@@ -62,12 +47,8 @@ class AccountState:
         return self.credit_limit_minor - self.authorized_total_minor
 
 
-def decide(state: AccountState, command: CommandEnvelope) -> list[NewEvent]:
+def decide(state: AccountState, command: Command) -> list[NewEvent]:
     """The events ``command`` causes on ``state`` (possibly none), or CommandRejected."""
-    if command.expected_version is not None and command.expected_version != state.version:
-        raise CommandRejected("ConcurrencyConflict",
-                              f"expected version {command.expected_version} of account {state.account_id}, "
-                              f"but it is at version {state.version}")
     p = command.payload
     kind = command.command_type
     if state.quarantine is not None or kind == "ResolveQuarantine":
@@ -117,7 +98,7 @@ def decide(state: AccountState, command: CommandEnvelope) -> list[NewEvent]:
     raise CommandRejected("UnknownCommand", f"command type {kind!r} is not handled by the account aggregate")
 
 
-def _decide_quarantine(state: AccountState, command: CommandEnvelope) -> list[NewEvent]:
+def _decide_quarantine(state: AccountState, command: Command) -> list[NewEvent]:
     """A quarantined account takes only the ResolveQuarantine that names its record, and ResolveQuarantine is
     taken only by a quarantined account."""
     kind, p = command.command_type, command.payload
@@ -143,10 +124,9 @@ def quarantined(state: AccountState, record: str, reason: str) -> AccountState:
     return state if state.quarantine is not None else _replace(state, {"quarantine": (record, reason)})
 
 
-def evolve(state: AccountState, event: EventEnvelope | NewEvent) -> AccountState:
+def evolve(state: AccountState, event: Event) -> AccountState:
     """``state`` after ``event``. Envelopes also advance ``version``; bare NewEvents do not."""
-    return evolve_fields(state, event.event_type, event.payload,
-                         event.aggregate_version if isinstance(event, EventEnvelope) else None)
+    return evolve_fields(state, event.event_type, event.payload, getattr(event, "aggregate_version", None))
 
 
 def evolve_fields(state: AccountState, kind: str, p: Mapping[str, Any], version: int | None) -> AccountState:
@@ -188,3 +168,18 @@ def _replace(state: AccountState, changes: dict) -> AccountState:
     fields.update(state.__dict__)
     fields.update(changes)
     return new
+
+
+def encode_state(state: AccountState) -> dict:
+    """``dataclasses.asdict(state)`` with the payment ids as a list (JSON has no sets): its snapshot form."""
+    fields = dict(state.__dict__)
+    fields["payment_ids"] = sorted(state.payment_ids)
+    return fields
+
+
+def decode_state(fields: dict) -> AccountState:
+    """The state ``encode_state`` wrote."""
+    fields = dict(fields)
+    fields["payment_ids"] = pset(fields.get("payment_ids") or ())
+    fields["quarantine"] = tuple(fields["quarantine"]) if fields.get("quarantine") else None
+    return AccountState(**fields)

@@ -1,0 +1,71 @@
+"""Payload schemas of the account domain's commands and events (docs/DESIGN.md, "The reference domain").
+
+Built from the generic pieces of ``event_store.fields``; ``event_store.schemas`` holds the union over every
+registered domain. Field names are the read models' names. Money is an integer count of minor units plus an
+ISO-4217 code; locations are short region codes such as ``US-NYC``.
+"""
+from __future__ import annotations
+
+from event_store.fields import AMOUNT_MAX_MINOR, ID, OPTIONAL_TIME, TIME, Field
+
+__all__ = ["COMMANDS", "EVENTS", "EVENT_SCHEMA_VERSIONS", "CURRENCIES", "country_of"]
+
+# ISO-4217 codes accepted by the account domain.
+CURRENCIES = frozenset({"USD", "EUR", "GBP", "JPY", "CHF", "CAD", "AUD", "SEK", "NOK", "DKK", "PLN", "CZK",
+                        "NZD", "SGD", "HKD", "BRL", "MXN", "INR", "ZAR", "CNY"})
+
+# Full matches written with \A ... \Z, as in event_store.fields.
+_LOCATION = r"\A[A-Z]{2}-[A-Z0-9]{2,6}\Z"
+_COUNTRY_CODE = r"\A[A-Z]{2}\Z"
+
+
+def country_of(location: str) -> str:
+    """The country part of a region code: ``US-NYC`` -> ``US``."""
+    return location.split("-", 1)[0]
+
+
+_ID = ID
+_TIME = TIME
+_AMOUNT = Field(int, gt=0, le=AMOUNT_MAX_MINOR)
+_CURRENCY = Field(str, choices=CURRENCIES, describe="a known ISO-4217 currency code")
+_LOC = Field(str, pattern=_LOCATION, describe="a region code like 'US-NYC'")
+_REASON = Field(str, required=False)
+_COUNTRY = Field(str, pattern=_COUNTRY_CODE, describe="a two-letter country code like 'US'")
+
+COMMANDS: dict[str, dict[str, Field]] = {
+    "OpenAccount": {"customer_id": _ID, "credit_limit_minor": _AMOUNT, "currency": _CURRENCY},
+    "AuthorizePayment": {"payment_id": _ID, "amount_minor": _AMOUNT, "currency": _CURRENCY,
+                         "merchant_id": _ID, "location": _LOC, "occurred_at": _TIME,
+                         # Where the merchant is; defaults to the country of ``location``.
+                         "merchant_country": Field(str, required=False, pattern=_COUNTRY_CODE,
+                                                   describe="a two-letter country code like 'US'")},
+    "ReportDeviceLocation": {"location": _LOC, "occurred_at": _TIME},
+    "FreezeAccount": {"reason": _REASON},
+    "UnfreezeAccount": {"reason": _REASON},
+    "FlagFraud": {"payment_id": _ID, "rule": _ID, "evidence": Field(str, required=False),
+                  "occurred_at": OPTIONAL_TIME},
+    # An operator's decision on a quarantined account (a record of it in the events topic cannot be read):
+    # ``record`` names that record as "topic/partition/offset", ``reason`` says what was decided and why.
+    "ResolveQuarantine": {"record": _ID, "reason": _ID, "resolved_by": _ID},
+}
+
+EVENTS: dict[str, dict[str, Field]] = {
+    "AccountOpened": {"customer_id": _ID, "credit_limit_minor": _AMOUNT, "currency": _CURRENCY},
+    # v2 adds merchant_country; v1 events are upcast with the country of their location
+    # (event_store.account.upcasters).
+    "PaymentAuthorized": {"payment_id": _ID, "amount_minor": _AMOUNT, "currency": _CURRENCY,
+                          "merchant_id": _ID, "location": _LOC, "merchant_country": _COUNTRY},
+    "PaymentDeclined": {"payment_id": _ID, "amount_minor": _AMOUNT, "currency": _CURRENCY,
+                        "merchant_id": _ID, "location": _LOC, "reason": _ID},
+    "DeviceLocationReported": {"location": _LOC},
+    "AccountFrozen": {"reason": _REASON},
+    "AccountUnfrozen": {"reason": _REASON},
+    "FraudSuspected": {"payment_id": _ID, "rule": _ID, "evidence": Field(str, required=False)},
+    # The audit trail of a ResolveQuarantine: the record given up, the operator's reason, who decided, and
+    # (``evidence``) why the record could not be read. It takes the account's next version like any event.
+    "QuarantineResolved": {"record": _ID, "reason": _ID, "resolved_by": _ID, "evidence": Field(str, required=False)},
+}
+
+# The schema version each event type is written at today (the version EVENTS describes). Every older version
+# needs an upcaster in event_store.account.upcasters; tests/unit/test_upcasting.py checks that none is missing.
+EVENT_SCHEMA_VERSIONS: dict[str, int] = {**{name: 1 for name in EVENTS}, "PaymentAuthorized": 2}

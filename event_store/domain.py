@@ -1,0 +1,104 @@
+"""What a domain gives the write side: one aggregate type, its pure core, its schemas, upcasters and snapshots.
+
+A domain lives in its own subpackage (``event_store/<domain>/``) and exposes one :class:`Domain`; the registry
+(``event_store.domains``) collects them, and the framework (decider, handler, partition rebuild, snapshots,
+envelopes) knows domains only through it. What the registry loads of a domain (its package's ``__init__`` and
+the modules that imports) may use from the framework only this module, ``event_store.fields`` and
+``event_store.errors``, since everything else imports the registry back (``tests/unit/test_layering.py`` fails on
+the cycle). A domain's processes that the registry does not load (the account's fraud policy) may use the rest
+(docs/DESIGN.md, "Adding a domain").
+
+What the framework guarantees for every aggregate, whatever its domain: versions 1, 2, 3 ... without a gap,
+``expected_version`` (checked by the decider before ``decide`` runs), an idempotent ``command_id``, one Kafka
+transaction per batch, snapshots, dead letters and the quarantine of an aggregate whose log cannot be read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, NamedTuple, Protocol
+
+from event_store.fields import Field
+
+__all__ = ["Domain", "State", "Command", "Event", "NewEvent", "CommandRejected", "Upcaster"]
+
+
+class CommandRejected(Exception):
+    """A command the aggregate refuses; ``error_type`` is machine-readable, the message is for people."""
+
+    def __init__(self, error_type: str, reason: str):
+        super().__init__(reason)
+        self.error_type = error_type
+        self.reason = reason
+
+
+class NewEvent(NamedTuple):
+    """An event ``decide`` wants appended; the decider adds the envelope (ids, version, timestamps)."""
+    event_type: str
+    payload: Mapping[str, Any]
+    occurred_at: str
+
+
+class State(Protocol):
+    """An aggregate's state: immutable, with the version of the last event folded into it (0: none yet)."""
+    version: int
+
+
+class Command(Protocol):
+    """What ``decide`` reads of a command (``event_store.envelope.CommandEnvelope`` has these)."""
+    command_id: str
+    command_type: str
+    aggregate_id: str
+    payload: Mapping[str, Any]
+    expected_version: int | None
+    issued_at: str
+
+
+class Event(Protocol):
+    """What ``evolve`` reads of an event: a logged ``EventEnvelope`` (which also has ``aggregate_version``, and
+    ``evolve`` then sets the state's version to it) or a bare :class:`NewEvent` (version unchanged)."""
+    event_type: str
+    payload: Mapping[str, Any]
+
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class _Fields(NamedTuple):
+    event_type: str
+    payload: Mapping[str, Any]
+    aggregate_version: int | None
+
+
+@dataclass(frozen=True)
+class Domain:
+    """One aggregate type and everything the write side needs of it. All functions are pure (no I/O)."""
+    aggregate_type: str
+    # The state of an aggregate that has no event yet, for its id.
+    initial: Callable[[str], Any]
+    # The events a command causes on a state (possibly none), or CommandRejected. expected_version is checked
+    # before, by the decider; a quarantined state must refuse what the domain's quarantine rules say.
+    decide: Callable[[Any, Command], list[NewEvent]]
+    # The state after one event.
+    evolve: Callable[[Any, Event], Any]
+    # Payload schemas by command type and by event type (each type belongs to exactly one domain).
+    commands: Mapping[str, Mapping[str, Field]]
+    events: Mapping[str, Mapping[str, Field]]
+    # The schema version each event type is written at today; older ones need an upcaster.
+    event_schema_versions: Mapping[str, int]
+    # The state as a JSON object in a snapshot, and back.
+    encode_state: Callable[[Any], dict]
+    decode_state: Callable[[dict], Any]
+    # The state once a record of it ("topic/partition/offset") turned out unreadable: it must then refuse
+    # commands until an operator resolves it (docs/DESIGN.md, "Quarantine").
+    quarantined: Callable[[Any, str, str], Any]
+    # (event type, from version) -> payload at from version + 1.
+    upcasters: Mapping[tuple[str, int], Upcaster] = field(default_factory=dict)
+    # ``evolve`` from an event's type, payload and (if not None) version, without an envelope: the handler's hot
+    # path. Optional; by default ``evolve`` of a light stand-in for the event.
+    evolve_fields: Callable[[Any, str, Mapping[str, Any], int | None], Any] | None = None
+
+    def fold_fields(self, state: Any, event_type: str, payload: Mapping[str, Any], version: int | None) -> Any:
+        """``evolve`` from an event's parts (``evolve_fields`` when the domain has one)."""
+        if self.evolve_fields is not None:
+            return self.evolve_fields(state, event_type, payload, version)
+        return self.evolve(state, _Fields(event_type, payload, version))

@@ -1,0 +1,161 @@
+"""Field descriptions and the validators generated from them: the generic part of every schema.
+
+A command, an event or an envelope field is described once, as a :class:`Field` (type, required, bounds, a
+full-match pattern, allowed values, a length limit, or "a timestamp in range"); every validator is generated
+from these descriptions: the reference Python validator (:func:`validate_fields`), the handler's compiled
+msgspec decoders (:func:`payload_decoder`) and the Spark checks (``spark_apps.events``). Domains build their
+command and event schemas from these pieces (``event_store/<domain>/schemas.py``); ``event_store.schemas``
+holds their union and the envelopes. No domain is known here.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal, Mapping
+
+import msgspec
+
+from event_store.errors import InvalidRecord
+
+__all__ = ["Field", "COMMAND_ENVELOPE", "ID", "OPTIONAL_ID", "TIME", "OPTIONAL_TIME", "ISO_TIME", "NOT_BLANK",
+           "validate_payload", "validate_fields", "field_problem", "payload_decoder", "time_fields",
+           "EVENT_TIME_MIN", "EVENT_TIME_MAX", "ID_MAX_LENGTH", "AMOUNT_MAX_MINOR", "VERSION_MAX"]
+
+# Bounds that keep every value inside what every reader handles (Spark longs and timestamps, Parquet
+# microseconds, pyarrow, DuckDB, pandas): event times from 1900 up to (not including) 9999-01-01, so that even
+# a minute window's end stays a valid timestamp; amounts up to 10^15 minor units, so sums of many stay in
+# 64 bits; ids up to 256 characters.
+EVENT_TIME_MIN = datetime(1900, 1, 1, tzinfo=timezone.utc)
+EVENT_TIME_MAX = datetime(9999, 1, 1, tzinfo=timezone.utc)
+ID_MAX_LENGTH = 256
+AMOUNT_MAX_MINOR = 10 ** 15
+VERSION_MAX = 2 ** 62
+
+# Patterns are full matches written with \A ... \Z (Python's end of input; the Spark side uses Java's \z), so
+# that a trailing newline is refused on both sides. They are searched (re.search), as msgspec does.
+# ISO-8601 with a time zone: Z or +hh:mm; whole-range month, day, hour, minute, second; up to 6 fraction digits.
+ISO_TIME = (r"\A\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?"
+            r"(Z|[+-]([01]\d|2[0-3]):[0-5]\d)\Z")
+NOT_BLANK = r"\S"  # str.strip()'s notion of "not only whitespace" (both use str.isspace)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a command, an event or an envelope: what a valid value is, said once."""
+    kind: type                      # str, int or dict
+    required: bool = True
+    gt: int | None = None           # int: value > gt
+    le: int | None = None           # int: value <= le
+    pattern: str | None = None      # str: re.search(pattern, value) (written as a full match)
+    max_length: int | None = None   # str: at most this many characters
+    choices: frozenset | None = None  # str: one of these
+    timestamp: bool = False         # str: an ISO-8601 timestamp with a zone in [EVENT_TIME_MIN, EVENT_TIME_MAX)
+    describe: str = ""              # what the pattern means, for messages ("a region code like 'US-NYC'")
+
+    def msgspec_type(self) -> Any:
+        kind = Literal[tuple(sorted(self.choices))] if self.choices else self.kind
+        constraints = {k: v for k, v in (("gt", self.gt), ("le", self.le), ("pattern", self.pattern),
+                                         ("max_length", self.max_length)) if v is not None}
+        kind = Annotated[kind, msgspec.Meta(**constraints)] if constraints else kind
+        # Optional fields may be absent (UNSET: left out of the payload, as the JSON had it) or null.
+        return kind if self.required else kind | None | msgspec.UnsetType
+
+
+def _parse_timestamp(value: str) -> datetime | None:
+    """The instant ``value`` names, or None when it is not an ISO-8601 timestamp with a zone."""
+    if not re.search(ISO_TIME, value):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:  # e.g. February 30th
+        return None
+
+
+def field_problem(spec: Field, value: Any) -> str | None:
+    """What is wrong with ``value`` (not None) as ``spec``, or None when it is fine."""
+    kind = spec.kind
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        return f"must be {kind.__name__}, got {type(value).__name__} {_short(value)}"
+    if spec.choices is not None and value not in spec.choices:
+        return f"{_short(value)} is not {spec.describe or 'one of ' + ', '.join(sorted(spec.choices))}"
+    if spec.max_length is not None and len(value) > spec.max_length:
+        return f"is {len(value):,} characters long; at most {spec.max_length} are allowed"
+    if spec.timestamp:
+        t = _parse_timestamp(value)
+        if t is None:
+            return f"{_short(value)} is not an ISO-8601 UTC timestamp (e.g. 2026-01-01T00:00:00Z)"
+        if not EVENT_TIME_MIN <= t < EVENT_TIME_MAX:
+            return (f"{_short(value)} is out of range: event times lie from {EVENT_TIME_MIN:%Y-%m-%d} up to "
+                    f"(not including) {EVENT_TIME_MAX:%Y-%m-%d}")
+    elif spec.pattern is not None and not re.search(spec.pattern, value):
+        return "must not be empty" if spec.pattern == NOT_BLANK else f"{_short(value)} is not {spec.describe}"
+    if spec.gt is not None and value <= spec.gt:
+        return f"must be > {spec.gt}, got {value}"
+    if spec.le is not None and value > spec.le:
+        return f"must be <= {spec.le:,}, got {value:,}"
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text):,} characters)"
+
+
+# Building blocks of schemas: an id (not blank, bounded), an optional one, an event time.
+ID = Field(str, pattern=NOT_BLANK, max_length=ID_MAX_LENGTH)
+OPTIONAL_ID = Field(str, required=False, pattern=NOT_BLANK, max_length=ID_MAX_LENGTH)
+TIME = Field(str, timestamp=True, pattern=ISO_TIME)
+OPTIONAL_TIME = Field(str, required=False, timestamp=True, pattern=ISO_TIME)
+
+# The command envelope's fields other than command_type, payload and expected_version (checked by
+# CommandEnvelope.from_dict); issued_at becomes the occurred_at of the events a command causes without one.
+# aggregate_type may be left out: the registry (event_store.domains) knows it from command_type.
+COMMAND_ENVELOPE: dict[str, Field] = {
+    "command_id": ID,
+    "aggregate_id": ID,
+    "aggregate_type": OPTIONAL_ID,
+    "issued_at": OPTIONAL_TIME,
+    "correlation_id": OPTIONAL_ID,
+    "causation_id": OPTIONAL_ID,
+}
+
+
+def time_fields(schema: Mapping[str, Field]) -> tuple[str, ...]:
+    """The fields of ``schema`` that hold timestamps (their range is checked beyond the pattern)."""
+    return tuple(name for name, spec in schema.items() if spec.timestamp)
+
+
+def validate_fields(schema: Mapping[str, Field], obj: Mapping[str, Any], what: str, prefix: str = "") -> None:
+    """Raise InvalidRecord naming the first field of ``obj`` that is missing, mistyped or out of range."""
+    for name, spec in schema.items():
+        value = obj.get(name)
+        if value is None:
+            if spec.required:
+                raise InvalidRecord(f"{what}: {prefix}missing required field '{name}'")
+            continue
+        problem = field_problem(spec, value)
+        if problem:
+            raise InvalidRecord(f"{what}: {prefix}field '{name}' {problem}")
+
+
+def validate_payload(schema: Mapping[str, Field], payload: Mapping[str, Any], what: str) -> None:
+    """Raise InvalidRecord naming the first payload field that is missing, mistyped or out of range."""
+    validate_fields(schema, payload, what, prefix="payload ")
+
+
+_DECODERS: dict[int, tuple[msgspec.json.Decoder, tuple[str, ...]]] = {}
+
+
+def payload_decoder(schema: Mapping[str, Field]) -> tuple[msgspec.json.Decoder, tuple[str, ...]]:
+    """A compiled JSON decoder of ``schema``'s payloads (a msgspec Struct with each field's constraints; unknown
+    fields refused) and the names of its optional fields. It accepts only payloads ``validate_payload`` passes
+    with every field of exactly its declared type; anything it refuses must go to ``validate_payload``."""
+    found = _DECODERS.get(id(schema))
+    if found is None:
+        fields = [(name, spec.msgspec_type()) if spec.required else (name, spec.msgspec_type(), msgspec.UNSET)
+                  for name, spec in schema.items()]
+        struct = msgspec.defstruct("Payload", fields, forbid_unknown_fields=True, kw_only=True)
+        optional = tuple(name for name, spec in schema.items() if not spec.required)
+        found = _DECODERS[id(schema)] = (msgspec.json.Decoder(struct), optional)
+    return found
