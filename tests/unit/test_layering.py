@@ -19,7 +19,8 @@ ALLOWED_OUTSIDE = {"eventlake.settings", "eventlake.tables"}
 REPO_PACKAGES = {"eventlake", "read_models", "spark_apps", "dags", "expectations", "infra", "bench", "tests"}
 # The pure core: no Kafka, no Spark, no Delta, no Airflow.
 PURE = {"errors", "fields", "domain", "domains", "schemas", "upcasting", "envelope", "decider", "snapshots",
-        "account", "account.aggregate", "account.schemas", "account.upcasters", "account.fraud_rules"}
+        "account", "account.aggregate", "account.schemas", "account.upcasters", "account.fraud_rules",
+        "iot", "iot.aggregate", "iot.schemas"}
 # The one framework module that may import domain packages.
 REGISTRY = f"{PACKAGE}.domains"
 IO_PACKAGES = {"kafka", "confluent_kafka", "pyspark", "delta", "deltalake", "airflow"}
