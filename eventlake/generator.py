@@ -1,8 +1,11 @@
-"""A data generator for the reference domain: customers, merchants, payments, device locations.
+"""Data generators: command streams for the demo, the tests and the benchmarks, deterministic for a given seed
+(and ``start``).
 
-It makes realistic command streams for the demo, the tests and the benchmarks: bursts of payments,
-payments over the credit limit, location mismatches, freezes, and (on request) malformed records.
-Deterministic for a given seed (and ``start``).
+- Accounts (``generate_commands``): customers, merchants, payments, device locations; bursts of payments,
+  payments over the credit limit, location mismatches, freezes, and (on request) malformed records.
+- IoT telemetry (``generate_iot_commands``): devices across sites and sensor kinds reporting at a steady cadence,
+  with deliberate cases for the telemetry detector and the device aggregate's rejections (see
+  :class:`IotGeneratorConfig`).
 
 Event time of a run: ``eventlake generate`` and ``eventlake demo`` date each run with ``dated``: its event times
 end at the current time (never ahead of it, where the handler's clock-skew check would reject them) and start
@@ -21,10 +24,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Iterator
 
-from event_store.envelope import CommandEnvelope, format_time
+from event_store.envelope import CommandEnvelope, dumps, format_time
+from event_store.fields import validate_payload
+from event_store.iot import schemas as iot_schemas
 
 __all__ = ["GeneratorConfig", "generate_commands", "MALFORMED_SAMPLES", "dated", "run_start",
-           "newest_event_time"]
+           "newest_event_time", "IotGeneratorConfig", "generate_iot_commands", "SENSOR_KINDS"]
 
 REGIONS = ("US-NYC", "US-SFO", "US-CHI", "GB-LON", "DE-BER", "FR-PAR", "JP-TYO", "BR-SAO", "IN-BOM", "AU-SYD")
 
@@ -116,6 +121,159 @@ def _payment(rng: random.Random, account: str, payment_id: str, merchants, home,
     location = home[account] if rng.random() < 0.93 else rng.choice(REGIONS)
     return {"payment_id": payment_id, "amount_minor": amount, "currency": cfg.currency,
             "merchant_id": rng.choice(merchants), "location": location, "occurred_at": format_time(clock[account])}
+
+
+# Sensor kind -> (unit, allowed range min and max, typical value, noise), values in thousandths of the unit.
+SENSOR_KINDS: dict[str, tuple[str, int, int, int, int]] = {
+    "temperature": ("C", -10_000, 40_000, 21_000, 1_500),
+    "humidity": ("%RH", 20_000, 80_000, 45_000, 4_000),
+    "pressure": ("hPa", 950_000, 1_050_000, 1_013_000, 3_000),
+    "co2": ("ppm", 350_000, 1_500_000, 600_000, 50_000),
+    "vibration": ("mm/s", 0, 12_000, 3_000, 800),
+}
+# A unit each kind's devices do not use (a reading in it is rejected UnitMismatch).
+_WRONG_UNITS = {"C": "F", "%RH": "g/m3", "hPa": "psi", "ppm": "ppb", "mm/s": "in/s"}
+_HEARTBEATS_S = (10, 15, 30, 60)
+
+
+@dataclass(frozen=True)
+class IotGeneratorConfig:
+    """An IoT telemetry stream: ``devices`` registered at ``start`` across ``sites`` and the sensor kinds, each
+    reporting every heartbeat interval for ``minutes`` of event time, and these deliberate cases, each on its
+    own devices (none shares two cases):
+
+    - ``out_of_range_runs`` runs of 3 to 5 consecutive readings outside the device's range (each must be
+      flagged) and ``short_out_of_range_runs`` runs of exactly 2 (must not be); every other reading is in range;
+    - ``late_rate``: the share of readings that arrive 1 to 10 minutes after they were measured, behind
+      readings measured later (out of order);
+    - ``silent_devices`` that stop reporting halfway through, without being decommissioned (each must be
+      flagged silent once its heartbeat interval passes);
+    - ``decommissions``: devices decommissioned at two thirds of the span, each sent one more reading after
+      (rejected ``DeviceNotActive``);
+    - ``unknown_device_readings`` for devices never registered (rejected ``DeviceNotFound``),
+      ``wrong_unit_readings`` in a unit the device does not use (rejected ``UnitMismatch``) and
+      ``duplicate_registrations`` of registered devices (rejected ``DeviceAlreadyRegistered``).
+    """
+    devices: int = 24
+    sites: int = 4
+    minutes: int = 30
+    seed: int = 42
+    run_id: str = "demo"           # prefixes device ids, so several runs can share one log
+    start: datetime = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    out_of_range_runs: int = 3
+    short_out_of_range_runs: int = 1
+    late_rate: float = 0.02
+    silent_devices: int = 1
+    decommissions: int = 2
+    unknown_device_readings: int = 3
+    wrong_unit_readings: int = 3
+    duplicate_registrations: int = 1
+
+
+def generate_iot_commands(cfg: IotGeneratorConfig) -> Iterator[tuple[str, bytes]]:
+    """(Kafka key, command JSON) pairs in arrival order (``issued_at``): every device is registered before its
+    readings arrive. Every command is valid against the device domain's schemas; the rejections are the
+    deliberate cases of ``cfg``. Built without the command envelope's routing, which needs the domain in the
+    registry (``event_store.domains``); the JSON is what ``CommandEnvelope.to_json`` writes."""
+    special = cfg.out_of_range_runs + cfg.short_out_of_range_runs + cfg.silent_devices + cfg.decommissions
+    if cfg.devices < special + 1:
+        raise ValueError(f"IotGeneratorConfig: devices={cfg.devices} is too few for its cases: "
+                         f"{special} devices take a case of their own, and one more must stay ordinary")
+    if cfg.minutes < 10:
+        raise ValueError(f"IotGeneratorConfig: minutes={cfg.minutes}; at least 10 minutes, so that every device "
+                         f"reports often enough for an out-of-range run with in-range readings around it, and a "
+                         f"silent device stays silent for longer than the longest heartbeat interval")
+    rng = random.Random(cfg.seed)
+    span = timedelta(minutes=cfg.minutes)
+    end = cfg.start + span
+    sites = [f"site-{cfg.run_id}-{i:02d}" for i in range(cfg.sites)]
+    kinds = list(SENSOR_KINDS)
+    devices = [f"dev-{cfg.run_id}-{i:05d}" for i in range(cfg.devices)]
+    kind_of = {d: kinds[i % len(kinds)] for i, d in enumerate(devices)}
+    heartbeat = {d: rng.choice(_HEARTBEATS_S) for d in devices}
+    # Each case on devices of its own: [silent | decommissioned | long runs | short runs | ordinary ...].
+    order = rng.sample(devices, len(devices))
+    taken: dict[str, set[str]] = {}
+    at = 0
+    for name, n in (("silent", cfg.silent_devices), ("decommissioned", cfg.decommissions),
+                    ("long_run", cfg.out_of_range_runs), ("short_run", cfg.short_out_of_range_runs)):
+        taken[name], at = set(order[at:at + n]), at + n
+    ordinary = order[at:]
+    stream: list[tuple[datetime, int, str, str, dict]] = []  # (arrival, tiebreak, device, command type, payload)
+
+    def add(arrival: datetime, device: str, kind: str, payload: dict) -> None:
+        stream.append((arrival, len(stream), device, kind, payload))
+
+    for i, d in enumerate(devices):
+        unit, low, high, _, _ = SENSOR_KINDS[kind_of[d]]
+        add(cfg.start + timedelta(milliseconds=10 * i), d, "RegisterDevice", {
+            "site_id": sites[i % len(sites)], "sensor_kind": kind_of[d], "unit": unit, "range_min_milli": low,
+            "range_max_milli": high, "heartbeat_interval_s": heartbeat[d]})
+    decommission_at = cfg.start + span * 2 / 3
+    for d in devices:
+        unit, low, high, typical, noise = SENSOR_KINDS[kind_of[d]]
+        stop = end
+        if d in taken["silent"]:
+            stop = cfg.start + span / 2
+        elif d in taken["decommissioned"]:
+            stop = decommission_at
+        times = []
+        t = cfg.start + timedelta(seconds=1 + rng.uniform(0, heartbeat[d]))
+        while t < stop:
+            times.append(t)
+            t += timedelta(seconds=heartbeat[d])
+        run: set[int] = set()
+        if d in taken["long_run"] or d in taken["short_run"]:
+            length = rng.randint(3, 5) if d in taken["long_run"] else 2
+            first = rng.randint(1, len(times) - length - 1)  # in-range readings before and after it
+            run = set(range(first, first + length))
+        above = rng.random() < 0.5
+        for k, measured in enumerate(times):
+            if k in run:
+                excess = rng.randint(noise, 3 * noise) + 1
+                value = high + excess if above else low - excess
+            else:
+                value = min(max(int(rng.gauss(typical, noise)), low), high)
+            arrival = measured
+            if k not in run and rng.random() < cfg.late_rate:  # a gateway that was offline: sent minutes later
+                arrival = measured + timedelta(seconds=rng.randint(60, 600))
+                if arrival >= stop and d in taken["decommissioned"]:
+                    arrival = measured  # late after its decommissioning would be rejected: not a case of its own
+            add(arrival, d, "RecordReading", {"reading_id": f"rdg-{d[4:]}-{k:06d}", "value_milli": value,
+                                              "unit": unit, "measured_at": format_time(measured)})
+        if d in taken["decommissioned"]:
+            add(decommission_at, d, "DecommissionDevice", {"reason": "replaced"})
+            after = decommission_at + timedelta(seconds=heartbeat[d])
+            add(after, d, "RecordReading", {"reading_id": f"rdg-{d[4:]}-after-decommission", "value_milli": typical,
+                                            "unit": unit, "measured_at": format_time(after)})
+
+    def some_time() -> datetime:
+        return cfg.start + timedelta(seconds=rng.uniform(60, span.total_seconds() / 2))
+
+    for i in range(cfg.unknown_device_readings):
+        t = some_time()
+        add(t, f"dev-{cfg.run_id}-unknown-{i:02d}", "RecordReading", {
+            "reading_id": f"rdg-{cfg.run_id}-unknown-{i:02d}", "value_milli": 21_000, "unit": "C",
+            "measured_at": format_time(t)})
+    for i in range(cfg.wrong_unit_readings):
+        d, t = rng.choice(ordinary), some_time()
+        unit, _, _, typical, _ = SENSOR_KINDS[kind_of[d]]
+        add(t, d, "RecordReading", {"reading_id": f"rdg-{d[4:]}-wrong-unit-{i:02d}", "value_milli": typical,
+                                    "unit": _WRONG_UNITS[unit], "measured_at": format_time(t)})
+    for i in range(cfg.duplicate_registrations):
+        d = rng.choice(ordinary)
+        unit, low, high, _, _ = SENSOR_KINDS[kind_of[d]]
+        add(some_time(), d, "RegisterDevice", {
+            "site_id": sites[0], "sensor_kind": kind_of[d], "unit": unit, "range_min_milli": low,
+            "range_max_milli": high, "heartbeat_interval_s": heartbeat[d]})
+
+    stream.sort(key=lambda item: (item[0], item[1]))
+    for arrival, _, device, kind, payload in stream:
+        command_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        validate_payload(iot_schemas.COMMANDS[kind], payload, f"generated command {command_id} ({kind})")
+        yield device, dumps({"command_id": command_id, "command_type": kind, "aggregate_id": device,
+                             "payload": payload, "aggregate_type": "device", "expected_version": None,
+                             "issued_at": format_time(arrival), "correlation_id": None, "causation_id": None})
 
 
 def dated(cfg: GeneratorConfig, settings=None, now: datetime | None = None) -> GeneratorConfig:
