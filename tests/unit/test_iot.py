@@ -286,3 +286,53 @@ def test_any_command_sequence_folds_from_its_events_to_the_deciders_state_and_th
         if c.command_type == "RecordReading" and not r.accepted:
             assert r.error_type in ("DeviceNotFound", "DeviceNotActive", "UnitMismatch")
     assert iot.DOMAIN.decode_state(json.loads(json.dumps(iot.DOMAIN.encode_state(state)))) == state
+
+
+class _Record:
+    """A command record as confluent-kafka hands it to the handler."""
+
+    def __init__(self, value: bytes, offset: int):
+        self._value, self._offset = value, offset
+
+    def value(self):
+        return self._value
+
+    def key(self):
+        return None
+
+    def topic(self):
+        return "commands"
+
+    def partition(self):
+        return 0
+
+    def offset(self):
+        return self._offset
+
+
+def test_the_handlers_batch_decides_devices_and_accounts_side_by_side_with_idempotency():
+    """One batch through the handler's own code (no Kafka): an account and a device with the same id stay
+    apart, a flag re-sent with its command_id gets the first result and writes nothing, and the domain's
+    rejections reach the command results with their reasons."""
+    from event_store.envelope import CommandResult
+    from event_store.handler import CommandHandler, HandlerStats
+
+    handler = CommandHandler(Settings.load({}), log=lambda *_: None)
+    handler._max_event_bytes = handler._max_result_bytes = 1_000_000
+    flag = cmd("FlagTelemetryAnomaly", {"rule": "out_of_range", "reading_id": "r1"}, "x", command_id="f1")
+    values = [CommandEnvelope.create("OpenAccount", "x", {"customer_id": "cu", "credit_limit_minor": 10,
+                                                          "currency": "USD"}, command_id="a1").to_json(),
+              register(device="x", command_id="d1").to_json(), reading(1, "r1", device="x", command_id="d2").to_json(),
+              flag.to_json(), flag.to_json(), reading(1, "r2", "F", device="x", command_id="d3").to_json(),
+              reading(1, "r3", device="y", command_id="d4").to_json()]
+    part, staged, staged_results, events, results = PartitionState(0), {}, {}, [], []
+    handler._handle_records([_Record(v, i) for i, v in enumerate(values)], part, staged, staged_results,
+                            HandlerStats(), T0, None, events, results)
+    answers = [CommandResult.from_json(v) for _, v in results]
+    assert [(r.command_id, r.status, r.version, r.duplicate, r.error_type) for r in answers] == [
+        ("a1", "accepted", 1, False, None), ("d1", "accepted", 1, False, None), ("d2", "accepted", 2, False, None),
+        ("f1", "accepted", 3, False, None), ("f1", "accepted", 3, True, None),
+        ("d3", "rejected", 3, False, "UnitMismatch"), ("d4", "rejected", 0, False, "DeviceNotFound")]
+    assert {k: s.version for k, (_, s) in staged.items()} == {("account", "x"): 1, ("device", "x"): 3}
+    assert [json.loads(v)["event_type"] for _, v in events] == [
+        "AccountOpened", "DeviceRegistered", "ReadingRecorded", "TelemetryAnomalyDetected"]
