@@ -22,7 +22,8 @@ from event_store.domains import DOMAINS
 from event_store.envelope import (CommandEnvelope, CommandResult, EventEnvelope, built, dumps, format_time, parse_time,
                                   utc_now)
 from event_store.errors import InvalidRecord
-from event_store.schemas import EVENT_SCHEMA_VERSIONS
+from event_store.fields import time_fields
+from event_store.schemas import COMMANDS, EVENT_SCHEMA_VERSIONS
 
 __all__ = ["execute", "execute_encoded", "event_id_for", "EventTimeLimit", "domain_for", "initial_state"]
 
@@ -69,7 +70,10 @@ class EventTimeLimit:
             # is fine as text; anything else (an offset, the same second or later) is parsed.
             if occurred_at[-1] == "Z" and occurred_at[:19] < self.latest_second:
                 continue
-            field_name = "occurred_at" if command.payload.get("occurred_at") == occurred_at else "issued_at"
+            # The payload's time field the event time came from (a domain names its own: occurred_at,
+            # measured_at, ...), else the envelope's issued_at.
+            field_name = next((name for name in time_fields(COMMANDS[command.command_type])
+                               if command.payload.get(name) == occurred_at), "issued_at")
             try:
                 t = parse_time(occurred_at, f"command {command.command_id}: {field_name}")
             except InvalidRecord as e:

@@ -225,6 +225,8 @@ def test_a_reading_measured_beyond_the_handlers_clock_is_rejected_by_the_decider
     state, _, _ = run(register())
     _, events, result = execute(state, reading(1, at="2026-01-01T11:00:00.000Z"), time_limit=limit)
     assert (events, result.error_type) == ([], "EventTimeInFuture")
+    assert result.reason.startswith(f"command {result.command_id}: measured_at 2026-01-01T11:00:00.000Z "
+                                    f"(ReadingRecorded) lies 3,600s ahead of the handler's clock")
 
 
 def test_a_device_survives_a_snapshot_and_the_rebuild_folds_its_events():
