@@ -10,10 +10,10 @@ from __future__ import annotations
 from event_store.domain import Domain
 from event_store.iot import schemas
 from event_store.iot.aggregate import (AGGREGATE_TYPE, STATUSES, CommandRejected, DeviceState, NewEvent, decide,
-                                       decode_state, encode_state, evolve, evolve_fields, format_value, quarantined)
+                                       decode_state, encode_state, evolve, evolve_fields, quarantined)
 
 __all__ = ["DOMAIN", "AGGREGATE_TYPE", "STATUSES", "DeviceState", "CommandRejected", "NewEvent", "decide", "evolve",
-           "evolve_fields", "quarantined", "format_value"]
+           "evolve_fields", "quarantined"]
 
 DOMAIN = Domain(
     aggregate_type=AGGREGATE_TYPE,

@@ -8,8 +8,8 @@ come: the reading's ``measured_at`` is its event time, and the aggregate does no
 
 The state stays the same size however many readings a device sends (a device reports forever, unlike an
 account's payments): no reading ids are kept. A reading re-sent with its command_id is answered from the
-handler's idempotency window; a reading re-sent under a new command_id is recorded again (doubtful: see
-docs/DESIGN.md, "Adding a domain").
+handler's idempotency window; a reading re-sent under a new command_id is recorded again, so a sender derives a
+reading's command_id from the device and its reading id.
 """
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from event_store.domain import Command, CommandRejected, Event, NewEvent
-from event_store.iot.schemas import MILLI
 
 __all__ = ["DeviceState", "NewEvent", "CommandRejected", "decide", "evolve", "evolve_fields", "quarantined",
-           "encode_state", "decode_state", "AGGREGATE_TYPE", "STATUSES", "format_value"]
+           "encode_state", "decode_state", "AGGREGATE_TYPE", "STATUSES"]
 
 AGGREGATE_TYPE = "device"
 STATUSES = ("active", "decommissioned")
@@ -43,14 +42,6 @@ class DeviceState:
     # (record, reason) when the events topic holds a record of this device that cannot be read (record is
     # "topic/partition/offset"): the device takes no command but ResolveDeviceQuarantine until an operator decides.
     quarantine: tuple[str, str] | None = None
-
-
-def format_value(value_milli: int, unit: str | None = None) -> str:
-    """``21500, 'C'`` -> ``'21.5 C'``: a reading's value for people (exact: no float on the way)."""
-    sign = "-" if value_milli < 0 else ""
-    whole, frac = divmod(abs(value_milli), MILLI)
-    text = f"{sign}{whole}" + (f".{frac:03d}".rstrip("0") if frac else "")
-    return f"{text} {unit}" if unit else text
 
 
 def decide(state: DeviceState, command: Command) -> list[NewEvent]:

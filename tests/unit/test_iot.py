@@ -153,6 +153,20 @@ def test_a_flag_re_sent_with_its_command_id_is_not_recorded_twice():
     assert execute(state, flag, recorded_at=T0)[1] == execute(state, flag, recorded_at=T0)[1]
 
 
+def test_a_payload_field_name_the_device_shares_with_another_domain_has_the_same_description():
+    """Readers flatten payloads into one column per field name (spark_apps/events.py), so a name means one
+    thing in every domain: the device's reason, rule, evidence, record and resolved_by are the account's."""
+    from event_store import account
+
+    for ours, theirs in ((iot.DOMAIN.events, account.DOMAIN.events), (iot.DOMAIN.commands, account.DOMAIN.commands)):
+        mine = {name: spec for fields in ours.values() for name, spec in fields.items()}
+        other = {name: spec for fields in theirs.values() for name, spec in fields.items()}
+        shared = mine.keys() & other.keys()
+        assert {"reason", "rule", "evidence", "record", "resolved_by"} <= shared
+        assert {name: (mine[name].kind, mine[name].pattern) for name in shared} == \
+            {name: (other[name].kind, other[name].pattern) for name in shared}
+
+
 def test_evolve_refuses_unknown_event_types():
     with pytest.raises(ValueError, match="device aggregate cannot apply unknown event type 'Teleported'"):
         evolve(DeviceState("d"), iot.NewEvent("Teleported", {}, T0))
