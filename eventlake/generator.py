@@ -139,8 +139,9 @@ _HEARTBEATS_S = (10, 15, 30, 60)
 @dataclass(frozen=True)
 class IotGeneratorConfig:
     """An IoT telemetry stream: ``devices`` registered at ``start`` across ``sites`` and the sensor kinds, each
-    reporting every heartbeat interval for ``minutes`` of event time, and these deliberate cases, each on its
-    own devices (none shares two cases):
+    reporting every heartbeat interval for ``minutes`` of event time, and these deliberate cases (a silent, a
+    decommissioned and an out-of-range device each has that one case; wrong units and re-registrations go to
+    the other devices; late readings to any device, never inside an out-of-range run):
 
     - ``out_of_range_runs`` runs of 3 to 5 consecutive readings outside the device's range (each must be
       flagged) and ``short_out_of_range_runs`` runs of exactly 2 (must not be); every other reading is in range;
