@@ -122,10 +122,12 @@ def test_device_status_fold_sql_gives_the_version_range_the_runner_checks():
 
 def _merged(model, first, second):
     """The table after folding ``first`` then MERGE-ing the fold of ``second`` with ``merge_update`` (DuckDB)."""
-    t_rows, s_rows = (duckdb_rows(f"SELECT {', '.join(f'{model.merge_insert[c]} AS {c}' for c in model.columns)} "
-                                  f"FROM ({model.fold_sql}) s", {"events": archive_table(batch)}, model.key)
-                      if batch is first else _sql_fold(model, batch) for batch in (first, second))
     import pyarrow as pa
+
+    # The table as the first batch's MERGE inserted it, and the second batch's folded changes.
+    t_rows = duckdb_rows(f"SELECT {', '.join(f'{model.merge_insert[c]} AS {c}' for c in model.columns)} "
+                         f"FROM ({model.fold_sql}) s", {"events": archive_table(first)}, model.key)
+    s_rows = _sql_fold(model, second)
 
     on = " AND ".join(f"t.{k} = s.{k}" for k in model.key)
     update = ", ".join(f"{model.merge_update.get(c, f't.{c}')} AS {c}" for c in model.columns)
