@@ -14,8 +14,9 @@ __all__ = ["ReadModel", "CURRENT_STATE_BY_VERSION", "INSERT_ONCE", "WINDOWED_SUM
 CURRENT_STATE_BY_VERSION = "current_state_by_version"
 # INSERT_ONCE: a ledger; a row is inserted the first time its key is seen and never changed afterwards.
 INSERT_ONCE = "insert_once"
-# WINDOWED_SUM: additive aggregates per key and event-time window; each event is counted once (an applied-ids
-#   ledger), events older than the watermark are not applied but recorded in ``late_events``.
+# WINDOWED_SUM: order-free aggregates (counts, sums, minima, maxima) per key and event-time window; each event
+#   is counted once (an applied-ids ledger), events older than the watermark are not applied but recorded in
+#   ``late_events``.
 WINDOWED_SUM = "windowed_sum"
 MERGE_STRATEGIES = (CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM)
 
@@ -37,7 +38,8 @@ class ReadModel:
     # Plain-Python fold of the same events: the test oracle. events -> {key tuple: row dict}.
     python_fold: Callable[[Iterable[Any]], dict[tuple, dict[str, Any]]]
     # CURRENT_STATE_BY_VERSION: column -> SQL over t (target) and s (folded changes); insert: over s.
-    # WINDOWED_SUM: merge_update adds s to t, e.g. {"payments": "t.payments + s.payments"}.
+    # WINDOWED_SUM: merge_update combines s into t by an order-free rule: sums add, e.g.
+    # {"payments": "t.payments + s.payments"}; minima and maxima take least(t.x, s.x) / greatest(t.x, s.x).
     merge_update: Mapping[str, str] = field(default_factory=dict)
     merge_insert: Mapping[str, str] = field(default_factory=dict)
     # WINDOWED_SUM only: the event-time column and how far behind the newest event time a window stays open.

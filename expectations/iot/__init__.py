@@ -1,0 +1,15 @@
+"""Great Expectations suites of the IoT telemetry domain's read models (``read_models.iot``), one module each,
+in the shape of ``expectations``' own (``TABLE``, ``expectations(gx)``, optionally ``derived_columns(df)``).
+
+``SUITES`` collects them. They join ``expectations.SUITES`` when the models join ``read_models.REGISTRY``
+(docs/DESIGN.md, "Adding a domain").
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+from expectations.iot import device_minute_readings, device_status, telemetry_anomalies
+
+__all__ = ["SUITES"]
+
+SUITES: dict[str, ModuleType] = {m.TABLE: m for m in (device_status, device_minute_readings, telemetry_anomalies)}
