@@ -156,7 +156,7 @@ except PayloadColumnError as e:
 # raw_value: the record's bytes as text, always valid UTF-8 (an invalid sequence becomes U+FFFD, so every SQL
 # reader can show it); raw_bytes: the exact bytes; raw_value_base64: the same bytes as text. raw_bytes comes last
 # so that a table created before it had the column (and upgraded in place) has the same column order as a new one;
-# kafka_key (the account the record was written for) was added after it.
+# kafka_key (the aggregate id the record was written for) was added after it.
 DEAD_LETTER_COLUMNS = ("reason", "raw_value", "raw_value_base64", "kafka_topic", "kafka_partition", "kafka_offset",
                        "dead_lettered_at", "raw_bytes", "kafka_key")
 
@@ -252,24 +252,24 @@ def _envelope_reason(e, text, F):
 
 
 def _payload_reason(F):
-    """The first problem of the (upcast) payload columns for the row's event type, from schemas.EVENTS."""
+    """The first problem of the (upcast) payload for the row's event type, from schemas.EVENTS, in its schema's
+    order (the one the Python validator reports first). One CASE on event_type, each branch checking only that
+    type's fields: a row pays for its own type's checks, whatever the other registered types are."""
     kind = F.col("event_type")
-    reason = None
-    for name in payload_columns():
-        value = F.col(name)
-        by_spec: dict[Field, list[str]] = {}
-        for event_type, schema in EVENTS.items():
-            if name in schema:
-                by_spec.setdefault(schema[name], []).append(event_type)
-        for spec, types in by_spec.items():
-            applies = kind.isin(*types)
+    dispatch = None
+    for event_type, schema in EVENTS.items():
+        reason = None
+        for name, spec in schema.items():
+            value = F.col(name)
             checks = [(value.isNull(), f"payload is missing required field '{name}'")] if spec.required else []
             checks += [(value.isNotNull() & bad, f"payload field '{name}' {problem}")
                        for bad, problem in _field_problems(spec, value, F)]
             for bad, problem in checks:
-                condition = applies & bad
-                reason = F.when(condition, F.lit(problem)) if reason is None else reason.when(condition, F.lit(problem))
-    return reason
+                reason = F.when(bad, F.lit(problem)) if reason is None else reason.when(bad, F.lit(problem))
+        if reason is not None:
+            is_type = kind == event_type
+            dispatch = F.when(is_type, reason) if dispatch is None else dispatch.when(is_type, reason)
+    return F.lit(None).cast("string") if dispatch is None else dispatch
 
 
 def check_records(records):
@@ -307,7 +307,7 @@ def check_records(records):
         *[F.col(n) for n in payload],
         "kafka_topic", "kafka_partition", "kafka_offset", "_reason",
         F.when(F.col("_reason").isNotNull(), F.col("value")).alias("_raw"),
-        # The record's key names its account (every writer keys events by aggregate id): quarantine per account.
+        # The record's key names its aggregate (every writer keys events by aggregate id): quarantine per aggregate.
         F.when(F.col("_reason").isNotNull(), F.make_valid_utf8(F.col("key").cast("string"))).alias("_key"))
 
 
