@@ -40,7 +40,7 @@ def main() -> int:
         return compare_jit(args)
     from pyspark.sql import functions as F
 
-    from spark_apps.events import _NOT_A_STRING, check_records, envelope_schema
+    from spark_apps.events import _layout, check_records, envelope_schema
     from spark_apps.session import build_session
 
     settings = Settings.load()
@@ -58,7 +58,7 @@ def main() -> int:
     pieces = {
         "cast to text": frame.select(text),
         "UTF-8 check (is_valid_utf8)": frame.select(F.is_valid_utf8(text)),
-        "string fields hold JSON strings (rlike over the text)": frame.select(text.rlike(_NOT_A_STRING)),
+        "string fields hold JSON strings (rlike over the text)": frame.select(text.rlike(_layout().not_a_string)),
         "envelope from_json": frame.select(F.from_json(text, envelope_schema())),
         "check_records, whole": check_records(frame),
     }

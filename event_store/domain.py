@@ -96,6 +96,15 @@ class Domain:
     # ``evolve`` from an event's type, payload and (if not None) version, without an envelope: the handler's hot
     # path. Optional; by default ``evolve`` of a light stand-in for the event.
     evolve_fields: Callable[[Any, str, Mapping[str, Any], int | None], Any] | None = None
+    # The order of the domain's payload fields as columns of the flattened event rows that Spark writes
+    # (event_archive, the sequence tables, dead letters: spark_apps.events). Fields it does not name follow, in
+    # the order the event schemas first name them. Tables keep the order they were created with, so once they
+    # exist a new field is appended here, never inserted.
+    payload_column_order: tuple[str, ...] = ()
+    # The vectorised twin of ``upcasters``: (event type, from version) -> {column: expression}, each expression a
+    # function of ``pyspark.sql.functions`` (passed in, so that no domain module imports pyspark) giving the
+    # column at from version + 1 from the flattened row's columns (spark_apps.events.upcast_rows).
+    spark_upcasters: Mapping[tuple[str, int], Mapping[str, Callable[[Any], Any]]] = field(default_factory=dict)
 
     def fold_fields(self, state: Any, event_type: str, payload: Mapping[str, Any], version: int | None) -> Any:
         """``evolve`` from an event's parts (``evolve_fields`` when the domain has one)."""

@@ -4,33 +4,128 @@ Pure DataFrame -> DataFrame functions; the writer lives in ``projection``.
 """
 from __future__ import annotations
 
+from typing import Any, Callable, Mapping, NamedTuple
+
+from event_store import domains
+from event_store.domains import DOMAINS
 from event_store.schemas import EVENT_ENVELOPE, EVENT_SCHEMA_VERSIONS, EVENT_TIME_MAX, EVENT_TIME_MIN, EVENTS, Field, \
     string_field_names
 
-__all__ = ["envelope_schema", "read_event_records", "parse_events", "check_records", "split_checked", "upcast_rows", "missing_spark_upcasters", "DEAD_LETTER_COLUMNS",
-           "EVENT_COLUMNS"]
+__all__ = ["envelope_schema", "read_event_records", "parse_events", "check_records", "split_checked", "upcast_rows",
+           "missing_spark_upcasters", "payload_columns", "event_columns", "PayloadColumnError", "DEAD_LETTER_COLUMNS",
+           "ENVELOPE_COLUMNS", "KAFKA_COLUMNS"]
 
-# Payload fields of every event type, flattened into columns of the event rows.
-_PAYLOAD_LONGS = ("credit_limit_minor", "amount_minor")
-_PAYLOAD_STRINGS = ("customer_id", "currency", "payment_id", "merchant_id", "location", "reason", "rule",
-                    "evidence", "merchant_country", "record", "resolved_by")
-# The columns are named here (their order is the tables' column order); which fields exist and what a valid
-# value is comes from event_store.schemas, and these must be exactly its payload fields by type.
-_SCHEMA_FIELDS = {(n, spec.kind) for schema in EVENTS.values() for n, spec in schema.items()}
-if _SCHEMA_FIELDS != {(n, str) for n in _PAYLOAD_STRINGS} | {(n, int) for n in _PAYLOAD_LONGS}:
-    raise ImportError(f"spark_apps.events: payload columns differ from event_store.schemas.EVENTS: "
-                      f"{sorted(_SCHEMA_FIELDS)}")
-if any(not spec.required for schema in EVENTS.values() for spec in schema.values() if spec.kind is int):
-    raise ImportError("spark_apps.events: an optional integer payload field cannot be told apart from one of "
-                      "another JSON type by Spark's reader; give it a check here first")
+ENVELOPE_COLUMNS = ("event_id", "event_type", "schema_version", "aggregate_type", "aggregate_id", "aggregate_version",
+                    "occurred_at", "recorded_at", "command_id", "correlation_id", "causation_id")
+KAFKA_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset")
+# The payload kinds a column carries, as Spark SQL types. An int is a long: the JSON reader nulls a value of
+# another JSON type, which the null check then reports (hence required ints only, see _layout).
+_SPARK_TYPES = {str: "string", int: "long"}
+
+
+class PayloadColumnError(ValueError):
+    """A registered event schema the Spark side cannot turn into columns (a kind it cannot carry, one name with
+    two kinds, a name taken by the envelope ...): the message names the domain, event type and field."""
+
+
+class _Layout(NamedTuple):
+    """What the Spark side derives from the registered domains (docs/DESIGN.md, "Adding a domain")."""
+    payload: tuple[tuple[str, type], ...]  # (column, kind), in the event tables' column order
+    upcasters: Mapping[tuple[str, int], Mapping[str, Callable[[Any], Any]]]
+    not_a_string: str  # see _envelope_reason
+
+
+_LAYOUT: _Layout | None = None
+
+
+def _layout() -> _Layout:
+    """The payload columns, Spark upcasters and string-field pattern of the domains registered now (kept until a
+    domain is registered or removed, so a test's domain registered after import is seen by the next parser)."""
+    global _LAYOUT
+    if _LAYOUT is None:
+        _LAYOUT = _Layout(_derive_payload_columns(), _derive_upcasters(), _derive_not_a_string())
+    return _LAYOUT
+
+
+def _forget_layout() -> None:
+    global _LAYOUT
+    _LAYOUT = None
+
+
+domains.on_change(_forget_layout)
+
+
+def _derive_payload_columns() -> tuple[tuple[str, type], ...]:
+    """Every payload field of every registered event type as one column: domains in registration order, each in
+    its ``payload_column_order`` then the order its schemas first name the rest. A name shared by event types
+    (of one domain or several) is one column, so it must have one kind everywhere."""
+    columns: dict[str, tuple[type, str]] = {}  # column -> (kind, "domain/event type" that declared it first)
+    for domain in DOMAINS.values():
+        fields: dict[str, tuple[type, str]] = {}
+        for event_type, schema in domain.events.items():
+            for name, spec in schema.items():
+                where = f"domain {domain.aggregate_type!r}, event type {event_type!r}, payload field {name!r}"
+                if spec.kind not in _SPARK_TYPES:
+                    raise PayloadColumnError(
+                        f"{where}: kind {spec.kind.__name__} has no Spark column type here (the event tables "
+                        f"carry {', '.join(k.__name__ for k in _SPARK_TYPES)}); add the kind, its column type "
+                        f"and its checks to spark_apps.events first")
+                if spec.kind is int and not spec.required:
+                    raise PayloadColumnError(
+                        f"{where}: an optional integer field cannot be told apart from one of another JSON type by "
+                        f"Spark's JSON reader (both read as null); give it a check in spark_apps.events first")
+                seen = fields.setdefault(name, (spec.kind, where))
+                if seen[0] is not spec.kind:
+                    raise PayloadColumnError(f"{where}: kind {spec.kind.__name__}, but {_owner(seen[1])} has it "
+                                             f"as {seen[0].__name__}; one column has one kind")
+        strays = [n for n in domain.payload_column_order if n not in fields]
+        if strays or len(set(domain.payload_column_order)) != len(domain.payload_column_order):
+            raise PayloadColumnError(f"domain {domain.aggregate_type!r}: payload_column_order names "
+                                     f"{', '.join(map(repr, strays)) or 'a field twice'}"
+                                     + (", not a payload field of its events" if strays else ""))
+        ordered = [*domain.payload_column_order, *(n for n in fields if n not in domain.payload_column_order)]
+        for name in ordered:
+            kind, where = fields[name]
+            if name in ENVELOPE_COLUMNS or name in KAFKA_COLUMNS or name.startswith("_") or name in ("value", "key"):
+                raise PayloadColumnError(f"{where}: named like a column of the event rows themselves; rename it")
+            if name in columns and columns[name][0] is not kind:
+                raise PayloadColumnError(f"{where}: kind {kind.__name__}, but {_owner(columns[name][1])} has it "
+                                         f"as {columns[name][0].__name__}; one column has one kind")
+            columns.setdefault(name, (kind, where))
+    return tuple((name, kind) for name, (kind, _) in columns.items())
+
+
+def _owner(where: str) -> str:
+    return where.rsplit(", payload field", 1)[0]
+
+
+def _derive_upcasters():
+    return {key: columns for domain in DOMAINS.values() for key, columns in domain.spark_upcasters.items()}
+
+
+def _derive_not_a_string() -> str:
+    # Spark's JSON reader gives a string column the text of ANY JSON value (a number 5 becomes "5"), where Python
+    # sees an int: a member named like a string field whose value starts like a number, a boolean, an array or an
+    # object is found in the record's text, at any depth (schemas.misused_string_name is the same rule in
+    # Python). Inside a JSON string a quote is escaped, so the pattern only matches a real member name.
+    return '"(' + "|".join(sorted(string_field_names())) + r')"\s*:\s*([-0-9tf\[{])'
+
+
+def payload_columns() -> tuple[str, ...]:
+    """The flattened payload columns of the event rows, in table order (the registered domains' event fields)."""
+    return tuple(name for name, _ in _layout().payload)
+
+
+def event_columns() -> tuple[str, ...]:
+    """The columns of a valid event row (``parse_events``' first half; event_archive's columns)."""
+    return (*ENVELOPE_COLUMNS, *payload_columns(), *KAFKA_COLUMNS)
 
 
 def _spark_upcasters():
-    """(event type, from version) -> {column: F -> expression} bringing the flattened row to from version + 1.
-    The vectorised twin of event_store.upcasting.UPCASTERS (a test keeps the two in step)."""
-    return {
-        ("PaymentAuthorized", 1): {"merchant_country": lambda F: F.substring_index(F.col("location"), "-", 1)},
-    }
+    """(event type, from version) -> {column: F -> expression} bringing the flattened row to from version + 1:
+    every registered domain's ``spark_upcasters``, the vectorised twin of event_store.upcasting.UPCASTERS (a test
+    keeps the two in step)."""
+    return _layout().upcasters
 
 
 def missing_spark_upcasters() -> list[tuple[str, int]]:
@@ -51,13 +146,17 @@ def upcast_rows(events):
                                    .otherwise(F.col("schema_version")))
     return events
 
-EVENT_COLUMNS = ("event_id", "event_type", "schema_version", "aggregate_type", "aggregate_id", "aggregate_version",
-                 "occurred_at", "recorded_at", "command_id", "correlation_id", "causation_id",
-                 *_PAYLOAD_STRINGS, *_PAYLOAD_LONGS, "kafka_topic", "kafka_partition", "kafka_offset")
+
+# The built-in domains' schemas must make columns: fail at import, naming the field, not at the first batch.
+try:
+    _layout()
+except PayloadColumnError as e:
+    raise ImportError(f"spark_apps.events: {e}") from e
+
 # raw_value: the record's bytes as text, always valid UTF-8 (an invalid sequence becomes U+FFFD, so every SQL
 # reader can show it); raw_bytes: the exact bytes; raw_value_base64: the same bytes as text. raw_bytes comes last
 # so that a table created before it had the column (and upgraded in place) has the same column order as a new one;
-# kafka_key (the account the record was written for) was added after it.
+# kafka_key (the aggregate id the record was written for) was added after it.
 DEAD_LETTER_COLUMNS = ("reason", "raw_value", "raw_value_base64", "kafka_topic", "kafka_partition", "kafka_offset",
                        "dead_lettered_at", "raw_bytes", "kafka_key")
 
@@ -65,8 +164,8 @@ DEAD_LETTER_COLUMNS = ("reason", "raw_value", "raw_value_base64", "kafka_topic",
 def envelope_schema():
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    payload = StructType([StructField(n, StringType()) for n in _PAYLOAD_STRINGS]
-                         + [StructField(n, LongType()) for n in _PAYLOAD_LONGS])
+    types = {str: StringType(), int: LongType()}
+    payload = StructType([StructField(n, types[kind]) for n, kind in _layout().payload])
     strings = ("event_id", "event_type", "aggregate_type", "aggregate_id", "occurred_at", "recorded_at",
                "command_id", "correlation_id", "causation_id")
     return StructType([StructField(n, StringType()) for n in strings]
@@ -129,13 +228,6 @@ def _field_problems(spec: Field, value, F) -> list:
     return out
 
 
-# Spark's JSON reader gives a string column the text of ANY JSON value (a number 5 becomes "5"), where Python
-# sees an int: a member named like a string field whose value starts like a number, a boolean, an array or an
-# object is found in the record's text, at any depth (schemas.misused_string_name is the same rule in Python).
-# Inside a JSON string a quote is escaped, so the pattern only matches a real member name.
-_NOT_A_STRING = '"(' + "|".join(sorted(string_field_names())) + r')"\s*:\s*([-0-9tf\[{])'
-
-
 def _envelope_reason(e, text, F):
     """The first problem of the envelope, in schemas.EVENT_ENVELOPE's order (null when there is none)."""
     # Bytes that are not UTF-8 (Spark's JSON reader would take them into the strings as they are; the Python
@@ -153,30 +245,31 @@ def _envelope_reason(e, text, F):
             reason = reason.when(value > current, F.format_string(
                 "%s schema_version %d is newer than this code reads (up to %d); upgrade eventlake",
                 e["event_type"], value, current))
-    return reason.when(text.rlike(_NOT_A_STRING), F.format_string(
-        "field '%s' must be a JSON string, got a value starting with %s", F.regexp_extract(text, _NOT_A_STRING, 1),
-        F.regexp_extract(text, _NOT_A_STRING, 2)))
+    not_a_string = _layout().not_a_string
+    return reason.when(text.rlike(not_a_string), F.format_string(
+        "field '%s' must be a JSON string, got a value starting with %s", F.regexp_extract(text, not_a_string, 1),
+        F.regexp_extract(text, not_a_string, 2)))
 
 
 def _payload_reason(F):
-    """The first problem of the (upcast) payload columns for the row's event type, from schemas.EVENTS."""
+    """The first problem of the (upcast) payload for the row's event type, from schemas.EVENTS, in its schema's
+    order (the one the Python validator reports first). One CASE on event_type, each branch checking only that
+    type's fields: a row pays for its own type's checks, whatever the other registered types are."""
     kind = F.col("event_type")
-    reason = None
-    for name in (*_PAYLOAD_STRINGS, *_PAYLOAD_LONGS):
-        value = F.col(name)
-        by_spec: dict[Field, list[str]] = {}
-        for event_type, schema in EVENTS.items():
-            if name in schema:
-                by_spec.setdefault(schema[name], []).append(event_type)
-        for spec, types in by_spec.items():
-            applies = kind.isin(*types)
+    dispatch = None
+    for event_type, schema in EVENTS.items():
+        reason = None
+        for name, spec in schema.items():
+            value = F.col(name)
             checks = [(value.isNull(), f"payload is missing required field '{name}'")] if spec.required else []
             checks += [(value.isNotNull() & bad, f"payload field '{name}' {problem}")
                        for bad, problem in _field_problems(spec, value, F)]
             for bad, problem in checks:
-                condition = applies & bad
-                reason = F.when(condition, F.lit(problem)) if reason is None else reason.when(condition, F.lit(problem))
-    return reason
+                reason = F.when(bad, F.lit(problem)) if reason is None else reason.when(bad, F.lit(problem))
+        if reason is not None:
+            is_type = kind == event_type
+            dispatch = F.when(is_type, reason) if dispatch is None else dispatch.when(is_type, reason)
+    return F.lit(None).cast("string") if dispatch is None else dispatch
 
 
 def check_records(records):
@@ -197,12 +290,11 @@ def check_records(records):
         # below it, so the JSON is parsed once even when both halves (events, dead letters) are read.
         F.explode(F.array(F.from_json(text, envelope_schema(), {"mode": "PERMISSIVE"}))).alias("e"),
     )
-    envelope_fields = ("event_id", "event_type", "schema_version", "aggregate_type", "aggregate_id",
-                       "aggregate_version", "occurred_at", "recorded_at", "command_id", "correlation_id",
-                       "causation_id")
+    envelope_fields = ENVELOPE_COLUMNS
+    payload = payload_columns()
     flat = parsed.select(
         *[e[n].alias(n) for n in envelope_fields],
-        *[e["payload"][n].alias(n) for n in (*_PAYLOAD_STRINGS, *_PAYLOAD_LONGS)],
+        *[e["payload"][n].alias(n) for n in payload],
         "kafka_topic", "kafka_partition", "kafka_offset", "value", "key",
         _envelope_reason(e, text, F).alias("_envelope_reason"))
     flat = upcast_rows(flat)
@@ -212,10 +304,10 @@ def check_records(records):
         F.col("occurred_at").try_cast("timestamp").alias("occurred_at"),
         F.col("recorded_at").try_cast("timestamp").alias("recorded_at"),
         *[F.col(n) for n in envelope_fields[8:]],
-        *[F.col(n) for n in (*_PAYLOAD_STRINGS, *_PAYLOAD_LONGS)],
+        *[F.col(n) for n in payload],
         "kafka_topic", "kafka_partition", "kafka_offset", "_reason",
         F.when(F.col("_reason").isNotNull(), F.col("value")).alias("_raw"),
-        # The record's key names its account (every writer keys events by aggregate id): quarantine per account.
+        # The record's key names its aggregate (every writer keys events by aggregate id): quarantine per aggregate.
         F.when(F.col("_reason").isNotNull(), F.make_valid_utf8(F.col("key").cast("string"))).alias("_key"))
 
 

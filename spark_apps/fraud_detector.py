@@ -1,10 +1,11 @@
 """The fraud detector: a stateful Structured Streaming app keyed by account (``applyInPandasWithState``).
 
-It reads payment and device-location events, runs the pure rules of ``event_store.fraud_rules`` in event
-time, and writes each finding to the commands topic as a ``FlagFraud`` command. It never writes events:
-the command handler records ``FraudSuspected``, so the events topic keeps a single writer and gap-free
-versions. A finding's command id derives from payment and rule, so a replay (or Kafka's at-least-once
-sink) flags nothing twice: the handler answers a repeated command id with the first result.
+It is the account domain's detector. It reads payment and device-location events, runs the pure rules of
+``event_store.account.fraud_rules`` in event time, and writes each finding to the commands topic as a
+``FlagFraud`` command for the account aggregate type. It never writes events: the command handler records
+``FraudSuspected``, so the events topic keeps a single writer and gap-free versions. A finding's command id
+derives from payment and rule, so a replay (or Kafka's at-least-once sink) flags nothing twice: the handler
+answers a repeated command id with the first result.
 
 Run it with ``eventlake detect-fraud [--until-caught-up]`` or spark-submit this file.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Callable, Iterator
 
+from event_store.account import AGGREGATE_TYPE
 from event_store.account.fraud_rules import FraudState, Observation, detect, flag_command_id
 from eventlake.settings import Settings
 from spark_apps.events import parse_events, read_event_records
@@ -83,7 +85,7 @@ class FraudDetector:
         occurred = F.date_format(F.timestamp_millis("time_ms"), iso)
         command = F.struct(
             F.col("command_id"), F.lit("FlagFraud").alias("command_type"), F.col("account_id").alias("aggregate_id"),
-            F.lit("account").alias("aggregate_type"),
+            F.lit(AGGREGATE_TYPE).alias("aggregate_type"),
             F.struct("payment_id", "rule", "evidence", occurred.alias("occurred_at")).alias("payload"),
             F.date_format(F.current_timestamp(), iso).alias("issued_at"),
             F.col("command_id").alias("correlation_id"), F.lit("fraud-detector").alias("causation_id"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from event_store.account import schemas
 from event_store.account.aggregate import (AGGREGATE_TYPE, DECLINE_REASONS, AccountState, CommandRejected, NewEvent,
                                            decide, decode_state, encode_state, evolve, evolve_fields, quarantined)
-from event_store.account.upcasters import UPCASTERS
+from event_store.account.upcasters import SPARK_UPCASTERS, UPCASTERS
 from event_store.domain import Domain
 
 __all__ = ["DOMAIN", "AGGREGATE_TYPE", "AccountState", "CommandRejected", "NewEvent", "decide", "evolve",
@@ -26,6 +26,11 @@ DOMAIN = Domain(
     events=schemas.EVENTS,
     event_schema_versions=schemas.EVENT_SCHEMA_VERSIONS,
     upcasters=UPCASTERS,
+    spark_upcasters=SPARK_UPCASTERS,
+    # The columns of the event tables as they were created (strings, then integers); append new fields.
+    payload_column_order=("customer_id", "currency", "payment_id", "merchant_id", "location", "reason", "rule",
+                          "evidence", "merchant_country", "record", "resolved_by", "credit_limit_minor",
+                          "amount_minor"),
     encode_state=encode_state,
     decode_state=decode_state,
     quarantined=quarantined,

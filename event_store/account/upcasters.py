@@ -9,7 +9,7 @@ from typing import Any
 from event_store.account.schemas import country_of
 from event_store.domain import Upcaster
 
-__all__ = ["UPCASTERS"]
+__all__ = ["UPCASTERS", "SPARK_UPCASTERS"]
 
 
 def _payment_authorized_1_to_2(payload: dict[str, Any]) -> dict[str, Any]:
@@ -22,4 +22,10 @@ def _payment_authorized_1_to_2(payload: dict[str, Any]) -> dict[str, Any]:
 # (event_type, from_version) -> payload at from_version + 1.
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("PaymentAuthorized", 1): _payment_authorized_1_to_2,
+}
+
+# The same steps as Spark column expressions of the flattened event row (F is pyspark.sql.functions, passed in by
+# spark_apps.events); a test keeps the two in step.
+SPARK_UPCASTERS = {
+    ("PaymentAuthorized", 1): {"merchant_country": lambda F: F.substring_index(F.col("location"), "-", 1)},
 }

@@ -98,3 +98,77 @@ def test_python_and_spark_agree_on_which_records_are_valid_events(spark):
     disagree = [(records[i], checked[i]) for i in python if python[i] != (checked[i] is None)]
     assert not disagree, f"{len(disagree)} of {len(records)} records judged differently, e.g. {disagree[:3]}"
     assert 0.2 < sum(python.values()) / len(records) < 0.8  # both verdicts are well represented
+
+
+def _thermo_domain():
+    """A test-only domain with payload fields accounts do not have, an old schema version and its upcasters (the
+    Python one and its Spark twin): registering it is all the Spark parser needs."""
+    from dataclasses import replace
+
+    from event_store.account import DOMAIN as ACCOUNT
+    from event_store.fields import ID, Field
+
+    read = {"sensor_id": ID, "reading_milli": Field(int, gt=-10**9, le=10**9),
+            "unit": Field(str, choices=frozenset({"C", "F"}), describe="a unit, C or F")}
+    return replace(ACCOUNT, aggregate_type="thermo", commands={}, payload_column_order=(),
+                   events={"ThermoRead": read, "ThermoMoved": {"sensor_id": ID, "location": ID}},
+                   event_schema_versions={"ThermoRead": 2, "ThermoMoved": 1},
+                   upcasters={("ThermoRead", 1): lambda p: {**p, "unit": "C"}},  # v1 readings were all Celsius
+                   spark_upcasters={("ThermoRead", 1): {"unit": lambda F: F.lit("C")}})
+
+
+@pytest.mark.slow
+def test_a_registered_domain_is_parsed_and_checked_with_no_edit_to_spark_apps(spark):
+    from event_store import domains
+    from spark_apps.events import ENVELOPE_COLUMNS, KAFKA_COLUMNS, check_records, event_columns, payload_columns
+
+    def thermo(event_id, payload, event_type="ThermoRead", version=2):
+        return {**_event(version, payload, event_type=event_type, aggregate_type="thermo", aggregate_id="t-1"),
+                "event_id": event_id}
+
+    good = {"sensor_id": "s-1", "reading_milli": -2500, "unit": "F"}
+    with domains.registered(_thermo_domain()):
+        assert payload_columns()[-3:] == ("sensor_id", "reading_milli", "unit")  # location is the account's
+        events = [
+            thermo("t-ok", good),
+            thermo("t-v1", {"sensor_id": "s-1", "reading_milli": 7}, version=1),
+            thermo("t-moved", {"sensor_id": "s-1", "location": "hall"}, event_type="ThermoMoved", version=1),
+            thermo("t-no-reading", {"sensor_id": "s-1", "unit": "C"}),
+            thermo("t-text-reading", {**good, "reading_milli": "12"}),
+            thermo("t-too-cold", {**good, "reading_milli": -10**9}),
+            thermo("t-kelvin", {**good, "unit": "K"}),
+            thermo("t-numeric-id", {**good, "sensor_id": 5}),
+            _event(1, {"payment_id": "p1", "amount_minor": 100, "currency": "USD", "merchant_id": "m",
+                       "location": "GB-LON"}),
+            _event(2, {"payment_id": "p2", "amount_minor": -1, "currency": "USD", "merchant_id": "m",
+                       "location": "GB-LON", "merchant_country": "GB"}),
+        ]
+        records = [json.dumps(e).encode() for e in events]
+        df = spark.createDataFrame([(b"k", r, "events", 0, i) for i, r in enumerate(records)],
+                                   "key binary, value binary, topic string, partition int, offset long")
+        checked = check_records(df).collect()
+        valid, dead = parse_events(df)
+        assert tuple(valid.columns) == event_columns()
+        assert event_columns() == (*ENVELOPE_COLUMNS, *payload_columns(), *KAFKA_COLUMNS)
+        rows = {r["event_id"]: r for r in valid.collect()}
+        reasons = {events[r["kafka_offset"]]["event_id"]: r["reason"] for r in dead.collect()}
+        python = {e["event_id"]: _python_verdict(json.dumps(e)) for e in events}
+    assert "sensor_id" not in payload_columns()
+
+    assert set(rows) == {"t-ok", "t-v1", "t-moved", "e-1-p1"}
+    assert (rows["t-ok"]["sensor_id"], rows["t-ok"]["reading_milli"], rows["t-ok"]["unit"]) == ("s-1", -2500, "F")
+    assert rows["t-ok"]["amount_minor"] is None and rows["t-ok"]["aggregate_type"] == "thermo"
+    assert (rows["t-v1"]["schema_version"], rows["t-v1"]["unit"]) == (2, "C")
+    assert rows["t-moved"]["location"] == "hall" and rows["t-moved"]["unit"] is None
+    assert rows["e-1-p1"]["merchant_country"] == "GB" and rows["e-1-p1"]["sensor_id"] is None
+    assert reasons == {
+        "t-no-reading": "payload is missing required field 'reading_milli'",
+        "t-text-reading": "payload is missing required field 'reading_milli'",
+        "t-too-cold": "payload field 'reading_milli' must be > -1000000000",
+        "t-kelvin": "payload field 'unit' is not a unit, C or F",
+        "t-numeric-id": "field 'sensor_id' must be a JSON string, got a value starting with 5",
+        "e-2-p2": "payload field 'amount_minor' must be > 0",
+    }
+    # The same verdicts as the Python readers (event_store.envelope), which know the domain from the registry too.
+    assert python == {e["event_id"]: e["event_id"] not in reasons for e in events}
+    assert len(checked) == len(events)
