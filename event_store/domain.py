@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Protocol
 
 from event_store.fields import Field
 
-__all__ = ["Domain", "State", "Command", "Event", "NewEvent", "CommandRejected", "Upcaster"]
+__all__ = ["Domain", "State", "Command", "Event", "NewEvent", "CommandRejected", "Upcaster", "decide_quarantine"]
 
 
 class CommandRejected(Exception):
@@ -61,6 +61,26 @@ class Event(Protocol):
 
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def decide_quarantine(aggregate: str, quarantine: tuple[str, str] | None, command: Command, resolve_command: str,
+                      resolved_event: str, refused_as: str, how_to_resolve: Callable[[str], str]) -> list[NewEvent]:
+    """The quarantine rule every domain follows (docs/DESIGN.md, "Quarantine"), for an aggregate (``aggregate``:
+    its kind and id, e.g. "account acc-1") whose ``quarantine`` is (record, why) or None: while quarantined it takes
+    only ``resolve_command`` naming its record, answered by ``resolved_event``; ``resolve_command`` is taken only
+    while quarantined. Any other command is refused as ``refused_as``, its reason ending with ``how_to_resolve``."""
+    p = command.payload
+    if quarantine is None:
+        raise CommandRejected("NotQuarantined", f"{aggregate} is not quarantined; nothing to resolve")
+    record, why = quarantine
+    if command.command_type != resolve_command:
+        raise CommandRejected(
+            refused_as, f"{aggregate} is quarantined: the events topic holds a record of it that cannot be read "
+                        f"({record}: {why}); it takes no command until {how_to_resolve(record)}")
+    if p["record"] != record:
+        raise CommandRejected("QuarantineRecordMismatch", f"{aggregate} is quarantined by record {record}, not {p['record']}")
+    return [NewEvent(resolved_event, {"record": record, "reason": p["reason"], "resolved_by": p["resolved_by"],
+                                      "evidence": why}, command.issued_at)]
 
 
 class _Fields(NamedTuple):

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from pyrsistent import PSet, pset
 
 from event_store.account.schemas import country_of
-from event_store.domain import Command, CommandRejected, Event, NewEvent
+from event_store.domain import Command, CommandRejected, Event, NewEvent, decide_quarantine
 
 __all__ = ["AccountState", "NewEvent", "CommandRejected", "decide", "evolve", "evolve_fields", "quarantined",
            "encode_state", "decode_state", "DECLINE_REASONS", "AGGREGATE_TYPE"]
@@ -99,23 +99,10 @@ def decide(state: AccountState, command: Command) -> list[NewEvent]:
 
 
 def _decide_quarantine(state: AccountState, command: Command) -> list[NewEvent]:
-    """A quarantined account takes only the ResolveQuarantine that names its record, and ResolveQuarantine is
-    taken only by a quarantined account."""
-    kind, p = command.command_type, command.payload
-    if state.quarantine is None:
-        raise CommandRejected("NotQuarantined", f"account {state.account_id} is not quarantined; nothing to resolve")
-    record, why = state.quarantine
-    if kind != "ResolveQuarantine":
-        raise CommandRejected(
-            "AccountQuarantined",
-            f"account {state.account_id} is quarantined: the events topic holds a record of it that cannot be "
-            f"read ({record}: {why}); it takes no command until an operator resolves it: "
-            f"eventlake resolve-quarantine {state.account_id} --record {record} --reason '...'")
-    if p["record"] != record:
-        raise CommandRejected("QuarantineRecordMismatch",
-                              f"account {state.account_id} is quarantined by record {record}, not {p['record']}")
-    return [NewEvent("QuarantineResolved", {"record": record, "reason": p["reason"],
-                                            "resolved_by": p["resolved_by"], "evidence": why}, command.issued_at)]
+    return decide_quarantine(f"account {state.account_id}", state.quarantine, command, "ResolveQuarantine",
+                             "QuarantineResolved", "AccountQuarantined",
+                             lambda record: f"an operator resolves it: eventlake resolve-quarantine "
+                                            f"{state.account_id} --record {record} --reason '...'")
 
 
 def quarantined(state: AccountState, record: str, reason: str) -> AccountState:

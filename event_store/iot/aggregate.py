@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from event_store.domain import Command, CommandRejected, Event, NewEvent
+from event_store.domain import Command, CommandRejected, Event, NewEvent, decide_quarantine
 
 __all__ = ["DeviceState", "NewEvent", "CommandRejected", "decide", "evolve", "evolve_fields", "quarantined",
            "encode_state", "decode_state", "AGGREGATE_TYPE", "STATUSES"]
@@ -95,24 +95,10 @@ def decide(state: DeviceState, command: Command) -> list[NewEvent]:
 
 
 def _decide_quarantine(state: DeviceState, command: Command) -> list[NewEvent]:
-    """A quarantined device takes only the ResolveDeviceQuarantine that names its record, and that command is
-    taken only by a quarantined device."""
-    kind, p = command.command_type, command.payload
-    if state.quarantine is None:
-        raise CommandRejected("NotQuarantined", f"device {state.device_id} is not quarantined; nothing to resolve")
-    record, why = state.quarantine
-    if kind != "ResolveDeviceQuarantine":
-        raise CommandRejected(
-            "DeviceQuarantined",
-            f"device {state.device_id} is quarantined: the events topic holds a record of it that cannot be read "
-            f"({record}: {why}); it takes no command until an operator sends ResolveDeviceQuarantine with "
-            f"record {record!r} (eventlake submit)")
-    if p["record"] != record:
-        raise CommandRejected("QuarantineRecordMismatch",
-                              f"device {state.device_id} is quarantined by record {record}, not {p['record']}")
-    return [NewEvent("DeviceQuarantineResolved", {"record": record, "reason": p["reason"],
-                                                  "resolved_by": p["resolved_by"], "evidence": why},
-                     command.issued_at)]
+    return decide_quarantine(f"device {state.device_id}", state.quarantine, command, "ResolveDeviceQuarantine",
+                             "DeviceQuarantineResolved", "DeviceQuarantined",
+                             lambda record: f"an operator sends ResolveDeviceQuarantine with record {record!r} "
+                                            f"(eventlake submit)")
 
 
 def quarantined(state: DeviceState, record: str, reason: str) -> DeviceState:
