@@ -111,6 +111,9 @@ class Domain:
     # The state once a record of it ("topic/partition/offset") turned out unreadable: it must then refuse
     # commands until an operator resolves it (docs/DESIGN.md, "Quarantine").
     quarantined: Callable[[Any, str, str], Any]
+    # The event that records an operator's resolution of a quarantine; its payload's ``record`` names the
+    # unreadable record resolved (what ``eventlake status`` lists as no longer quarantining its aggregate).
+    quarantine_resolved_event: str = ""
     # (event type, from version) -> payload at from version + 1.
     upcasters: Mapping[tuple[str, int], Upcaster] = field(default_factory=dict)
     # ``evolve`` from an event's type, payload and (if not None) version, without an envelope: the handler's hot

@@ -269,8 +269,9 @@ class Quarantined(NamedTuple):
 def quarantined_accounts(settings: Settings) -> list[Quarantined]:
     """Accounts with an events record that cannot be read and is not resolved yet, as the read side sees them:
     the event dead letters (version conflicts aside: the first event at a version counts, nothing stops) minus
-    the records a QuarantineResolved in the archive names. The command handler applies the same rule, so these
+    the records a domain's quarantine_resolved_event (the account's QuarantineResolved) in the archive names. The command handler applies the same rule, so these
     are the accounts whose commands it rejects (AccountQuarantined)."""
+    from event_store.domains import DOMAINS
     from eventlake.tables import TableNotFound, read_table
     from spark_apps.projection import ARCHIVE_TABLE, DEAD_LETTER_TABLE
     from spark_apps.sequence import VERSION_CONFLICT
@@ -281,7 +282,8 @@ def quarantined_accounts(settings: Settings) -> list[Quarantined]:
         return []
     resolved: set[str] = set()
     try:
-        archive = read_table(settings.table_path(ARCHIVE_TABLE), filters=[("event_type", "=", "QuarantineResolved")],
+        resolving = sorted({d.quarantine_resolved_event for d in DOMAINS.values() if d.quarantine_resolved_event})
+        archive = read_table(settings.table_path(ARCHIVE_TABLE), filters=[("event_type", "in", resolving)],
                              columns=["record"])
         resolved = {r for r in archive.column("record").to_pylist() if r}
     except Exception:  # noqa: BLE001 -- no archive yet, or one written before the column existed: none resolved

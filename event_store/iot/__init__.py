@@ -27,4 +27,5 @@ DOMAIN = Domain(
     encode_state=encode_state,
     decode_state=decode_state,
     quarantined=quarantined,
+    quarantine_resolved_event="DeviceQuarantineResolved",
 )
