@@ -20,7 +20,8 @@ REPO_PACKAGES = {"eventlake", "read_models", "spark_apps", "dags", "expectations
 # The pure core: no Kafka, no Spark, no Delta, no Airflow.
 PURE = {"errors", "fields", "domain", "domains", "schemas", "upcasting", "envelope", "decider", "snapshots",
         "account", "account.aggregate", "account.schemas", "account.upcasters", "account.fraud_rules",
-        "iot", "iot.aggregate", "iot.schemas", "iot.telemetry_rules"}
+        "iot", "iot.aggregate", "iot.schemas", "iot.telemetry_rules",
+        "site", "site.aggregate", "site.schemas"}
 # The one framework module that may import domain packages.
 REGISTRY = f"{PACKAGE}.domains"
 IO_PACKAGES = {"kafka", "confluent_kafka", "pyspark", "delta", "deltalake", "airflow"}
