@@ -293,3 +293,19 @@ def test_any_command_sequence_folds_from_its_events_to_the_deciders_state_and_th
         if c.command_type == "RecordPageView" and not r.accepted:
             assert r.error_type in ("SiteNotFound", "SiteNotActive")
     assert site.DOMAIN.decode_state(json.loads(json.dumps(site.DOMAIN.encode_state(state)))) == state
+
+
+def test_the_spark_side_carries_the_sites_payload_fields_next_to_the_other_domains():
+    """Registered after the device domain, the site adds its own columns after the others' to the event rows, and
+    no field name is refused (one kind per name across domains; none named like a column of the rows)."""
+    from event_store import iot
+    from spark_apps.events import payload_columns
+
+    domains.unregister("site")  # registered by the fixture: registered again below, after the device
+    try:
+        with domains.registered(iot.DOMAIN):
+            before = payload_columns()
+            with domains.registered(site.DOMAIN):
+                assert payload_columns() == (*before, "site_name", "host", "view_id", "page", "visitor_id")
+    finally:
+        domains.register(site.DOMAIN)
