@@ -41,7 +41,7 @@ def anomaly(device: str, version: int, rule: str, at: str, reading_id: str | Non
                  {"rule": rule, "reading_id": reading_id, "evidence": f"{rule} at {at}"})
 
 
-def archive_table(events: list[EventEnvelope]):
+def archive_table(events: list[EventEnvelope], domains_events: tuple = (ACCOUNT_EVENTS, IOT_EVENTS)):
     """``events`` as rows of ``event_archive``: the envelope's columns (times as UTC timestamps), every payload
     field of every event type flattened into a column of its name, and the Kafka position (log order)."""
     import pyarrow as pa
@@ -49,7 +49,7 @@ def archive_table(events: list[EventEnvelope]):
     from event_store.envelope import parse_time
 
     payload = {}
-    for schemas in (ACCOUNT_EVENTS, IOT_EVENTS):
+    for schemas in domains_events:  # each domain's event schemas, in its registration order
         for fields in schemas.values():
             for name, spec in fields.items():
                 payload[name] = pa.int64() if spec.kind is int else pa.string()

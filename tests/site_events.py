@@ -10,6 +10,7 @@ from event_store.account.schemas import EVENTS as ACCOUNT_EVENTS
 from event_store.envelope import EventEnvelope
 from event_store.iot.schemas import EVENTS as IOT_EVENTS
 from event_store.site.schemas import EVENTS as SITE_EVENTS
+from tests.iot_events import archive_table as iot_archive_table
 
 DAY = "2026-03-01T"
 
@@ -36,31 +37,6 @@ def viewed(site_id: str, version: int, view_id: str, page: str, visitor: str, at
 
 
 def archive_table(events: list[EventEnvelope]):
-    """``events`` as rows of ``event_archive``: the envelope's columns (times as UTC timestamps), every payload
-    field of every domain's event types flattened into a column of its name, and the Kafka position (log order)."""
-    import pyarrow as pa
-
-    from event_store.envelope import parse_time
-
-    payload = {}
-    for schemas in (ACCOUNT_EVENTS, IOT_EVENTS, SITE_EVENTS):
-        for fields in schemas.values():
-            for name, spec in fields.items():
-                payload[name] = pa.int64() if spec.kind is int else pa.string()
-    ts = pa.timestamp("us", tz="UTC")
-    columns = [("event_id", pa.string()), ("event_type", pa.string()), ("schema_version", pa.int32()),
-               ("aggregate_type", pa.string()), ("aggregate_id", pa.string()), ("aggregate_version", pa.int64()),
-               ("occurred_at", ts), ("recorded_at", ts), ("command_id", pa.string()), ("correlation_id", pa.string()),
-               ("causation_id", pa.string()), *payload.items(), ("kafka_topic", pa.string()),
-               ("kafka_partition", pa.int32()), ("kafka_offset", pa.int64())]
-    rows = []
-    for offset, e in enumerate(events):
-        row = {name: getattr(e, name) for name in ("event_id", "event_type", "schema_version", "aggregate_type",
-                                                    "aggregate_id", "aggregate_version", "command_id",
-                                                    "correlation_id", "causation_id")}
-        row.update(occurred_at=parse_time(e.occurred_at, "occurred_at"),
-                   recorded_at=parse_time(e.recorded_at, "recorded_at"),
-                   kafka_topic="eventlake.events", kafka_partition=0, kafka_offset=offset)
-        row.update({name: e.payload.get(name) for name in payload})
-        rows.append(row)
-    return pa.Table.from_pylist(rows, schema=pa.schema(columns))
+    """``events`` as rows of ``event_archive`` with the account's, the device's and the site's payload columns
+    (``tests.iot_events.archive_table``)."""
+    return iot_archive_table(events, (ACCOUNT_EVENTS, IOT_EVENTS, SITE_EVENTS))
