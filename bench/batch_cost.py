@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.projection import generated_events, publish  # noqa: E402
-from eventlake.settings import Settings  # noqa: E402
+from lakehouse.settings import Settings  # noqa: E402
 
 
 def project(spark, settings: Settings):

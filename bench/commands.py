@@ -11,10 +11,18 @@ from its first committed result to its last, without the client competing for th
 counted with librdkafka, so the counting costs the handler little CPU.
 
     .venv/bin/python bench/commands.py [--commands 100000] [--accounts 2000] [--instances 1 2] [--repeat 1]
-                                       [--no-raw] [--no-drain]
+                                       [--no-raw] [--no-drain] [--domain accounts|iot|site|mixed|all ...]
+                                       [--devices 200] [--sites 30]
 
 With ``--repeat N`` each end-to-end run is made N times (fresh topics each time) and the median and range are
 printed too: on a shared 2-core host single runs vary by ±20%.
+
+``--domain`` picks the commands (``bench/workloads.py``): the card accounts (the default), the IoT devices
+(``--devices`` of them, over as many minutes of event time as make about N commands), the sites' page views
+(``--sites``: one aggregate per site, so each site's views go through one partition) or the three interleaved
+(``mixed``). With several domains (``all`` is the four) every run is made for each domain in turn, on fresh
+topics and with the same handler count, and the figures are printed side by side with each domain's ratio to
+the accounts' commands/s.
 """
 from __future__ import annotations
 
@@ -30,8 +38,10 @@ from pathlib import Path
 from event_store import kafka_log
 from event_store.client import EventStore
 from event_store.envelope import CommandEnvelope
-from eventlake.generator import GeneratorConfig, generate_commands
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.workloads import DOMAINS, Workload, workload  # noqa: E402
 
 EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
 
@@ -119,7 +129,8 @@ def drain(settings: Settings, records: list[tuple[str, bytes]], log_dir: Path) -
             handler.terminate()
             handler.wait(60)
             consumer.close()
-    return {"commands": seen, "rate": (seen - first_n) / seconds}
+    # The rate counts what came after the first poll's results; when they all came with it there is no rate.
+    return {"commands": seen, "rate": (seen - first_n) / seconds if seen > first_n else None}
 
 
 def end_to_end(settings: Settings, records: list[tuple[str, bytes]], instances: int, log_dir: Path) -> dict:
@@ -153,48 +164,99 @@ def end_to_end(settings: Settings, records: list[tuple[str, bytes]], instances: 
     return {"commands": seen, "seconds": seconds, "send_seconds": sent, "rate": seen / seconds}
 
 
+def domains_of(names: list[str]) -> list[str]:
+    """The domains asked for, in ``DOMAINS`` order, ``all`` being every one."""
+    wanted = set(DOMAINS) if "all" in names else set(names)
+    return [d for d in DOMAINS if d in wanted]
+
+
+def side_by_side(label: str, rates: dict[str, list[float]]) -> str:
+    """One line: each domain's median commands/s and its ratio to the accounts' (when measured)."""
+    medians = {d: statistics.median(r) for d, r in rates.items() if r}
+    base = medians.get("accounts")
+    parts = [f"{d} {m:,.0f}" + (f" ({m / base:.2f}x accounts)" if base and d != "accounts" else "")
+             for d, m in medians.items()]
+    return f"side by side, {label}: " + " | ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--commands", type=int, default=100_000)
     parser.add_argument("--accounts", type=int, default=2000)
+    parser.add_argument("--domain", nargs="+", choices=[*DOMAINS, "all"], default=["accounts"],
+                        help="whose commands (all: the four, side by side)")
+    parser.add_argument("--devices", type=int, default=200, help="devices of the iot commands")
+    parser.add_argument("--sites", type=int, default=30, help="sites of the site commands (one aggregate each)")
     parser.add_argument("--instances", type=int, nargs="*", default=[1, 2],
                         help="handler counts for the end-to-end runs (none: skip them)")
     parser.add_argument("--repeat", type=int, default=1, help="end-to-end runs per handler count (median, range)")
     parser.add_argument("--no-raw", action="store_true", help="skip the raw produce ceilings")
     parser.add_argument("--no-drain", action="store_true", help="skip the drain run")
     args = parser.parse_args(argv)
+    domains = domains_of(args.domain)
+    several = len(domains) > 1
     settings = Settings.load()
     if settings.uses_local_kafka:
         from infra import kafka
         kafka.up(settings, log=lambda *_: None)
-    records = list(generate_commands(GeneratorConfig(accounts=args.accounts, commands=args.commands,
-                                                     run_id=uuid.uuid4().hex[:6])))
-    size = sum(len(v) for _, v in records) / len(records)
-    print(f"bench: {len(records)} commands for {args.accounts} accounts (mean {size:.0f} bytes), "
-          f"{settings.topic_partitions} partitions, broker {settings.bootstrap_servers}, {os.cpu_count()} CPUs")
+    run_id = uuid.uuid4().hex[:6]
+    loads: dict[str, Workload] = {d: workload(d, args.commands, accounts=args.accounts, devices=args.devices,
+                                              sites=args.sites, run_id=run_id) for d in domains}
+
+    def say(domain: str, text: str, **kwargs) -> None:
+        print(f"{domain}: {text}" if several else text, **kwargs)
+
+    machine = (f"{settings.topic_partitions} partitions, broker {settings.bootstrap_servers}, "
+               f"{os.cpu_count()} CPUs")
+    if several:
+        print(f"bench: {', '.join(domains)} on fresh topics each, {machine}")
+    for d, load in loads.items():
+        what = f"{len(load.records)} commands for {load.description} (mean {load.mean_bytes:.0f} bytes)"
+        say(d, what if several else f"bench: {what}, {machine}")
     if not args.no_raw:
-        raw = raw_produce_rate(fresh(settings, "raw"), records)
-        print(f"raw kafka-python produce: {raw:,.0f} records/s -> at most {raw / 2:,.0f} commands/s "
-              f"for a handler writing an event and a result per command with kafka-python")
-        raw_ck = raw_produce_rate_confluent(fresh(settings, "rawck"), records)
-        print(f"raw confluent-kafka produce (the handler's producer): {raw_ck:,.0f} records/s -> at most "
-              f"{raw_ck / 2:,.0f} commands/s")
+        for d, load in loads.items():
+            raw = raw_produce_rate(fresh(settings, "raw"), load.records)
+            say(d, f"raw kafka-python produce: {raw:,.0f} records/s -> at most {raw / 2:,.0f} commands/s "
+                   f"for a handler writing an event and a result per command with kafka-python")
+            raw_ck = raw_produce_rate_confluent(fresh(settings, "rawck"), load.records)
+            say(d, f"raw confluent-kafka produce (the handler's producer): {raw_ck:,.0f} records/s -> at most "
+                   f"{raw_ck / 2:,.0f} commands/s")
     log_dir = settings.home / "bench"
     log_dir.mkdir(parents=True, exist_ok=True)
+    summary: list[str] = []
     for n in args.instances:
-        rates = []
-        for _ in range(max(args.repeat, 1)):
-            r = end_to_end(fresh(settings, f"x{n}"), records, n, log_dir)
-            rates.append(r["rate"])
-            print(f"{n} handler instance(s): {r['commands']:,} commands accepted and committed in {r['seconds']:.1f}s "
-                  f"= {r['rate']:,.0f} commands/s end to end (sending took {r['send_seconds']:.1f}s)", flush=True)
-        if len(rates) > 1:
-            print(f"{n} handler instance(s), {len(rates)} runs: median {statistics.median(rates):,.0f} commands/s "
-                  f"(range {min(rates):,.0f}-{max(rates):,.0f})", flush=True)
+        rates: dict[str, list[float]] = {d: [] for d in domains}
+        # Each repeat runs every domain in turn, so that the domains' runs share the host's load alike, and
+        # starts one domain further on, so that no domain always runs first.
+        for i in range(max(args.repeat, 1)):
+            for d in domains[i % len(domains):] + domains[:i % len(domains)]:
+                r = end_to_end(fresh(settings, f"x{n}"), loads[d].records, n, log_dir)
+                rates[d].append(r["rate"])
+                say(d, f"{n} handler instance(s): {r['commands']:,} commands accepted and committed in "
+                       f"{r['seconds']:.1f}s = {r['rate']:,.0f} commands/s end to end (sending took "
+                       f"{r['send_seconds']:.1f}s)", flush=True)
+        if args.repeat > 1:
+            for d in domains:
+                say(d, f"{n} handler instance(s), {len(rates[d])} runs: median {statistics.median(rates[d]):,.0f} "
+                       f"commands/s (range {min(rates[d]):,.0f}-{max(rates[d]):,.0f})", flush=True)
+        summary.append(side_by_side(f"{n} handler instance(s), commands/s end to end"
+                                    + (f" (median of {args.repeat} runs)" if args.repeat > 1 else ""), rates))
     if not args.no_drain:
-        r = drain(fresh(settings, "drain"), records, log_dir)
-        print(f"drain, 1 handler alone: {r['commands']:,} commands at {r['rate']:,.0f} commands/s "
-              f"(first to last committed result)")
+        drained: dict[str, list[float]] = {}
+        for d, load in loads.items():
+            r = drain(fresh(settings, "drain"), load.records, log_dir)
+            if r["rate"] is None:
+                drained[d] = []
+                say(d, f"drain, 1 handler alone: {r['commands']:,} commands, all committed with the first ones "
+                       f"read: no rate (use more commands than EVENTLAKE_HANDLER_MAX_BATCH)")
+                continue
+            drained[d] = [r["rate"]]
+            say(d, f"drain, 1 handler alone: {r['commands']:,} commands at {r['rate']:,.0f} commands/s "
+                   f"(first to last committed result)")
+        summary.append(side_by_side("drain, 1 handler alone, commands/s", drained))
+    if several:
+        for line in summary:
+            print(line)
     print(f"handler logs: {log_dir}")
     return 0
 

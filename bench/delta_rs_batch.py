@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.plain_consumer import _fold, _schemas
 from bench.projection import generated_events
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 APP_ID = "bench-delta-rs-projection"
 
@@ -44,7 +44,7 @@ def apply_batch(summary_path: Path, payments_path: Path, number: int, raw: list[
     import pyarrow as pa
     from deltalake import CommitProperties, DeltaTable, Transaction
 
-    from read_models.account_summary import MERGE_INSERT, MERGE_UPDATE
+    from read_models.account.account_summary import MERGE_INSERT, MERGE_UPDATE
 
     summary_schema, payments_schema = _schemas()
     source_schema = pa.schema([f for f in summary_schema if f.name != "available_minor"]
@@ -86,7 +86,7 @@ def oracle_agrees(summary_path: Path, payments_path: Path, values: list[bytes]) 
     from deltalake import DeltaTable
 
     from event_store.envelope import EventEnvelope
-    from read_models import ACCOUNT_SUMMARY, PAYMENTS
+    from read_models.account import ACCOUNT_SUMMARY, PAYMENTS
 
     events = [EventEnvelope.from_json(value) for value in values]
     out = {}

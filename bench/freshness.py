@@ -46,7 +46,7 @@ from pathlib import Path
 from event_store.client import EventStore
 from event_store.envelope import CommandEnvelope, format_time
 from eventlake.generator import GeneratorConfig, generate_commands
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = {"handler": ["handler"], "projection": ["project"], "fraud-detector": ["detect-fraud"],

@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.projection import generated_events  # noqa: E402
-from eventlake.settings import Settings  # noqa: E402
+from lakehouse.settings import Settings  # noqa: E402
 
 
 def main() -> int:

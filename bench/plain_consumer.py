@@ -28,8 +28,8 @@ def _time(text: str | None) -> dt.datetime | None:
 
 def _schemas():
     """The pyarrow schemas of ``account_summary`` and ``payments``, from the read models' own definitions."""
-    from eventlake.archive_fold import arrow_schema
-    from read_models import ACCOUNT_SUMMARY, PAYMENTS
+    from read_models.account import ACCOUNT_SUMMARY, PAYMENTS
+    from spark_apps.archive_fold import arrow_schema
 
     return arrow_schema(ACCOUNT_SUMMARY.schema()), arrow_schema(PAYMENTS.schema())
 
@@ -82,7 +82,7 @@ def consume(bootstrap: str, topic: str, home: Path, batch: int) -> dict:
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
-    from read_models.account_summary import MERGE_INSERT, MERGE_UPDATE
+    from read_models.account.account_summary import MERGE_INSERT, MERGE_UPDATE
 
     summary_schema, payments_schema = _schemas()
     summary_path, payments_path = home / "account_summary", home / "payments"

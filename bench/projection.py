@@ -15,8 +15,17 @@ The projection's events/s is printed as ratios to the other three.
 ``--limits`` also times the Kafka source alone (into Spark's ``noop`` sink) and the envelope parsing and checks
 (``spark_apps.events.check_records``) into ``noop``.
 
+``--domain iot`` makes the events of generated IoT commands instead (``--devices`` devices, about N events;
+``bench/workloads.py``) and projects the device domain's three read models; ``--domain mixed`` the events of
+accounts, devices and sites interleaved, projected into ``account_summary`` + ``payments`` and the device and
+site models. The archive append and the unparsed copy are measured on each domain's own topic as for accounts;
+the plain consumer folds accounts only, so it runs for ``accounts`` alone. With several domains (``all``: the
+three) each is measured in turn in one run (one Spark session, a warm-up of each) and the projection's events/s
+are printed side by side, with each domain's ratio to the accounts' and to its own unparsed copy.
+
     .venv/bin/python bench/projection.py [--events 1000000] [--accounts 20000] [--max-offsets 1000000]
                                          [--warmup 100000] [--plain-batch N] [--limits] [--json FILE]
+                                         [--domain accounts|iot|mixed|all ...] [--devices 2000]
 """
 from __future__ import annotations
 
@@ -28,15 +37,22 @@ import sys
 import threading
 import time
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 from event_store import kafka_log
 from event_store.account import AccountState
 from event_store.decider import execute
 from event_store.envelope import CommandEnvelope
-from event_store.errors import InvalidRecord
 from eventlake.generator import GeneratorConfig, generate_commands
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.workloads import decided, workload  # noqa: E402
+
+DOMAINS = ("accounts", "iot", "mixed")
+# The event time the generated device and site streams end at: fixed, so the cached events are the same each run.
+_DOMAIN_EVENTS_END = datetime(2026, 2, 1, tzinfo=timezone.utc)
 
 
 def generated_events(n: int, accounts: int, cache: Path) -> list[tuple[bytes, bytes]]:
@@ -58,6 +74,36 @@ def generated_events(n: int, accounts: int, cache: Path) -> list[tuple[bytes, by
     cache.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"\n".join(k + b"\t" + v for k, v in out))
     return out
+
+
+def domain_events(domain: str, n: int, accounts: int, devices: int, cache: Path) -> list[tuple[bytes, bytes]]:
+    """(key, value) of about ``n`` events of ``domain`` (``generated_events`` for accounts), made once by the
+    pure command handler core from generated commands and cached; rejected commands make none."""
+    if domain == "accounts":
+        return generated_events(n, accounts, cache)
+    path = cache / f"events-{domain}-{n}-{accounts}-{devices}.tsv"
+    if path.exists():
+        return [tuple(line.split(b"\t", 1)) for line in path.read_bytes().splitlines()]
+    print(f"generating {n:,} {domain} events (once; cached in {path}) ...", flush=True)
+    commands = workload(domain, int(n * 1.02), accounts=accounts, devices=devices, run_id="bench", seed=1,
+                        late_rate=0.0, now=_DOMAIN_EVENTS_END)
+    out = decided(commands.records)[0][:n]
+    cache.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\n".join(k + b"\t" + v for k, v in out))
+    return out
+
+
+def domain_models(domain: str) -> list:
+    """The read models the projection folds for ``domain``'s events."""
+    import read_models
+    from read_models.account import ACCOUNT_SUMMARY, PAYMENTS
+
+    accounts = [ACCOUNT_SUMMARY, PAYMENTS]
+    if domain == "accounts":
+        return accounts
+    if domain == "iot":
+        return list(read_models.iot.MODELS.values())
+    return accounts + list(read_models.iot.MODELS.values()) + list(read_models.site.MODELS.values())
 
 
 def publish(settings: Settings, records) -> float:
@@ -177,10 +223,90 @@ def plain_agrees(settings: Settings) -> dict[str, bool]:
     return out
 
 
+def measure(spark, base: Settings, domain: str, records, models: list, args, say) -> dict:
+    """One domain's figures on a topic of its own: the archive append, the projection, the plain consumer (accounts
+    only) and the unparsed copy, after a warm-up on another topic."""
+    from spark_apps.projection import Projection
+
+    run = uuid.uuid4().hex[:8]
+    home = base.home / "bench" / run
+    settings = base.replace(topic_prefix=f"bench-projection-{run}.", home=home)
+    produce_rate = publish(settings, records)
+    say(f"published {len(records):,} events to {settings.events_topic}: {produce_rate:,.0f} events/s", flush=True)
+    if args.warmup:
+        # The JVM's first batches run slower (class loading, JIT): warm up on a topic of its own, so that
+        # neither measured run pays for it.
+        warm = settings.replace(topic_prefix=settings.topic_prefix + "warmup.", home=home / "warmup")
+        publish(warm, records[:args.warmup])
+        raw_append(spark, warm, args.max_offsets)
+        Projection(spark, warm, models, log=lambda *_: None).run_until_caught_up(
+            max_offsets_per_trigger=args.max_offsets)
+        say(f"warmed up on {args.warmup:,} events", flush=True)
+    raw = raw_append(spark, settings, args.max_offsets)
+    ceiling = raw.input_rows / raw.seconds
+    say(f"archive append (no dedup; the event_archive query): {raw.input_rows:,} events in "
+        f"{raw.seconds:.1f}s = {ceiling:,.0f} events/s ({raw.batches} batches)", flush=True)
+    projection = Projection(spark, settings, models, log=lambda *_: None)
+    with PeakRss() as rss:
+        result = projection.run_until_caught_up(max_offsets_per_trigger=args.max_offsets)
+    rate = result.input_rows / result.seconds
+    say(f"projection {' + '.join(m.name for m in models)}: {result.input_rows:,} events in {result.seconds:.1f}s = "
+        f"{rate:,.0f} events/s ({result.batches} batches); driver peak RSS: JVM {rss.jvm_mib:,.0f} MiB, "
+        f"Python {rss.python_mib:,.0f} MiB", flush=True)
+    plain = None
+    if domain == "accounts":
+        plain = plain_consumer(settings, args.plain_batch or args.max_offsets)
+        plain_rate = plain["events"] / plain["seconds"]
+        say(f"plain Python consumer (confluent-kafka, json, delta-rs MERGE, no exactly-once bookkeeping): "
+            f"{plain['events']:,} events in {plain['seconds']:.1f}s = {plain_rate:,.0f} events/s "
+            f"({plain['batches']} batches); peak RSS {plain['peak_rss_mib']:,.0f} MiB; rows {plain['rows']}",
+            flush=True)
+        plain["agrees"] = plain_agrees(settings)
+        say(f"plain consumer's tables hold the projection's rows: {plain['agrees']}")
+        say("plain consumer time by step (s): " + ", ".join(f"{k} {v:.1f}" for k, v in plain["steps"].items()))
+    else:
+        say("plain Python consumer: not run (bench/plain_consumer.py folds account events only)")
+    copied, copy_seconds = unparsed_copy(spark, settings, args.max_offsets)
+    copy_rate = copied / copy_seconds
+    say(f"Kafka records appended to Delta unparsed: {copied:,} events in {copy_seconds:.1f}s = "
+        f"{copy_rate:,.0f} events/s", flush=True)
+    to_plain = f"to the plain consumer {rate / plain_rate:.2f} (aim >= 1.5), " if plain else ""
+    say(f"projection's events/s as a ratio: {to_plain}to the unparsed copy {rate / copy_rate:.2f} (aim >= 0.5), "
+        f"to the archive append {rate / ceiling:.2f}")
+    say("per batch (ms) archive append: " + ", ".join(str(ms) for ms in raw.batch_ms))
+    say("per batch (ms) projection:     " + ", ".join(str(ms) for ms in result.batch_ms))
+    say("projection time by step (s): " + ", ".join(f"{k} {v:.1f}" for k, v in result.step_seconds.items()))
+    limits = source_limits(spark, settings, args.max_offsets) if args.limits else {}
+    for name, limit in limits.items():
+        say(f"limit: {name}: {limit:,.0f} events/s")
+    figures = {
+        "domain": domain, "events": len(records), "max_offsets": args.max_offsets,
+        "models": [m.name for m in models],
+        "archive": {"events": raw.input_rows, "seconds": raw.seconds, "batches": raw.batches},
+        "projection": {"events": result.input_rows, "seconds": result.seconds, "batches": result.batches,
+                       "steps": result.step_seconds, "jvm_peak_rss_mib": rss.jvm_mib,
+                       "python_peak_rss_mib": rss.python_mib},
+        "plain": plain, "copy": {"events": copied, "seconds": copy_seconds}, "limits": limits}
+    from delta.tables import DeltaTable
+
+    from read_models.catalog import Catalog
+
+    catalog = Catalog(settings)
+    for model in models:
+        last = DeltaTable.forPath(spark, str(catalog.current(model.name).table)).history(1).collect()[0]
+        metrics = {k: v for k, v in (last["operationMetrics"] or {}).items() if k.endswith("TimeMs")}
+        say(f"last {last['operation']} into {model.name} (ms): {metrics}")
+    shutil.rmtree(home, ignore_errors=True)
+    return figures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--accounts", type=int, default=20_000)
+    parser.add_argument("--domain", nargs="+", choices=[*DOMAINS, "all"], default=["accounts"],
+                        help="whose events (all: the three, side by side)")
+    parser.add_argument("--devices", type=int, default=2000, help="devices of the iot (a third: mixed) events")
     parser.add_argument("--max-offsets", type=int, default=1_000_000, help="maxOffsetsPerTrigger of both runs")
     parser.add_argument("--warmup", type=int, default=100_000, help="events of an unmeasured warm-up run of both")
     parser.add_argument("--plain-batch", type=int, default=None,
@@ -189,80 +315,38 @@ def main() -> int:
                         help="also time the Kafka source alone and the parsing alone")
     parser.add_argument("--json", type=Path, help="also write the figures to this file (bench/report.py reads it)")
     args = parser.parse_args()
+    domains = [d for d in DOMAINS if d in args.domain or "all" in args.domain]
+    several = len(domains) > 1
 
     base = Settings.load()
     if base.uses_local_kafka:
         from infra import kafka
         kafka.up(base)
-    run = uuid.uuid4().hex[:8]
-    home = base.home / "bench" / run
-    settings = base.replace(topic_prefix=f"bench-projection-{run}.", home=home)
-    records = generated_events(args.events, args.accounts, base.cache_dir / "bench")
-    produce_rate = publish(settings, records)
-    print(f"published {len(records):,} events to {settings.events_topic}: {produce_rate:,.0f} events/s",
-          flush=True)
+    events = {d: domain_events(d, args.events, args.accounts, args.devices, base.cache_dir / "bench")
+              for d in domains}
 
-    from read_models import ACCOUNT_SUMMARY, PAYMENTS
-    from spark_apps.projection import Projection
     from spark_apps.session import build_session
 
-    spark = build_session(settings, app_name="eventlake-bench-projection")
-    if args.warmup:
-        # The JVM's first batches run slower (class loading, JIT): warm up on a topic of its own, so that
-        # neither measured run pays for it.
-        warm = settings.replace(topic_prefix=settings.topic_prefix + "warmup.", home=home / "warmup")
-        publish(warm, records[:args.warmup])
-        raw_append(spark, warm, args.max_offsets)
-        Projection(spark, warm, [ACCOUNT_SUMMARY, PAYMENTS], log=lambda *_: None).run_until_caught_up(
-            max_offsets_per_trigger=args.max_offsets)
-        print(f"warmed up on {args.warmup:,} events", flush=True)
-    raw = raw_append(spark, settings, args.max_offsets)
-    ceiling = raw.input_rows / raw.seconds
-    print(f"archive append (no dedup; the event_archive query): {raw.input_rows:,} events in "
-          f"{raw.seconds:.1f}s = {ceiling:,.0f} events/s ({raw.batches} batches)", flush=True)
-    projection = Projection(spark, settings, [ACCOUNT_SUMMARY, PAYMENTS], log=lambda *_: None)
-    with PeakRss() as rss:
-        result = projection.run_until_caught_up(max_offsets_per_trigger=args.max_offsets)
-    rate = result.input_rows / result.seconds
-    print(f"projection account_summary + payments: {result.input_rows:,} events in {result.seconds:.1f}s = "
-          f"{rate:,.0f} events/s ({result.batches} batches); driver peak RSS: JVM {rss.jvm_mib:,.0f} MiB, "
-          f"Python {rss.python_mib:,.0f} MiB", flush=True)
-    plain = plain_consumer(settings, args.plain_batch or args.max_offsets)
-    plain_rate = plain["events"] / plain["seconds"]
-    print(f"plain Python consumer (confluent-kafka, json, delta-rs MERGE, no exactly-once bookkeeping): "
-          f"{plain['events']:,} events in {plain['seconds']:.1f}s = {plain_rate:,.0f} events/s "
-          f"({plain['batches']} batches); peak RSS {plain['peak_rss_mib']:,.0f} MiB; rows {plain['rows']}",
-          flush=True)
-    plain["agrees"] = plain_agrees(settings)
-    print(f"plain consumer's tables hold the projection's rows: {plain['agrees']}")
-    print("plain consumer time by step (s): " + ", ".join(f"{k} {v:.1f}" for k, v in plain["steps"].items()))
-    copied, copy_seconds = unparsed_copy(spark, settings, args.max_offsets)
-    copy_rate = copied / copy_seconds
-    print(f"Kafka records appended to Delta unparsed: {copied:,} events in {copy_seconds:.1f}s = "
-          f"{copy_rate:,.0f} events/s", flush=True)
-    print(f"projection's events/s as a ratio: to the plain consumer {rate / plain_rate:.2f} (aim >= 1.5), "
-          f"to the unparsed copy {rate / copy_rate:.2f} (aim >= 0.5), to the archive append {rate / ceiling:.2f}")
-    print("per batch (ms) archive append: " + ", ".join(str(ms) for ms in raw.batch_ms))
-    print("per batch (ms) projection:     " + ", ".join(str(ms) for ms in result.batch_ms))
-    print("projection time by step (s): " + ", ".join(f"{k} {v:.1f}" for k, v in result.step_seconds.items()))
-    limits = source_limits(spark, settings, args.max_offsets) if args.limits else {}
-    for name, limit in limits.items():
-        print(f"limit: {name}: {limit:,.0f} events/s")
+    # The session's own folders (spark-warehouse, derby, logs) go under a folder of this run, removed after.
+    session_home = base.home / "bench" / f"session-{uuid.uuid4().hex[:8]}"
+    spark = build_session(base.replace(home=session_home), app_name="eventlake-bench-projection")
+    figures = {}
+    for d in domains:
+        def say(text: str, domain: str = d, **kwargs) -> None:
+            print(f"{domain}: {text}" if several else text, **kwargs)
+
+        figures[d] = measure(spark, base, d, events[d], domain_models(d), args, say)
+    if several:
+        rate = {d: f["projection"]["events"] / f["projection"]["seconds"] for d, f in figures.items()}
+        copy = {d: f["copy"]["events"] / f["copy"]["seconds"] for d, f in figures.items()}
+        base_rate = rate.get("accounts")
+        print("side by side, projection events/s: " + " | ".join(
+            f"{d} {r:,.0f}" + (f" ({r / base_rate:.2f}x accounts)" if base_rate and d != "accounts" else "")
+            + f", {r / copy[d]:.2f} of its unparsed copy" for d, r in rate.items()))
     if args.json:
-        args.json.write_text(json.dumps({
-            "events": len(records), "max_offsets": args.max_offsets,
-            "archive": {"events": raw.input_rows, "seconds": raw.seconds, "batches": raw.batches},
-            "projection": {"events": result.input_rows, "seconds": result.seconds, "batches": result.batches,
-                           "steps": result.step_seconds, "jvm_peak_rss_mib": rss.jvm_mib,
-                           "python_peak_rss_mib": rss.python_mib},
-            "plain": plain, "copy": {"events": copied, "seconds": copy_seconds}, "limits": limits}))
-    from delta.tables import DeltaTable
-    for table in ("account_summary", "payments"):
-        last = DeltaTable.forPath(spark, str(settings.table_path(table))).history(1).collect()[0]
-        metrics = {k: v for k, v in (last["operationMetrics"] or {}).items() if k.endswith("TimeMs")}
-        print(f"last {last['operation']} into {table} (ms): {metrics}")
-    shutil.rmtree(home, ignore_errors=True)
+        args.json.write_text(json.dumps(figures[domains[0]] if not several else {"domains": figures}))
     spark.stop()
+    shutil.rmtree(session_home, ignore_errors=True)
     return 0
 
 

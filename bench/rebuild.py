@@ -22,7 +22,7 @@ import shutil
 import time
 import uuid
 
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 
 def build_archive(spark, settings: Settings, events: int, per_account: int, duplicates: float) -> float:
@@ -118,7 +118,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the archives and tables (under .eventlake/bench)")
     args = parser.parse_args()
 
-    from read_models import ACCOUNT_SUMMARY, PAYMENTS
+    from read_models.account import ACCOUNT_SUMMARY, PAYMENTS
     from spark_apps.rebuild import fold_archive, warehouse_targets
     from spark_apps.session import build_session
 

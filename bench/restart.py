@@ -16,7 +16,7 @@ import uuid
 from event_store.client import EventStore
 from event_store.handler import CommandHandler
 from eventlake.generator import GeneratorConfig, generate_commands
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 
 # The same instance id throughout: a restart of one instance (a static group member takes its partitions back at

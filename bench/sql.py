@@ -30,7 +30,7 @@ import time
 import uuid
 from pathlib import Path
 
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 LOOKUP = "SELECT * FROM account_summary WHERE account_id = '{account}'"
 GROUP_BY = ("SELECT status, currency, count(*) AS payments, sum(amount_minor) AS amount FROM payments "
@@ -106,7 +106,7 @@ def embedded_steps(settings: Settings, accounts: int, repeat: int) -> None:
     from deltalake import DeltaTable
 
     from eventlake.query import _duckdb_connection, _register_duckdb, logical_tables
-    from eventlake.tables import dataset
+    from lakehouse.tables import dataset
 
     resolve, open_logs, run = [], [], []
     for _ in range(repeat):
@@ -187,7 +187,7 @@ def point_lookups(path: str, repeat: int, commits: int) -> list[float]:
     from deltalake import DeltaTable
 
     from eventlake.query import _duckdb_connection
-    from eventlake.tables import dataset
+    from lakehouse.tables import dataset
 
     out = []
     for _ in range(repeat):

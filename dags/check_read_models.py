@@ -31,8 +31,8 @@ def check_read_models():
     def check_read_model(name: str) -> dict:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from eventlake.settings import Settings
         from expectations.checks import verdict
+        from lakehouse.settings import Settings
 
         context = get_current_context()
         context["table"] = name
@@ -49,8 +49,8 @@ def check_read_models():
         """A cross-model check (expectations/cross_model.py): read models derived from the same events agree."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from eventlake.settings import Settings
         from expectations.cross_model import check_agreement
+        from lakehouse.settings import Settings
 
         get_current_context()["check"] = name
         result = check_agreement(Settings.load(), name)

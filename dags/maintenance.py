@@ -33,7 +33,7 @@ def maintenance():
     def maintain_read_model(name: str) -> dict:
         from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-        from eventlake.settings import Settings
+        from lakehouse.settings import Settings
         from spark_apps.maintenance import MaintenanceError, maintain
         from spark_apps.session import build_session
 

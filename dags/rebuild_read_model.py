@@ -60,7 +60,7 @@ def rebuild_read_model():
             """Fold + catch-ups + mark ready, under the model's lock (kept for this run's next task)."""
             from airflow.sdk.exceptions import AirflowFailException
 
-            from eventlake.settings import Settings
+            from lakehouse.settings import Settings
             from spark_apps.rebuild import RebuildError, RebuildLock, build_generation, start_generation
             from spark_apps.session import build_session
 
@@ -96,7 +96,7 @@ def rebuild_read_model():
             """The suite and the reconciliation on the new generation; a failure drops it (readers stay)."""
             from airflow.sdk.exceptions import AirflowFailException
 
-            from eventlake.settings import Settings
+            from lakehouse.settings import Settings
             from spark_apps.rebuild import RebuildError, RebuildFailed, RebuildLock, check_generation
 
             name = built["name"]
@@ -126,7 +126,7 @@ def rebuild_read_model():
             """Make the checked generation current (compare-and-set); on a dry run drop it and skip."""
             from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-            from eventlake.settings import Settings
+            from lakehouse.settings import Settings
             from spark_apps.rebuild import RebuildError, RebuildLock, switch_generation
 
             context = get_current_context()

@@ -6,9 +6,10 @@ that range of the model's current generation in one Delta commit (none when noth
 is safe); the late events it folded in get `late_events.reprocessed_at`. The task log shows each step and a
 summary (windows replaced, late events folded in, seconds).
 A closed day with no late event waiting is skipped without starting Spark (the log says so), so a catch-up over
-months of quiet days is quick. A day whose windows are not all closed yet (the watermark has not passed its end)
-fails its task with the watermark in the log; the run can be cleared later. With `catchup=True` every day since
-the start date gets its run, oldest first, one at a time. Where the tables are comes from the workers' environment (`EVENTLAKE_HOME`,
+months of quiet days is quick, and so is a model with no event applied yet (a domain that has sent none). A day
+whose windows are not all closed yet (the watermark has not passed its end) fails its task with the watermark in
+the log; the run can be cleared later. With `catchup=True` every day since the start date gets its run, oldest
+first, one at a time. Where the tables are comes from the workers' environment (`EVENTLAKE_HOME`,
 `EVENTLAKE_CONFIG`), as for every eventlake command.
 The same from a shell: `eventlake reprocess merchant_minute_volume --from 2026-01-01 --to 2026-01-02`.
 """
@@ -34,7 +35,7 @@ def reprocess_windows():
     def reprocess_read_model(name: str) -> dict:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from eventlake.settings import Settings
+        from lakehouse.settings import Settings
         from spark_apps.reprocess import ReprocessError, ReprocessRefused, late_events_waiting, reprocess
         from spark_apps.session import build_session
 
@@ -51,6 +52,10 @@ def reprocess_windows():
                   f"folded in and its windows are closed (watermark {watermark:%Y-%m-%dT%H:%M:%S}Z): skipped",
                   flush=True)
             return {"read_model": name, "skipped": "no late events waiting", "late_folded": 0}
+        if waiting == 0 and watermark is None:  # e.g. a domain that has sent no event yet
+            print(f"reprocess: {name}: no event applied yet (no watermark) and no late event waiting: nothing to "
+                  f"recompute, skipped", flush=True)
+            return {"read_model": name, "skipped": "no event applied yet", "late_folded": 0}
         spark = build_session(settings, app_name=f"eventlake-reprocess-{name}")
         try:
             outcome = reprocess(spark, settings, name, start, end, by=f"airflow reprocess_windows {context['run_id']}",

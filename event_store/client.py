@@ -15,7 +15,7 @@ from kafka import TopicPartition
 from event_store import kafka_clients, kafka_log
 from event_store.envelope import CommandEnvelope, CommandResult
 from event_store.errors import InvalidRecord
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 __all__ = ["EventStore", "as_command"]
 

@@ -25,19 +25,25 @@ from event_store.errors import InvalidRecord
 from event_store.fields import time_fields
 from event_store.schemas import COMMANDS, EVENT_SCHEMA_VERSIONS
 
-__all__ = ["execute", "execute_encoded", "event_id_for", "EventTimeLimit", "domain_for", "initial_state"]
+__all__ = ["execute", "execute_encoded", "event_id_for", "EventTimeLimit", "domain_for", "initial_state",
+           "id_taken"]
 
-# Event ids derive from the command id, so a batch redone after an aborted transaction writes the same ids.
+# Event ids derive from the event's place in the log (aggregate type, id and version) and its command, so a batch
+# redone after an aborted transaction writes the same ids, and two events never share one, even when clients
+# reuse a command id on another aggregate or after it left the idempotency window (a shared id would make readers
+# skip the second event as a repeat: the sequence gate, the handler's rebuild).
 _EVENT_ID_NAMESPACE = uuid.UUID("6f1c2b1e-7a4d-4e0b-9a59-3f0e2c1d8b71")
 _EVENT_ID_SHA1 = hashlib.sha1(_EVENT_ID_NAMESPACE.bytes)
 
 
-def event_id_for(command_id: str, index: int) -> str:
-    """The id of the ``index``-th event caused by ``command_id`` (deterministic, so redone batches match).
+def event_id_for(aggregate_type: str, aggregate_id: str, version: int, command_id: str) -> str:
+    """The id of the event at ``version`` of the aggregate, caused by ``command_id`` (deterministic, so redone
+    batches match).
 
-    ``uuid.uuid5(_EVENT_ID_NAMESPACE, f"{command_id}/{index}")``, computed without building UUID objects."""
+    ``uuid.uuid5(_EVENT_ID_NAMESPACE, f"{aggregate_type}/{aggregate_id}/{version}/{command_id}")``, computed
+    without building UUID objects."""
     sha1 = _EVENT_ID_SHA1.copy()
-    sha1.update(f"{command_id}/{index}".encode())
+    sha1.update(f"{aggregate_type}/{aggregate_id}/{version}/{command_id}".encode())
     h = sha1.hexdigest()
     # RFC 4122: version 5 in the high nibble of byte 6, variant 10 in the top bits of byte 8.
     return (f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}")
@@ -129,6 +135,18 @@ def _rejection(state: Any, command: CommandEnvelope, e: CommandRejected, recorde
                          error_type=e.error_type, reason=e.reason, recorded_at=recorded_at)
 
 
+def id_taken(state: Any, command: CommandEnvelope, owner: str, recorded_at: str) -> CommandResult:
+    """The rejection of a command that would start an aggregate under an id another aggregate type already has.
+    Aggregate ids are one namespace across domains: the topics are keyed by aggregate id, and the readers (the
+    sequence gate, the idempotency window, the read models) know an aggregate by its id (docs/DESIGN.md,
+    section 3)."""
+    return _rejection(state, command, CommandRejected(
+        "AggregateIdTaken",
+        f"command {command.command_id}: aggregate id {command.aggregate_id!r} is taken by an aggregate of type "
+        f"{owner!r}; a {command.aggregate_type!r} cannot have it (aggregate ids are unique across aggregate "
+        f"types)"), recorded_at)
+
+
 def _accepted(command: CommandEnvelope, state: Any, event_ids: list[str], recorded_at: str) -> CommandResult:
     return built(CommandResult, command_id=command.command_id, aggregate_id=command.aggregate_id,
                  status="accepted", version=state.version, event_ids=tuple(event_ids), error_type=None,
@@ -151,7 +169,8 @@ def execute(state: Any, command: CommandEnvelope, recorded_at: str | None = None
     envelopes = []
     for i, new in enumerate(new_events):
         event_type = new.event_type
-        event = built(EventEnvelope, event_id=event_id_for(command_id, i), event_type=event_type,
+        event = built(EventEnvelope, event_id=event_id_for(aggregate_type, aggregate_id, state.version + 1, command_id),
+                      event_type=event_type,
                       schema_version=EVENT_SCHEMA_VERSIONS[event_type], aggregate_type=aggregate_type,
                       aggregate_id=aggregate_id, aggregate_version=state.version + 1,
                       occurred_at=new.occurred_at, recorded_at=recorded_at, command_id=command_id,
@@ -175,7 +194,7 @@ def execute_encoded(state: Any, command: CommandEnvelope, recorded_at: str,
     encoded, event_ids = [], []
     for i, new in enumerate(new_events):
         event_type, payload, version = new.event_type, new.payload, state.version + 1
-        event_id = event_id_for(command_id, i)
+        event_id = event_id_for(aggregate_type, aggregate_id, version, command_id)
         # The fields of EventEnvelope.to_dict, in its order.
         encoded.append(dumps({
             "event_id": event_id, "event_type": event_type, "schema_version": EVENT_SCHEMA_VERSIONS[event_type],

@@ -17,7 +17,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
 
-from event_store import account
+from event_store import account, iot, site
 from event_store.domain import Domain, Upcaster
 from event_store.errors import InvalidRecord
 from event_store.fields import Field
@@ -25,7 +25,7 @@ from event_store.fields import Field
 __all__ = ["DOMAINS", "COMMAND_TYPES", "EVENT_TYPES", "COMMANDS", "EVENTS", "EVENT_SCHEMA_VERSIONS", "UPCASTERS",
            "register", "unregister", "registered", "domain_of", "route_command", "on_change"]
 
-_BUILT_IN: tuple[Domain, ...] = (account.DOMAIN,)
+_BUILT_IN: tuple[Domain, ...] = (account.DOMAIN, iot.DOMAIN, site.DOMAIN)
 
 DOMAINS: dict[str, Domain] = {}
 COMMAND_TYPES: dict[str, str] = {}  # command type -> aggregate type
@@ -82,7 +82,11 @@ def unregister(aggregate_type: str) -> None:
 
 @contextmanager
 def registered(domain: Domain) -> Iterator[Domain]:
-    """``domain`` registered for the duration of a ``with`` block."""
+    """``domain`` registered for the duration of a ``with`` block; a domain that is already registered (the same
+    object: a built-in one) stays registered after the block."""
+    if DOMAINS.get(domain.aggregate_type) is domain:
+        yield domain
+        return
     register(domain)
     try:
         yield domain

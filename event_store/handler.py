@@ -29,12 +29,12 @@ from kafka import TopicPartition
 from kafka.errors import KafkaError
 
 from event_store import kafka_clients, kafka_log
-from event_store.decider import EventTimeLimit, execute_encoded
+from event_store.decider import EventTimeLimit, execute_encoded, id_taken
 from event_store.envelope import CommandEnvelope, CommandResult, format_time, utc_now
 from event_store.errors import InvalidRecord
 from event_store.partition_rebuild import PartitionRebuilder, RebuildDeferred, RebuildStats, continue_waiting
 from event_store.snapshots import PartitionState, snapshot_records
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 __all__ = ["CommandHandler", "HandlerStats", "HandlerError"]
 
@@ -885,7 +885,11 @@ class CommandHandler:
             state_key = (command.aggregate_type, aggregate_id)
             staged_state = staged.get(state_key)
             before = staged_state[1] if staged_state else state_of(*state_key)
-            state, new_events, result = execute_encoded(before, command, recorded_at, time_limit)
+            owner = part.owner_of(*state_key, staged) if before.version == 0 else None
+            if owner is not None:
+                state, new_events, result = before, (), id_taken(before, command, owner, recorded_at)
+            else:
+                state, new_events, result = execute_encoded(before, command, recorded_at, time_limit)
             result_key, result_value = command_id.encode(), result.to_json()
             if new_events:
                 key = aggregate_id.encode()

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import confluent_kafka
 from confluent_kafka.admin import AdminClient
 
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 __all__ = ["transactional_producer_config", "new_producer", "group_consumer", "bulk_producer", "admin_client",
            "produce", "produce_records"]

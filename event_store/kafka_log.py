@@ -13,7 +13,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 __all__ = ["ensure_topics", "topic_configs", "make_producer", "make_consumer", "read_all", "end_offsets",
            "produce_all", "dead_letter_value", "read_partition", "max_message_bytes", "LogReadStalled"]

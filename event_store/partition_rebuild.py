@@ -22,7 +22,7 @@ from event_store.domains import DOMAINS, EVENT_TYPES
 from event_store.envelope import CommandResult, EventEnvelope
 from event_store.errors import InvalidRecord
 from event_store.snapshots import PartitionState, load_snapshot
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 __all__ = ["PartitionRebuilder", "RebuildStats", "RebuildCounts", "RebuildDeferred", "continue_waiting"]
 

@@ -59,6 +59,15 @@ class PartitionState:
         found = self.states.get((aggregate_type, aggregate_id))
         return found if found is not None else DOMAINS[aggregate_type].initial(aggregate_id)
 
+    def owner_of(self, aggregate_type: str, aggregate_id: str, staged: dict | None = None) -> str | None:
+        """Another aggregate type that has an aggregate with this id here (in ``states`` or in ``staged``, states
+        not yet committed), or None. Every aggregate with an id lives in its partition (keyed by id)."""
+        for other in DOMAINS:
+            key = (other, aggregate_id)
+            if other != aggregate_type and (key in self.states or (staged is not None and key in staged)):
+                return other
+        return None
+
     def first_result(self, aggregate_id: str, command_id: str) -> CommandResult | None:
         recent = self.results.get(aggregate_id)
         found = recent.get(command_id) if recent else None

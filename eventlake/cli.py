@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from eventlake.settings import Settings, SettingsError
+from lakehouse.settings import Settings, SettingsError
 
 __all__ = ["main"]
 
@@ -70,16 +70,6 @@ def _cmd_generate(settings: Settings, args) -> int:
     from event_store.client import EventStore
     from eventlake.generator import GeneratorConfig, dated, generate_commands
 
-    if args.domain == "iot":
-        from event_store import domains, iot
-
-        if iot.AGGREGATE_TYPE not in domains.DOMAINS:
-            # Sent anyway, every command would be rejected InvalidCommand (unknown command_type) by the handler.
-            print(f"generate: --domain iot: the IoT telemetry domain (aggregate type {iot.AGGREGATE_TYPE!r}) is not "
-                  f"registered in the command handler yet (event_store/domains.py, _BUILT_IN): it is registered "
-                  f"once the Spark event parser (spark_apps/events.py) reads its payload fields; nothing was sent "
-                  f"to {settings.commands_topic}", file=sys.stderr)
-            return 2
     _require_broker(settings)
     if args.domain == "iot":
         from datetime import datetime, timedelta, timezone
@@ -91,6 +81,16 @@ def _cmd_generate(settings: Settings, args) -> int:
         records = list(generate_iot_commands(IotGeneratorConfig(devices=args.devices, minutes=args.minutes,
                                                                 seed=args.seed, run_id=args.run_id, start=start)))
         what = f"{args.devices} devices"
+    elif args.domain == "site":
+        from datetime import datetime, timedelta, timezone
+
+        from eventlake.generator import SiteGeneratorConfig, generate_site_commands
+
+        start = datetime.now(timezone.utc) - timedelta(minutes=args.minutes + 10)
+        records = list(generate_site_commands(SiteGeneratorConfig(sites=args.sites, views=args.views,
+                                                                  minutes=args.minutes, seed=args.seed,
+                                                                  run_id=args.run_id, start=start)))
+        what = f"{args.sites} sites"
     else:
         # Dated from now (after the log's newest event): a second run is on time, not late against the first.
         cfg = dated(GeneratorConfig(accounts=args.accounts, commands=args.commands, seed=args.seed,
@@ -222,7 +222,7 @@ def _cmd_resolve_quarantine(settings: Settings, args) -> int:
 
 def _cmd_policy(settings: Settings, args) -> int:
     from event_store.account.policy import FraudPolicy
-    from eventlake.signals import stop_requested_on_sigterm
+    from lakehouse.signals import stop_requested_on_sigterm
 
     _require_broker(settings)
     policy = FraudPolicy(settings)
@@ -242,7 +242,7 @@ def _cmd_handler(settings: Settings, args) -> int:
     log = lambda message: print(message, flush=True)  # noqa: E731 -- a service's log, seen even if it is killed
     with CommandHandler(settings, instance_id=args.instance_id, use_snapshots=not args.no_snapshots,
                         log=log) as handler:
-        from eventlake.signals import stop_requested_on_sigterm
+        from lakehouse.signals import stop_requested_on_sigterm
 
         # SIGTERM (e.g. from Kubernetes) stops after the current batch; closing then writes the snapshots.
         stop_requested_on_sigterm(handler.stop)
@@ -268,6 +268,13 @@ def _cmd_detect_fraud(settings: Settings, args) -> int:
     return fraud_detector.main(["--until-caught-up"] if args.until_caught_up else [])
 
 
+def _cmd_detect_anomalies(settings: Settings, args) -> int:
+    from spark_apps import telemetry_detector
+
+    _require_broker(settings)
+    return telemetry_detector.main(["--until-caught-up"] if args.until_caught_up else [])
+
+
 def _cmd_status(settings: Settings, args) -> int:
     from spark_apps.status import render
 
@@ -287,7 +294,7 @@ def _who(args) -> str:
 def _cmd_rollback(settings: Settings, args) -> int:
     """Switch a read model back to its previous generation (one catalog commit); refused with the reason when
     there is none left."""
-    from eventlake.catalog import Catalog, CatalogError
+    from read_models.catalog import Catalog, CatalogError
 
     catalog = Catalog(settings)
     try:
@@ -403,7 +410,7 @@ def _cmd_maintenance(settings: Settings, args) -> int:
 
 def _cmd_catalog(settings: Settings, args) -> int:
     """Each read model's current generation and every change of the catalog."""
-    from eventlake.catalog import Catalog, CatalogError
+    from read_models.catalog import Catalog, CatalogError
 
     catalog = Catalog(settings)
     try:
@@ -536,7 +543,7 @@ def _cmd_sql_server(settings: Settings, args) -> int:
 def _cmd_demo(settings: Settings, args) -> int:
     from eventlake.demo import run_demo
 
-    run_demo(settings, accounts=args.accounts, commands=args.commands)
+    run_demo(settings, accounts=args.accounts, commands=args.commands, devices=args.devices, sites=args.sites)
     return 0
 
 
@@ -550,7 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run the whole path on local defaults and print a summary")
     p.add_argument("--accounts", type=int, default=300)
-    p.add_argument("--commands", type=int, default=3000)
+    p.add_argument("--commands", type=int, default=3000, help="account commands in all")
+    p.add_argument("--devices", type=int, default=24, help="IoT devices (at least 8: the generator's cases)")
+    p.add_argument("--sites", type=int, default=3, help="sites of the page views (100 views per device)")
     p.set_defaults(run=_cmd_demo)
 
     p = sub.add_parser("setup", help="fetch the Kafka broker jars and Spark packages once (offline afterwards)")
@@ -564,14 +573,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_cmd_topics)
 
     p = sub.add_parser("generate", help="send generated commands to the commands topic")
-    p.add_argument("--domain", choices=("accounts", "iot"), default="accounts",
-                   help="accounts (card payments) or iot (device telemetry)")
+    p.add_argument("--domain", choices=("accounts", "iot", "site"), default="accounts",
+                   help="accounts (card payments), iot (device telemetry) or site (page views)")
     p.add_argument("--accounts", type=int, default=300, help="accounts: how many")
     p.add_argument("--commands", type=int, default=3000, help="accounts: commands in all")
     p.add_argument("--devices", type=int, default=24, help="iot: how many devices")
-    p.add_argument("--minutes", type=int, default=30, help="iot: minutes of event time the readings span")
+    p.add_argument("--minutes", type=int, default=30, help="iot, site: minutes of event time the readings or views span")
+    p.add_argument("--sites", type=int, default=3, help="site: how many sites")
+    p.add_argument("--views", type=int, default=600, help="site: page views in all")
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--run-id", default="gen", help="prefix of the account or device ids (acc-RUNID-00001)")
+    p.add_argument("--run-id", default="gen", help="prefix of the account, device or site ids (acc-RUNID-00001)")
     p.add_argument("--invalid-rate", type=float, default=0.0, help="share of commands with a bad field")
     p.add_argument("--malformed-rate", type=float, default=0.0, help="share of records that are not commands")
     p.add_argument("--wait", action="store_true", help="wait for every command's result and count them")
@@ -615,6 +626,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("detect-fraud", help="run the fraud detector (events -> FlagFraud commands)")
     p.add_argument("--until-caught-up", action="store_true", help="process what the log holds now, then stop")
     p.set_defaults(run=_cmd_detect_fraud)
+
+    p = sub.add_parser("detect-anomalies", help="run the telemetry detector (device events -> FlagTelemetryAnomaly "
+                                                "commands)")
+    p.add_argument("--until-caught-up", action="store_true", help="process what the log holds now, then stop")
+    p.set_defaults(run=_cmd_detect_anomalies)
 
     p = sub.add_parser("status", help="per projection: lag, last batch and rate; per table: rows and Delta version")
     p.set_defaults(run=_cmd_status)

@@ -1,30 +1,36 @@
 """``eventlake demo``: the whole path from commands to SQL on the local defaults.
 
 Starts the local broker (unless ``KAFKA_BOOTSTRAP_SERVERS`` is set), writes a few thousand generated
-commands for a few hundred accounts, runs the command handler and the projection until both have
-caught up, and prints what happened and where the data is. Safe to run again: each run uses new
-account ids, and the projection resumes from its checkpoint.
+commands of every built-in domain (card payments for a few hundred accounts, telemetry of a few dozen devices,
+page views of a few sites) into the one commands topic, runs the command handler, the detectors and the
+projection until all have caught up, and prints what happened and where the data is. Safe to run again: each
+run uses new ids, and the projection resumes from its checkpoint.
 """
 from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
 
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 __all__ = ["run_demo"]
 
 
-def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, log=print) -> dict:
+def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, devices: int = 24,
+             sites: int = 3, log=print) -> dict:
+    from datetime import timedelta
+
     from event_store import kafka_log
     from event_store.handler import CommandHandler
-    from eventlake.generator import GeneratorConfig, dated, generate_commands
+    from eventlake.generator import (GeneratorConfig, IotGeneratorConfig, SiteGeneratorConfig, dated,
+                                     generate_commands, generate_iot_commands, generate_site_commands)
     from eventlake.query import format_table, query_duckdb
     import read_models
     from expectations.checks import context, verdict
     from infra import kafka
     from event_store.account.policy import FraudPolicy
     from spark_apps.fraud_detector import FraudDetector
+    from spark_apps.telemetry_detector import TelemetryDetector
     from spark_apps.projection import Projection
     from spark_apps.session import build_session
 
@@ -41,12 +47,22 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, log=
     # Dated from now (after the log's newest event): a second demo is on time, not late against the first.
     cfg = dated(GeneratorConfig(accounts=accounts, commands=commands, run_id=run_id, seed=int(run_id) % 100_000,
                                 invalid_rate=0.003, malformed_rate=0.002), settings)
+    # The other domains' event times end 5 minutes ago, inside the windows' watermark: on time.
+    other_start = datetime.now(timezone.utc) - timedelta(minutes=35)
+    iot_records = list(generate_iot_commands(IotGeneratorConfig(devices=devices, minutes=30, run_id=run_id,
+                                                                seed=int(run_id) % 100_000, start=other_start)))
+    site_records = list(generate_site_commands(SiteGeneratorConfig(sites=sites, views=100 * devices, minutes=30,
+                                                                   run_id=run_id, seed=int(run_id) % 100_000,
+                                                                   start=other_start)))
     producer = kafka_log.make_producer(settings)
     try:
         sent = kafka_log.produce_all(producer, settings.commands_topic, generate_commands(cfg))
+        sent_iot = kafka_log.produce_all(producer, settings.commands_topic, iot_records)
+        sent_site = kafka_log.produce_all(producer, settings.commands_topic, site_records)
     finally:
         producer.close()
-    step(f"sent {sent} commands for {accounts} accounts (run {run_id}) to {settings.commands_topic}")
+    step(f"sent {sent + sent_iot + sent_site} commands to {settings.commands_topic} (run {run_id}): {sent} for "
+         f"{accounts} accounts, {sent_iot} for {devices} devices, {sent_site} for {sites} sites")
 
     quiet = lambda *_: None  # noqa: E731
     with CommandHandler(settings, log=quiet) as handler:
@@ -65,6 +81,12 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, log=
     with CommandHandler(settings, log=quiet) as handler:
         frozen = handler.run(until_caught_up=True)
     step(f"fraud policy: {policy.line()}; handler: {frozen.events} AccountFrozen events")
+    # The device's detector: out-of-range runs and silent devices (an event-time timer) -> FlagTelemetryAnomaly.
+    TelemetryDetector(spark, settings, log=quiet).start(until_caught_up=True).awaitTermination()
+    with CommandHandler(settings, log=quiet) as handler:
+        anomalies = handler.run(until_caught_up=True)
+    step(f"telemetry detector: {anomalies.accepted} FlagTelemetryAnomaly commands accepted "
+         f"({anomalies.duplicates} repeats answered as duplicates) -> TelemetryAnomalyDetected events")
     run = Projection(spark, settings, log=log).run_until_caught_up()
     step(f"projection: {run.input_rows} events in {run.batches} batch(es) -> Delta tables under {settings.warehouse}")
     ge = context()
@@ -88,19 +110,36 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, log=
     alerts_sql = (f"SELECT rule, count(*) AS alerts, count(DISTINCT account_id) AS accounts FROM fraud_alerts "
                   f"WHERE account_id LIKE '{prefix}' GROUP BY rule ORDER BY rule")
     alert_cols, alert_rows = query_duckdb(settings, alerts_sql)
+    _, devices_rows = query_duckdb(settings, f"""
+        SELECT count(*), count(*) FILTER (WHERE status = 'decommissioned'), sum(readings_count),
+               sum(anomalies_count)
+        FROM device_status WHERE device_id LIKE 'dev-{run_id}-%'""")
+    device_count, decommissioned, readings, flagged_devices = devices_rows[0]
+    anomalies_sql = (f"SELECT rule, count(*) AS anomalies, count(DISTINCT device_id) AS devices FROM "
+                     f"telemetry_anomalies WHERE device_id LIKE 'dev-{run_id}-%' GROUP BY rule ORDER BY rule")
+    anomaly_cols, anomaly_rows = query_duckdb(settings, anomalies_sql)
+    _, windows = query_duckdb(settings, f"SELECT count(*), sum(readings) FROM device_minute_readings "
+                                        f"WHERE device_id LIKE 'dev-{run_id}-%'")
+    pages_sql = (f"SELECT page, sum(views) AS views, count(*) AS minutes FROM page_minute_clicks "
+                 f"WHERE site_id LIKE 'web-{run_id}-%' GROUP BY page ORDER BY views DESC, page LIMIT 5")
+    page_cols, page_rows = query_duckdb(settings, pages_sql)
     _, volume = query_duckdb(settings, "SELECT count(*), sum(payments) FROM merchant_minute_volume")
     _, late = query_duckdb(settings, "SELECT count(*) FROM late_events")
     log("")
     log(f"== eventlake demo: run {run_id} ==")
     log(f"commands: {stats.commands} handled: {stats.accepted} accepted, {stats.rejected} rejected (with a reason "
         f"in {settings.results_topic}), {stats.dead_lettered} dead-lettered to {settings.dead_letters_topic}")
-    log(f"events:   {stats.events + flagged.events + frozen.events} appended to {settings.events_topic} "
-        f"({stats.events} from the commands, {flagged.events} FraudSuspected, {frozen.events} AccountFrozen)")
+    log(f"events:   {stats.events + flagged.events + frozen.events + anomalies.events} appended to "
+        f"{settings.events_topic} ({stats.events} from the commands, {flagged.events} FraudSuspected, "
+        f"{frozen.events} AccountFrozen, {anomalies.events} TelemetryAnomalyDetected)")
     log(f"account_summary for this run: {summary['accounts']} accounts, {summary['authorized']} payments "
         f"authorized, {summary['declined']} declined, {summary['frozen']} frozen, authorized total "
         f"{summary['authorized_total_minor']} minor units")
     log(f"merchant_minute_volume: {volume[0][0]} merchant-minutes, {volume[0][1]} payments; "
         f"late_events: {late[0][0]} (beyond the watermark: recorded, not lost)")
+    log(f"device_status for this run: {device_count} devices ({decommissioned} decommissioned), {readings} "
+        f"readings, {flagged_devices} anomalies flagged; device_minute_readings: {windows[0][0]} device-minutes, "
+        f"{windows[0][1]} readings")
     log("")
     log(f"$ eventlake query \"{top_sql}\"")
     log(format_table(top_cols, top_rows))
@@ -108,11 +147,17 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, log=
     log(f"$ eventlake query \"{alerts_sql}\"")
     log(format_table(alert_cols, alert_rows))
     log("")
+    log(f"$ eventlake query \"{anomalies_sql}\"")
+    log(format_table(anomaly_cols, anomaly_rows))
+    log("")
+    log(f"$ eventlake query \"{pages_sql}\"")
+    log(format_table(page_cols, page_rows))
+    log("")
     log("where the data lives:")
     log(f"  Kafka:        {settings.bootstrap_servers}, topics {settings.topic_prefix}*"
         + (f" (broker data in {settings.kafka_dir})" if settings.uses_local_kafka else ""))
-    log(f"  Delta tables: {settings.warehouse}  (account_summary, payments, merchant_minute_volume, fraud_alerts, "
-        f"late_events, event_archive, _dead_letters/events)")
+    log(f"  Delta tables: {settings.warehouse}  ({', '.join(read_models.REGISTRY)}, late_events, event_archive, "
+        f"_dead_letters/events)")
     log(f"  checkpoints:  {settings.checkpoints}")
     log(f"done in {time.monotonic() - started:.0f}s. Try: eventlake query \"SELECT status, count(*) FROM "
         f"account_summary GROUP BY status\"; eventlake check --reconcile; "

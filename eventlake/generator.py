@@ -6,6 +6,8 @@
 - IoT telemetry (``generate_iot_commands``): devices across sites and sensor kinds reporting at a steady cadence,
   with deliberate cases for the telemetry detector and the device aggregate's rejections (see
   :class:`IotGeneratorConfig`).
+- Web traffic (``generate_site_commands``): sites and their page views, some of them late, with a retired site
+  and an unknown one for the site aggregate's rejections (see :class:`SiteGeneratorConfig`).
 
 Event time of a run: ``eventlake generate`` and ``eventlake demo`` date each run with ``dated``: its event times
 end at the current time (never ahead of it, where the handler's clock-skew check would reject them) and start
@@ -22,14 +24,16 @@ import random
 import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from event_store.envelope import CommandEnvelope, dumps, format_time
 from event_store.fields import validate_payload
 from event_store.iot import schemas as iot_schemas
+from event_store.site import schemas as site_schemas
 
 __all__ = ["GeneratorConfig", "generate_commands", "MALFORMED_SAMPLES", "dated", "run_start",
-           "newest_event_time", "IotGeneratorConfig", "generate_iot_commands", "SENSOR_KINDS"]
+           "newest_event_time", "IotGeneratorConfig", "generate_iot_commands", "SENSOR_KINDS", "SiteGeneratorConfig",
+           "generate_site_commands", "interleaved", "decide_all"]
 
 REGIONS = ("US-NYC", "US-SFO", "US-CHI", "GB-LON", "DE-BER", "FR-PAR", "JP-TYO", "BR-SAO", "IN-BOM", "AU-SYD")
 
@@ -268,13 +272,92 @@ def generate_iot_commands(cfg: IotGeneratorConfig) -> Iterator[tuple[str, bytes]
             "site_id": sites[0], "sensor_kind": kind_of[d], "unit": unit, "range_min_milli": low,
             "range_max_milli": high, "heartbeat_interval_s": heartbeat[d]})
 
-    stream.sort(key=lambda item: (item[0], item[1]))
-    for arrival, _, device, kind, payload in stream:
-        command_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
-        validate_payload(iot_schemas.COMMANDS[kind], payload, f"generated command {command_id} ({kind})")
-        yield device, dumps({"command_id": command_id, "command_type": kind, "aggregate_id": device,
-                             "payload": payload, "aggregate_type": "device", "expected_version": None,
-                             "issued_at": format_time(arrival), "correlation_id": None, "causation_id": None})
+    yield from _commands(stream, "device", iot_schemas.COMMANDS, random.Random(f"iot/{cfg.run_id}/{cfg.seed}"))
+
+
+@dataclass(frozen=True)
+class SiteGeneratorConfig:
+    """Web traffic: ``sites`` registered at ``start``, ``views`` page views over ``pages`` pages by ``visitors``
+    visitors spread over ``minutes`` of event time (a few pages and visitors draw most views), and these
+    deliberate cases:
+
+    - ``late_rate``: the share of views that arrive 1 to 10 minutes after they happened (a tracker's retry);
+    - one site retired at two thirds of the span (``retire``), with one more view sent after (rejected
+      ``SiteNotActive``); the views before stay counted;
+    - ``unknown_site_views`` for a site never registered (rejected ``SiteNotFound``).
+    """
+    sites: int = 3
+    pages: int = 8
+    visitors: int = 60
+    views: int = 600
+    minutes: int = 10
+    seed: int = 42
+    run_id: str = "demo"           # prefixes site ids, so several runs can share one log
+    start: datetime = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    late_rate: float = 0.02
+    retire: bool = True
+    unknown_site_views: int = 2
+
+
+def generate_site_commands(cfg: SiteGeneratorConfig) -> Iterator[tuple[str, bytes]]:
+    """(Kafka key, command JSON) pairs in arrival order: every site is registered before its views arrive. Every
+    command is valid against the site domain's schemas; the rejections are the deliberate cases of ``cfg``."""
+    if cfg.sites < 1 or cfg.pages < 1 or cfg.visitors < 1 or cfg.minutes < 1:
+        raise ValueError(f"SiteGeneratorConfig: sites, pages, visitors and minutes must be at least 1 ({cfg})")
+    rng = random.Random(cfg.seed)
+    span = timedelta(minutes=cfg.minutes)
+    sites = [f"web-{cfg.run_id}-{i:02d}" for i in range(cfg.sites)]
+    pages = ["/"] + [f"/{name}" for name in ("pricing", "docs/start", "docs/sql", "blog", "blog/launch", "about",
+                                              "careers", "contact", "status")][:max(cfg.pages - 1, 0)]
+    pages += [f"/page/{i}" for i in range(len(pages), cfg.pages)]
+    page_weights = [1 / (rank + 1) for rank in range(len(pages))]  # a few pages draw most views
+    visitors = [f"vis-{cfg.run_id}-{i:05d}" for i in range(cfg.visitors)]
+    retired = sites[-1] if cfg.retire else None
+    retire_at = cfg.start + span * 2 / 3
+    stream: list[tuple[datetime, int, str, str, dict]] = []
+
+    def add(arrival: datetime, site: str, kind: str, payload: dict) -> None:
+        stream.append((arrival, len(stream), site, kind, payload))
+
+    for i, site in enumerate(sites):
+        add(cfg.start + timedelta(milliseconds=10 * i), site, "RegisterSite",
+            {"site_name": f"Site {i} of run {cfg.run_id}", "host": f"site{i}.{cfg.run_id}.example.com"})
+    for n in range(cfg.views):
+        site = rng.choice(sites)
+        viewed = cfg.start + timedelta(seconds=1 + rng.uniform(0, span.total_seconds() - 2))
+        if site == retired and viewed >= retire_at:
+            site = sites[0]  # the retired site's only view after its retirement is the deliberate case below
+        arrival = viewed
+        if rng.random() < cfg.late_rate and site != retired:
+            arrival = viewed + timedelta(seconds=rng.randint(60, 600))
+        add(arrival, site, "RecordPageView", {
+            "view_id": f"view-{cfg.run_id}-{n:07d}", "page": rng.choices(pages, weights=page_weights)[0],
+            "visitor_id": rng.choice(visitors), "viewed_at": format_time(viewed)})
+    if retired is not None:
+        add(retire_at, retired, "RetireSite", {"reason": "moved to another host"})
+        after = retire_at + timedelta(seconds=5)
+        add(after, retired, "RecordPageView", {"view_id": f"view-{cfg.run_id}-after-retirement", "page": "/",
+                                               "visitor_id": visitors[0], "viewed_at": format_time(after)})
+    for i in range(cfg.unknown_site_views):
+        t = cfg.start + timedelta(seconds=rng.uniform(60, span.total_seconds() / 2))
+        add(t, f"web-{cfg.run_id}-unknown-{i:02d}", "RecordPageView", {
+            "view_id": f"view-{cfg.run_id}-unknown-{i:02d}", "page": "/", "visitor_id": visitors[0],
+            "viewed_at": format_time(t)})
+
+    yield from _commands(stream, "site", site_schemas.COMMANDS, random.Random(f"site/{cfg.run_id}/{cfg.seed}"))
+
+
+def _commands(stream, aggregate_type: str, schemas, ids: random.Random) -> Iterator[tuple[str, bytes]]:
+    """(key, command JSON) of a generator's (arrival, tiebreak, aggregate id, command type, payload) items in
+    arrival order, as ``CommandEnvelope.to_json`` writes them; ``ids`` draws the command ids (a generator's own,
+    salted by its domain, so two generators with one seed make different ids)."""
+    for arrival, _, aggregate_id, kind, payload in sorted(stream, key=lambda item: (item[0], item[1])):
+        command_id = str(uuid.UUID(int=ids.getrandbits(128), version=4))
+        validate_payload(schemas[kind], payload, f"generated command {command_id} ({kind})")
+        yield aggregate_id, dumps({"command_id": command_id, "command_type": kind, "aggregate_id": aggregate_id,
+                                   "payload": payload, "aggregate_type": aggregate_type, "expected_version": None,
+                                   "issued_at": format_time(arrival), "correlation_id": None,
+                                   "causation_id": None})
 
 
 def dated(cfg: GeneratorConfig, settings=None, now: datetime | None = None) -> GeneratorConfig:
@@ -321,3 +404,45 @@ def newest_event_time(settings, now: datetime, tail: int = 1000) -> datetime | N
     finally:
         consumer.close()
     return newest
+
+
+def interleaved(*streams: Iterable) -> list:
+    """Several streams (of commands or events) as one, taking from each in turn: each keeps its own order, so
+    every aggregate's records stay in order."""
+    iterators = [iter(s) for s in streams]
+    out: list = []
+    while iterators:
+        for it in list(iterators):
+            record = next(it, _END)
+            if record is _END:
+                iterators.remove(it)
+            else:
+                out.append(record)
+    return out
+
+
+_END = object()
+
+
+def decide_all(records: Iterable[tuple[str, bytes]], recorded_at: str | None = "2026-02-01T00:00:00.000Z"):
+    """The events the command handler would append for ``records`` (any registered domain's commands, as (key,
+    JSON) pairs), in log order, decided by the pure core without Kafka, and how many commands appended nothing
+    (rejected or unreadable). -> (events, refused)."""
+    from event_store.decider import execute, initial_state
+    from event_store.errors import InvalidRecord
+
+    states: dict[tuple[str, str], object] = {}
+    events: list = []
+    refused = 0
+    for _, raw in records:
+        try:
+            command = CommandEnvelope.from_json(raw)
+        except InvalidRecord:
+            refused += 1
+            continue
+        key = (command.aggregate_type, command.aggregate_id)
+        states[key], new, result = execute(states.get(key) or initial_state(command), command,
+                                           recorded_at=recorded_at)
+        refused += result.status != "accepted"
+        events += new
+    return events, refused

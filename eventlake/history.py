@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import read_models
-from eventlake.catalog import Catalog, CatalogError
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
+from read_models.catalog import Catalog, CatalogError
 
 __all__ = ["HistoryError", "HistoryLine", "history", "format_history"]
 

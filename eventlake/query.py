@@ -3,7 +3,7 @@
 The embedded path (default) reads the Delta tables through delta-rs (``deltalake``) into DuckDB: no
 JVM, answers in well under a second. ``engine="spark"`` runs the same SQL on Spark SQL instead.
 Every read model is a view named after it; so are ``late_events`` and ``event_archive``; the event dead
-letters are ``event_dead_letters``. A read model's name resolves through the catalog (eventlake/catalog.py) to
+letters are ``event_dead_letters``. A read model's name resolves through the catalog (read_models/catalog.py) to
 its current generation's table, and ``late_events`` is the union of the current generations' late events.
 Both engines only read (eventlake/read_only.py): a statement that would change a table is refused.
 """
@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import NamedTuple, Union
 
 import read_models
-from eventlake.catalog import Catalog, late_events_sources
 from eventlake.read_only import WriteRefused, check_duckdb, check_spark, lock_duckdb
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
+from read_models.catalog import Catalog, late_events_sources
 
-__all__ = ["QueryError", "TablePart", "AsOf", "parse_as_of", "describe_as_of", "logical_tables", "table_paths", "query_duckdb", "query_spark",
+__all__ = ["QueryError", "TablePart", "AsOf", "parse_as_of", "describe_as_of", "logical_tables", "query_duckdb", "query_spark",
            "format_table", "format_csv", "format_json_lines"]
 
 
@@ -125,7 +125,7 @@ def _engine_errors() -> tuple[type[BaseException], ...]:
     import pyarrow as pa
     from deltalake.exceptions import DeltaError
 
-    from eventlake.tables import TableNotFound
+    from lakehouse.tables import TableNotFound
 
     errors: list[type[BaseException]] = [duckdb.Error, pa.ArrowException, DeltaError, TableNotFound, OSError,
                                          UnicodeError]
@@ -154,7 +154,7 @@ def _read_only(error: WriteRefused, tables) -> QueryError:
 def query_duckdb(settings: Settings, sql: str, as_of: AsOf | None = None) -> tuple[list[str], list[tuple]]:
     """Run ``sql`` with DuckDB over the current versions of the Delta tables (read with delta-rs + pyarrow), or
     over their versions ``as_of`` a version or a time."""
-    from eventlake.tables import dataset
+    from lakehouse.tables import dataset
 
     tables = _existing_tables(settings, as_of)
     con = _duckdb_connection()

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eventlake.processes import read_pid, terminate
-from eventlake.settings import PROJECT_ROOT, Settings
+from lakehouse.settings import PROJECT_ROOT, Settings
 
 __all__ = ["SqlServerError", "SqlServerStatus", "guard_jar", "serve", "start", "stop", "status", "jdbc_url"]
 
@@ -105,7 +105,7 @@ def guard_jar(settings: Settings, log=print) -> Path:
 
 def serve(settings: Settings, log=print, stop_event=None) -> None:
     """Run the SQL server in this process until SIGTERM (or ``stop_event``)."""
-    from eventlake.signals import stop_requested_on_sigterm
+    from lakehouse.signals import stop_requested_on_sigterm
     from spark_apps.session import JVM_OPTIONS, build_session
 
     stop_event = stop_event or stop_requested_on_sigterm()

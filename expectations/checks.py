@@ -3,7 +3,7 @@
 The table is read from its Delta log with delta-rs (no JVM) at its current version and validated in an
 ephemeral GE context; the report names every failed expectation with how many rows break it and a few of
 their values. ``eventlake check`` and the ``check_read_models`` DAG call ``check_tables``/``verdict``. The table
-is the read model's current generation (eventlake/catalog.py), or the generation given (a rebuild checks its new
+is the read model's current generation (read_models/catalog.py), or the generation given (a rebuild checks its new
 generation before switching).
 
 Every check is also published to Great Expectations **Data Docs**, a static HTML site under the eventlake home:
@@ -21,10 +21,10 @@ from pathlib import Path
 
 from deltalake.exceptions import TableNotFoundError
 
-from eventlake.catalog import Catalog, Generation
-from eventlake.settings import Settings
-from eventlake.tables import read_table
 from expectations import SUITES, suite_module
+from lakehouse.settings import Settings
+from lakehouse.tables import read_table
+from read_models.catalog import Catalog, Generation
 
 __all__ = ["CheckReport", "Failure", "Verdict", "check_table", "check_tables", "context", "data_docs_index", "verdict",
            "TableMissing", "DATA_DOCS_FOLDER", "KEEP_VALIDATIONS"]

@@ -14,7 +14,7 @@ a table stands at its own last batch or at the last batch the checkpoint had com
 (a committed batch that did not write a table left it as it was). The tables are compared only when they all
 stand at the same log position; otherwise the result says "not compared" and why (a batch in progress: run
 again), which is no failure. Tables no projection has written (e.g. written by hand) are compared as they stand.
-Each read model is read in its current generation (eventlake/catalog.py), all resolved from one catalog read.
+Each read model is read in its current generation (read_models/catalog.py), all resolved from one catalog read.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from eventlake.catalog import Catalog
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
+from read_models.catalog import Catalog
 
 __all__ = ["Agreement", "CrossModelCheck", "CROSS_MODEL_CHECKS", "check_agreement", "check_agreements",
            "checks_for", "compare_payments_with_summary"]
@@ -164,7 +164,7 @@ def payments_match_account_summary(settings: Settings, examples: int = 5) -> Agr
     """Per account: account_summary's payment counts and authorized total equal what the payments rows say."""
     import pyarrow.compute as pc
 
-    from eventlake.tables import read_table
+    from lakehouse.tables import read_table
 
     check = "payments_match_account_summary"
     tables, position, why = _snapshots(settings, ("account_summary", "payments"), optional=(_PENDING,))

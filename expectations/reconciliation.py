@@ -12,7 +12,7 @@ events recorded in ``late_events`` must add up to it, except the late events a r
 window (``reprocessed_at`` set, spark_apps/reprocess.py): those are counted in the table. The fold runs in plain
 Python: about a minute per million events.
 
-The table is the read model's current generation (eventlake/catalog.py), or the generation given (a rebuild
+The table is the read model's current generation (read_models/catalog.py), or the generation given (a rebuild
 checks its new generation before switching). A generation no projection batch has written yet (one a rebuild
 wrote whole) stands at the log position the catalog records for it.
 """
@@ -26,9 +26,9 @@ from pathlib import Path
 import read_models
 from event_store.envelope import EventEnvelope, built, format_time
 from event_store.schemas import EVENTS
-from eventlake.catalog import Catalog, Generation
-from eventlake.settings import Settings
-from eventlake.tables import read_table
+from lakehouse.settings import Settings
+from lakehouse.tables import read_table
+from read_models.catalog import Catalog, Generation
 from read_models.sequence import sequence
 from read_models.spec import WINDOWED_SUM
 from spark_apps.projection import ARCHIVE_TABLE

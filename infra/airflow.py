@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 __all__ = ["DAGS_FOLDER", "AirflowError", "airflow_home", "environment", "ensure_db", "run"]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eventlake.processes import read_pid, terminate
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 __all__ = ["BrokerStatus", "KafkaError", "resolve_libs", "up", "down", "status"]
 

@@ -1,15 +1,14 @@
-"""Read models: one module per table, each exposing one ``MODEL`` spec; ``REGISTRY`` collects them."""
+"""Read models: one module per table in its domain's folder (``read_models.account``, ``.iot``, ``.site``), each
+exposing one ``MODEL`` spec; each domain's ``MODELS`` collects its own, and ``REGISTRY`` collects the registered
+domains'."""
 from __future__ import annotations
 
-from read_models.account_summary import MODEL as ACCOUNT_SUMMARY
-from read_models.fraud_alerts import MODEL as FRAUD_ALERTS
-from read_models.merchant_minute_volume import MODEL as MERCHANT_MINUTE_VOLUME
-from read_models.payments import MODEL as PAYMENTS
+from read_models import account, iot, site
 from read_models.spec import ReadModel
 
 __all__ = ["REGISTRY", "ReadModel", "get", "select"]
 
-REGISTRY: dict[str, ReadModel] = {m.name: m for m in (ACCOUNT_SUMMARY, PAYMENTS, MERCHANT_MINUTE_VOLUME, FRAUD_ALERTS)}
+REGISTRY: dict[str, ReadModel] = {**account.MODELS, **iot.MODELS, **site.MODELS}
 
 
 def get(name: str) -> ReadModel:

@@ -49,7 +49,7 @@ class ReadModel:
     # Columns Delta keeps min/max statistics of (data skipping for readers); default: the key.
     stats_columns: tuple[str, ...] = ()
     # The same fold as ``fold`` in SQL (DuckDB's dialect) over a relation ``events`` with the archive's columns:
-    # the rebuild folds the whole archive with it (``eventlake.archive_fold``; without it, with ``fold`` in Spark).
+    # the rebuild folds the whole archive with it (``spark_apps.archive_fold``; without it, with ``fold`` in Spark).
     fold_sql: str = ""
 
     def __post_init__(self):

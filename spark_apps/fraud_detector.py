@@ -16,9 +16,10 @@ from typing import Callable, Iterator
 
 from event_store.account import AGGREGATE_TYPE
 from event_store.account.fraud_rules import FraudState, Observation, detect, flag_command_id
-from eventlake.settings import Settings
-from spark_apps.events import parse_events, read_event_records
-from spark_apps.projection import bound_query_stop
+from lakehouse.settings import Settings
+from spark_apps import detector_app
+from spark_apps.detector_app import run_service, start_findings_query
+from spark_apps.events import parse_events
 
 __all__ = ["FraudDetector", "main"]
 
@@ -27,14 +28,7 @@ _OUTPUT_SCHEMA = ("account_id string, payment_id string, rule string, time_ms lo
                   "command_id string")
 _STATE_SCHEMA = "state string"
 
-# Where the per-account state lives: RocksDB (off the JVM heap, so the driver's memory does not grow with the
-# number of accounts) with changelog checkpoints (a batch writes only the states it changed, not a snapshot).
-# The checkpoint records its provider: a checkpoint made with another one (Spark's default, before this) keeps it.
-STATE_STORE_CONF = {
-    "spark.sql.streaming.stateStore.providerClass":
-        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-}
+STATE_STORE_CONF = detector_app.STATE_STORE_CONF  # RocksDB with changelog checkpoints (detector_app)
 
 
 def _encode(state: FraudState) -> str:
@@ -92,53 +86,11 @@ class FraudDetector:
         return found.select(F.col("account_id").alias("key"), F.to_json(command).alias("value"))
 
     def start(self, until_caught_up: bool = False):
-        s = self.settings
-        bound_query_stop(self.spark)
-        for key, value in STATE_STORE_CONF.items():
-            self.spark.conf.set(key, value)
-        records = read_event_records(self.spark, s)
-        writer = (self.findings(records).writeStream.format("kafka").queryName("fraud_detector")
-                  .option("kafka.bootstrap.servers", s.bootstrap_servers)
-                  .option("kafka.acks", "all").option("kafka.enable.idempotence", "true")
-                  .option("topic", s.commands_topic)
-                  .option("checkpointLocation", str(self.checkpoint))
-                  .outputMode("append"))
-        writer = writer.trigger(availableNow=True) if until_caught_up else writer.trigger(
-            processingTime=s.trigger_interval)
-        query = writer.start()
-        self.log(f"fraud detector: reading {s.events_topic}, flagging to {s.commands_topic} "
-                 f"(checkpoint {self.checkpoint})")
-        return query
+        return start_findings_query(self, "fraud_detector", "fraud detector", until_caught_up, STATE_STORE_CONF)
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    from eventlake.signals import stop_requested_on_sigterm
-    from spark_apps.projection import stop_query
-    from spark_apps.session import build_session
-
-    parser = argparse.ArgumentParser(prog="fraud_detector", description=__doc__.splitlines()[0])
-    parser.add_argument("--until-caught-up", action="store_true", help="process what the log holds now, then stop")
-    args = parser.parse_args(argv)
-    settings = Settings.load()
-    # Installed before the (slow) session start, so that a SIGTERM meanwhile is not lost either.
-    stop_requested = stop_requested_on_sigterm()
-    spark = build_session(settings, app_name="eventlake-fraud-detector")
-    query = FraudDetector(spark, settings).start(until_caught_up=args.until_caught_up)
-    try:
-        # Checked every second, whatever the query waits for (the broker may be away): a batch cut short commits
-        # nothing, and the next start redoes it from the checkpoint (its findings' command ids repeat).
-        while not stop_requested.is_set() and not query.awaitTermination(1):  # raises the query's failure
-            pass
-    except KeyboardInterrupt:
-        pass
-    finally:
-        stop_query(query)  # bounded: a query waiting for an absent broker is left to end with the process
-    read = sum(p["numInputRows"] for p in query.recentProgress)
-    print(f"fraud detector: {'stopped (SIGTERM) after reading' if stop_requested.is_set() else 'read'} {read} "
-          f"events; findings are FlagFraud commands on {settings.commands_topic}")
-    return 0
+    return run_service(argv, "fraud_detector", __doc__.splitlines()[0], "fraud detector", "FlagFraud", FraudDetector)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 __all__ = ["DEFAULT_RETENTION_HOURS", "MaintenanceError", "MaintenanceReport", "generations_to_drop", "maintain"]
 
@@ -64,7 +64,7 @@ class MaintenanceReport:
 
 
 def generations_to_drop(state) -> list[int]:
-    """Every generation of ``state`` (eventlake.catalog.ModelState) beyond the last two: neither current nor the
+    """Every generation of ``state`` (read_models.catalog.ModelState) beyond the last two: neither current nor the
     rollback target, nor dropped already."""
     keep = {state.current}
     target = state.rollback_target()
@@ -90,7 +90,7 @@ def maintain(spark, settings: Settings, name: str, retention_hours: int = DEFAUL
     """Drop read model ``name``'s generations beyond the last two, then OPTIMIZE and VACUUM (``retention_hours``,
     at least 168) the tables of those kept. See the module's docstring for the guarantees."""
     import read_models
-    from eventlake.catalog import Catalog
+    from read_models.catalog import Catalog
     from spark_apps.rebuild import RebuildLock, RebuildRefused
 
     if retention_hours < DEFAULT_RETENTION_HOURS:

@@ -33,7 +33,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from eventlake.catalog import SHARED_LATE_EVENTS_TABLE, Generation, legacy_generation
+from read_models.catalog import SHARED_LATE_EVENTS_TABLE, Generation, legacy_generation
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
 __all__ = ["BatchContext", "apply", "commit_conflict", "post_commit_hook_failure", "COMMIT_ATTEMPTS", "ensure_table",
@@ -78,6 +78,9 @@ class BatchContext:
         self.retries = 0  # parts of this batch run again after losing a commit race
         self.projection, self.batch_id, self.input_rows = projection, batch_id, input_rows
         self.steps = {} if steps is None else steps  # step name -> seconds, summed: where a batch's time goes
+        # Event type -> (first, last) occurred_at of the batch's admitted events of that type, as
+        # "yyyy-MM-dd HH:mm:ss.SSSSSS" in the session's time zone, when the projection has them (else None).
+        self.event_times: dict[str, tuple[str, str]] | None = None
         self.generations = dict(generations or {})
 
     def generation(self, model_name: str) -> Generation:
@@ -372,7 +375,7 @@ def _windowed_sum(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]
     spark = ctx.spark
     applied_table = f"_applied/{model.name}"
     generation = ctx.generation(model.name)
-    ledger = spark.read.format("delta").load(str(generation.applied)).select("event_id")
+    ledger = _applied_between(ctx, model, events, spark.read.format("delta").load(str(generation.applied)))
     with ctx.timed(f"{model.name}: watermark"):
         watermark, newest = _watermark_before_batch(ctx, model)
     late = F.col(model.event_time) < F.lit(watermark) if watermark is not None else F.lit(False)
@@ -411,6 +414,32 @@ def _windowed_sum(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]
     finally:
         fresh.unpersist()
     return {"applied": on_time, "late": late_count}
+
+
+# Event times as text, exact to the microsecond, in the session's time zone (UTC) both ways.
+EVENT_TIME_FORMAT = "yyyy-MM-dd HH:mm:ss.SSSSSS"
+
+
+def _applied_between(ctx: BatchContext, model: ReadModel, events, applied):
+    """The ids of the ``_applied`` ledger that an event of this batch can repeat: those of its event times only.
+    An admitted event id has one event time (the sequence gate admits the first record of an id), so the rest of
+    the ledger cannot match; Delta skips its files by their event_time statistics, and a live batch reads the
+    ledger's recent files instead of its whole history. Rows without an event time (none are written) are kept."""
+    from pyspark.sql import functions as F
+
+    known = ctx.event_times if model.event_time == "occurred_at" else None
+    if known is not None:  # from the projection's one pass over the batch (Projection._units_with_events)
+        bounds = [known[t] for t in model.event_types if t in known]
+        lo, hi = (min(b[0] for b in bounds), max(b[1] for b in bounds)) if bounds else (None, None)
+    else:
+        with ctx.timed(f"{model.name}: event time bounds"):
+            lo, hi = events.agg(F.date_format(F.min(model.event_time), EVENT_TIME_FORMAT),
+                                F.date_format(F.max(model.event_time), EVENT_TIME_FORMAT)).first()
+    if lo is None:
+        return applied.select("event_id")
+    time = F.col("event_time")
+    return (applied.filter(time.isNull() | time.between(F.lit(lo).cast("timestamp"), F.lit(hi).cast("timestamp")))
+            .select("event_id"))
 
 
 def watermark_delay(model: ReadModel) -> dt.timedelta:

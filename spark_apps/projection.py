@@ -5,7 +5,7 @@ to the dead-letter table, and MERGEs the events into every selected read model (
 query appends every valid event to ``event_archive``. Each keeps its Kafka offsets in its own checkpoint,
 so a restart resumes where its last committed batch ended.
 
-Each read model is written in its current generation (eventlake/catalog.py), resolved at the start of every
+Each read model is written in its current generation (read_models/catalog.py), resolved at the start of every
 batch: after a switch or a rollback the running projection writes the new current generation from its next
 batch, without a restart. A batch that Spark runs again after a crash writes the generations its first run
 resolved (kept in the checkpoint), so no generation is left with half a batch. A projection given
@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import read_models
-from eventlake.catalog import Catalog, Generation
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
+from read_models.catalog import Catalog, Generation
 from read_models.spec import ReadModel
 from spark_apps.events import check_records, parse_events, read_event_records, split_checked
-from spark_apps.merge import BatchContext, apply, bookkeeping_tables, ensure_table
+from spark_apps.merge import EVENT_TIME_FORMAT, BatchContext, apply, bookkeeping_tables, ensure_table
 from spark_apps import sequence
 
 __all__ = ["Projection", "ProjectionError", "ProjectionRun", "DEAD_LETTER_TABLE", "ARCHIVE_TABLE", "main"]
@@ -199,16 +199,33 @@ class Projection:
                              f"event at a version already taken) -> dead-letter table "
                              f"{self.settings.table_path(DEAD_LETTER_TABLE)}")
                 units = self._units(generations) if self.models else []
+                if len(units) > 1:
+                    units, ctx.event_times = self._units_with_events(units, admission.events)
                 if len(units) == 1:
                     model, generation = units[0]
                     ctx.generations = {model.name: generation}
                     self._apply_timed(ctx, model, admission.events)
-                else:
+                elif units:
                     self._apply_side_by_side(ctx, units, admission.events)
                 self.log(_batch_line(batch_id, time.monotonic() - started, before, steps))
             finally:
                 checked.unpersist()
         return process
+
+    @staticmethod
+    def _units_with_events(units: list[tuple[ReadModel, Generation]], events):
+        """The units whose read model folds an event type among the batch's admitted events (held events an
+        earlier batch kept back included): with several domains, a batch of one domain's events leaves the
+        others' models alone (no Spark job, no commit: there is nothing for them to apply). And each type's first
+        and last event time, which the windowed models read their applied-ids ledger by. One pass over the
+        admitted events, which the sequence gate has materialised. -> (units, event times by type)."""
+        from pyspark.sql import functions as F
+
+        rows = events.groupBy("event_type").agg(
+            F.date_format(F.min("occurred_at"), EVENT_TIME_FORMAT).alias("first"),
+            F.date_format(F.max("occurred_at"), EVENT_TIME_FORMAT).alias("last")).collect()
+        times = {r["event_type"]: (r["first"], r["last"]) for r in rows}
+        return [(model, generation) for model, generation in units if set(times).intersection(model.event_types)], times
 
     def _apply_timed(self, ctx: BatchContext, model: ReadModel, events) -> None:
         with ctx.timed(model.name):
@@ -233,6 +250,7 @@ class Projection:
             events = session.table(f"global_temp.{view}")
             own = BatchContext(session, self.settings, ctx.app_id, ctx.projection, ctx.batch_id, ctx.input_rows,
                                steps=ctx.steps, generations={model.name: generation}, log=ctx.log)
+            own.event_times = ctx.event_times
             self._apply_timed(own, model, events)
 
         try:
@@ -432,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     """spark-submit entry point (also used by ``eventlake project``)."""
     import argparse
 
-    from eventlake.signals import stop_requested_on_sigterm
+    from lakehouse.signals import stop_requested_on_sigterm
     from spark_apps.session import build_session
 
     parser = argparse.ArgumentParser(prog="projection", description=__doc__.splitlines()[0])

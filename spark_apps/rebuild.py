@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
 __all__ = ["FoldTargets", "FoldStep", "FoldResult", "RebuildError", "RebuildFailed", "RebuildRefused", "RebuildOutcome",
@@ -136,9 +136,9 @@ def fold_archive(spark, settings: Settings, models: list[ReadModel], targets: di
     elapsed time) and returns the position, the counts and each step's time.
 
     ``engine`` (default ``settings.rebuild_engine``): ``duckdb`` folds in this process with each model's
-    ``fold_sql`` (``eventlake.archive_fold``; no Spark job), ``spark`` with each model's ``fold`` on ``spark``.
+    ``fold_sql`` (``spark_apps.archive_fold``; no Spark job), ``spark`` with each model's ``fold`` on ``spark``.
     DuckDB falls back to Spark, saying why, where it cannot do the job (a model without ``fold_sql``, a URI)."""
-    from eventlake import archive_fold
+    from spark_apps import archive_fold
 
     missing = [m.name for m in models if m.name not in targets]
     if missing:
@@ -636,7 +636,7 @@ def start_generation(settings: Settings, name: str, by: str, reason: str = "",
     """Step 0 (under the model's lock): abandon what an earlier rebuild left unfinished (a killed one, a failed
     run) and reserve the next generation -> (previous current generation number, the new Generation)."""
     import read_models
-    from eventlake.catalog import Catalog
+    from read_models.catalog import Catalog
 
     read_models.get(name)  # an unknown name fails here, naming the known ones
     catalog = Catalog(settings)
@@ -663,7 +663,7 @@ def build_generation(spark, settings: Settings, name: str, number: int, by: str,
     live projection writes it too from its next batch) and catch up once more. Progress lines name the events
     done of the total and an ETA. An error abandons the generation (readers never saw it) and is raised."""
     import read_models
-    from eventlake.catalog import Catalog
+    from read_models.catalog import Catalog
     from spark_apps import sequence
     from spark_apps.projection import Projection
 
@@ -713,8 +713,8 @@ def check_generation(settings: Settings, name: str, number: int, previous: int, 
                      log: Callable[[str], None] = print) -> list[str]:
     """Step 4: the model's suite and the reconciliation on generation ``number`` -> the report lines. A failure
     (or an error) abandons the generation, so readers stay on ``previous``, and raises RebuildFailed."""
-    from eventlake.catalog import Catalog
     from expectations.checks import verdict
+    from read_models.catalog import Catalog
 
     catalog = Catalog(settings)
     try:
@@ -742,7 +742,7 @@ def switch_generation(settings: Settings, name: str, number: int, previous: int,
                       dry_run: bool = False, log: Callable[[str], None] = print) -> bool:
     """Step 5: make the checked generation current, a compare-and-set against ``previous`` -> switched. A dry run
     (or a refused switch: another switch or rollback came first) abandons it instead; readers stay."""
-    from eventlake.catalog import Catalog, CatalogRefused
+    from read_models.catalog import Catalog, CatalogRefused
 
     catalog = Catalog(settings)
     if dry_run:

@@ -5,7 +5,7 @@ Why: a windowed model (``WINDOWED_SUM``, e.g. ``merchant_minute_volume``) applie
 while the window is open (before the watermark); a later one is recorded in ``late_events`` instead. Reprocessing
 folds those back into their windows.
 
-How, for the current generation (eventlake/catalog.py) and windows ``T1 <= window_start < T2``:
+How, for the current generation (read_models/catalog.py) and windows ``T1 <= window_start < T2``:
 
 1. the log position P the table stands at (as the reconciliation finds it); the archive must have reached it;
 2. the archive's events before P of the aggregates that have a model event in the range (whole aggregates, so
@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 from read_models.spec import WINDOWED_SUM, ReadModel
 
 __all__ = ["ReprocessError", "ReprocessRefused", "ReprocessOutcome", "WINDOW", "parse_bound", "validate",
@@ -123,8 +123,8 @@ def late_events_waiting(settings: Settings, name: str, start, end) -> tuple[int,
     catch-up over months of quiet days starts no Spark session for them."""
     import pyarrow.dataset as ds
 
-    from eventlake.catalog import Catalog
-    from eventlake.tables import dataset
+    from lakehouse.tables import dataset
+    from read_models.catalog import Catalog
     from spark_apps.status import watermark_statuses
 
     _, t1, t2 = validate(name, start, end)
@@ -175,8 +175,8 @@ def reprocess(spark, settings: Settings, name: str, start, end, by: str = "",
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from eventlake.catalog import Catalog
     from expectations.reconciliation import _archive_end, _position
+    from read_models.catalog import Catalog
     from spark_apps.rebuild import RebuildError, _admit, _archive, _insert_rows
 
     model, t1, t2 = validate(name, start, end)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 __all__ = ["SPARK_PACKAGES", "build_session", "delta_table_exists", "extra_jars"]
 

@@ -6,7 +6,7 @@ Table figures come from the Delta logs through delta-rs. For each windowed read 
 watermark stands: the end of the minute of the newest event time on the clock (capped by its recording and
 projection), minus the delay (``spark_apps.merge.windowed_watermark``), the newest event time applied, and how
 many applied events lie ahead of the clock (counted in their windows; they move the watermark only as far as the
-time they were recorded). Read models are shown in their current generation (eventlake/catalog.py), with
+time they were recorded). Read models are shown in their current generation (read_models/catalog.py), with
 when, by whom and why it became current.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import read_models
-from eventlake.catalog import Catalog, Generation, late_events_sources
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
+from read_models.catalog import Catalog, Generation, late_events_sources
 from spark_apps.merge import LATE_EVENTS_TABLE
 
 __all__ = ["ProjectionStatus", "TableStatus", "WatermarkStatus", "projection_statuses", "table_statuses",
@@ -68,7 +68,7 @@ def watermark_statuses(settings: Settings, now: datetime | None = None) -> list[
     import pyarrow.dataset as ds
     from deltalake import DeltaTable
 
-    from eventlake.tables import dataset
+    from lakehouse.tables import dataset
     from read_models.spec import WINDOWED_SUM
     from spark_apps.merge import newest_event_time_on_clock, watermark_delay, windowed_watermark
 
@@ -103,7 +103,7 @@ def _reprocessed(generation: Generation, name: str) -> int:
     """How many of the model's late events a reprocess has folded back in (``late_events.reprocessed_at`` set)."""
     import pyarrow.dataset as ds
 
-    from eventlake.tables import dataset
+    from lakehouse.tables import dataset
     from spark_apps.reprocess import REPROCESSED_AT
 
     path = generation.late_events
@@ -135,7 +135,7 @@ def _late_events_status(current: dict[str, Generation], settings: Settings) -> "
     import pyarrow.dataset as ds
     from deltalake import DeltaTable
 
-    from eventlake.tables import dataset
+    from lakehouse.tables import dataset
 
     sources = late_events_sources(current)
     if not sources:
@@ -146,7 +146,6 @@ def _late_events_status(current: dict[str, Generation], settings: Settings) -> "
         rows += dataset(table).count_rows(filter=ds.field("read_model").isin(names))
         version = table.version() if len(sources) == 1 else None
     return TableStatus("late_events", rows, version, sources[0][0])
-    return out
 
 
 def _utc(t: datetime | None) -> datetime | None:
@@ -194,7 +193,7 @@ def projection_statuses(settings: Settings, log_end: int | None) -> list[Project
 def table_statuses(settings: Settings) -> list[TableStatus]:
     from deltalake import DeltaTable
 
-    from eventlake.tables import dataset
+    from lakehouse.tables import dataset
 
     current = Catalog(settings).current_all()  # read models: their current generation's table
     paths = {name: generation.table for name, generation in current.items()}
@@ -272,7 +271,7 @@ def quarantined_accounts(settings: Settings) -> list[Quarantined]:
     the records a domain's quarantine_resolved_event (the account's QuarantineResolved) in the archive names. The command handler applies the same rule, so these
     are the accounts whose commands it rejects (AccountQuarantined)."""
     from event_store.domains import DOMAINS
-    from eventlake.tables import TableNotFound, read_table
+    from lakehouse.tables import TableNotFound, read_table
     from spark_apps.projection import ARCHIVE_TABLE, DEAD_LETTER_TABLE
     from spark_apps.sequence import VERSION_CONFLICT
 
@@ -302,7 +301,7 @@ def quarantined_accounts(settings: Settings) -> list[Quarantined]:
 
 def waiting_events(settings: Settings) -> dict[str, int]:
     """Per account, the events the read models hold back because an earlier version is missing."""
-    from eventlake.tables import TableNotFound, read_table
+    from lakehouse.tables import TableNotFound, read_table
     from spark_apps.sequence import held_table
 
     counts: dict[str, int] = {}

@@ -20,7 +20,7 @@ time.tzset()
 from hypothesis import HealthCheck  # noqa: E402
 from hypothesis import settings as hypothesis_settings  # noqa: E402
 
-from eventlake.settings import Settings  # noqa: E402
+from lakehouse.settings import Settings  # noqa: E402
 
 # Property-based tests (Hypothesis): "ci" (the default) is derandomized, so every run tries the same examples
 # and a failure reproduces; "dev" explores new random examples on each run; "thorough" explores ten times as

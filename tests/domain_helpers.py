@@ -1,11 +1,16 @@
 """Test helpers: a generated command stream turned into events by the pure core (no Kafka)."""
 from __future__ import annotations
 
+from typing import Iterable
+
 from event_store.account import AccountState
 from event_store.decider import execute
 from event_store.envelope import CommandEnvelope, EventEnvelope
 from event_store.errors import InvalidRecord
-from eventlake.generator import GeneratorConfig, generate_commands
+from eventlake.generator import (GeneratorConfig, IotGeneratorConfig, decide_all, generate_commands,
+                                 generate_iot_commands, interleaved)
+
+__all__ = ["events_for", "events_of", "iot_events_for", "interleaved"]
 
 
 def events_for(cfg: GeneratorConfig, flag_every: int = 0) -> list[EventEnvelope]:
@@ -31,3 +36,27 @@ def events_for(cfg: GeneratorConfig, flag_every: int = 0) -> list[EventEnvelope]
                                                            recorded_at="2026-02-01T00:00:01.000Z")
             events += new
     return events
+
+
+def events_of(records: Iterable[tuple[str, bytes]], recorded_at: str = "2026-02-01T00:00:00.000Z"
+              ) -> list[EventEnvelope]:
+    """The events the command handler would append for ``records`` (any registered domain's commands, as
+    (key, JSON) pairs), in log order; rejected and unreadable commands append nothing."""
+    return decide_all(records, recorded_at)[0]
+
+
+def iot_events_for(cfg: IotGeneratorConfig, flag_every: int = 0) -> list[EventEnvelope]:
+    """The device events for ``cfg``'s commands; with ``flag_every`` every n-th reading is also flagged
+    (FlagTelemetryAnomaly), as the telemetry detector would."""
+    records = list(generate_iot_commands(cfg))
+    if flag_every:
+        flagged = []
+        for n, e in enumerate(e for e in events_of(records) if e.event_type == "ReadingRecorded"):
+            if n % flag_every == 0:
+                flagged.append((e.aggregate_id, CommandEnvelope.create("FlagTelemetryAnomaly", e.aggregate_id, {
+                    "rule": "out_of_range_run", "reading_id": e.payload["reading_id"],
+                    "occurred_at": e.occurred_at, "evidence": f"value {e.payload['value_milli']}"},
+                    aggregate_type="device").to_json()))
+        records += flagged
+    return events_of(records)
+

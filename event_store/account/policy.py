@@ -18,7 +18,7 @@ from kafka.errors import CommitFailedError, KafkaError, KafkaTimeoutError
 from event_store import kafka_log
 from event_store.envelope import CommandEnvelope, EventEnvelope
 from event_store.errors import InvalidRecord
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 __all__ = ["FraudPolicy", "PolicyStats", "commands_for"]
 

@@ -1,9 +1,8 @@
 """The IoT telemetry domain: the ``device`` aggregate (registration, readings, decommissioning, anomalies).
 
-``DOMAIN`` is what the registry (``event_store.domains``) would know of it. It is not in ``domains._BUILT_IN``
-yet: the Spark event parser (``spark_apps/events.py``) still lists payload columns by hand and refuses at import
-a registered schema whose fields it does not list, so the domain is registered once that parser takes its
-columns from the domains' schemas. Until then tests register it (``domains.registered(iot.DOMAIN)``).
+``DOMAIN`` is what the registry (``event_store.domains``, ``_BUILT_IN``) knows of it: the handler routes its
+commands, the Spark event parser flattens its payload fields, and its read models (``read_models.iot``) and
+suites (``expectations.iot``) are in the read-model and suite registries.
 """
 from __future__ import annotations
 

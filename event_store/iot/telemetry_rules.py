@@ -29,11 +29,13 @@ the silence rule indefinitely.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import uuid
 from dataclasses import dataclass, replace
 
 __all__ = ["TelemetryState", "Observation", "Finding", "detect", "on_timer", "next_timer_ms", "flag_command_id",
-           "RULES", "RUN_LENGTH", "OUT_OF_RANGE_RUN", "SILENT_DEVICE"]
+           "encode_state", "decode_state", "RULES", "RUN_LENGTH", "OUT_OF_RANGE_RUN", "SILENT_DEVICE"]
 
 OUT_OF_RANGE_RUN = "out_of_range_run"
 SILENT_DEVICE = "silent_device"
@@ -168,3 +170,17 @@ def on_timer(state: TelemetryState, now_ms: int) -> tuple[TelemetryState, list[F
                       f"no reading for {(now_ms - state.last_seen_ms) / 1000:.1f}s after the {after} at "
                       f"{state.last_seen_ms} ms (heartbeat {state.heartbeat_ms // 1000}s)")
     return replace(state, silent_since_ms=state.last_seen_ms), [finding]
+
+
+def encode_state(state: TelemetryState) -> str:
+    """The state as JSON text (what a streaming detector keeps per device between batches); readings as lists."""
+    fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+    fields["readings"] = [dataclasses.astuple(r) for r in state.readings]
+    return json.dumps(fields, separators=(",", ":"))
+
+
+def decode_state(text: str) -> TelemetryState:
+    """The state ``encode_state`` wrote."""
+    fields = json.loads(text)
+    fields["readings"] = tuple(_Reading(*r) for r in fields["readings"])
+    return TelemetryState(**fields)

@@ -1,8 +1,7 @@
 """The site domain: the ``site`` aggregate (a website: registration, page views, retirement).
 
-``DOMAIN`` is what the registry (``event_store.domains``) would know of it. It is not in ``domains._BUILT_IN``
-yet: new domains are registered together once their read models' Spark folds have run end to end
-(docs/DESIGN.md, "Adding a domain"). Until then tests register it (``domains.registered(site.DOMAIN)``).
+``DOMAIN`` is what the registry (``event_store.domains``, ``_BUILT_IN``) knows of it; its read model
+(``read_models.site``) and suite (``expectations.site``) are registered with the others.
 """
 from __future__ import annotations
 

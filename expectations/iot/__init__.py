@@ -1,8 +1,7 @@
 """Great Expectations suites of the IoT telemetry domain's read models (``read_models.iot``), one module each,
 in the shape of ``expectations``' own (``TABLE``, ``expectations(gx)``, optionally ``derived_columns(df)``).
 
-``SUITES`` collects them. They join ``expectations.SUITES`` when the models join ``read_models.REGISTRY``
-(docs/DESIGN.md, "Adding a domain").
+``SUITES`` collects them; ``expectations.SUITES`` includes them (docs/DESIGN.md, "Adding a domain").
 """
 from __future__ import annotations
 

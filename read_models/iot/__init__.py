@@ -1,8 +1,6 @@
 """Read models of the IoT telemetry domain (the ``device`` aggregate), one module per table.
 
-``MODELS`` collects them. They are not in ``read_models.REGISTRY`` yet: the Spark event parser
-(``spark_apps/events.py``) does not flatten the device payload columns until the domain is registered in
-``event_store.domains`` (docs/DESIGN.md, "Adding a domain"); registration follows.
+``MODELS`` collects them; ``read_models.REGISTRY`` includes them (docs/DESIGN.md, "Adding a domain").
 """
 from __future__ import annotations
 

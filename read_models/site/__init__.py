@@ -1,8 +1,6 @@
 """Read models of the site domain (the ``site`` aggregate: a website and its page views), one module per table.
 
-``MODELS`` collects them. They are not in ``read_models.REGISTRY`` yet: the domain is registered in
-``event_store.domains`` together with the other new domains once their Spark folds have run end to end
-(docs/DESIGN.md, "Adding a domain"); the models' registration follows the domain's.
+``MODELS`` collects them; ``read_models.REGISTRY`` includes them (docs/DESIGN.md, "Adding a domain").
 """
 from __future__ import annotations
 

@@ -33,12 +33,18 @@ def env(settings):
 
 
 def test_demo_then_sql_query(env, settings):
-    demo = run(["demo", "--accounts", "40", "--commands", "400"], env)
+    demo = run(["demo", "--accounts", "40", "--commands", "400", "--devices", "10", "--sites", "2"], env)
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     out = demo.stdout
     run_id = re.search(r"== eventlake demo: run (\d+) ==", out).group(1)
     assert re.search(r"account_summary for this run: 40 accounts", out)
-    assert ("data quality: 4 tables against their Great Expectations suites (expectations/) and reconciled with "
+    # Every built-in domain in one run: devices (two of the generator's cases are decommissions) and page views.
+    assert re.search(r"device_status for this run: 10 devices \(2 decommissioned\), \d+ readings", out), out
+    assert re.search(r"sent \d+ commands to \S+ \(run \d+\): \d+ for 40 accounts, \d+ for 10 devices, \d+ for 2 "
+                     r"sites", out), out
+    pages = out.split("FROM page_minute_clicks")[1]
+    assert re.search(r"^/\s*\|\s*\d+", pages, re.M), pages  # the home page draws the most views
+    assert ("data quality: 8 tables against their Great Expectations suites (expectations/) and reconciled with "
             "a fold of the archived log: all passed") in out
     assert str(settings.warehouse) in out and settings.events_topic in out
 
@@ -48,12 +54,16 @@ def test_demo_then_sql_query(env, settings):
     lines = query.stdout.splitlines()
     assert lines[0].split("|")[0].strip() == "n"
     assert lines[2].split("|")[0].strip() == "40"
-    events = int(re.search(r"events:\s+(\d+) appended", out).group(1))
+    archived = run(["query", f"SELECT count(*) AS events FROM event_archive WHERE aggregate_type = 'account' "
+                             f"AND aggregate_id LIKE 'acc-{run_id}-%'"], env)
+    assert archived.returncode == 0, archived.stderr
+    events = int(archived.stdout.splitlines()[2])
     assert int(lines[2].split("|")[1]) == events  # every event applied exactly once: versions sum to events
 
     status = run(["status"], env)
     assert status.returncode == 0, status.stderr
-    assert re.search(r"projection-account_summary\+payments\+merchant_minute_volume\+fraud_alerts: lag 0 events",
+    assert re.search(r"projection-account_summary\+payments\+merchant_minute_volume\+fraud_alerts\+device_status\+"
+                     r"device_minute_readings\+telemetry_anomalies\+page_minute_clicks: lag 0 events",
                      status.stdout), status.stdout
     assert re.search(r"account_summary\s+40 rows", status.stdout), status.stdout
 

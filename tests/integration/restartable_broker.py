@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 from tests.conftest import _free_port
 
 __all__ = ["BROKER_AWAY_S", "STOP_WITHIN_S", "own_broker", "broker_down", "broker_up", "settings_on",

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 WORKTREE = Path(__file__).resolve().parents[2]
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 import read_models
-from eventlake.catalog import Catalog
 from eventlake.generator import GeneratorConfig
 from eventlake.query import query_duckdb
 from infra import airflow
+from read_models.catalog import Catalog
 from spark_apps.projection import Projection
 from tests.conftest import _free_port
 from tests.domain_helpers import events_for

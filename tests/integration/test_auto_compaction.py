@@ -5,9 +5,9 @@ import pytest
 from deltalake import DeltaTable
 
 import read_models
-from eventlake.catalog import legacy_generation
 from eventlake.generator import GeneratorConfig
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
+from read_models.catalog import legacy_generation
 from spark_apps.events import parse_events
 from spark_apps.merge import BatchContext, apply, commit_conflict, post_commit_hook_failure
 from spark_apps.projection import Projection

@@ -10,18 +10,27 @@ import pytest
 from deltalake import write_deltalake
 
 import read_models
-from eventlake.generator import GeneratorConfig
-from eventlake.settings import Settings
+from eventlake.generator import GeneratorConfig, IotGeneratorConfig
 from expectations.checks import TableMissing, check_table, check_tables
-from tests.domain_helpers import events_for
+from lakehouse.settings import Settings
+from tests import site_events
+from tests.domain_helpers import events_for, iot_events_for
 
 EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
 
 
 def write_folded(settings: Settings, events) -> None:
     """Each read model's table as the plain-Python fold of ``events`` (what the projection must produce)."""
+    import pyarrow as pa
+
+    from spark_apps.archive_fold import arrow_schema
+
     for model in read_models.REGISTRY.values():
         rows = [{**dict(zip(model.key, key)), **row} for key, row in model.python_fold(events).items()]
+        if not rows:  # another domain's table: empty, typed as the projection creates it
+            empty = pa.Table.from_pylist([], arrow_schema(model.schema()))
+            write_deltalake(str(settings.table_path(model.name)), empty, mode="overwrite")
+            continue
         frame = pd.DataFrame(rows, columns=model.columns)
         if "window_end" in frame:  # the windowed fold gives the sums per key; the projection adds the bounds
             frame["window_end"] = frame["window_start"] + pd.Timedelta(minutes=1)
@@ -31,7 +40,12 @@ def write_folded(settings: Settings, events) -> None:
 
 @pytest.fixture(scope="module")
 def folded_events():
-    return events_for(GeneratorConfig(accounts=30, commands=900, seed=4, run_id="chk"), flag_every=7)
+    """Every registered domain's events: accounts, devices and a site's page views."""
+    site = [site_events.registered("site-chk")] + [
+        site_events.viewed("site-chk", v, f"view-{v}", f"/page/{v % 3}", f"visitor-{v % 5}", f"12:0{v % 4}:{v:02d}")
+        for v in range(2, 30)]
+    return (events_for(GeneratorConfig(accounts=30, commands=900, seed=4, run_id="chk"), flag_every=7)
+            + iot_events_for(IotGeneratorConfig(devices=12, minutes=10, seed=4, run_id="chk"), flag_every=9) + site)
 
 
 def test_the_suites_pass_on_the_folded_tables(tmp_path, folded_events):

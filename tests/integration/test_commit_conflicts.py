@@ -12,11 +12,11 @@ import pytest
 from deltalake import DeltaTable
 
 import read_models
-from eventlake.catalog import legacy_generation
 from eventlake.generator import GeneratorConfig
+from read_models.catalog import legacy_generation
 from spark_apps.merge import BatchContext, apply, commit_conflict
-from tests.domain_helpers import events_for
 from spark_apps.projection import Projection
+from tests.domain_helpers import events_for
 from tests.integration.test_projection import publish
 from tests.oracle import assert_matches_oracle
 

@@ -1,6 +1,6 @@
 """Exactly-once effect under crashes: `eventlake handler` is killed with SIGKILL at random moments while
-10,000 commands stream in, restarted each time, and the log must hold each accepted command's events exactly
-once, with every account's aggregate_versions running 1..n."""
+10,000 account and ~1,000 device commands stream in, restarted each time, and the log must hold each accepted
+command's events exactly once, with every aggregate's versions running 1..n."""
 import json
 import os
 import random
@@ -17,8 +17,8 @@ import pytest
 from event_store import kafka_log
 from event_store.client import EventStore
 from event_store.envelope import CommandResult, EventEnvelope
-from eventlake.generator import GeneratorConfig, generate_commands
-from tests.domain_helpers import events_for
+from eventlake.generator import GeneratorConfig, IotGeneratorConfig, generate_commands, generate_iot_commands
+from tests.domain_helpers import events_of, interleaved
 
 pytestmark = pytest.mark.slow
 EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
@@ -26,7 +26,9 @@ EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
 
 def test_kill_9_at_random_moments_leaves_each_accepted_commands_events_exactly_once(settings, tmp_path):
     cfg = GeneratorConfig(accounts=200, commands=10_000, seed=2024, run_id="crash", invalid_rate=0.01)
-    commands = list(generate_commands(cfg))
+    # Devices' commands among the accounts' (with the IoT generator's deliberate rejections): one handler, one log.
+    commands = interleaved(generate_commands(cfg),
+                           generate_iot_commands(IotGeneratorConfig(devices=20, minutes=15, seed=2024, run_id="crash")))
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "EVENTLAKE_HOME": str(settings.home),
            "EVENTLAKE_TOPIC_PREFIX": settings.topic_prefix, "EVENTLAKE_HANDLER_GROUP_ID": settings.handler_group_id,
            # Small transactions and frequent snapshots, so kills land before, inside and after both.
@@ -70,7 +72,8 @@ def test_kill_9_at_random_moments_leaves_each_accepted_commands_events_exactly_o
     events = [EventEnvelope.from_json(r.value) for r in kafka_log.read_all(settings, settings.events_topic)]
     # Exactly the events the pure core decides for these commands: none lost, none twice.
     key = lambda e: (e.aggregate_id, e.aggregate_version, e.event_type, e.event_id, e.command_id)  # noqa: E731
-    assert sorted(map(key, events)) == sorted(map(key, events_for(cfg)))
+    assert sorted(map(key, events)) == sorted(map(key, events_of(commands)))
+    assert {e.aggregate_type for e in events} == {"account", "device"}
     by_account = defaultdict(list)
     for e in events:  # log order within the account's partition
         by_account[e.aggregate_id].append(e.aggregate_version)

@@ -10,8 +10,8 @@ from deltalake import DeltaTable, write_deltalake
 
 from eventlake.generator import GeneratorConfig
 from expectations.cross_model import check_agreement
-from read_models.account_summary import MODEL as ACCOUNT_SUMMARY
-from read_models.payments import MODEL as PAYMENTS
+from read_models.account.account_summary import MODEL as ACCOUNT_SUMMARY
+from read_models.account.payments import MODEL as PAYMENTS
 from spark_apps.projection import Projection
 from tests.domain_helpers import events_for
 from tests.integration.test_projection import publish

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 import read_models
-from eventlake.catalog import Catalog
 from eventlake.generator import GeneratorConfig
-from eventlake.settings import PROJECT_ROOT, Settings
 from infra.airflow import environment
+from lakehouse.settings import PROJECT_ROOT, Settings
+from read_models.catalog import Catalog
 from spark_apps.rebuild import RebuildLock, RebuildRefused, airflow_owner, lock_path
 from tests.domain_helpers import events_for
 from tests.integration.test_checks import write_folded

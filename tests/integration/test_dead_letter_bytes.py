@@ -11,8 +11,8 @@ import pytest
 from eventlake import cli
 from eventlake.generator import GeneratorConfig
 from eventlake.query import query_duckdb, query_spark
-from eventlake.tables import read_table
-from read_models.account_summary import MODEL as ACCOUNT_SUMMARY
+from lakehouse.tables import read_table
+from read_models.account.account_summary import MODEL as ACCOUNT_SUMMARY
 from spark_apps.merge import ensure_table
 from spark_apps.projection import DEAD_LETTER_TABLE, Projection
 from tests.domain_helpers import events_for

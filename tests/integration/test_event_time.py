@@ -16,7 +16,7 @@ from event_store.envelope import EventEnvelope, format_time
 from eventlake.query import query_duckdb, query_spark
 from expectations.checks import check_table
 from expectations.reconciliation import reconcile
-from read_models.merchant_minute_volume import MODEL as MERCHANT_MINUTE_VOLUME
+from read_models.account.merchant_minute_volume import MODEL as MERCHANT_MINUTE_VOLUME
 from spark_apps import status
 from spark_apps.projection import Projection
 from tests.oracle import assert_matches_oracle
@@ -167,7 +167,7 @@ def test_one_payment_dated_far_in_the_future_does_not_make_later_payments_late(s
                                                "WHERE year(window_start) = 9998")
     assert outlier_window == [(1, 7_777)]  # the outlier is counted too, in its window
     assert_matches_oracle(spark, settings, account.events, [MERCHANT_MINUTE_VOLUME])
-    [w] = status.watermark_statuses(settings)
+    [w] = [w for w in status.watermark_statuses(settings) if w.name == MERCHANT_MINUTE_VOLUME.name]
     assert format_time(w.newest_on_clock) == format_time(base + timedelta(minutes=38))
     assert format_time(w.watermark) == format_time(base + timedelta(minutes=39 - 10))
     assert w.ahead_of_clock == 1 and w.late == 0 and w.newest_event_time.year == 9998
@@ -206,5 +206,5 @@ def test_repeated_generator_runs_land_on_time(spark, settings):
         settings, "SELECT sum(payments_authorized), sum(payments_declined) FROM account_summary")
     _, [(counted,)] = query_duckdb(settings, "SELECT sum(payments) FROM merchant_minute_volume")
     assert authorized + declined == payments and counted == authorized > 0
-    [w] = status.watermark_statuses(settings)
+    [w] = [w for w in status.watermark_statuses(settings) if w.name == MERCHANT_MINUTE_VOLUME.name]
     assert w.late == 0 and w.watermark is not None and w.ahead_of_clock == 0

@@ -14,10 +14,10 @@ import pytest
 from deltalake import DeltaTable
 
 from eventlake import cli
-from eventlake.catalog import Catalog, CatalogRefused
 from eventlake.generator import GeneratorConfig
 from eventlake.query import query_duckdb
 from expectations.reconciliation import reconcile
+from read_models.catalog import Catalog, CatalogRefused
 from spark_apps.projection import Projection
 from spark_apps.status import render
 from tests.domain_helpers import events_for

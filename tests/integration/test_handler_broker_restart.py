@@ -17,7 +17,7 @@ import pytest
 from event_store import kafka_log
 from event_store.envelope import CommandEnvelope, CommandResult, EventEnvelope
 from event_store.handler import CommandHandler
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 from tests.integration.restartable_broker import (  # noqa: F401 -- own_broker is a fixture
     BROKER_AWAY_S, STOP_WITHIN_S, broker_down, broker_up, needs_local_broker, own_broker, settings_on)
 

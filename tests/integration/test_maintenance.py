@@ -4,8 +4,8 @@ import pytest
 from deltalake import DeltaTable
 
 import read_models
-from eventlake.catalog import Catalog
 from eventlake.generator import GeneratorConfig
+from read_models.catalog import Catalog
 from spark_apps.maintenance import MaintenanceError, generations_to_drop, maintain
 from spark_apps.rebuild import RebuildLock, rebuild
 from tests.domain_helpers import events_for

@@ -10,9 +10,9 @@ from deltalake import DeltaTable
 import read_models
 from event_store import kafka_log
 from eventlake.generator import GeneratorConfig
-from read_models.account_summary import MODEL as ACCOUNT_SUMMARY
-from spark_apps.projection import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Projection
 from expectations.reconciliation import reconcile
+from read_models.account.account_summary import MODEL as ACCOUNT_SUMMARY
+from spark_apps.projection import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Projection
 from tests.domain_helpers import events_for
 from tests.oracle import assert_matches_oracle, late_count, table_rows
 

@@ -9,11 +9,11 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from eventlake import cli
-from eventlake.catalog import Catalog
 from eventlake.generator import GeneratorConfig
 from eventlake.history import history
 from eventlake.query import QueryError, logical_tables, parse_as_of, query_duckdb, query_spark
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
+from read_models.catalog import Catalog
 from tests.domain_helpers import events_for
 from tests.integration.test_checks import write_folded
 from tests.integration.test_query_errors import run_cli

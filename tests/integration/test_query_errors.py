@@ -10,7 +10,7 @@ import pytest
 from eventlake import cli
 from eventlake.generator import GeneratorConfig
 from eventlake.query import QueryError, query_duckdb
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 from spark_apps.merge import ensure_table
 from spark_apps.projection import DEAD_LETTER_TABLE
 from tests.domain_helpers import events_for
@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow
 
 EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
 ROOT = str(Path(__file__).resolve().parents[2])
-TABLES = "(tables: account_summary, payments, merchant_minute_volume, fraud_alerts)"
+TABLES = ("(tables: account_summary, payments, merchant_minute_volume, fraud_alerts, device_status, "
+          "device_minute_readings, telemetry_anomalies, page_minute_clicks)")
 
 
 def run_cli(home: Path, *args: str) -> subprocess.CompletedProcess:

@@ -7,7 +7,7 @@ import pytest
 
 from eventlake.generator import GeneratorConfig
 from eventlake.query import QueryError, query_duckdb, query_spark
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 from tests.domain_helpers import events_for
 from tests.integration.test_checks import write_folded
 from tests.integration.test_query_errors import TABLES, assert_one_message, run_cli

@@ -13,9 +13,9 @@ import time
 import pytest
 
 import read_models
-from eventlake.catalog import Catalog
 from eventlake.generator import GeneratorConfig
 from eventlake.query import query_duckdb
+from read_models.catalog import Catalog
 from spark_apps.projection import Projection
 from spark_apps.rebuild import lock_path, rebuild
 from tests.domain_helpers import events_for

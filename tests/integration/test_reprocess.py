@@ -13,10 +13,10 @@ import pytest
 
 import read_models
 from event_store import kafka_log
-from eventlake.catalog import Catalog
 from eventlake.generator import GeneratorConfig
-from eventlake.settings import Settings
 from expectations.reconciliation import reconcile
+from lakehouse.settings import Settings
+from read_models.catalog import Catalog
 from read_models.sequence import sequence
 from spark_apps.projection import Projection
 from spark_apps.status import render, watermark_statuses

@@ -9,10 +9,11 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from eventlake import cli, sql_server
-from eventlake.catalog import Catalog
 from eventlake.generator import GeneratorConfig
 from eventlake.query import query_duckdb
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
+import read_models
+from read_models.catalog import Catalog
 from tests.domain_helpers import events_for
 from tests.integration.test_checks import write_folded
 from tests.integration.test_query_read_only import payments_path, state
@@ -65,8 +66,7 @@ def test_the_thrift_server_gives_the_rows_the_embedded_path_gives(server):
     for sql in SAME_ROWS:
         expected = query_duckdb(server, sql)[1]
         assert thrift_rows(server, sql) == expected, sql
-    assert sorted(r[1] for r in thrift_rows(server, "SHOW TABLES")) == sorted(
-        ["account_summary", "payments", "merchant_minute_volume", "fraud_alerts"])
+    assert sorted(r[1] for r in thrift_rows(server, "SHOW TABLES")) == sorted(read_models.REGISTRY)
 
 
 def test_the_thrift_server_refuses_every_write_and_every_path_and_changes_nothing(server):

@@ -2,7 +2,7 @@
 import random
 
 from eventlake.generator import GeneratorConfig
-from read_models.account_summary import MODEL
+from read_models.account.account_summary import MODEL
 from tests.domain_helpers import events_for
 
 CFG = GeneratorConfig(accounts=40, commands=600, seed=7, run_id="fold")

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from eventlake.catalog import Catalog, CatalogError, CatalogRefused
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
+from read_models.catalog import Catalog, CatalogError, CatalogRefused
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from event_store.fields import Field
 from event_store.handler import CommandHandler, HandlerStats
 from event_store.partition_rebuild import PartitionRebuilder
 from event_store.snapshots import PartitionState, load_snapshot, snapshot_records
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 T = "2026-01-01T00:00:00.000Z"
 
@@ -112,7 +112,7 @@ def test_a_counter_is_decided_and_evolved_by_the_generic_decider_with_expected_v
 
 
 @pytest.mark.parametrize("envelope, reason", [
-    ({"aggregate_type": "nosuch"}, "command c9: unknown aggregate_type 'nosuch'; known: account, counter"),
+    ({"aggregate_type": "nosuch"}, "command c9: unknown aggregate_type 'nosuch'; known: account, device, site, counter"),
     ({"aggregate_type": "account"}, "command c9: command_type 'Increment' is not a command of aggregate type "
                                     "'account' (it belongs to 'counter'); account's commands: OpenAccount, "),
 ])
@@ -151,25 +151,28 @@ class _Record:
 
 
 def test_the_handlers_batch_routes_each_command_to_its_aggregate_with_idempotency_and_concurrency(counter):
-    """One batch through the handler's own code (no Kafka): an account and a counter with the same id stay
-    apart; a repeated command_id gets the first result; a stale expected_version is a conflict; an unknown
-    aggregate type is rejected with its reason in the command result."""
+    """One batch through the handler's own code (no Kafka): a counter cannot take an account's id (ids are one
+    namespace across aggregate types); a repeated command_id gets the first result; a stale expected_version
+    is a conflict; an unknown aggregate type is rejected with its reason in the command result."""
     handler = CommandHandler(Settings.load({}), log=lambda *_: None)
     handler._max_event_bytes = handler._max_result_bytes = 1_000_000
     open_x = CommandEnvelope.create("OpenAccount", "x", {"customer_id": "cu", "credit_limit_minor": 10,
                                                          "currency": "USD"}, command_id="a1").to_json()
-    values = [open_x, raw("k1", 5, "x"), raw("k1", 5, "x"), raw("k2", 1, "x", expected_version=1),
-              raw("k3", 1, "x", expected_version=1), raw("k4", aggregate_type="nosuch")]
+    values = [open_x, raw("k0", 5, "x"), raw("k1", 5, "y"), raw("k1", 5, "y"), raw("k2", 1, "y", expected_version=1),
+              raw("k3", 1, "y", expected_version=1), raw("k4", aggregate_type="nosuch")]
     part, staged, staged_results, events, results = PartitionState(0), {}, {}, [], []
     handler._handle_records([_Record(v, i) for i, v in enumerate(values)], part, staged, staged_results,
                             HandlerStats(), T, None, events, results)
     answers = [CommandResult.from_json(v) for _, v in results]
     assert [(r.command_id, r.status, r.version, r.duplicate, r.error_type) for r in answers] == [
-        ("a1", "accepted", 1, False, None), ("k1", "accepted", 1, False, None), ("k1", "accepted", 1, True, None),
+        ("a1", "accepted", 1, False, None), ("k0", "rejected", 0, False, "AggregateIdTaken"),
+        ("k1", "accepted", 1, False, None), ("k1", "accepted", 1, True, None),
         ("k2", "accepted", 2, False, None), ("k3", "rejected", 2, False, "ConcurrencyConflict"),
         ("k4", "rejected", -1, False, "InvalidCommand")]
     assert "unknown aggregate_type 'nosuch'" in answers[-1].reason
-    assert {k: s.version for k, (_, s) in staged.items()} == {("account", "x"): 1, ("counter", "x"): 2}
+    assert answers[1].reason == ("command k0: aggregate id 'x' is taken by an aggregate of type 'account'; a "
+                                 "'counter' cannot have it (aggregate ids are unique across aggregate types)")
+    assert {k: s.version for k, (_, s) in staged.items()} == {("account", "x"): 1, ("counter", "y"): 2}
     assert [json.loads(v)["aggregate_type"] for _, v in events] == ["account", "counter", "counter"]
 
 

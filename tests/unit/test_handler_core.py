@@ -131,10 +131,24 @@ def test_generated_streams_parse_and_execute_the_same_on_both_paths():
         states[command.aggregate_id] = new_state
 
 
-def test_event_ids_are_uuid5_of_command_id_and_index():
+def test_event_ids_are_uuid5_of_the_aggregate_the_version_and_the_command_id():
     for i in range(2000):
         command_id = str(uuid.uuid4()) if i % 3 else f"cmd-{i}-é"
-        assert event_id_for(command_id, i % 4) == str(uuid.uuid5(_EVENT_ID_NAMESPACE, f"{command_id}/{i % 4}"))
+        assert event_id_for("account", f"acc-{i % 7}", i % 5 + 1, command_id) == str(
+            uuid.uuid5(_EVENT_ID_NAMESPACE, f"account/acc-{i % 7}/{i % 5 + 1}/{command_id}"))
+
+
+def test_a_command_id_reused_on_another_aggregate_or_later_makes_events_with_ids_of_their_own():
+    """A client that reuses a command id (on another aggregate, or on the same one once the first left the
+    idempotency window) gets events of its own: readers skip an event whose id they have seen (a repeat)."""
+    state_a, events_a, _ = execute(AccountState("a"), CommandEnvelope.create(
+        "OpenAccount", "a", {"customer_id": "c", "credit_limit_minor": 10, "currency": "USD"}, command_id="same"))
+    state_b, events_b, _ = execute(AccountState("b"), CommandEnvelope.create(
+        "OpenAccount", "b", {"customer_id": "c", "credit_limit_minor": 10, "currency": "USD"}, command_id="same"))
+    _, events_a2, _ = execute(state_a, CommandEnvelope.create("FreezeAccount", "a", {"reason": "test"},
+                                                              command_id="same"))
+    ids = [e.event_id for e in events_a + events_b + events_a2]
+    assert len(ids) == len(set(ids)) == 3
 
 
 def test_dumps_writes_what_orjson_refuses():

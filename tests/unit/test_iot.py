@@ -19,17 +19,15 @@ from event_store.iot import DeviceState, decide, evolve, quarantined
 from event_store.iot.schemas import VALUE_MAX_MILLI
 from event_store.partition_rebuild import PartitionRebuilder
 from event_store.snapshots import PartitionState, load_snapshot, snapshot_records
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 T0 = "2026-01-01T10:00:00.000Z"
 DEVICE = "dev-1"
 
 
-@pytest.fixture(autouse=True)
-def registered():
-    with domains.registered(iot.DOMAIN):
-        yield
-    assert "device" not in domains.DOMAINS and "RecordReading" not in schemas.COMMANDS
+def test_the_device_domain_is_built_in():
+    assert domains.DOMAINS["device"] is iot.DOMAIN and schemas.COMMANDS["RecordReading"] is iot.DOMAIN.commands[
+        "RecordReading"]
 
 
 def cmd(kind, payload, device=DEVICE, **kw):
@@ -327,8 +325,8 @@ class _Record:
 
 
 def test_the_handlers_batch_decides_devices_and_accounts_side_by_side_with_idempotency():
-    """One batch through the handler's own code (no Kafka): an account and a device with the same id stay
-    apart, a flag re-sent with its command_id gets the first result and writes nothing, and the domain's
+    """One batch through the handler's own code (no Kafka): a device cannot take an account's id (nor an account
+    a device's: ids are one namespace across aggregate types, as the readers know aggregates by id), a flag re-sent with its command_id gets the first result and writes nothing, and the domain's
     rejections reach the command results with their reasons."""
     from event_store.envelope import CommandResult
     from event_store.handler import CommandHandler, HandlerStats
@@ -336,19 +334,25 @@ def test_the_handlers_batch_decides_devices_and_accounts_side_by_side_with_idemp
     handler = CommandHandler(Settings.load({}), log=lambda *_: None)
     handler._max_event_bytes = handler._max_result_bytes = 1_000_000
     flag = cmd("FlagTelemetryAnomaly", {"rule": "out_of_range", "reading_id": "r1"}, "x", command_id="f1")
-    values = [CommandEnvelope.create("OpenAccount", "x", {"customer_id": "cu", "credit_limit_minor": 10,
+    values = [CommandEnvelope.create("OpenAccount", "a", {"customer_id": "cu", "credit_limit_minor": 10,
                                                           "currency": "USD"}, command_id="a1").to_json(),
+              register(device="a", command_id="d0").to_json(),
               register(device="x", command_id="d1").to_json(), reading(1, "r1", device="x", command_id="d2").to_json(),
               flag.to_json(), flag.to_json(), reading(1, "r2", "F", device="x", command_id="d3").to_json(),
-              reading(1, "r3", device="y", command_id="d4").to_json()]
+              reading(1, "r3", device="y", command_id="d4").to_json(),
+              CommandEnvelope.create("OpenAccount", "x", {"customer_id": "cu", "credit_limit_minor": 10,
+                                                          "currency": "USD"}, command_id="a2").to_json()]
     part, staged, staged_results, events, results = PartitionState(0), {}, {}, [], []
     handler._handle_records([_Record(v, i) for i, v in enumerate(values)], part, staged, staged_results,
                             HandlerStats(), T0, None, events, results)
     answers = [CommandResult.from_json(v) for _, v in results]
     assert [(r.command_id, r.status, r.version, r.duplicate, r.error_type) for r in answers] == [
-        ("a1", "accepted", 1, False, None), ("d1", "accepted", 1, False, None), ("d2", "accepted", 2, False, None),
+        ("a1", "accepted", 1, False, None), ("d0", "rejected", 0, False, "AggregateIdTaken"),
+        ("d1", "accepted", 1, False, None), ("d2", "accepted", 2, False, None),
         ("f1", "accepted", 3, False, None), ("f1", "accepted", 3, True, None),
-        ("d3", "rejected", 3, False, "UnitMismatch"), ("d4", "rejected", 0, False, "DeviceNotFound")]
-    assert {k: s.version for k, (_, s) in staged.items()} == {("account", "x"): 1, ("device", "x"): 3}
+        ("d3", "rejected", 3, False, "UnitMismatch"), ("d4", "rejected", 0, False, "DeviceNotFound"),
+        ("a2", "rejected", 0, False, "AggregateIdTaken")]
+    assert "aggregate id 'x' is taken by an aggregate of type 'device'; a 'account' cannot have it" in answers[-1].reason
+    assert {k: s.version for k, (_, s) in staged.items()} == {("account", "a"): 1, ("device", "x"): 3}
     assert [json.loads(v)["event_type"] for _, v in events] == [
         "AccountOpened", "DeviceRegistered", "ReadingRecorded", "TelemetryAnomalyDetected"]

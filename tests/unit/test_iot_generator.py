@@ -1,26 +1,19 @@
 """The IoT telemetry generator: deterministic per seed, valid commands, and each deliberate case where its
-config says, checked by running the stream through the device aggregate (registered here, as in test_iot.py)."""
+config says, checked by running the stream through the device aggregate (a built-in domain)."""
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
-from event_store import domains, iot
+from event_store import iot
 from event_store.decider import execute
 from event_store.envelope import CommandEnvelope, parse_time
 from eventlake.generator import IotGeneratorConfig, generate_iot_commands
 
 CFG = IotGeneratorConfig(devices=16, sites=3, minutes=20, seed=7, run_id="t", late_rate=0.05)
-
-
-@pytest.fixture(autouse=True)
-def registered():
-    with domains.registered(iot.DOMAIN):
-        yield
 
 
 def _run(cfg):
@@ -136,15 +129,9 @@ def test_a_config_too_small_for_its_cases_is_refused_naming_the_field(change, me
         list(generate_iot_commands(IotGeneratorConfig(**change)))
 
 
-def test_eventlake_generate_defaults_to_accounts_and_refuses_iot_until_the_domain_is_registered(capsys):
-    from eventlake.cli import build_parser, main
+def test_eventlake_generate_defaults_to_accounts_and_takes_iot():
+    from eventlake.cli import build_parser
 
     assert build_parser().parse_args(["generate"]).domain == "accounts"
-    domains.unregister(iot.AGGREGATE_TYPE)  # as in production today (the fixture registered it)
-    try:
-        assert main(["generate", "--domain", "iot"]) == 2
-    finally:
-        domains.register(iot.DOMAIN)
-    err = capsys.readouterr().err
-    assert "the IoT telemetry domain (aggregate type 'device') is not registered in the command handler yet" in err
-    assert "nothing was sent to" in err
+    args = build_parser().parse_args(["generate", "--domain", "iot", "--devices", "12"])
+    assert (args.domain, args.devices) == ("iot", 12)

@@ -38,12 +38,12 @@ LOG = [*D1[:4], D1[2], *D1[4:], D1[4], *D2, *D3, D3[1]]
 ADMITTED = sequence(LOG).admitted
 
 
-def test_the_models_are_collected_and_not_registered_yet():
+def test_the_models_are_collected_and_registered():
     import read_models
 
     assert list(MODELS) == ["device_status", "device_minute_readings", "telemetry_anomalies"]
     assert [m.merge_strategy for m in MODELS.values()] == [CURRENT_STATE_BY_VERSION, WINDOWED_SUM, INSERT_ONCE]
-    assert not set(MODELS) & set(read_models.REGISTRY)
+    assert all(read_models.REGISTRY[name] is model for name, model in MODELS.items())
     for model in MODELS.values():
         assert set(model.key) <= set(model.columns)
         assert set(model.merge_insert or model.columns) == set(model.columns)
@@ -98,7 +98,7 @@ def test_telemetry_anomalies_oracle_one_row_per_finding():
 
 
 def _sql_fold(model, events):
-    """``model.fold_sql`` over ``events`` as archive rows, as ``eventlake.archive_fold`` runs it: the relation
+    """``model.fold_sql`` over ``events`` as archive rows, as ``spark_apps.archive_fold`` runs it: the relation
     ``events`` holds the admitted events of the model's types."""
     mine = [e for e in events if e.event_type in model.event_types]
     return duckdb_rows(model.fold_sql, {"events": archive_table(mine)}, model.key)

@@ -1,8 +1,12 @@
-"""The write side's import layering (docs/DESIGN.md, "Layers" and "Module map"), read from the source with ``ast``.
+"""The import layering (docs/DESIGN.md, "Layers" and "Module map"), read from the source with ``ast``.
 
 Imports inside functions count too: the ``envelope`` <-> ``schemas`` cycle this guards against was one.
 Domains live in subpackages of ``event_store`` (``event_store/account/``); the framework (every other module)
 knows them only through the registry, ``event_store.domains`` (docs/DESIGN.md, "Adding a domain").
+
+Across the repository: ``lakehouse`` (settings, table access, signals) is the bottom and imports nothing else from
+the repository; ``eventlake`` (the CLI, the demo, the generator, SQL reads) is the top, and nothing below it
+imports it.
 """
 from __future__ import annotations
 
@@ -13,10 +17,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "event_store"
-# What event_store may import from the rest of the repository: only the bottom layer.
-ALLOWED_OUTSIDE = {"eventlake.settings", "eventlake.tables"}
+# The bottom layer: what every other layer may import, and what imports nothing else from the repository.
+BOTTOM = "lakehouse"
+# The top layer: it may import everything, and nothing in LOWER may import it.
+TOP = "eventlake"
+# The layers below the top. (``infra``, the local broker and Airflow that the CLI starts, is the top's helper and
+# not in this list; ``bench`` and ``tests`` are outside the layers.)
+LOWER = ("lakehouse", "event_store", "read_models", "expectations", "spark_apps", "dags")
 # Top-level folders of the repository: importing any of them from event_store is a layering question.
-REPO_PACKAGES = {"eventlake", "read_models", "spark_apps", "dags", "expectations", "infra", "bench", "tests"}
+REPO_PACKAGES = {BOTTOM, "eventlake", "read_models", "spark_apps", "dags", "expectations", "infra", "bench", "tests"}
 # The pure core: no Kafka, no Spark, no Delta, no Airflow.
 PURE = {"errors", "fields", "domain", "domains", "schemas", "upcasting", "envelope", "decider", "snapshots",
         "account", "account.aggregate", "account.schemas", "account.upcasters", "account.fraud_rules",
@@ -27,10 +36,11 @@ REGISTRY = f"{PACKAGE}.domains"
 IO_PACKAGES = {"kafka", "confluent_kafka", "pyspark", "delta", "deltalake", "airflow"}
 
 
-def _modules() -> dict[str, Path]:
-    """Every module of the package, subpackages included, by dotted name."""
+def _modules(package: str = PACKAGE) -> dict[str, Path]:
+    """Every module of the package (or of a folder of modules, such as ``dags``), subpackages included, by dotted
+    name."""
     found = {}
-    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+    for path in sorted((ROOT / package).rglob("*.py")):
         parts = path.relative_to(ROOT).with_suffix("").parts
         found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
@@ -82,10 +92,49 @@ def test_the_framework_imports_no_domain_package(module):
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_event_store_imports_only_the_bottom_layer_of_the_rest(module):
-    outside = {m for m in IMPORTS[module] if m.split(".")[0] in REPO_PACKAGES}
-    assert outside <= ALLOWED_OUTSIDE, (
-        f"{module} imports {sorted(outside - ALLOWED_OUTSIDE)}: the write side may use only "
-        f"{sorted(ALLOWED_OUTSIDE)} outside event_store (docs/DESIGN.md, 'Layers')")
+    outside = {m for m in IMPORTS[module] if m.split(".")[0] in REPO_PACKAGES - {BOTTOM}}
+    assert not outside, (f"{module} imports {sorted(outside)}: outside event_store the write side may use only the "
+                         f"bottom layer, {BOTTOM} (docs/DESIGN.md, 'Layers')")
+
+
+# Every module below the top and the top's own, by dotted name; ``from eventlake import cli`` names eventlake.cli.
+LOWER_MODULES = {name: path for package in LOWER for name, path in _modules(package).items()}
+ALL_MODULES = {**LOWER_MODULES, **_modules(TOP)}
+LOWER_IMPORTS = {name: _imports(path, ALL_MODULES) for name, path in LOWER_MODULES.items()}
+
+
+def _in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_layers_below_the_top_are_found():
+    for module in ("lakehouse.settings", "lakehouse.tables", "lakehouse.signals", "event_store.handler",
+                   "read_models.catalog", "expectations.checks", "spark_apps.archive_fold", "dags.check_read_models"):
+        assert module in LOWER_MODULES, f"{module} is not among the modules checked below the top"
+    assert not any(_in_package(m, TOP) for m in LOWER_MODULES)
+
+
+def test_an_import_of_the_top_is_seen_in_every_form(tmp_path):
+    source = tmp_path / "lower.py"
+    source.write_text("import eventlake.query\nfrom eventlake import cli\n\n\n"
+                      "def late():\n    from eventlake.generator import GeneratorConfig\n")
+    found = {m for m in _imports(source, ALL_MODULES) if _in_package(m, TOP)}
+    assert {"eventlake.query", "eventlake.cli", "eventlake.generator"} <= found
+
+
+@pytest.mark.parametrize("module", sorted(LOWER_MODULES))
+def test_nothing_below_the_top_imports_eventlake(module):
+    top = sorted(m for m in LOWER_IMPORTS[module] if _in_package(m, TOP))
+    assert not top, (f"{module} imports {top}: {TOP} is the top layer (the CLI, the demo, the generator, SQL "
+                     f"reads) and nothing in {', '.join(LOWER)} may import it; move what is needed down (to "
+                     f"{BOTTOM} when it needs nothing else from the repository) (docs/DESIGN.md, 'Layers')")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in LOWER_MODULES if _in_package(m, BOTTOM)))
+def test_the_bottom_layer_imports_nothing_else_from_the_repository(module):
+    above = sorted(m for m in LOWER_IMPORTS[module] if m.split(".")[0] in REPO_PACKAGES - {BOTTOM})
+    assert not above, (f"{module} imports {above}: {BOTTOM} is the bottom layer, which every other one imports; "
+                       f"what needs a layer above it belongs in that layer (docs/DESIGN.md, 'Layers')")
 
 
 def test_event_store_modules_form_no_import_cycle():
@@ -137,3 +186,42 @@ def test_librdkafka_clients_and_the_buffer_error_retry_live_in_kafka_clients_onl
             continue
         assert not built, f"{module} builds confluent-kafka {sorted(built)} itself; ask event_store.kafka_clients"
         assert not buffer_error, f"{module} retries on BufferError itself; use kafka_clients.produce"
+
+
+# The read side's framework: what the projection, the checks, the rebuild, status, query and the DAGs run, for
+# every domain. Only the registries (``read_models``, ``expectations``) and each domain's own code import a domain:
+# its folders in event_store/, read_models/ and expectations/, and its detector app.
+READ_SIDE = ("lakehouse", "read_models", "expectations", "spark_apps", "dags")
+DOMAIN_APPS = {"spark_apps.fraud_detector", "spark_apps.telemetry_detector"}
+READ_SIDE_REGISTRIES = {"read_models", "expectations"}
+
+
+def _read_side_domains() -> set[str]:
+    return {f"{package}.{path.parent.name}" for package in ("read_models", "expectations")
+            for path in (ROOT / package).glob("*/__init__.py")}
+
+
+READ_SIDE_DOMAINS = _read_side_domains()
+EVERY_DOMAIN_PACKAGE = DOMAIN_PACKAGES | READ_SIDE_DOMAINS
+READ_SIDE_FRAMEWORK = sorted(
+    m for m in LOWER_MODULES
+    if m.split(".")[0] in READ_SIDE and m not in DOMAIN_APPS | READ_SIDE_REGISTRIES
+    and not any(_in_package(m, d) for d in READ_SIDE_DOMAINS))
+
+
+def test_the_read_sides_domain_folders_and_framework_are_found():
+    assert {"read_models.account", "read_models.iot", "read_models.site", "expectations.account",
+            "expectations.iot", "expectations.site"} <= READ_SIDE_DOMAINS
+    for module in ("spark_apps.projection", "spark_apps.merge", "spark_apps.events", "spark_apps.rebuild",
+                   "spark_apps.status", "read_models.spec", "read_models.catalog", "expectations.checks",
+                   "expectations.reconciliation", "dags.rebuild_read_model"):
+        assert module in READ_SIDE_FRAMEWORK, module
+    assert "read_models.iot.device_status" not in READ_SIDE_FRAMEWORK
+
+
+@pytest.mark.parametrize("module", READ_SIDE_FRAMEWORK)
+def test_the_read_sides_framework_imports_no_domain(module):
+    domain = sorted(m for m in LOWER_IMPORTS[module] if any(_in_package(m, d) for d in EVERY_DOMAIN_PACKAGE))
+    assert not domain, (f"{module} imports {domain}: the projection, checks, rebuild, status and DAGs know the "
+                        f"domains only through the registries (read_models.REGISTRY, expectations.SUITES, "
+                        f"event_store.domains) (docs/DESIGN.md, 'Adding a domain')")

@@ -22,8 +22,8 @@ from event_store.account import AccountState, evolve
 from event_store.partition_rebuild import PartitionRebuilder
 from event_store.snapshots import PartitionState
 from eventlake.generator import GeneratorConfig
-from eventlake.settings import Settings
 from expectations.cross_model import compare_payments_with_summary
+from lakehouse.settings import Settings
 from read_models.sequence import sequence
 from tests.domain_helpers import events_for
 from tests.log_strategies import forged, interleavings, logs, short

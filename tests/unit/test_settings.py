@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from eventlake.settings import Settings, SettingsError
+from lakehouse.settings import Settings, SettingsError
 
 
 def test_environment_overrides_file_and_defaults(tmp_path):

@@ -50,7 +50,7 @@ EXPECTED = {
 }
 
 
-def test_the_model_is_collected_and_not_registered_yet():
+def test_the_model_is_collected_and_registered():
     import read_models
 
     assert list(MODELS) == ["page_minute_clicks"]
@@ -58,7 +58,7 @@ def test_the_model_is_collected_and_not_registered_yet():
     assert model.merge_strategy == WINDOWED_SUM and model.event_types == ("PageViewed",)
     assert model.key == ("site_id", "page", "window_start")
     assert model.columns == ["site_id", "page", "window_start", "window_end", "views", "updated_at"]
-    assert not set(MODELS) & (set(read_models.REGISTRY) | set(IOT_MODELS))
+    assert read_models.REGISTRY["page_minute_clicks"] is model and not set(MODELS) & set(IOT_MODELS)
     assert set(model.merge_insert) == set(model.columns)
     assert set(model.merge_update) <= set(model.columns) - set(model.key)
     # Views only: a distinct count does not add across batches (the module's docstring says why).
@@ -76,7 +76,7 @@ def test_the_oracle_counts_each_view_once_in_its_page_and_viewed_minute():
 
 
 def _sql_fold(events):
-    """``fold_sql`` over ``events`` as archive rows, as ``eventlake.archive_fold`` runs it: the relation ``events``
+    """``fold_sql`` over ``events`` as archive rows, as ``spark_apps.archive_fold`` runs it: the relation ``events``
     holds the admitted events of the model's types."""
     mine = [e for e in events if e.event_type in PAGE_MINUTE_CLICKS.event_types]
     return duckdb_rows(PAGE_MINUTE_CLICKS.fold_sql, {"events": archive_table(mine)}, PAGE_MINUTE_CLICKS.key)

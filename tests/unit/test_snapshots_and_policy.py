@@ -20,9 +20,9 @@ def a_partition(accounts=50, results_per_account=5, window=3) -> PartitionState:
         aid = f"acc-{i}"
         part.states[("account", aid)] = AccountState(aid, version=i + 1, opened=True, currency="USD", credit_limit_minor=10)
         for j in range(results_per_account):
-            part.remember(CommandResult(f"c-{i}-{j}", aid, "accepted", j + 1, (event_id_for(f"c-{i}-{j}", 0),),
+            part.remember(CommandResult(f"c-{i}-{j}", aid, "accepted", j + 1, (event_id_for("account", aid, j + 1, f"c-{i}-{j}"),),
                                         recorded_at="2026-01-01T00:00:00.000Z"))
-            part.event_ids.add(event_id_for(f"c-{i}-{j}", 0))
+            part.event_ids.add(event_id_for("account", aid, j + 1, f"c-{i}-{j}"))
     return part
 
 

@@ -2,7 +2,8 @@
 nowhere else (a run of 2: nothing; a run of 5: one finding; late readings; silence just under and just over the
 heartbeat; decommissioned: nothing)."""
 from event_store.iot.telemetry_rules import (OUT_OF_RANGE_RUN, RULES, SILENT_DEVICE, Observation, TelemetryState,
-                                             detect, flag_command_id, next_timer_ms, on_timer)
+                                             decode_state, detect, encode_state, flag_command_id, next_timer_ms,
+                                             on_timer)
 
 S = 1000  # ms
 IN, OUT = 20_000, 60_000  # range 0 .. 50 000 milli
@@ -174,3 +175,17 @@ def test_flag_command_ids_are_deterministic_and_distinct():
     assert flag_command_id("d1", OUT_OF_RANGE_RUN, "r60") == flag_command_id("d1", OUT_OF_RANGE_RUN, "r60")
     ids = {flag_command_id(d, rule, a) for d in ("d1", "d2") for rule in RULES for a in ("r60", "since:1000")}
     assert len(ids) == 8
+
+
+def test_the_state_survives_its_json_encoding_and_goes_on_the_same():
+    """What a streaming detector stores between batches: decoded, the state equals the original and a run of 2
+    completed after the round trip flags as it would have without it; a flagged silence stays flagged."""
+    assert decode_state(encode_state(TelemetryState())) == TelemetryState()
+    d = Device(heartbeat_s=60)
+    d.read(10, OUT), d.read(20, OUT), d.read(30, IN)
+    d.timer(200 * S)
+    text = encode_state(d.state)
+    assert decode_state(text) == d.state and d.state.silent_since_ms == 30 * S
+    d.state = decode_state(text)
+    assert d.read(25, IN) == [] and d.read(15, OUT) == [(OUT_OF_RANGE_RUN, "r15")]  # 10, 15, 20
+    assert d.timer(10 ** 9) == []  # the silence since 30 s is still the one flagged

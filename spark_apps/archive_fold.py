@@ -22,7 +22,7 @@ import os
 import time
 from typing import Callable
 
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
 __all__ = ["supports", "archive_position", "fold_archive", "arrow_schema"]

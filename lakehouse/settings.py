@@ -110,7 +110,7 @@ class Settings:
 
     def table_path(self, name: str) -> Path:
         """A table that is no read model's: the archive, the dead letters, the catalog, sequence ledgers. A read
-        model's tables are those of its current generation: ``eventlake.catalog.Catalog(settings).current(name)``."""
+        model's tables are those of its current generation: ``read_models.catalog.Catalog(settings).current(name)``."""
         return self.warehouse / name
 
     def replace(self, **changes) -> "Settings":

@@ -42,6 +42,10 @@ API: ``Catalog(settings)``; ``.current(name)``, ``.current_all()``, ``.generatio
 ``.history(name)``; ``.create_next(name, by, reason)``, ``.record_position(name, n, position, by)``,
 ``.switch(name, n, expected_current, by, reason)``, ``.rollback(name, by, reason)``, ``.drop(name, n, by, reason)``.
 Non-model tables (the archive, the dead letters, the catalog itself) stay at ``settings.table_path(name)``.
+
+It lives in ``read_models`` rather than in the bottom layer (``lakehouse``) because it knows the read models: the
+registry's names (the names it accepts, the live projection's checkpoint) and each model's merge strategy (which
+ones have late events). Everything that uses it (``spark_apps``, ``expectations``, ``eventlake``) is above it.
 """
 from __future__ import annotations
 
@@ -53,7 +57,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 import read_models
-from eventlake.settings import Settings
+from lakehouse.settings import Settings
 
 __all__ = ["Catalog", "CatalogError", "CatalogEntry", "CatalogRefused", "Generation", "ModelState",
            "CATALOG_TABLE", "GENERATIONS_FOLDER", "SHARED_LATE_EVENTS_TABLE", "late_events_sources",
@@ -235,7 +239,7 @@ class Catalog:
         """(DeltaTable or None, rows in seq order) as of the newest catalog version."""
         from deltalake import DeltaTable
 
-        from eventlake.tables import read_table
+        from lakehouse.tables import read_table
 
         if not self._exists():
             return None, ()

@@ -1,4 +1,5 @@
-"""SIGTERM for the long-running services (`eventlake handler`, `project`, `detect-fraud`, `policy`).
+"""SIGTERM for the long-running services (`eventlake handler`, `project`, `detect-fraud`, `detect-anomalies`,
+`policy`).
 
 Kubernetes, systemd and `kill` stop a service with SIGTERM. The signal only asks: its handler sets a flag that
 the service's loop checks at least every second or so, whatever it waits for (the broker may be away), so the

@@ -1,0 +1,82 @@
+"""What every detector app shares (the account's ``fraud_detector``, the device's ``telemetry_detector``): the
+state store, the streaming query that writes a detector's findings to the commands topic, and the service loop.
+
+A detector reads the events topic, folds its domain's pure rules per aggregate and writes each finding as a
+command (its id derived from the finding, so a replay repeats ids the handler answers as duplicates). It never
+writes events: the command handler stays the single writer. The detector object gives ``spark``, ``settings``,
+``log``, ``checkpoint`` and ``findings(records)`` (Kafka records -> (key, value) command records).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from lakehouse.settings import Settings
+from spark_apps.events import read_event_records
+from spark_apps.projection import bound_query_stop
+
+__all__ = ["STATE_STORE_CONF", "start_findings_query", "run_service"]
+
+# Where per-aggregate state (and timers) live: RocksDB (off the JVM heap, so the driver's memory does not grow with
+# the number of aggregates; transformWithState requires it) with changelog checkpoints (a batch writes only the
+# states it changed, not a snapshot). A checkpoint records its provider: one made with another (Spark's default,
+# before this) keeps it.
+STATE_STORE_CONF = {
+    "spark.sql.streaming.stateStore.providerClass":
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+}
+
+
+def start_findings_query(detector, query_name: str, label: str, until_caught_up: bool = False,
+                         state_store_conf: dict[str, str] | None = None):
+    """Start ``detector``'s query: the events topic -> its findings -> the commands topic (acks=all, idempotent
+    producer), checkpointed at ``detector.checkpoint``; with ``until_caught_up`` it stops at the log's end."""
+    s = detector.settings
+    bound_query_stop(detector.spark)
+    for key, value in (STATE_STORE_CONF if state_store_conf is None else state_store_conf).items():
+        detector.spark.conf.set(key, value)
+    records = read_event_records(detector.spark, s)
+    writer = (detector.findings(records).writeStream.format("kafka").queryName(query_name)
+              .option("kafka.bootstrap.servers", s.bootstrap_servers)
+              .option("kafka.acks", "all").option("kafka.enable.idempotence", "true")
+              .option("topic", s.commands_topic)
+              .option("checkpointLocation", str(detector.checkpoint))
+              .outputMode("append"))
+    writer = writer.trigger(availableNow=True) if until_caught_up else writer.trigger(
+        processingTime=s.trigger_interval)
+    query = writer.start()
+    detector.log(f"{label}: reading {s.events_topic}, flagging to {s.commands_topic} (checkpoint "
+                 f"{detector.checkpoint})")
+    return query
+
+
+def run_service(argv: list[str] | None, prog: str, description: str, label: str, command_type: str,
+                make: Callable[[object, Settings], object]) -> int:
+    """A detector's ``main``: ``--until-caught-up`` or a service that stops on SIGTERM within seconds."""
+    import argparse
+
+    from lakehouse.signals import stop_requested_on_sigterm
+    from spark_apps.projection import stop_query
+    from spark_apps.session import build_session
+
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--until-caught-up", action="store_true", help="process what the log holds now, then stop")
+    args = parser.parse_args(argv)
+    settings = Settings.load()
+    # Installed before the (slow) session start, so that a SIGTERM meanwhile is not lost either.
+    stop_requested = stop_requested_on_sigterm()
+    spark = build_session(settings, app_name=f"eventlake-{prog.replace('_', '-')}")
+    query = make(spark, settings).start(until_caught_up=args.until_caught_up)
+    try:
+        # Checked every second, whatever the query waits for (the broker may be away): a batch cut short commits
+        # nothing, and the next start redoes it from the checkpoint (its findings' command ids repeat).
+        while not stop_requested.is_set() and not query.awaitTermination(1):  # raises the query's failure
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop_query(query)  # bounded: a query waiting for an absent broker is left to end with the process
+    read = sum(p["numInputRows"] for p in query.recentProgress)
+    print(f"{label}: {'stopped (SIGTERM) after reading' if stop_requested.is_set() else 'read'} {read} "
+          f"events; findings are {command_type} commands on {settings.commands_topic}")
+    return 0
