@@ -1,7 +1,7 @@
 """Every librdkafka (confluent-kafka) client eventlake makes, and the one way it produces a record.
 
-The command handler's transactional producer and group consumer, the client's bulk producer and the admin
-client are built here, so their configuration (idempotence, ``acks=all``, ``read_committed``, the murmur2
+The command handler's transactional producer and group consumer, the fraud policy's group reader, the bulk
+producer (the client's and the policy's) and the admin client are built here, so their configuration (idempotence, ``acks=all``, ``read_committed``, the murmur2
 partitioner of the Java client) is written once. ``produce`` and ``produce_records`` own the retry for a full
 local queue (``BufferError``): let librdkafka drain it, then try once more.
 
@@ -17,8 +17,8 @@ from confluent_kafka.admin import AdminClient
 
 from lakehouse.settings import Settings
 
-__all__ = ["transactional_producer_config", "new_producer", "group_consumer", "bulk_producer", "admin_client",
-           "produce", "produce_records"]
+__all__ = ["transactional_producer_config", "new_producer", "group_consumer", "group_reader", "bulk_producer",
+           "admin_client", "produce", "produce_records"]
 
 
 def transactional_producer_config(settings: Settings, transactional_id: str, *, batch_bytes: int,
@@ -51,6 +51,21 @@ def group_consumer(settings: Settings, group_id: str, instance_id: str, max_poll
         "partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": 10_000,
         "heartbeat.interval.ms": 2_000, "max.poll.interval.ms": max_poll_interval_ms,
         "topic.metadata.refresh.interval.ms": 10_000})
+
+
+def group_reader(settings: Settings, group_id: str, on_error: Callable | None = None) -> confluent_kafka.Consumer:
+    """A ``read_committed`` consumer in ``group_id`` for a process manager (e.g. the fraud policy): offsets
+    committed by the caller only, from the log's start when the group has none, and a ``_PARTITION_EOF`` message
+    when it reaches the end of a partition (so it can tell it is caught up). ``on_error(KafkaError)`` gets the
+    client-level errors (e.g. every broker away), which librdkafka retries by itself."""
+    config = {
+        "bootstrap.servers": settings.bootstrap_servers, "group.id": group_id, "isolation.level": "read_committed",
+        "enable.auto.commit": False, "auto.offset.reset": "earliest", "enable.partition.eof": True,
+        "partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": 10_000,
+        "heartbeat.interval.ms": 2_000, "topic.metadata.refresh.interval.ms": 10_000}
+    if on_error is not None:
+        config["error_cb"] = on_error
+    return confluent_kafka.Consumer(config)
 
 
 def bulk_producer(settings: Settings, on_failed_delivery: Callable) -> confluent_kafka.Producer:

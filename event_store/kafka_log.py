@@ -9,9 +9,10 @@ import json
 import time
 from typing import Callable, Iterable, Iterator
 
+import kafka.cluster
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import TopicAlreadyExistsError
+from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from lakehouse.settings import Settings
 
@@ -21,6 +22,30 @@ __all__ = ["ensure_topics", "topic_configs", "make_producer", "make_consumer", "
 
 class LogReadStalled(RuntimeError):
     """A partition read got no further for a while before its end (typically: the broker does not answer)."""
+
+
+def surviving_refresh_loop(refresh_loop):
+    """``refresh_loop`` (kafka-python's metadata refresh coroutine), restarted when it fails.
+
+    kafka-python 3.0.12's loop awaits a refresh already in flight outside its own ``try``: when the broker is
+    away, that refresh fails, the loop ends with a traceback on stderr ("Unhandled exception in task") and the
+    client's metadata is never refreshed periodically again. Restarting it keeps a long-lived client (the
+    handler's partition reader) current once the broker is back; the failure is what the loop's own ``try``
+    would have logged at debug level."""
+    async def loop(cluster):
+        while True:
+            try:
+                return await refresh_loop(cluster)
+            except KafkaError:
+                if cluster.closed:
+                    return None
+
+    loop.__wrapped__ = refresh_loop
+    return loop
+
+
+if not hasattr(kafka.cluster.ClusterMetadata._refresh_loop, "__wrapped__"):
+    kafka.cluster.ClusterMetadata._refresh_loop = surviving_refresh_loop(kafka.cluster.ClusterMetadata._refresh_loop)
 
 # Append-only log: never deleted by time or size, never compacted.
 _UNLIMITED = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}

@@ -1,7 +1,7 @@
 """The fraud policy: a process manager that turns ``FraudSuspected`` events into ``FreezeAccount`` commands.
 
 It reads the events topic with ``read_committed`` in its own consumer group and sends commands like any
-other client (the handler stays the single writer of events). The command id is derived from the event id,
+other client (through librdkafka, which waits out a broker restart by itself) (the handler stays the single writer of events). The command id is derived from the event id,
 so a redelivered event (a restart before the offset commit) sends the same command again, which the handler
 answers as a duplicate; freezing a frozen account writes nothing either.
 """
@@ -13,9 +13,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kafka.errors import CommitFailedError, KafkaError, KafkaTimeoutError
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from event_store import kafka_log
+from event_store import kafka_clients, kafka_log
 from event_store.envelope import CommandEnvelope, EventEnvelope
 from event_store.errors import InvalidRecord
 from lakehouse.settings import Settings
@@ -24,7 +24,8 @@ __all__ = ["FraudPolicy", "PolicyStats", "commands_for"]
 
 _POLICY_NAMESPACE = uuid.UUID("0b6d7a52-39c2-4c55-8f5e-6c1f7b0e2d94")
 # Every blocking client call waits at most this long before stop() is looked at again.
-_CALL_TIMEOUT_MS = 5_000
+_CALL_TIMEOUT_S = 5.0
+_MAX_RECORDS = 2_000
 
 
 def commands_for(event: EventEnvelope) -> list[CommandEnvelope]:
@@ -54,10 +55,11 @@ class PolicyStats:
 class FraudPolicy:
     """Consume events, send FreezeAccount commands. ``run()`` until stopped or until caught up.
 
-    A broker that goes away and comes back is waited out: commands the broker did not take are sent again, and
-    offsets are committed only after every command of their events is delivered. ``stop()`` (SIGTERM in
-    ``eventlake policy``) ends ``run()`` within seconds whatever it waits for; what was not committed then is read
-    again on the next start, and its commands' ids repeat (the handler answers a repeat with its first result).
+    A broker that goes away and comes back is waited out (librdkafka reconnects by itself): commands the broker
+    did not take are sent again, and offsets are committed only after every command of their events is delivered.
+    ``stop()`` (SIGTERM in ``eventlake policy``) ends ``run()`` within seconds whatever it waits for; what was not
+    committed then is read again on the next start, and its commands' ids repeat (the handler answers a repeat
+    with its first result).
     """
 
     def __init__(self, settings: Settings, log: Callable[[str], None] = print):
@@ -65,6 +67,9 @@ class FraudPolicy:
         self.log = log
         self.stats = PolicyStats()
         self._stopping = threading.Event()
+        self._undelivered: list[tuple[bytes, bytes, KafkaError]] = []
+        self._at_end: set[tuple[str, int]] = set()  # partitions read to their end (nothing newer seen since)
+        self._broker_error: str | None = None
 
     def stop(self) -> None:
         """Ask ``run()`` (in another thread, or from a signal handler) to return within seconds."""
@@ -73,34 +78,53 @@ class FraudPolicy:
     def run(self, until_caught_up: bool = False, max_seconds: float | None = None) -> PolicyStats:
         s = self.settings
         kafka_log.ensure_topics(s, log=self.log)
-        # Bounded client calls: none may wait longer than _CALL_TIMEOUT_S before stop() is looked at again.
-        consumer = kafka_log.make_consumer(s, s.events_topic, group_id=s.policy_group_id,
-                                           request_timeout_ms=_CALL_TIMEOUT_MS)
-        producer = kafka_log.make_producer(s, max_block_ms=_CALL_TIMEOUT_MS)
+        consumer = kafka_clients.group_reader(s, s.policy_group_id, on_error=self._on_client_error)
+        producer = kafka_clients.bulk_producer(s, on_failed_delivery=self._on_failed_delivery)
+        consumer.subscribe([s.events_topic])
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         try:
             while not self._stopping.is_set() and (deadline is None or time.monotonic() < deadline):
-                batch = consumer.poll(timeout_ms=500)
-                if batch:
-                    commands = [c for records in batch.values() for record in records for c in self._handle(record)]
+                records = self._records(consumer.consume(num_messages=_MAX_RECORDS, timeout=0.5))
+                if records:
+                    commands = [c for record in records for c in self._handle(record)]
                     # Commands first, then the offsets: a crash or a stop in between reads the events again, and
                     # the commands' ids repeat.
-                    if not (self._send(producer, commands) and self._commit(consumer)):
+                    if not self._send(producer, commands):
                         break  # stopped
-                elif until_caught_up and _caught_up(consumer):
+                    self._commit(consumer, records)
+                elif until_caught_up and self._caught_up(consumer):
                     break
         finally:
-            producer.close(timeout=_CALL_TIMEOUT_MS / 1000)
-            consumer.close(autocommit=False, timeout_ms=_CALL_TIMEOUT_MS)
+            producer.flush(_CALL_TIMEOUT_S)  # what is not delivered now is sent again after the next start
+            _close_within(consumer, _CALL_TIMEOUT_S)
         return self.stats
+
+    def _records(self, messages: list) -> list:
+        """The event records among ``messages``; an end-of-partition marker is noted, other errors raised."""
+        records = []
+        for m in messages:
+            error = m.error()
+            if error is None:
+                self._at_end.discard((m.topic(), m.partition()))
+                records.append(m)
+            elif error.code() == KafkaError._PARTITION_EOF:
+                self._at_end.add((m.topic(), m.partition()))
+            elif error.fatal() or not error.retriable():
+                raise KafkaException(error)
+            else:
+                self._on_client_error(error)
+        if records and self._broker_error is not None:
+            self.log(f"policy: reading events again after: {self._broker_error}")
+            self._broker_error = None
+        return records
 
     def _handle(self, record) -> list[CommandEnvelope]:
         self.stats.events += 1
         try:
-            event = EventEnvelope.from_json(record.value)
+            event = EventEnvelope.from_json(record.value())
         except InvalidRecord as e:
             self.stats.skipped += 1
-            self.log(f"policy: skipped events record {record.partition}/{record.offset}: {e}")
+            self.log(f"policy: skipped events record {record.partition()}/{record.offset()}: {e}")
             return []
         commands = commands_for(event)
         self.stats.commands += len(commands)
@@ -109,65 +133,52 @@ class FraudPolicy:
     def _send(self, producer, commands: list[CommandEnvelope]) -> bool:
         """Send ``commands`` until the broker has taken every one (what failed is sent again); False when stop()
         came first."""
-        pending = commands
+        topic = self.settings.commands_topic
+        pending = [(c.aggregate_id.encode(), c.to_json()) for c in commands]
         while pending:
-            sent = []
-            for command in pending:
-                try:
-                    sent.append((command, producer.send(self.settings.commands_topic,
-                                                        key=command.aggregate_id.encode(), value=command.to_json())))
-                except KafkaError as e:  # e.g. no metadata within max_block_ms: the broker is away
-                    sent.append((command, e))
-            while not self._flushed(producer):
+            for key, value in pending:
+                kafka_clients.produce(producer, topic, value, key)
+            while producer.flush(1.0) > 0:  # records still wait for the broker (each fails after its timeout)
                 if self._stopping.is_set():
                     return False
-            failed = [(c, f if isinstance(f, KafkaError) else f.exception) for c, f in sent
-                      if isinstance(f, KafkaError) or f.failed()]
+            failed, self._undelivered = self._undelivered, []
             if failed:
-                self.log(f"policy: {len(failed)} command(s) not delivered ({failed[0][1]!r}); sending them again")
+                self.log(f"policy: {len(failed)} command(s) not delivered ({failed[0][2]}); sending them again")
                 if self._stopping.wait(1.0):
                     return False
-            pending = [c for c, _ in failed]
+            pending = [(key, value) for key, value, _ in failed]
         return True
 
-    @staticmethod
-    def _flushed(producer) -> bool:
+    def _commit(self, consumer, records: list) -> None:
+        """Commit the offsets after ``records``. Asynchronous: a commit lost to an absent broker or a rebalance
+        only means those events are read again (by this consumer or the partition's new owner), and their
+        commands' ids repeat; a later commit covers them anyway."""
+        ends: dict[tuple[str, int], int] = {}
+        for r in records:
+            ends[(r.topic(), r.partition())] = max(ends.get((r.topic(), r.partition()), -1), r.offset() + 1)
         try:
-            producer.flush(timeout=1.0)
-            return True
-        except KafkaTimeoutError:  # records still wait for the broker (each fails after delivery_timeout_ms)
-            return False
+            consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in ends.items()], asynchronous=True)
+        except KafkaException as e:
+            self.log(f"policy: offsets not committed ({e.args[0]}); those events may be read again")
 
-    def _commit(self, consumer) -> bool:
-        """Commit the offsets of what was handled, waiting out a broker that does not answer; False when stop()
-        came first."""
-        waiting_since = None
-        while not self._stopping.is_set():
-            try:
-                consumer.commit(timeout_ms=_CALL_TIMEOUT_MS)
-                if waiting_since is not None:
-                    self.log(f"policy: offsets committed after {time.monotonic() - waiting_since:.0f}s")
-                return True
-            except CommitFailedError as e:
-                # The group moved the partitions on (this consumer was away too long): their new owner reads the
-                # events again from the last commit, and the commands' ids repeat.
-                self.log(f"policy: offsets not committed ({e}); those events are read again")
-                return True
-            except KafkaError as e:
-                if not e.retriable:
-                    raise
-                if waiting_since is None:
-                    waiting_since = time.monotonic()
-                    self.log(f"policy: committing offsets waits for the broker ({e!r}); retrying")
-        return False
+    def _caught_up(self, consumer) -> bool:
+        assigned = consumer.assignment()
+        return bool(assigned) and all((tp.topic, tp.partition) in self._at_end for tp in assigned)
+
+    # librdkafka calls these from inside consume() and flush(), on this thread.
+    def _on_failed_delivery(self, error: KafkaError, message) -> None:
+        self._undelivered.append((message.key(), message.value(), error))
+
+    def _on_client_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            raise KafkaException(error)
+        if self._broker_error is None:  # once per outage, not once per retry
+            self._broker_error = error.str()
+            self.log(f"policy: waiting for the broker: {error.str()}")
 
 
-def _caught_up(consumer) -> bool:
-    assigned = consumer.assignment()
-    if not assigned:
-        return False
-    try:
-        ends = consumer.end_offsets(list(assigned))
-        return all(consumer.position(tp) >= ends[tp] for tp in assigned)
-    except KafkaError:  # the broker does not answer: not known to be caught up
-        return False
+def _close_within(consumer, timeout_s: float) -> None:
+    """Close ``consumer`` (leaving its group), leaving behind a close that hangs on an absent broker."""
+    closing = threading.Thread(target=consumer.close, name="policy-close-consumer", daemon=True)
+    closing.start()
+    closing.join(timeout_s)
