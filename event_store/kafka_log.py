@@ -53,14 +53,15 @@ _UNLIMITED = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "
 
 def topic_configs(settings: Settings) -> dict[str, dict[str, str]]:
     """Every topic eventlake uses, with its explicit configuration."""
+    durable = {} if settings.min_insync_replicas is None else {"min.insync.replicas": str(settings.min_insync_replicas)}
     return {
-        settings.commands_topic: {"retention.ms": str(7 * 24 * 3600 * 1000), "cleanup.policy": "delete"},
-        settings.events_topic: dict(_UNLIMITED),
-        settings.results_topic: {"retention.ms": str(7 * 24 * 3600 * 1000), "cleanup.policy": "delete"},
-        settings.dead_letters_topic: dict(_UNLIMITED),
+        settings.commands_topic: {"retention.ms": str(7 * 24 * 3600 * 1000), "cleanup.policy": "delete", **durable},
+        settings.events_topic: {**_UNLIMITED, **durable},
+        settings.results_topic: {"retention.ms": str(7 * 24 * 3600 * 1000), "cleanup.policy": "delete", **durable},
+        settings.dead_letters_topic: {**_UNLIMITED, **durable},
         # The handler's snapshots: only the latest value per key matters (see event_store.snapshots).
         settings.snapshots_topic: {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1",
-                                   "segment.ms": str(600 * 1000)},
+                                   "segment.ms": str(600 * 1000), **durable},
     }
 
 
@@ -74,7 +75,8 @@ def ensure_topics(settings: Settings, log=print) -> list[str]:
     try:
         existing = set(client.list_topics())
         wanted = topic_configs(settings)
-        new = [NewTopic(name, settings.topic_partitions, settings.topic_replication_factor, topic_configs=cfg)
+        replicas = settings.replication_factor
+        new = [NewTopic(name, settings.topic_partitions, -1 if replicas is None else replicas, topic_configs=cfg)
                for name, cfg in wanted.items() if name not in existing]
         created = []
         if new:
@@ -84,7 +86,7 @@ def ensure_topics(settings: Settings, log=print) -> list[str]:
                 pass  # a concurrent creator won; the topic is there, which is all we need
             created = [t.name for t in new]
             log(f"kafka: created topics {', '.join(created)} ({settings.topic_partitions} partitions, "
-                f"replication {settings.topic_replication_factor})")
+                f"replication {replicas or 'the cluster default'})")
         return created
     finally:
         client.close()

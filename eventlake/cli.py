@@ -31,6 +31,8 @@ def _cmd_setup(settings: Settings, args) -> int:
 def _cmd_kafka(settings: Settings, args) -> int:
     from infra import kafka
 
+    if args.brokers is not None:
+        settings = settings.replace(kafka_brokers=args.brokers)
     if args.action == "up":
         print(kafka.up(settings).describe())
     elif args.action == "down":
@@ -565,8 +567,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("setup", help="fetch the Kafka broker jars and Spark packages once (offline afterwards)")
     p.set_defaults(run=_cmd_setup)
 
-    p = sub.add_parser("kafka", help="the local single-node broker (KRaft): up | down | status")
+    p = sub.add_parser("kafka", help="the local Kafka cluster (KRaft, 1 broker or more): up | down | status")
     p.add_argument("action", choices=("up", "down", "status"))
+    p.add_argument("--brokers", type=int, default=None,
+                   help="up: how many brokers (3: every topic on 3 of them, a write acknowledged by 2, so one may be "
+                        "lost); remembered for every later command (default: EVENTLAKE_KAFKA_BROKERS, else 1)")
     p.set_defaults(run=_cmd_kafka)
 
     p = sub.add_parser("topics", help="create the topics if missing and print their configuration")

@@ -1,13 +1,18 @@
-"""A single-node Apache Kafka broker in KRaft mode on loopback, from Kafka's own Maven Central artifacts.
+"""The local Apache Kafka cluster in KRaft mode on loopback, from Kafka's own Maven Central artifacts: one broker
+by default, or ``Settings.kafka_brokers`` of them (each also a controller of the KRaft quorum).
 
-``resolve_libs`` copies the broker jars (``infra/kafka/pom.xml``) into the cache once; ``up`` formats
-the data folder on first use and starts ``kafka.Kafka`` in the background; ``down`` stops it.
-Everything is idempotent: ``up`` on a running broker only reports it.
+``resolve_libs`` copies the broker jars (``infra/kafka/pom.xml``) into the cache once; ``up`` formats each
+node's data folder on first use and starts ``kafka.Kafka`` for every node not running; ``down`` stops them all.
+Everything is idempotent: ``up`` on a running cluster only reports it, and on a cluster that lost a broker (a
+kill -9) starts that one again. With 3 brokers every topic has 3 replicas and a write is acknowledged by 2
+(``min.insync.replicas``), so one broker may be lost without losing an acknowledged record.
 """
 from __future__ import annotations
 
 import base64
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -15,10 +20,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from eventlake.processes import read_pid, terminate
+from eventlake.processes import pid_alive, read_pid, terminate
 from lakehouse.settings import Settings
 
-__all__ = ["BrokerStatus", "KafkaError", "resolve_libs", "up", "down", "status"]
+__all__ = ["BrokerStatus", "NodeStatus", "KafkaError", "resolve_libs", "up", "down", "status"]
 
 POM = Path(__file__).resolve().parent / "kafka" / "pom.xml"
 
@@ -28,17 +33,52 @@ class KafkaError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class BrokerStatus:
-    running: bool
+class NodeStatus:
+    node_id: int
     pid: int | None
-    bootstrap_servers: str
+    address: str
     data_dir: Path
     log_file: Path
 
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    """The local cluster: one node (broker and KRaft controller) per ``Settings.kafka_brokers``."""
+    nodes: tuple[NodeStatus, ...]
+    bootstrap_servers: str
+
+    @property
+    def running(self) -> bool:
+        """Every node runs."""
+        return all(n.running for n in self.nodes)
+
+    @property
+    def pid(self) -> int | None:
+        return self.nodes[0].pid
+
+    @property
+    def data_dir(self) -> Path:
+        return self.nodes[0].data_dir
+
+    @property
+    def log_file(self) -> Path:
+        return self.nodes[0].log_file
+
     def describe(self) -> str:
-        state = f"running (pid {self.pid})" if self.running else "stopped"
-        return (f"kafka: {state} at {self.bootstrap_servers}\n"
-                f"  data: {self.data_dir}\n  log:  {self.log_file}")
+        if len(self.nodes) == 1:
+            n = self.nodes[0]
+            state = f"running (pid {n.pid})" if n.running else "stopped"
+            return f"kafka: {state} at {self.bootstrap_servers}\n  data: {n.data_dir}\n  log:  {n.log_file}"
+        up_count = sum(n.running for n in self.nodes)
+        lines = [f"kafka: {up_count} of {len(self.nodes)} brokers running at {self.bootstrap_servers}"]
+        for n in self.nodes:
+            state = f"running (pid {n.pid})" if n.running else "stopped"
+            lines.append(f"  broker {n.node_id} at {n.address}: {state}; data {n.data_dir}; log {n.log_file}")
+        return "\n".join(lines)
 
 
 def libs_dir(settings: Settings) -> Path:
@@ -68,18 +108,31 @@ def resolve_libs(settings: Settings, log=print) -> Path:
     return target
 
 
-def _paths(settings: Settings) -> dict[str, Path]:
-    d = settings.kafka_dir
+def _paths(settings: Settings, node_id: int = 1) -> dict[str, Path]:
+    """Node 1 keeps the single broker's layout (``kafka_dir``); node k > 1 lives in ``kafka_dir/node-k``."""
+    d = settings.kafka_dir if node_id == 1 else settings.kafka_dir / f"node-{node_id}"
     return {"dir": d, "data": d / "data", "config": d / "server.properties", "log4j": d / "log4j2.properties",
             "pid": d / "broker.pid", "log": d / "server.log", "stdout": d / "stdout.log"}
 
 
-def _write_config(settings: Settings, p: dict[str, Path]) -> None:
-    port, cport = settings.kafka_port, settings.kafka_controller_port
+def _node_ids(settings: Settings) -> list[int]:
+    if settings.kafka_brokers < 1:
+        raise KafkaError(f"EVENTLAKE_KAFKA_BROKERS={settings.kafka_brokers}: at least 1 broker is needed")
+    return list(range(1, settings.kafka_brokers + 1))
+
+
+def _write_config(settings: Settings, node_id: int, p: dict[str, Path]) -> None:
+    n = settings.kafka_brokers
+    port = settings.local_broker_ports[node_id - 1]
+    cport = settings.local_controller_ports[node_id - 1]
+    voters = ",".join(f"{i}@127.0.0.1:{c}" for i, c in zip(_node_ids(settings), settings.local_controller_ports))
+    # Kafka's own topics (group offsets, transactions) as durable as eventlake's: 3 replicas where there are 3
+    # brokers, a write acknowledged by 2 of them.
+    replicas, min_isr = min(3, n), max(1, min(2, min(3, n) - 1))
     p["config"].write_text(f"""# written by eventlake (infra/kafka.py); edits are overwritten on `eventlake kafka up`
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:{cport}
+node.id={node_id}
+controller.quorum.voters={voters}
 listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}
 advertised.listeners=PLAINTEXT://127.0.0.1:{port}
 controller.listener.names=CONTROLLER
@@ -87,10 +140,12 @@ inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
 log.dirs={p['data']}
 num.partitions={settings.topic_partitions}
-offsets.topic.replication.factor=1
+default.replication.factor={replicas}
+min.insync.replicas={min_isr}
+offsets.topic.replication.factor={replicas}
 offsets.topic.num.partitions=5
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor={replicas}
+transaction.state.log.min.isr={min_isr}
 transaction.state.log.num.partitions=5
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
@@ -126,77 +181,137 @@ def _port_open(port: int) -> bool:
 
 
 def status(settings: Settings) -> BrokerStatus:
-    p = _paths(settings)
-    pid = read_pid(p["pid"])
-    return BrokerStatus(pid is not None, pid, settings.bootstrap_servers, p["data"], p["log"])
+    nodes = []
+    for node_id, port in zip(_node_ids(settings), settings.local_broker_ports):
+        p = _paths(settings, node_id)
+        nodes.append(NodeStatus(node_id, read_pid(p["pid"]), f"127.0.0.1:{port}", p["data"], p["log"]))
+    return BrokerStatus(tuple(nodes), settings.bootstrap_servers)
 
 
-def up(settings: Settings, log=print, timeout: float = 60.0) -> BrokerStatus:
-    """Start the local broker unless it already runs. Refuses when KAFKA_BOOTSTRAP_SERVERS is set."""
+def _brokers_file(settings: Settings) -> Path:
+    return settings.kafka_dir / "brokers"
+
+
+def _check_cluster_size(settings: Settings) -> None:
+    """A data folder formatted for one cluster size does not serve another (the controllers' quorum differs)."""
+    if not (_paths(settings)["data"] / "meta.properties").exists():
+        return
+    recorded = _brokers_file(settings)
+    size = int(recorded.read_text()) if recorded.exists() else 1
+    if size != settings.kafka_brokers:
+        raise KafkaError(f"{settings.kafka_dir} holds a {size}-broker cluster, not the {settings.kafka_brokers} asked "
+                         f"for (--brokers, EVENTLAKE_KAFKA_BROKERS): stop it (`eventlake kafka down`) and delete "
+                         f"{settings.kafka_dir}, or use another EVENTLAKE_HOME")
+
+
+def _cluster_id(settings: Settings) -> str:
+    """The id of the cluster already formatted on one of the nodes, else a new one."""
+    for node_id in _node_ids(settings):
+        meta = _paths(settings, node_id)["data"] / "meta.properties"
+        if meta.exists():
+            for line in meta.read_text().splitlines():
+                if line.startswith("cluster.id="):
+                    return line.split("=", 1)[1].strip()
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def up(settings: Settings, log=print, timeout: float | None = None) -> BrokerStatus:
+    """Start every local broker that is not running (all of them, or the one a kill -9 took away), then wait
+    until the cluster serves with all of them. Refuses when KAFKA_BOOTSTRAP_SERVERS is set."""
     if not settings.uses_local_kafka:
         raise KafkaError(f"KAFKA_BOOTSTRAP_SERVERS={settings.kafka_bootstrap_servers} is set: "
                          "eventlake uses that cluster and starts no local broker")
-    p = _paths(settings)
+    _check_cluster_size(settings)
     current = status(settings)
     if current.running:
         return current
-    if _port_open(settings.kafka_port):
-        raise KafkaError(f"port {settings.kafka_port} is taken by another process; "
-                         "set EVENTLAKE_KAFKA_PORT (and EVENTLAKE_KAFKA_CONTROLLER_PORT) to free ports")
+    stopped = [n for n in current.nodes if not n.running]
+    for node in stopped:
+        ports = (settings.local_broker_ports[node.node_id - 1], settings.local_controller_ports[node.node_id - 1])
+        for port in ports:
+            if _port_open(port):
+                raise KafkaError(f"port {port} (broker {node.node_id}) is taken by another process; set "
+                                 "EVENTLAKE_KAFKA_PORT and EVENTLAKE_KAFKA_CONTROLLER_PORT to free ports (broker i "
+                                 "uses each plus 2i)")
     resolve_libs(settings, log=log)
-    p["dir"].mkdir(parents=True, exist_ok=True)
-    _write_config(settings, p)
-    if not (p["data"] / "meta.properties").exists():
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        # "--cluster-id=ID", not "-t ID": a random id may start with "-" and would be read as an option.
-        cmd = _java(settings, p, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
-                    "--config", str(p["config"]))
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise KafkaError(f"formatting {p['data']} failed:\n{proc.stdout}{proc.stderr}")
-    with open(p["stdout"], "ab") as out:
-        proc = subprocess.Popen(_java(settings, p, "kafka.Kafka", str(p["config"]), heap="512m"),
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    p["pid"].write_text(str(proc.pid))
+    cluster_id = _cluster_id(settings)
+    started = {}
+    for node in stopped:
+        p = _paths(settings, node.node_id)
+        p["dir"].mkdir(parents=True, exist_ok=True)
+        _write_config(settings, node.node_id, p)
+        if not (p["data"] / "meta.properties").exists():
+            # "--cluster-id=ID", not "-t ID": a random id may start with "-" and would be read as an option.
+            cmd = _java(settings, p, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
+                        "--config", str(p["config"]))
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise KafkaError(f"formatting {p['data']} failed:\n{proc.stdout}{proc.stderr}")
+        with open(p["stdout"], "ab") as out:
+            proc = subprocess.Popen(_java(settings, p, "kafka.Kafka", str(p["config"]), heap="512m"),
+                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        p["pid"].write_text(str(proc.pid))
+        started[node.node_id] = proc
+    _brokers_file(settings).write_text(str(settings.kafka_brokers))
+    n = settings.kafka_brokers
+    timeout = timeout if timeout is not None else 60.0 + 30.0 * (n - 1)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise KafkaError(f"the broker exited with code {proc.returncode} while starting; see {p['log']} "
-                             f"and {p['stdout']}")
-        if _port_open(settings.kafka_port) and _broker_ready(settings):
-            log(f"kafka: started pid {proc.pid} at {settings.bootstrap_servers} (data {p['data']})")
+        for node_id, proc in started.items():
+            if proc.poll() is not None:
+                p = _paths(settings, node_id)
+                for other in started.values():
+                    if other.poll() is None:
+                        terminate(other.pid, 30.0)
+                raise KafkaError(f"broker {node_id} exited with code {proc.returncode} while starting; see {p['log']} "
+                                 f"and {p['stdout']}")
+        if all(_port_open(port) for port in settings.local_broker_ports) and _brokers_serving(settings) == n:
+            pids = ", ".join(str(proc.pid) for proc in started.values())
+            what = "broker" if n == 1 else f"{len(started)} of {n} brokers"
+            log(f"kafka: started {what} (pid {pids}) at {settings.bootstrap_servers} (data {settings.kafka_dir})")
             return status(settings)
         time.sleep(0.3)
-    down(settings, log=lambda *_: None)
-    raise KafkaError(f"the broker did not answer on {settings.bootstrap_servers} within {timeout:.0f}s; "
-                     f"see {p['log']}")
+    for proc in started.values():
+        if proc.poll() is None:
+            terminate(proc.pid, 30.0)
+    for node_id in started:
+        _paths(settings, node_id)["pid"].unlink(missing_ok=True)
+    raise KafkaError(f"the cluster did not answer with {n} broker(s) on {settings.bootstrap_servers} within "
+                     f"{timeout:.0f}s; see {_paths(settings)['log']}")
 
 
-def _broker_ready(settings: Settings) -> bool:
+def _brokers_serving(settings: Settings) -> int:
+    """How many brokers the cluster's metadata lists (0 when it does not answer)."""
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError as ClientError
 
     try:
         admin = KafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, request_timeout_ms=3000)
     except (ClientError, OSError):
-        return False
+        return 0
     try:
-        admin.list_topics()
-        return True
-    except (ClientError, OSError):
-        return False
+        return len(admin.describe_cluster()["brokers"])
+    except (ClientError, OSError, KeyError):
+        return 0
     finally:
         admin.close()
 
 
 def down(settings: Settings, log=print, timeout: float = 30.0) -> None:
-    """Stop the local broker (SIGTERM, then SIGKILL after ``timeout``). Data stays for the next ``up``."""
-    p = _paths(settings)
-    pid = read_pid(p["pid"])
-    if pid is None:
+    """Stop every local broker (SIGTERM, then SIGKILL after ``timeout``). Data stays for the next ``up``."""
+    running = [n for n in status(settings).nodes if n.running]
+    if not running:
         log("kafka: not running")
         return
-    terminate(pid, timeout)
-    p["pid"].unlink(missing_ok=True)
-    log(f"kafka: stopped pid {pid}")
+    # All at once: a broker stopping alone waits for the controllers' quorum, which the others would have left.
+    for node in running:
+        os.kill(node.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for node in running:
+        while pid_alive(node.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if pid_alive(node.pid):
+            os.kill(node.pid, signal.SIGKILL)
+        _paths(settings, node.node_id)["pid"].unlink(missing_ok=True)
+    log(f"kafka: stopped pid {', '.join(str(n.pid) for n in running)}")

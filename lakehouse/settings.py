@@ -1,7 +1,8 @@
 """One settings object for the whole platform, read from the environment or a TOML file.
 
-Precedence: environment variable > config file (``EVENTLAKE_CONFIG``) > default. Nothing connects
-or creates folders here; this only describes where things are.
+Precedence: environment variable > config file (``EVENTLAKE_CONFIG``) > default; for ``kafka_brokers`` the
+default is the size ``eventlake kafka up --brokers N`` recorded for the local cluster. Nothing connects or
+creates folders here; this only describes where things are.
 """
 from __future__ import annotations
 
@@ -32,9 +33,14 @@ class Settings:
     kafka_bootstrap_servers: str | None = None
     kafka_port: int = 19092
     kafka_controller_port: int = 19093
+    # How many brokers `eventlake kafka up` starts (KRaft, each also a controller). Broker i (0, 1, ...) listens
+    # on kafka_port + 2i and its controller on kafka_controller_port + 2i.
+    kafka_brokers: int = 1
     topic_prefix: str = "eventlake."
     topic_partitions: int = 3
-    topic_replication_factor: int = 1
+    # 0 = as many replicas as the local cluster has brokers, up to 3; on a remote cluster, the cluster's own
+    # default.replication.factor and min.insync.replicas.
+    topic_replication_factor: int = 0
     handler_group_id: str = "eventlake-command-handler"
     # At most this many commands per handler transaction (one poll): bigger is faster, smaller commits sooner.
     handler_max_batch: int = 2000
@@ -82,7 +88,31 @@ class Settings:
 
     @property
     def bootstrap_servers(self) -> str:
-        return self.kafka_bootstrap_servers or f"127.0.0.1:{self.kafka_port}"
+        return self.kafka_bootstrap_servers or ",".join(f"127.0.0.1:{port}" for port in self.local_broker_ports)
+
+    @property
+    def local_broker_ports(self) -> list[int]:
+        """The client port of each local broker (see ``kafka_brokers``)."""
+        return [self.kafka_port + 2 * i for i in range(self.kafka_brokers)]
+
+    @property
+    def local_controller_ports(self) -> list[int]:
+        return [self.kafka_controller_port + 2 * i for i in range(self.kafka_brokers)]
+
+    @property
+    def replication_factor(self) -> int | None:
+        """The replicas of each topic eventlake creates (``topic_replication_factor``); None = the remote
+        cluster's default."""
+        if self.topic_replication_factor > 0:
+            return self.topic_replication_factor
+        return min(3, self.kafka_brokers) if self.uses_local_kafka else None
+
+    @property
+    def min_insync_replicas(self) -> int | None:
+        """A write is acknowledged once this many replicas have it: 2 of 3 (one broker may be lost), 1 of 1 or
+        2; None = the remote cluster's default."""
+        rf = self.replication_factor
+        return None if rf is None else max(1, min(2, rf - 1))
 
     def topic(self, name: str) -> str:
         """Full topic name for one of: commands, events, command-results, dead-letters, handler-snapshots."""
@@ -141,7 +171,12 @@ class Settings:
             var = "KAFKA_BOOTSTRAP_SERVERS" if name == "kafka_bootstrap_servers" else f"EVENTLAKE_{name.upper()}"
             if env.get(var):
                 values[name] = env[var]
-        return cls(**{name: _coerce(name, known[name].type, value) for name, value in values.items()})
+        settings = cls(**{name: _coerce(name, known[name].type, value) for name, value in values.items()})
+        if "kafka_brokers" not in values:  # the size `eventlake kafka up --brokers N` gave the local cluster
+            recorded = settings.kafka_dir / "brokers"
+            if recorded.exists():
+                settings = settings.replace(kafka_brokers=_coerce("kafka_brokers", "int", recorded.read_text().strip()))
+        return settings
 
 
 def _coerce(name: str, type_name: object, value: object) -> object:

@@ -50,3 +50,27 @@ def test_the_local_airflow_finds_its_own_commands_and_our_dags(tmp_path):
     assert env["AIRFLOW_HOME"] == str(tmp_path / "airflow") and env["EVENTLAKE_HOME"] == str(tmp_path)
     assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(DAGS_FOLDER) and (DAGS_FOLDER / "check_read_models.py").exists()
     assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
+
+
+def test_a_local_cluster_of_three_brokers_is_named_whole_and_replicates_each_topic_three_times(tmp_path):
+    s = Settings.load({"EVENTLAKE_HOME": str(tmp_path), "EVENTLAKE_KAFKA_BROKERS": "3",
+                       "EVENTLAKE_KAFKA_PORT": "30000", "EVENTLAKE_KAFKA_CONTROLLER_PORT": "30001"})
+    assert s.bootstrap_servers == "127.0.0.1:30000,127.0.0.1:30002,127.0.0.1:30004"
+    assert s.local_controller_ports == [30001, 30003, 30005]
+    assert (s.replication_factor, s.min_insync_replicas) == (3, 2)
+    assert (Settings.load({"EVENTLAKE_HOME": str(tmp_path)}).replication_factor,
+            Settings.load({"EVENTLAKE_HOME": str(tmp_path)}).min_insync_replicas) == (1, 1)
+
+
+def test_a_remote_cluster_keeps_its_own_replication_unless_told(tmp_path):
+    remote = {"EVENTLAKE_HOME": str(tmp_path), "KAFKA_BOOTSTRAP_SERVERS": "kafka-1:9092"}
+    assert (Settings.load(remote).replication_factor, Settings.load(remote).min_insync_replicas) == (None, None)
+    told = Settings.load({**remote, "EVENTLAKE_TOPIC_REPLICATION_FACTOR": "3"})
+    assert (told.replication_factor, told.min_insync_replicas) == (3, 2)
+
+
+def test_every_command_finds_the_cluster_size_kafka_up_recorded(tmp_path):
+    (tmp_path / "kafka").mkdir()
+    (tmp_path / "kafka" / "brokers").write_text("3\n")
+    assert Settings.load({"EVENTLAKE_HOME": str(tmp_path)}).kafka_brokers == 3
+    assert Settings.load({"EVENTLAKE_HOME": str(tmp_path), "EVENTLAKE_KAFKA_BROKERS": "1"}).kafka_brokers == 1
