@@ -46,6 +46,22 @@ def _cmd_kafka(settings: Settings, args) -> int:
     return 0
 
 
+def _cmd_spark_cluster(settings: Settings, args) -> int:
+    from infra import spark_standalone
+
+    if args.workers is not None:
+        settings = settings.replace(spark_cluster_workers=args.workers)
+    if args.action == "up":
+        print(spark_standalone.up(settings).describe())
+    elif args.action == "down":
+        spark_standalone.down(settings)
+    else:
+        state = spark_standalone.status(settings)
+        print(state.describe())
+        return 0 if state.running else 3
+    return 0
+
+
 def _require_broker(settings: Settings) -> None:
     from infra import kafka
 
@@ -573,6 +589,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="up: how many brokers (3: every topic on 3 of them, a write acknowledged by 2, so one may be "
                         "lost); remembered for every later command (default: EVENTLAKE_KAFKA_BROKERS, else 1)")
     p.set_defaults(run=_cmd_kafka)
+
+    p = sub.add_parser("spark-cluster", help="a local Spark standalone cluster (a master and workers, each a JVM): "
+                                             "up | down | status; run the apps on it with EVENTLAKE_SPARK_MASTER")
+    p.add_argument("action", choices=("up", "down", "status"))
+    p.add_argument("--workers", type=int, default=None, help="up: how many workers (default 2, 1 core each)")
+    p.set_defaults(run=_cmd_spark_cluster)
 
     p = sub.add_parser("topics", help="create the topics if missing and print their configuration")
     p.set_defaults(run=_cmd_topics)

@@ -53,6 +53,12 @@ class Settings:
     max_event_time_ahead_s: int = 900
     policy_group_id: str = "eventlake-fraud-policy"
     spark_master: str = "local[2]"
+    # The local Spark standalone cluster (`eventlake spark-cluster up`): its master listens on this port, its web UI
+    # on the next, worker i's web UI on port + 1 + i.
+    spark_cluster_port: int = 17077
+    spark_cluster_workers: int = 2
+    spark_cluster_worker_cores: int = 1
+    spark_cluster_worker_memory: str = "2g"
     spark_shuffle_partitions: int = 4
     spark_driver_memory: str = "2g"
     # A batch this big (~600 MB cached for 1M events) amortises the per-batch Delta commits: bench/projection.py

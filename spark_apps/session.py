@@ -134,6 +134,8 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print, ex
             os.dup2(saved, 2)
             os.close(saved)
     spark.sparkContext.setLogLevel("WARN")
+    if not under_spark_submit and not settings.spark_master.startswith("local"):
+        _ship_packages_to_executors(spark, settings.cache_dir / "ivy" / "jars")
     log(f"spark: {spark.version} session {app_name} ({spark.sparkContext.master}); JVM log {log_file}")
     return spark
 
@@ -142,3 +144,11 @@ def delta_table_exists(spark, path) -> bool:
     from delta.tables import DeltaTable
 
     return DeltaTable.isDeltaTable(spark, str(path))
+
+
+def _ship_packages_to_executors(spark, resolved: Path) -> None:
+    """Executors on a cluster need the resolved packages (Delta, the Kafka source) on their class path. With
+    ``spark.jars`` set too (the token provider), Spark's launcher hands them to executors as plain files, not jars
+    (a ClassNotFoundException of the Kafka source's partitions on a standalone cluster): add each as a jar."""
+    for jar in sorted(resolved.glob("*.jar")):
+        spark.sparkContext._jsc.addJar(str(jar))
