@@ -62,6 +62,55 @@ def _cmd_spark_cluster(settings: Settings, args) -> int:
     return 0
 
 
+def _spark_submit_options(add_help: bool = False) -> argparse.ArgumentParser:
+    """The options of ``eventlake spark-submit`` (before ``--``; what follows ``--`` is the app's)."""
+    p = argparse.ArgumentParser(add_help=add_help, prog="eventlake spark-submit APP")
+    p.add_argument("--master", help="Spark master URL (default: EVENTLAKE_SPARK_MASTER)")
+    p.add_argument("--deploy-mode", default="client", choices=["client", "cluster"],
+                   help="cluster: the driver runs in the cluster (YARN, Kubernetes); EVENTLAKE_* and "
+                        "KAFKA_BOOTSTRAP_SERVERS are forwarded to it")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="more Spark settings")
+    p.add_argument("--dry-run", action="store_true", help="print the line, do not run it")
+    return p
+
+
+def _cmd_spark_submit(settings: Settings, args) -> int:
+    """Package the apps and print, then run, the spark-submit line of one (issue 12)."""
+    from infra import spark_submit
+
+    # Options may come before or after the app; the app's own arguments only after "--".
+    rest = list(args.rest)
+    own, app_args = (rest[:rest.index("--")], rest[rest.index("--") + 1:]) if "--" in rest else (rest, [])
+    options, unknown = _spark_submit_options().parse_known_args(own, namespace=argparse.Namespace(
+        master=args.master, deploy_mode=args.deploy_mode, conf=list(args.conf), dry_run=args.dry_run))
+    if unknown:
+        print(f"eventlake spark-submit: unknown option(s) {' '.join(unknown)}; the app's own arguments go after "
+              f"--, e.g. eventlake spark-submit {args.app} -- {' '.join(unknown)}", file=sys.stderr)
+        return 2
+    conf = {}
+    for item in options.conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"eventlake spark-submit: --conf {item!r}: expected KEY=VALUE", file=sys.stderr)
+            return 2
+        conf[key] = value
+    try:
+        built = spark_submit.package(settings)
+        line = spark_submit.submit_command(settings, args.app, app_args, master=options.master,
+                                           deploy_mode=options.deploy_mode, conf=conf, built=built)
+    except spark_submit.SubmitError as e:
+        print(f"eventlake spark-submit: {e}", file=sys.stderr)
+        return 2
+    print(f"spark-submit: {args.app}: code {built.zip_path} ({built.modules} modules), launcher "
+          f"{built.launchers[args.app]}, jars from {settings.cache_dir}", flush=True)
+    print(spark_submit.shown(line), flush=True)
+    if options.dry_run:
+        return 0
+    code = spark_submit.run(line)
+    print(f"spark-submit: {args.app} exited with {code}", flush=True)
+    return code
+
+
 def _require_broker(settings: Settings) -> None:
     from infra import kafka
 
@@ -332,35 +381,11 @@ def _cmd_rollback(settings: Settings, args) -> int:
 
 def _cmd_rebuild(settings: Settings, args) -> int:
     """Rebuild read models from the event archive into new generations, check them and switch (issue 9)."""
-    from spark_apps.rebuild import RebuildError, RebuildFailed, rebuild
-    from spark_apps.session import build_session
+    from spark_apps import rebuild
 
     _require_broker(settings)
-    spark = build_session(settings, app_name="eventlake-rebuild")
-    failed = 0
-    try:
-        for name in args.models:
-            try:
-                outcome = rebuild(spark, settings, name, by=_who(args), reason=args.reason or "",
-                                  dry_run=args.dry_run)
-            except RebuildFailed as e:
-                print(f"eventlake rebuild: {e}", file=sys.stderr)
-                for line in e.lines:
-                    print(f"  {line}", file=sys.stderr)
-                failed += 1
-                continue
-            except RebuildError as e:
-                print(f"eventlake rebuild: {e}", file=sys.stderr)
-                failed += 1
-                continue
-            f = outcome.fold
-            print(f"rebuild: {name}: generation {outcome.generation} "
-                  + ("is current" if outcome.switched else "checked (dry run, not switched)")
-                  + f": {f.events:,} archived events folded at {f.events_per_second:,.0f} events/s, "
-                    f"{outcome.caught_up_events:,} caught up from Kafka, {outcome.seconds:.0f}s in all")
-    finally:
-        spark.stop()
-    return 1 if failed else 0
+    return rebuild.main([*args.models, *(["--dry-run"] if args.dry_run else []), f"--reason={args.reason or ''}",
+                         f"--by={_who(args)}"])
 
 
 def _cmd_reprocess(settings: Settings, args) -> int:
@@ -595,6 +620,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=("up", "down", "status"))
     p.add_argument("--workers", type=int, default=None, help="up: how many workers (default 2, 1 core each)")
     p.set_defaults(run=_cmd_spark_cluster)
+
+    from infra.spark_submit import APPS
+
+    p = sub.add_parser("spark-submit", parents=[_spark_submit_options()],
+                       help="package the code and run one Spark app with spark-submit (any master: local, "
+                            "spark://, yarn, k8s://)",
+                       usage="eventlake spark-submit APP [--master URL] [--deploy-mode client|cluster] "
+                             "[--conf KEY=VALUE ...] [--dry-run] [-- APP ARGS ...]",
+                       description="Zips the apps' code for --py-files, hands over the jars `eventlake setup` "
+                                   "resolved with --jars, prints the spark-submit line and runs it. The app's own "
+                                   "arguments go after --, e.g. `eventlake spark-submit projection --master yarn "
+                                   "--deploy-mode cluster -- --until-caught-up`.")
+    p.add_argument("app", choices=list(APPS))
+    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.set_defaults(run=_cmd_spark_submit)
 
     p = sub.add_parser("topics", help="create the topics if missing and print their configuration")
     p.set_defaults(run=_cmd_topics)

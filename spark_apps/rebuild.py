@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -801,3 +802,48 @@ def _abandon_quietly(catalog, name: str, number: int, by: str, reason: str, log:
         catalog.drop(name, number, by, reason)
     except Exception as e:  # noqa: BLE001 -- the original error matters more
         log(f"rebuild: {name}: could not abandon generation {number} ({e}); the next rebuild will")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """spark-submit entry point (also used by ``eventlake rebuild``): rebuild each named read model in turn; exit 1
+    when any of them failed its checks or could not start, after trying the others."""
+    import argparse
+    import getpass
+
+    from spark_apps.session import build_session
+
+    parser = argparse.ArgumentParser(prog="rebuild", description=rebuild.__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="+", help="read models to rebuild")
+    parser.add_argument("--dry-run", action="store_true", help="build and check, but do not switch")
+    parser.add_argument("--reason", default="", help="why (kept in the catalog)")
+    parser.add_argument("--by", help="who asks (default: the current user)")
+    args = parser.parse_args(argv)
+    try:
+        by = args.by or getpass.getuser()
+    except (KeyError, OSError):
+        by = "operator"
+    settings = Settings.load()
+    spark = build_session(settings, app_name="eventlake-rebuild")
+    failed = 0
+    try:
+        for name in args.models:
+            try:
+                outcome = rebuild(spark, settings, name, by=by, reason=args.reason, dry_run=args.dry_run)
+            except RebuildError as e:
+                print(f"eventlake rebuild: {e}", file=sys.stderr)
+                for line in getattr(e, "lines", ()):
+                    print(f"  {line}", file=sys.stderr)
+                failed += 1
+                continue
+            f = outcome.fold
+            print(f"rebuild: {name}: generation {outcome.generation} "
+                  + ("is current" if outcome.switched else "checked (dry run, not switched)")
+                  + f": {f.events:,} archived events folded at {f.events_per_second:,.0f} events/s, "
+                    f"{outcome.caught_up_events:,} caught up from Kafka, {outcome.seconds:.0f}s in all")
+    finally:
+        spark.stop()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

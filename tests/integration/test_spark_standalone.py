@@ -1,7 +1,8 @@
 """The streaming apps on a Spark standalone cluster (issue 12): `eventlake spark-cluster up` starts a master and
-2 workers, each a JVM of its own, from the pyspark distribution; `eventlake project` and `eventlake detect-fraud`
-run on it through configuration alone (EVENTLAKE_SPARK_MASTER), with their executors on the workers, and give
-what local mode gives on the same log: the oracle's tables, the script's fraud findings.
+2 workers, each a JVM of its own, from the pyspark distribution; `eventlake project` runs on it through
+configuration alone (EVENTLAKE_SPARK_MASTER) and the fraud detector through `eventlake spark-submit` (its code from
+the packaged zip, its jars handed over with --jars), each with executors on the workers, and they give what local
+mode gives on the same log: the oracle's tables, the script's fraud findings.
 """
 from __future__ import annotations
 
@@ -91,7 +92,8 @@ def test_the_fraud_detector_on_the_cluster_flags_what_it_flags_locally(spark_clu
     kafka_log.produce_all(producer, settings.events_topic, [(e.aggregate_id, e.to_json()) for e in script()])
     producer.close()
 
-    _run_on(master, settings, "detect-fraud", "--until-caught-up")
+    done = _run_on(master, settings, "spark-submit", "fraud-detector", "--master", master, "--", "--until-caught-up")
+    assert "eventlake: fraud-detector: code from " in done.stdout and ".zip/spark_apps/" in done.stdout, done.stdout
     flags = [CommandEnvelope.from_json(r.value) for r in kafka_log.read_all(settings, settings.commands_topic)]
     # What test_fraud_detector.py asserts of the same script in local mode.
     assert sorted((c.payload["payment_id"], c.payload["rule"]) for c in flags) == sorted(

@@ -1,0 +1,163 @@
+"""The Spark apps packaged for a cluster, and the ``spark-submit`` line that runs one (``eventlake spark-submit``).
+
+``package`` zips the layers the apps import (``lakehouse``, ``event_store``, ``read_models``, ``expectations``,
+``spark_apps``: never the CLI, which they do not import) into ``<cache>/dist/eventlake-<version>.zip`` for
+``--py-files``, and writes a two-line launcher per app (the primary resource spark-submit needs), so the code the
+driver and the executors run is the zip's, whatever is installed where they run. The JVM packages are the jars
+resolved once by ``eventlake setup`` (Delta, the Kafka source, the token provider), handed over with ``--jars``:
+no Ivy resolution at submit time, and YARN or Kubernetes ship them to the containers.
+
+``submit_command`` builds the line: the master and deploy mode, the zip, the jars, the driver's memory and JVM
+options, and in cluster deploy mode (the driver runs in the cluster, not in this environment) every
+``EVENTLAKE_*`` / ``KAFKA_BOOTSTRAP_SERVERS`` variable of this environment forwarded to the driver (YARN:
+``spark.yarn.appMasterEnv.*``, Kubernetes: ``spark.kubernetes.driverEnv.*``) and to the executors
+(``spark.executorEnv.*``). Printed lines show secrets (a name holding PASSWORD, SECRET or TOKEN) as ``***``.
+
+The third-party Python packages the apps import (pyspark's own, orjson, msgspec, deltalake, great_expectations,
+...) must be in the Python the cluster runs (``PYSPARK_PYTHON``): an image built from ``pyproject.toml`` and
+``constraints.txt``, or a packed virtualenv shipped with ``--archives`` (README, "Running on a cluster").
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from lakehouse.settings import PROJECT_ROOT, Settings
+
+__all__ = ["APPS", "PACKAGED", "SubmitError", "Package", "package", "resolved_jars", "submit_command", "shown",
+           "run"]
+
+# App name (what `eventlake spark-submit` takes) -> the module whose main(argv) the launcher calls.
+APPS = {
+    "projection": "spark_apps.projection",
+    "fraud-detector": "spark_apps.fraud_detector",
+    "telemetry-detector": "spark_apps.telemetry_detector",
+    "rebuild": "spark_apps.rebuild",
+}
+# The repository's packages the apps import (the layers below the CLI; tests/unit/test_layering.py keeps them so).
+PACKAGED = ("lakehouse", "event_store", "read_models", "expectations", "spark_apps")
+DEPLOY_MODES = ("client", "cluster")
+_FORWARDED = ("KAFKA_BOOTSTRAP_SERVERS",)
+_SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN")
+
+
+class SubmitError(RuntimeError):
+    """The app cannot be packaged or submitted as asked (an unknown app, jars not resolved yet, ...)."""
+
+
+@dataclass(frozen=True)
+class Package:
+    zip_path: Path
+    launchers: dict[str, Path]  # app -> its launcher script
+    modules: int  # .py files in the zip
+
+
+def _version() -> str:
+    import tomllib
+
+    return tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def resolved_jars(settings: Settings) -> tuple[Path, ...]:
+    """The JVM packages the apps need, as resolved by ``eventlake setup`` into the cache."""
+    from spark_apps.session import TOKEN_PROVIDER
+
+    ivy_jars = sorted((settings.cache_dir / "ivy" / "jars").glob("*.jar"))
+    token = settings.cache_dir / "spark-jars" / f"{TOKEN_PROVIDER[1]}-{TOKEN_PROVIDER[2]}.jar"
+    if not ivy_jars or not token.exists():
+        raise SubmitError(f"the Spark packages are not resolved yet under {settings.cache_dir} (no Delta/Kafka jars "
+                          f"in {settings.cache_dir / 'ivy' / 'jars'}); run `eventlake setup` once")
+    return (*ivy_jars, token)
+
+
+def package(settings: Settings) -> Package:
+    """Zip the packaged layers and write one launcher per app under ``<cache>/dist`` (rewritten each time: it
+    takes well under a second, and a stale zip would run old code)."""
+    dist = settings.cache_dir / "dist"
+    dist.mkdir(parents=True, exist_ok=True)
+    zip_path = dist / f"eventlake-{_version()}.zip"
+    partial = zip_path.with_suffix(".zip.partial")
+    modules = 0
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in PACKAGED:
+            for path in sorted((PROJECT_ROOT / name).rglob("*")):
+                if "__pycache__" in path.parts or not path.is_file() or path.suffix in (".pyc", ".pyo"):
+                    continue
+                archive.write(path, path.relative_to(PROJECT_ROOT).as_posix())
+                modules += path.suffix == ".py"
+    partial.replace(zip_path)
+    launchers = {}
+    for app, module in APPS.items():
+        launcher = dist / f"run_{app.replace('-', '_')}.py"
+        launcher.write_text(
+            f'"""spark-submit launcher of eventlake\'s {app} (written by `eventlake spark-submit`)."""\n'
+            f"import {module.rsplit('.', 1)[0]} as _code\n"
+            f"from {module} import main\n\n"
+            f'print(f"eventlake: {app}: code from {{_code.__file__}}", flush=True)\n'
+            f"raise SystemExit(main())\n")
+        launchers[app] = launcher
+    return Package(zip_path, launchers, modules)
+
+
+def submit_command(settings: Settings, app: str, app_args: list[str] = (), *, master: str | None = None,
+                   deploy_mode: str = "client", conf: dict[str, str] | None = None,
+                   env: dict[str, str] | None = None, built: Package | None = None) -> list[str]:
+    """The spark-submit argument list that runs ``app`` with ``app_args`` on ``master`` (default: the settings')."""
+    if app not in APPS:
+        raise SubmitError(f"unknown app {app!r}; the apps: {', '.join(APPS)}")
+    if deploy_mode not in DEPLOY_MODES:
+        raise SubmitError(f"--deploy-mode {deploy_mode!r}: expected one of {', '.join(DEPLOY_MODES)}")
+    master = master or settings.spark_master
+    if deploy_mode == "cluster" and master.startswith(("local", "spark://")):
+        raise SubmitError(f"--deploy-mode cluster on {master}: Spark runs Python apps in cluster deploy mode only "
+                          "on YARN and Kubernetes; use client mode here")
+    env = dict(os.environ if env is None else env)
+    built = built or package(settings)
+    jars = resolved_jars(settings)
+    from spark_apps.session import JVM_OPTIONS
+    import pyspark
+
+    spark_submit = Path(pyspark.__file__).resolve().parent / "bin" / "spark-submit"
+    settings_conf: dict[str, str] = {}
+    python = env.get("PYSPARK_PYTHON")
+    if python:
+        settings_conf["spark.pyspark.python"] = python
+    elif master.startswith(("local", "spark://")):
+        # On this machine's own cluster the executors can run this interpreter (it has the third-party packages).
+        settings_conf["spark.pyspark.python"] = sys.executable
+    if deploy_mode == "cluster":
+        driver_env = "spark.yarn.appMasterEnv" if master == "yarn" else "spark.kubernetes.driverEnv"
+        for name in sorted(env):
+            if name.startswith("EVENTLAKE_") or name in _FORWARDED:
+                settings_conf[f"{driver_env}.{name}"] = env[name]
+                settings_conf[f"spark.executorEnv.{name}"] = env[name]
+    settings_conf.update(conf or {})
+    line = [str(spark_submit), "--master", master, "--deploy-mode", deploy_mode, "--name", f"eventlake-{app}",
+            "--driver-memory", settings.spark_driver_memory, "--driver-java-options", JVM_OPTIONS,
+            "--conf", f"spark.executor.extraJavaOptions={JVM_OPTIONS}",
+            "--jars", ",".join(str(j) for j in jars), "--py-files", str(built.zip_path)]
+    for key, value in settings_conf.items():
+        line += ["--conf", f"{key}={value}"]
+    return [*line, str(built.launchers[app]), *app_args]
+
+
+def shown(line: list[str]) -> str:
+    """The line as a shell command, secrets masked."""
+    def mask(arg: str) -> str:
+        key, sep, _ = arg.partition("=")
+        return f"{key}=***" if sep and any(w in key.upper() for w in _SECRET_WORDS) else arg
+    return " ".join(shlex.quote(mask(a)) for a in line)
+
+
+def run(line: list[str], env: dict[str, str] | None = None) -> int:
+    """Run the line in the foreground (its output is the app's) and return its exit code."""
+    env = dict(os.environ if env is None else env)
+    # spark-submit must not find this process's gateway (a CLI started from inside a Spark driver).
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    env.pop("PYSPARK_GATEWAY_SECRET", None)
+    return subprocess.call(line, env=env)
