@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 
 import read_models
 from lakehouse.settings import Settings
+from lakehouse.storage import delta_table
 from read_models.catalog import Catalog, CatalogError
 
 __all__ = ["HistoryError", "HistoryLine", "history", "format_history"]
@@ -38,7 +39,6 @@ def history(settings: Settings, name: str, generation: int | None = None, limit:
         -> tuple[str, list[HistoryLine]]:
     """(what was read, lines newest first): the last ``limit`` commits of the table and the catalog's changes of
     ``name`` since the oldest of them."""
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     catalog_lines: list[HistoryLine] = []
@@ -60,7 +60,7 @@ def history(settings: Settings, name: str, generation: int | None = None, limit:
         raise HistoryError(f"no table named {name!r}; the names: "
                            f"{', '.join([*read_models.REGISTRY, *NON_MODEL_TABLES])}")
     try:
-        commits = DeltaTable(str(path)).history(limit)
+        commits = delta_table(path).history(limit)
     except TableNotFoundError:
         raise HistoryError(f"{what}: no Delta table there yet (nothing written to it); run `eventlake demo` or "
                            f"`eventlake project --until-caught-up` first") from None

@@ -18,6 +18,7 @@ from typing import NamedTuple, Union
 import read_models
 from eventlake.read_only import WriteRefused, check_duckdb, check_spark, lock_duckdb
 from lakehouse.settings import Settings
+from lakehouse.storage import delta_table
 from read_models.catalog import Catalog, late_events_sources
 
 __all__ = ["QueryError", "TablePart", "AsOf", "parse_as_of", "describe_as_of", "logical_tables", "query_duckdb", "query_spark",
@@ -83,9 +84,7 @@ def logical_tables(settings: Settings, as_of: AsOf | None = None) -> dict[str, l
 
 def _version_as_of(path: Path, as_of: AsOf) -> int | None:
     """The table's version to read for ``as_of`` (None: the table had no such version, or did not exist then)."""
-    from deltalake import DeltaTable
-
-    history = DeltaTable(str(path)).history()  # newest first; commits whose log files are still there
+    history = delta_table(path).history()  # newest first; commits whose log files are still there
     versions = {int(c["version"]): int(c["timestamp"]) for c in history if "version" in c}
     if isinstance(as_of, int):
         return as_of if as_of in versions else None
@@ -231,9 +230,7 @@ def _register_duckdb(con, name: str, parts: list[TablePart], dataset) -> None:
         if part.version is None:
             data = dataset(part.path)
         else:
-            from deltalake import DeltaTable
-
-            data = dataset(DeltaTable(str(part.path), version=part.version))
+            data = dataset(delta_table(part.path, version=part.version))
         if part.read_models is not None:
             data = data.filter(ds.field("read_model").isin(list(part.read_models)))
         sources.append(data)

@@ -23,6 +23,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from expectations import SUITES, suite_module
 from lakehouse.settings import Settings
+from lakehouse.storage import delta_table
 from lakehouse.tables import read_table
 from read_models.catalog import Catalog, Generation
 
@@ -94,13 +95,11 @@ def check_table(settings: Settings, name: str, ge=None, generation: Generation |
                 data_docs: bool = True) -> CheckReport:
     """Validate the current version of read model ``name``'s Delta table (its current generation, or
     ``generation``) against its suite; with ``data_docs``, publish the result to the Data Docs site."""
-    from deltalake import DeltaTable
-
     module = suite_module(name)
     generation = generation or Catalog(settings).current(name)
     path = generation.table
     try:
-        table = DeltaTable(str(path))
+        table = delta_table(path)
     except TableNotFoundError:
         raise TableMissing(f"read model {name}: no Delta table at {path} yet; run the projection first "
                            f"(eventlake project, or eventlake demo)") from None

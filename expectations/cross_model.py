@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from lakehouse.settings import Settings
+from lakehouse.storage import delta_table
 from read_models.catalog import Catalog
 
 __all__ = ["Agreement", "CrossModelCheck", "CROSS_MODEL_CHECKS", "check_agreement", "check_agreements",
@@ -94,8 +95,6 @@ def _last_projection_write(path: Path, version: int, look_back: int = 500) -> tu
 def _snapshots(settings: Settings, names: tuple[str, ...], optional: tuple[str, ...] = ()):
     """({name: DeltaTable at one version}, position in words, None) when the tables stand at the same log
     position, else ({}, "", why not). ``optional`` tables may be missing (read as empty)."""
-    from deltalake import DeltaTable
-
     from expectations.reconciliation import _last_batch, _offsets
 
     paths = _physical_paths(settings, (*names, *optional))
@@ -108,18 +107,18 @@ def _snapshots(settings: Settings, names: tuple[str, ...], optional: tuple[str, 
     def writers() -> dict[str, tuple[str, int] | None]:
         found = {}
         for n in present:
-            table = DeltaTable(str(paths[n]))
+            table = delta_table(paths[n])
             found[n] = _last_projection_write(paths[n], table.version())
         return found
 
     before = writers()
     projections = {w[0] for w in before.values() if w is not None}
     if not projections:  # never written by a projection: nothing writes them now, compare them as they are
-        tables = {n: DeltaTable(str(paths[n])) for n in present}
+        tables = {n: delta_table(paths[n]) for n in present}
         return tables, "tables not written by a projection, compared as they stand", None
     # The checkpoints first, then the tables: every batch a checkpoint has committed is in the tables read after.
     committed = {p: _last_batch(settings.checkpoints / p) for p in projections}
-    tables = {n: DeltaTable(str(paths[n])) for n in present}
+    tables = {n: delta_table(paths[n]) for n in present}
     positions: dict[str, tuple[str, int]] = {}
     for n, table in tables.items():
         written = _last_projection_write(paths[n], table.version())

@@ -27,6 +27,7 @@ import read_models
 from event_store.envelope import EventEnvelope, built, format_time
 from event_store.schemas import EVENTS
 from lakehouse.settings import Settings
+from lakehouse.storage import delta_table
 from lakehouse.tables import read_table
 from read_models.catalog import Catalog, Generation
 from read_models.sequence import sequence
@@ -102,10 +103,8 @@ def _last_batch(checkpoint: Path) -> int | None:
 
 def _position(settings: Settings, generation: Generation) -> tuple[dict[int, int] | None, str]:
     """The end offsets of the last batch reflected in the generation's table, or (None, why not)."""
-    from deltalake import DeltaTable
-
     name = generation.name
-    history = DeltaTable(str(generation.table)).history()
+    history = delta_table(generation.table).history()
     written = [json.loads(c["userMetadata"]) for c in history if c.get("userMetadata")]
     written = [m for m in written if "batch_id" in m and "projection" in m]
     if not written:
@@ -131,9 +130,7 @@ def _position(settings: Settings, generation: Generation) -> tuple[dict[int, int
 def _archived_events(settings: Settings, position: dict[int, int]) -> list[EventEnvelope]:
     """The archived events before ``position``, as envelopes (payload fields back under ``payload``); the
     last answer is kept, as the read models of one projection usually stand at the same position."""
-    from deltalake import DeltaTable
-
-    key = (str(settings.table_path(ARCHIVE_TABLE)), DeltaTable(str(settings.table_path(ARCHIVE_TABLE))).version(),
+    key = (str(settings.table_path(ARCHIVE_TABLE)), delta_table(settings.table_path(ARCHIVE_TABLE)).version(),
            tuple(sorted(position.items())))
     if _last_archive_read[0] != key:
         _last_archive_read[:] = [key, _read_archive(settings, position)]

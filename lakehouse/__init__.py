@@ -2,6 +2,8 @@
 
 - ``lakehouse.settings``: the one settings object (where the Kafka log, the Delta warehouse and the checkpoints
   are; topic names; tuning), read from the environment or a TOML file;
+- ``lakehouse.storage``: where the tables and checkpoints are: a local ``Path`` or a URI (``hdfs://``, ``s3a://``
+  ...) reached through delta-rs' object store with the settings' storage options;
 - ``lakehouse.tables``: a Delta table's current version read into Arrow without a JVM;
 - ``lakehouse.signals``: how a long-running service (handler, projection, detector, policy, SQL server) learns
   that it is asked to stop.

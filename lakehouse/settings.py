@@ -7,11 +7,14 @@ creates folders here; this only describes where things are.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
+
+from lakehouse.storage import Location, location
 
 __all__ = ["Settings", "SettingsError", "PROJECT_ROOT"]
 
@@ -25,8 +28,16 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class Settings:
-    # Where local state lives: Kafka data, Delta tables, checkpoints.
+    # Where local state lives: Kafka data, logs, locks, and the tables and checkpoints unless set below.
     home: Path = PROJECT_ROOT / ".eventlake"
+    # The Delta tables and the streaming checkpoints: a local folder or a URI that Spark (Hadoop) and delta-rs
+    # both reach (hdfs://namenode:8020/eventlake/warehouse, s3a://bucket/warehouse, ...). Unset: home/warehouse
+    # and home/checkpoints.
+    warehouse_uri: str | None = None
+    checkpoints_uri: str | None = None
+    # What delta-rs needs besides a URI (credentials, endpoint, region ...): a JSON object in
+    # EVENTLAKE_STORAGE_OPTIONS, or a table in the config file. Spark takes the same from its Hadoop settings.
+    storage_options: Mapping[str, str] = field(default_factory=dict, repr=False)
     # Where resolved artifacts (Kafka jars, Spark's Ivy cache) live; safe to delete.
     cache_dir: Path = PROJECT_ROOT / ".cache"
     # None = start and use the project's local broker. Set it to use a remote cluster (nothing is started).
@@ -77,12 +88,14 @@ class Settings:
 
     # -- derived locations -------------------------------------------------------------------
     @property
-    def warehouse(self) -> Path:
-        return self.home / "warehouse"
+    def warehouse(self) -> Location:
+        """The Delta tables' root: a local ``Path`` or a ``RemoteLocation`` (``lakehouse.storage``)."""
+        return location(self.warehouse_uri, self.storage_options) if self.warehouse_uri else self.home / "warehouse"
 
     @property
-    def checkpoints(self) -> Path:
-        return self.home / "checkpoints"
+    def checkpoints(self) -> Location:
+        return (location(self.checkpoints_uri, self.storage_options) if self.checkpoints_uri
+                else self.home / "checkpoints")
 
     @property
     def kafka_dir(self) -> Path:
@@ -144,7 +157,7 @@ class Settings:
     def snapshots_topic(self) -> str:
         return self.topic("handler-snapshots")
 
-    def table_path(self, name: str) -> Path:
+    def table_path(self, name: str) -> Location:
         """A table that is no read model's: the archive, the dead letters, the catalog, sequence ledgers. A read
         model's tables are those of its current generation: ``read_models.catalog.Catalog(settings).current(name)``."""
         return self.warehouse / name
@@ -187,6 +200,15 @@ class Settings:
 
 def _coerce(name: str, type_name: object, value: object) -> object:
     type_text = str(type_name)
+    if "Mapping" in type_text:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else {}
+            except json.JSONDecodeError as e:
+                raise SettingsError(f"setting {name}: not a JSON object ({e})") from None
+        if not isinstance(value, Mapping) or not all(isinstance(v, (str, int, float, bool)) for v in value.values()):
+            raise SettingsError(f"setting {name}={value!r}: expected an object of names to strings")
+        return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
     try:
         if "Path" in type_text:
             return Path(str(value)).expanduser().resolve()

@@ -14,6 +14,8 @@ data"). Both paths read INT96 as microseconds, so every time the schemas allow (
 """
 from __future__ import annotations
 
+from lakehouse.storage import delta_table, is_remote
+
 __all__ = ["dataset", "read_table", "TableNotFound"]
 
 
@@ -33,10 +35,12 @@ def dataset(path):
         table = path
     else:
         try:
-            table = DeltaTable(str(path))
+            table = delta_table(path)
         except TableNotFoundError:
             raise TableNotFound(f"no Delta table at {path}") from None
-    if table.metadata().partition_columns or table.protocol().min_reader_version > 1:
+    # pyarrow opens local files itself; a URI (hdfs://, s3a:// ...) goes through delta-rs' own object store.
+    if (table.metadata().partition_columns or table.protocol().min_reader_version > 1
+            or is_remote(table.table_uri.replace("file://", "", 1))):
         return table.to_pyarrow_dataset(parquet_read_options=_read_options())
     return ds.dataset(table.file_uris(), schema=pa.schema(table.schema().to_arrow()),
                       format=ds.ParquetFileFormat(read_options=_read_options()))

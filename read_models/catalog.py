@@ -50,7 +50,6 @@ ones have late events). Everything that uses it (``spark_apps``, ``expectations`
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,6 +57,7 @@ from typing import Iterable, Mapping
 
 import read_models
 from lakehouse.settings import Settings
+from lakehouse.storage import Location, delta_table, remove_tree, storage_options
 
 __all__ = ["Catalog", "CatalogError", "CatalogEntry", "CatalogRefused", "Generation", "ModelState",
            "CATALOG_TABLE", "GENERATIONS_FOLDER", "SHARED_LATE_EVENTS_TABLE", "late_events_sources",
@@ -86,12 +86,12 @@ class Generation:
     """One physical generation of a read model: where its table, bookkeeping and checkpoint are."""
     name: str
     number: int
-    table: Path
-    pending: Path        # CURRENT_STATE_BY_VERSION models: events waiting for an earlier version
-    applied: Path        # WINDOWED_SUM models: the ledger of applied event ids
-    late_events: Path    # WINDOWED_SUM models: events later than the watermark
+    table: Location
+    pending: Location        # CURRENT_STATE_BY_VERSION models: events waiting for an earlier version
+    applied: Location        # WINDOWED_SUM models: the ledger of applied event ids
+    late_events: Location    # WINDOWED_SUM models: events later than the watermark
     late_events_shared: bool  # True: ``late_events`` is the shared table; this model's rows have read_model = name
-    checkpoint: Path     # the checkpoint of the projection that builds it (generation 1: the live projection's)
+    checkpoint: Location     # the checkpoint of the projection that builds it (generation 1: the live projection's)
     position: Mapping[int, int] | None = None  # partition -> end offset it is complete up to (None: not recorded)
     created_at: datetime | None = None
     created_by: str = ""
@@ -101,7 +101,7 @@ class Generation:
     def label(self) -> str:
         return f"g{self.number:04d}"
 
-    def paths(self) -> dict[str, Path]:
+    def paths(self) -> dict[str, Location]:
         return {"table": self.table, "pending": self.pending, "applied": self.applied,
                 "late_events": self.late_events, "checkpoint": self.checkpoint}
 
@@ -237,14 +237,12 @@ class Catalog:
 
     def _snapshot(self, fresh: bool = False):
         """(DeltaTable or None, rows in seq order) as of the newest catalog version."""
-        from deltalake import DeltaTable
-
         from lakehouse.tables import read_table
 
         if not self._exists():
             return None, ()
         if self._table is None or fresh:
-            self._table = DeltaTable(str(self.path))
+            self._table = delta_table(self.path)
         else:
             self._table.update_incremental()
         version = self._table.version()
@@ -445,6 +443,7 @@ class Catalog:
             batch = pa.Table.from_pylist([{"seq": seq, **r} for r in rows], schema=_SCHEMA())
             try:
                 write_deltalake(table if table is not None else str(self.path), batch, mode="append",
+                                storage_options=None if table is not None else storage_options(self.path),
                                 commit_properties=CommitProperties(
                                     app_transactions=[Transaction(_TXN_APP_ID, seq)],
                                     custom_metadata={"catalog": json.dumps([[r["name"], r["generation"], r["action"]]
@@ -484,28 +483,26 @@ def _changed_by(state: ModelState) -> str:
 def _delete_files(generation: Generation, settings: Settings) -> None:
     """Delete a dropped generation's tables (and, for a generation of its own, its checkpoint)."""
     for path in (generation.table, generation.pending, generation.applied):
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)
     if generation.late_events_shared:
         if (generation.late_events / "_delta_log").is_dir():
-            from deltalake import DeltaTable
-
-            DeltaTable(str(generation.late_events)).delete(f"read_model = '{generation.name}'")
+            delta_table(generation.late_events).delete(f"read_model = '{generation.name}'")
     else:
-        shutil.rmtree(generation.late_events, ignore_errors=True)
+        remove_tree(generation.late_events)
     generations_root = settings.checkpoints / GENERATIONS_FOLDER
     if generations_root in generation.checkpoint.parents:
-        shutil.rmtree(generation.checkpoint, ignore_errors=True)
+        remove_tree(generation.checkpoint)
     folder = generation.table.parent
     if settings.warehouse / GENERATIONS_FOLDER in folder.parents and folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
 
 
-def late_events_sources(generations: Mapping[str, Generation]) -> list[tuple[Path, list[str]]]:
+def late_events_sources(generations: Mapping[str, Generation]) -> list[tuple[Location, list[str]]]:
     """Where the late events of the given (current) generations are: (late-events table, the read_model values to
     keep from it), one entry per table that exists. The logical ``late_events`` readers see is their union."""
     from read_models.spec import WINDOWED_SUM
 
-    sources: dict[Path, list[str]] = {}
+    sources: dict[Location, list[str]] = {}
     for name, generation in generations.items():
         if read_models.get(name).merge_strategy != WINDOWED_SUM:
             continue

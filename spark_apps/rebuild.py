@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from lakehouse.settings import Settings
+from lakehouse.storage import delta_table
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
 __all__ = ["FoldTargets", "FoldStep", "FoldResult", "RebuildError", "RebuildFailed", "RebuildRefused", "RebuildOutcome",
@@ -238,9 +239,7 @@ def _archived_events(settings: Settings) -> int:
     from spark_apps.projection import ARCHIVE_TABLE
 
     try:
-        from deltalake import DeltaTable as RustDeltaTable
-
-        actions = RustDeltaTable(str(settings.table_path(ARCHIVE_TABLE))).get_add_actions(flatten=True)
+        actions = delta_table(settings.table_path(ARCHIVE_TABLE)).get_add_actions(flatten=True)
         return int(sum(n or 0 for n in actions.column("num_records").to_pylist()))
     except Exception:  # noqa: BLE001 -- a URI delta-rs cannot read, no stats: progress without a total
         return 0

@@ -287,7 +287,7 @@ def _replace_range(spark, rows, table_path: str, window_filter: str, metadata: d
                    log: Callable[[str], None]) -> int:
     """``rows`` replace the table's rows matching ``window_filter``: one commit; a commit that loses a race with
     the live projection's (a Delta concurrent-modification conflict) is tried again. -> the version committed."""
-    from deltalake import DeltaTable as RustDeltaTable
+    from delta.tables import DeltaTable
 
     for attempt in range(1, _RETRIES + 1):
         try:
@@ -299,7 +299,8 @@ def _replace_range(spark, rows, table_path: str, window_filter: str, metadata: d
                 raise
             log(f"reprocess: the commit met a concurrent write to {table_path} ({str(e).splitlines()[0][:160]}); "
                 f"trying again ({attempt}/{_RETRIES})")
-    return RustDeltaTable(table_path).version()
+    # Read through Spark, which reaches the table wherever it is (a URI needs no delta-rs storage options here).
+    return int(DeltaTable.forPath(spark, table_path).history(1).select("version").first()[0])
 
 
 def _mark_late(spark, model: ReadModel, generation, mine, t1: dt.datetime, t2: dt.datetime, by: str) \

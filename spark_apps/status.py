@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import read_models
 from lakehouse.settings import Settings
+from lakehouse.storage import delta_table
 from read_models.catalog import Catalog, Generation, late_events_sources
 from spark_apps.merge import LATE_EVENTS_TABLE
 
@@ -66,8 +67,6 @@ def watermark_statuses(settings: Settings, now: datetime | None = None) -> list[
     """One per windowed read model whose table exists (delta-rs and pyarrow: no JVM)."""
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
-    from deltalake import DeltaTable
-
     from lakehouse.tables import dataset
     from read_models.spec import WINDOWED_SUM
     from spark_apps.merge import newest_event_time_on_clock, watermark_delay, windowed_watermark
@@ -79,7 +78,7 @@ def watermark_statuses(settings: Settings, now: datetime | None = None) -> list[
         path, ledger_path = current[model.name].table, current[model.name].applied
         if model.merge_strategy != WINDOWED_SUM or not (path / "_delta_log").is_dir():
             continue
-        table = DeltaTable(str(path))
+        table = delta_table(path)
         metadata = [json.loads(c["userMetadata"]) for c in table.history(5) if c.get("userMetadata")]
         found, newest_on_clock = newest_event_time_on_clock(metadata)
         if not found:  # a table written before the newest event time on the clock was recorded
@@ -133,8 +132,6 @@ def generation_lines(settings: Settings) -> list[str]:
 def _late_events_status(current: dict[str, Generation], settings: Settings) -> "TableStatus":
     """The logical late_events: the rows of the current generations' late-events tables."""
     import pyarrow.dataset as ds
-    from deltalake import DeltaTable
-
     from lakehouse.tables import dataset
 
     sources = late_events_sources(current)
@@ -142,7 +139,7 @@ def _late_events_status(current: dict[str, Generation], settings: Settings) -> "
         return TableStatus("late_events", None, None, settings.table_path("late_events"))
     rows, version = 0, None
     for path, names in sources:
-        table = DeltaTable(str(path))
+        table = delta_table(path)
         rows += dataset(table).count_rows(filter=ds.field("read_model").isin(names))
         version = table.version() if len(sources) == 1 else None
     return TableStatus("late_events", rows, version, sources[0][0])
@@ -191,8 +188,6 @@ def projection_statuses(settings: Settings, log_end: int | None) -> list[Project
 
 
 def table_statuses(settings: Settings) -> list[TableStatus]:
-    from deltalake import DeltaTable
-
     from lakehouse.tables import dataset
 
     current = Catalog(settings).current_all()  # read models: their current generation's table
@@ -206,7 +201,7 @@ def table_statuses(settings: Settings) -> list[TableStatus]:
         if not (path / "_delta_log").is_dir():
             out.append(TableStatus(name, None, None, path))
             continue
-        table = DeltaTable(str(path))
+        table = delta_table(path)
         out.append(TableStatus(name, dataset(table).count_rows(), table.version(), path))
     return out
 
@@ -249,7 +244,7 @@ def render(settings: Settings) -> str:
     lines.extend(quarantine_lines(settings))
     lines.append("read models (eventlake catalog lists every generation; eventlake rollback NAME goes one back):")
     lines.extend(generation_lines(settings))
-    lines.append("tables:")
+    lines.append(f"tables (under {settings.warehouse}):")
     for t in table_statuses(settings):
         if t.rows is None:
             lines.append(f"  {t.name:<24} (not created yet)")
