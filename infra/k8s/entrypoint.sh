@@ -12,7 +12,7 @@ if ! getent passwd "$(id -u)" >/dev/null 2>&1 && [ -w /etc/passwd ]; then
   echo "$(id -u):x:$(id -u):$(id -g):anonymous uid:${HOME:-/tmp}:/bin/false" >> /etc/passwd
 fi
 
-SPARK_CLASSPATH="${SPARK_CLASSPATH:-}:${SPARK_HOME}/jars/*"
+SPARK_CLASSPATH="${SPARK_CLASSPATH:-}:${SPARK_HOME:-}/jars/*"
 if [ -n "${SPARK_EXTRA_CLASSPATH:-}" ]; then SPARK_CLASSPATH="$SPARK_CLASSPATH:$SPARK_EXTRA_CLASSPATH"; fi
 if [ -n "${SPARK_CONF_DIR:-}" ]; then SPARK_CLASSPATH="$SPARK_CONF_DIR:$SPARK_CLASSPATH"; fi
 if [ -n "${HADOOP_CONF_DIR:-}" ]; then SPARK_CLASSPATH="$HADOOP_CONF_DIR:$SPARK_CLASSPATH"; fi

@@ -272,10 +272,17 @@ def test_every_image_is_the_projects_and_the_dockerfile_builds_it_from_the_pins(
     python = re.search(r"^FROM python:(\d+\.\d+)", dockerfile, re.M).group(1)
     assert f">={python}" in requires, (python, requires)
     assert "openjdk-17-jre-headless" in dockerfile  # Spark 4's JVM
-    assert "-c constraints.txt" in dockerfile and "eventlake setup" in dockerfile
+    assert "-c constraints.txt -e '.[k8s]'" in dockerfile and "eventlake setup" in dockerfile
     constraints = {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in (
         line.split("==", 1) for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line)}
     assert constraints["pyspark"] == _pins()["pyspark"] and constraints["delta-spark"] == _pins()["delta-spark"]
+    # The image's extra (Airflow's executor and metadata database for the chart) is pinned like the rest.
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["k8s"]
+    for requirement in extra:
+        name, version = requirement.split("==")
+        assert constraints[re.sub(r"[-_.]+", "-", name).lower()] == version, requirement
+    assert _airflow_values()["executor"] == "KubernetesExecutor"
+    assert any("cncf-kubernetes" in r for r in extra) and any("postgres" in r for r in extra)
 
 
 # -- every service the CLI runs ---------------------------------------------------------------------------------
@@ -445,3 +452,39 @@ def test_spark_applications_list_exactly_the_jars_the_projects_resolution_gives(
     resolved = {j.rsplit("/", 1)[1] for j in local_jars.split(",") if j}
     listed = {j.rsplit("/", 1)[1] for j in _jars(_of_kind("SparkApplication")[0])}
     assert listed == resolved
+
+
+# -- the image's entrypoint -------------------------------------------------------------------------------------
+def _entrypoint(tmp_path: Path, args: list[str], env: dict[str, str]) -> list[str]:
+    """The command entrypoint.sh would exec under tini, for these arguments and this environment."""
+    import subprocess
+
+    script = (K8S / "entrypoint.sh").read_text()
+    assert script.count("exec /usr/bin/tini -s -g -- ") == 1
+    probe = tmp_path / "entrypoint.sh"
+    probe.write_text(script.replace("exec /usr/bin/tini -s -g -- ", "printf '%s\\n' "))
+    out = subprocess.run(["bash", str(probe), *args], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True,
+                         text=True, check=True, cwd=tmp_path)
+    return out.stdout.splitlines()
+
+
+def test_the_entrypoint_starts_spark_pods_as_spark_on_kubernetes_does_and_runs_anything_else(tmp_path):
+    spark_home = _dockerfile_env()["SPARK_HOME"]
+    driver = _entrypoint(tmp_path, ["driver", "--properties-file", "/opt/spark/conf/spark.properties",
+                                    "local:///opt/eventlake/spark_apps/projection.py"],
+                         {"SPARK_HOME": spark_home, "SPARK_DRIVER_BIND_ADDRESS": "10.0.0.2"})
+    assert driver[0] == f"{spark_home}/bin/spark-submit"
+    assert driver[driver.index("--deploy-mode") + 1] == "client"
+    assert "spark.driver.bindAddress=10.0.0.2" in driver and driver[-1].endswith("projection.py")
+    executor_env = {"SPARK_HOME": spark_home, "JAVA_HOME": "/opt/java", "SPARK_EXECUTOR_MEMORY": "2g",
+                    "SPARK_JAVA_OPT_0": "-XX:-DontCompileHugeMethods", "SPARK_DRIVER_URL": "spark://d:7078",
+                    "SPARK_EXECUTOR_ID": "1", "SPARK_EXECUTOR_CORES": "1", "SPARK_APPLICATION_ID": "spark-1",
+                    "SPARK_EXECUTOR_POD_IP": "10.0.0.3", "SPARK_RESOURCE_PROFILE_ID": "0",
+                    "SPARK_EXECUTOR_POD_NAME": "projection-exec-1"}
+    executor = _entrypoint(tmp_path, ["executor"], executor_env)
+    assert executor[0] == "/opt/java/bin/java" and "-XX:-DontCompileHugeMethods" in executor
+    assert "org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend" in executor
+    assert f"{spark_home}/jars/*" in executor[executor.index("-cp") + 1].split(":")
+    assert _entrypoint(tmp_path, ["bash", "-c", "exec airflow scheduler"], {}) == ["bash", "-c",
+                                                                                 "exec airflow scheduler"]
+    assert _entrypoint(tmp_path, ["eventlake", "handler", "--instance-id", "0"], {})[:2] == ["eventlake", "handler"]
