@@ -209,7 +209,8 @@ def test_a_broken_manifest_is_refused(kind, name, change, expected):
 
 
 def test_kustomization_names_every_manifest_and_nothing_else():
-    manifests = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", "airflow-values.yaml"}
+    manifests = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", "kustomizeconfig.yaml",
+                                                        "airflow-values.yaml"}
     assert set(_kustomization()["resources"]) == manifests
     assert _kustomization()["namespace"] == _one("Namespace", "eventlake")["metadata"]["name"]
 
@@ -262,6 +263,11 @@ def test_every_image_is_the_projects_and_the_dockerfile_builds_it_from_the_pins(
         assert {c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]} == {image}
     for app in _of_kind("SparkApplication"):
         assert app["spec"]["image"] == image
+    # kustomize's images: renames this image in both kinds (its configuration names the SparkApplication's field).
+    [kustomized] = _kustomization()["images"]
+    assert f"{kustomized['name']}:{kustomized['newTag']}" == image
+    config = yaml.safe_load((K8S / _kustomization()["configurations"][0]).read_text())
+    assert {"path": "spec/image", "kind": "SparkApplication"} in config["images"]
     values = _airflow_values()
     assert f"{values['images']['airflow']['repository']}:{values['images']['airflow']['tag']}" == image
     assert f"{values['defaultAirflowRepository']}:{values['defaultAirflowTag']}" == image
