@@ -10,6 +10,7 @@ the settings the apps read are set, and the topics are the ones the code creates
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import tomllib
 from functools import cache
@@ -20,7 +21,6 @@ import kubernetes_validate
 import pytest
 import yaml
 
-import lakehouse.settings as settings_module
 from event_store import kafka_log
 from lakehouse.settings import Settings
 from spark_apps import session
@@ -337,11 +337,13 @@ def _settings_data() -> dict[str, str]:
 
 def _field_read_from(variable: str) -> str | None:
     """The Settings field that ``Settings.load`` fills from this environment variable (None: none)."""
-    default = Settings.load({})
+    # The local cluster's size is read from under EVENTLAKE_HOME unless set: set it, so a probe of the home
+    # changes only the home.
+    base = {} if variable == "EVENTLAKE_KAFKA_BROKERS" else {"EVENTLAKE_KAFKA_BROKERS": "1"}
+    default = Settings.load(base)
     for probe in ("7", "8"):
-        loaded = Settings.load({variable: probe})
-        changed = [f for f in settings_module.dataclasses.fields(Settings)
-                   if getattr(loaded, f.name) != getattr(default, f.name)]
+        loaded = Settings.load({**base, variable: probe})
+        changed = [f for f in dataclasses.fields(Settings) if getattr(loaded, f.name) != getattr(default, f.name)]
         if changed:
             [field] = changed
             return field.name
@@ -353,7 +355,7 @@ def test_every_setting_in_the_configmap_is_one_the_apps_read_and_the_needed_ones
     assert None not in fields.values(), f"not a setting: {[v for v, f in fields.items() if f is None]}"
     # Needed in a cluster: the broker (unset = start a local one), every location (defaults lie in the checkout)
     # and what the topics are made of (they must agree with topics.yaml).
-    needed = {f.name for f in settings_module.dataclasses.fields(Settings)
+    needed = {f.name for f in dataclasses.fields(Settings)
               if f.name == "kafka_bootstrap_servers" or "Path" in str(f.type) or f.name.startswith("topic_")}
     assert needed <= set(fields.values()), f"not set: {sorted(needed - set(fields.values()))}"
     Settings.load(_settings_data())  # every value is one the settings take
@@ -494,3 +496,30 @@ def test_the_entrypoint_starts_spark_pods_as_spark_on_kubernetes_does_and_runs_a
     assert _entrypoint(tmp_path, ["bash", "-c", "exec airflow scheduler"], {}) == ["bash", "-c",
                                                                                  "exec airflow scheduler"]
     assert _entrypoint(tmp_path, ["eventlake", "handler", "--instance-id", "0"], {})[:2] == ["eventlake", "handler"]
+
+
+@pytest.mark.slow
+def test_what_kustomize_renders_is_valid_in_the_namespace_with_the_image_it_is_told(tmp_path):
+    """``kubectl apply -k`` applies kustomize's rendering, not the files: render it (a copy of infra/k8s whose image
+    is renamed as the README says) and check every object again. Needs the kustomize binary (skipped without)."""
+    import shutil
+    import subprocess
+
+    kustomize = shutil.which("kustomize")
+    if kustomize is None:
+        pytest.skip("kustomize is not on the PATH")
+    work = tmp_path / "k8s"
+    shutil.copytree(K8S, work, ignore=shutil.ignore_patterns("schemas"))
+    subprocess.run([kustomize, "edit", "set", "image", "eventlake=registry.example.com/eventlake:9.9.9"], cwd=work,
+                   check=True, capture_output=True)
+    rendered = subprocess.run([kustomize, "build", str(work)], check=True, capture_output=True, text=True).stdout
+    objects = [d for d in yaml.safe_load_all(rendered) if d]
+    assert len(objects) == len(_objects())
+    for doc in objects:
+        assert validation_errors(doc) == [], (doc["kind"], doc["metadata"]["name"])
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == "eventlake", (doc["kind"], doc["metadata"]["name"])
+    images = {c["image"] for d in objects if d["kind"] == "Deployment" for c in d["spec"]["template"]["spec"]
+              ["containers"]}
+    images |= {d["spec"]["image"] for d in objects if d["kind"] == "SparkApplication"}
+    assert images == {"registry.example.com/eventlake:9.9.9"}
