@@ -76,9 +76,25 @@ def grant_acls(settings: Settings, log=print, timeout_s: float = 30.0) -> int:
             future.result(timeout=timeout_s)
     except confluent_kafka.KafkaException as e:
         raise KafkaAccessError(explain_refusal(settings, e) or describe_refusal(settings, str(e))) from None
+    _wait_until_applied(admin, bindings, timeout_s)
     log(f"kafka: {len(bindings)} ACLs for topics {settings.topic_prefix}*: only User:{ROLE_USERS['handler']} writes "
         f"{settings.events_topic}")
     return len(bindings)
+
+
+def _wait_until_applied(admin, bindings: list[AclBinding], timeout_s: float) -> None:
+    """Until a broker's authorizer holds every binding: the controller commits them first, and a client served
+    by a broker that has not applied them yet would be refused what was just granted."""
+    from confluent_kafka.admin import AclBindingFilter
+
+    wanted = set(bindings)
+    everything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
+                                  AclPermissionType.ANY)
+    deadline = time.monotonic() + timeout_s
+    while not wanted <= set(admin.describe_acls(everything, request_timeout=timeout_s).result(timeout_s)):
+        if time.monotonic() >= deadline:
+            raise KafkaAccessError(f"the {len(wanted)} ACLs granted were not all in force within {timeout_s:.0f}s")
+        time.sleep(0.1)
 
 
 def check_access(settings: Settings, timeout_s: float = 10.0, require_answer: bool = True) -> None:
