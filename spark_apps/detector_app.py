@@ -64,6 +64,9 @@ def run_service(argv: list[str] | None, prog: str, description: str, label: str,
     parser.add_argument("--until-caught-up", action="store_true", help="process what the log holds now, then stop")
     args = parser.parse_args(argv)
     settings = Settings.load(role="client")
+    from event_store.kafka_access import check_access
+
+    check_access(settings, timeout_s=5.0, require_answer=False)  # refused (SASL): one line, before Spark starts
     # Installed before the (slow) session start, so that a SIGTERM meanwhile is not lost either.
     stop_requested = stop_requested_on_sigterm()
     spark = build_session(settings, app_name=f"eventlake-{prog.replace('_', '-')}")
