@@ -23,8 +23,8 @@ import confluent_kafka
 from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, ResourcePatternType,
                                    ResourceType)
 
-from event_store.kafka_clients import admin_client
-from lakehouse.kafka_security import ROLE_USERS, KafkaAccessError, confluent_config, describe_refusal
+from event_store.kafka_clients import access_probe, admin_client
+from lakehouse.kafka_security import ROLE_USERS, KafkaAccessError, describe_refusal
 from lakehouse.settings import Settings
 
 __all__ = ["acl_bindings", "grant_acls", "check_access", "explain_refusal", "SPARK_GROUP_PREFIX"]
@@ -104,9 +104,7 @@ def check_access(settings: Settings, timeout_s: float = 10.0, require_answer: bo
     passes False)."""
     errors: list[confluent_kafka.KafkaError] = []
     logged = _Lines()
-    client = confluent_kafka.Producer({**confluent_config(settings), "error_cb": errors.append,
-                                       "logger": logged.logger, "reconnect.backoff.ms": 50,
-                                       "reconnect.backoff.max.ms": 500})
+    client = access_probe(settings, errors.append, logged.logger)
     deadline = time.monotonic() + timeout_s
     while True:
         try:

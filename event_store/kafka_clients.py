@@ -19,7 +19,7 @@ from lakehouse.kafka_security import confluent_config
 from lakehouse.settings import Settings
 
 __all__ = ["transactional_producer_config", "new_producer", "group_consumer", "group_reader", "bulk_producer",
-           "admin_client", "produce", "produce_records"]
+           "admin_client", "access_probe", "produce", "produce_records"]
 
 
 def transactional_producer_config(settings: Settings, transactional_id: str, *, batch_bytes: int,
@@ -78,6 +78,13 @@ def bulk_producer(settings: Settings, on_failed_delivery: Callable) -> confluent
         "partitioner": "murmur2_random", "linger.ms": 5, "batch.size": 1024 * 1024,
         "queue.buffering.max.messages": 1_000_000, "delivery.report.only.error": True,
         "on_delivery": on_failed_delivery})
+
+
+def access_probe(settings: Settings, on_error: Callable, logger) -> confluent_kafka.Producer:
+    """A client that only asks for metadata (``event_store.kafka_access.check_access``): its errors go to
+    ``on_error``, librdkafka's log lines to ``logger`` (not stderr), and it retries a closed connection soon."""
+    return confluent_kafka.Producer({**confluent_config(settings), "error_cb": on_error, "logger": logger,
+                                     "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500})
 
 
 def admin_client(settings: Settings) -> AdminClient:
