@@ -117,20 +117,39 @@ def check_access(settings: Settings, timeout_s: float = 10.0, require_answer: bo
             if error.code() in (confluent_kafka.KafkaError._AUTHENTICATION,
                                 confluent_kafka.KafkaError.SASL_AUTHENTICATION_FAILED):
                 raise KafkaAccessError(describe_refusal(settings, f"SASL authentication failed ({_reason(error)})"))
-        # A SASL listener answers a client without SASL its ApiVersions, then closes the connection at its
-        # first real request: the connection was up, and closed by the broker, every time.
-        closed = sum("Disconnected" in line and "state UP" in line for line in logged.lines)
-        if closed >= 2 and settings.kafka_security == "none":
-            raise KafkaAccessError(describe_refusal(
-                settings, "the brokers closed the connection of a client without credentials: the cluster requires "
-                          "SASL authentication; set EVENTLAKE_KAFKA_SECURITY=sasl_scram with EVENTLAKE_KAFKA_USERNAME "
-                          "and EVENTLAKE_KAFKA_PASSWORD (or kafka_username / kafka_password in EVENTLAKE_CONFIG)"))
+        reason = _diagnose(settings, logged.lines)
+        if reason is not None:
+            raise KafkaAccessError(describe_refusal(settings, reason))
         if time.monotonic() >= deadline:
             break
     if not require_answer:
         return
     last = (logged.lines or [e.str() for e in errors] or ["no answer"])[-1]
     raise KafkaAccessError(describe_refusal(settings, f"no answer within {timeout_s:.0f}s ({_reason_text(last)})"))
+
+
+def _diagnose(settings: Settings, lines: list[str]) -> str | None:
+    """Why the brokers keep closing this client's connections, from librdkafka's log, when it is clear."""
+    for line in lines:
+        if "SSL handshake failed" in line:
+            return f"TLS handshake failed ({_reason_text(line)}); EVENTLAKE_KAFKA_SSL_CAFILE={settings.ssl_cafile}"
+
+    def closed(state: str) -> int:
+        return sum("Disconnected" in line and f"state {state}" in line for line in lines)
+
+    # A SASL listener answers a client without SASL its ApiVersions, then closes the connection at its first
+    # real request: the connection was up, and closed by the broker, every time.
+    if closed("UP") >= 2 and settings.kafka_security == "none":
+        return ("the brokers closed the connection of a client without credentials: the cluster requires SASL "
+                "authentication; set EVENTLAKE_KAFKA_SECURITY=sasl_scram (or sasl_scram_tls) with "
+                "EVENTLAKE_KAFKA_USERNAME and EVENTLAKE_KAFKA_PASSWORD (or kafka_username / kafka_password in "
+                "EVENTLAKE_CONFIG)")
+    # A TLS listener closes a client that speaks no TLS at its first bytes.
+    if closed("APIVERSION_QUERY") >= 2 and settings.kafka_security != "sasl_scram_tls":
+        return ("the brokers closed the connection at its first request, as a TLS listener does with a client "
+                "that speaks no TLS: set EVENTLAKE_KAFKA_SECURITY=sasl_scram_tls with EVENTLAKE_KAFKA_SSL_CAFILE, "
+                "EVENTLAKE_KAFKA_USERNAME and EVENTLAKE_KAFKA_PASSWORD")
+    return None
 
 
 class _Lines(logging.Handler):

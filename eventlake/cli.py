@@ -45,7 +45,8 @@ def _cmd_kafka(settings: Settings, args) -> int:
             admin = settings.for_role("admin")
             kafka_log.ensure_topics(admin)
             grant_acls(admin)
-            print(f"kafka: SASL/SCRAM ({settings.kafka_sasl_mechanism}); users and passwords of each role in "
+            tls = f" over TLS (clients trust {settings.ssl_cafile})" if settings.kafka_security.endswith("_tls") else ""
+            print(f"kafka: SASL/SCRAM ({settings.kafka_sasl_mechanism}){tls}; users and passwords of each role in "
                   f"{settings.credentials_file} (mode 0600)")
     elif args.action == "down":
         kafka.down(settings)
@@ -605,11 +606,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("kafka", help="the local Kafka cluster (KRaft, 1 broker or more): up | down | status")
     p.add_argument("action", choices=("up", "down", "status"))
-    p.add_argument("--security", choices=("none", "sasl_scram"), default=None,
+    p.add_argument("--security", choices=("none", "sasl_scram", "sasl_scram_tls"), default=None,
                    help="up: sasl_scram = clients log in with SASL/SCRAM (users and random passwords per role "
                         "generated into $EVENTLAKE_HOME/kafka/credentials.toml) and ACLs let only the command handler "
-                        "write events; remembered for every later command (default: EVENTLAKE_KAFKA_SECURITY, "
-                        "else none)")
+                        "write events; sasl_scram_tls = the same over TLS (a self-signed certificate, trusted through "
+                        "$EVENTLAKE_HOME/kafka/ca.pem); remembered for every later command (default: "
+                        "EVENTLAKE_KAFKA_SECURITY, else none)")
     p.add_argument("--brokers", type=int, default=None,
                    help="up: how many brokers (3: every topic on 3 of them, a write acknowledged by 2, so one may be "
                         "lost); remembered for every later command (default: EVENTLAKE_KAFKA_BROKERS, else 1)")

@@ -8,8 +8,9 @@ kill -9) starts that one again. With 3 brokers every topic has 3 replicas and a 
 (``min.insync.replicas``), so one broker may be lost without losing an acknowledged record.
 
 With ``Settings.kafka_security = "sasl_scram"`` (``eventlake kafka up --security sasl_scram``) clients must log in
-with SASL/SCRAM on the client listener, and Kafka's StandardAuthorizer allows only what the ACLs grant
-(``event_store.kafka_access``). The users, one per role, get random passwords in ``Settings.credentials_file``
+with SASL/SCRAM on the client listener (over TLS with ``sasl_scram_tls``: a self-signed certificate made with
+keytool, trusted by the clients through ``Settings.ssl_cafile``), and Kafka's StandardAuthorizer allows only
+what the ACLs grant (``event_store.kafka_access``). The users, one per role, get random passwords in ``Settings.credentials_file``
 (mode 0600) and their SCRAM credentials at format time; the admin is the super user the brokers themselves log in
 as (SCRAM between brokers, PLAIN on the controllers' listener, where SCRAM cannot serve: KRaft keeps the SCRAM
 credentials in the metadata log the controllers serve). The mode is recorded in ``kafka_dir/security``; a data
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import os
+import secrets
 import stat
 import shutil
 import signal
@@ -189,21 +191,57 @@ listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"""
              f'password="{password}";')
     plain = (f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{admin}" '
              f'password="{password}" user_{admin}="{password}";')
-    lines = [f"listeners=SASL_PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
-             f"advertised.listeners=SASL_PLAINTEXT://127.0.0.1:{port}",
+    protocol = "SASL_SSL" if settings.kafka_security == "sasl_scram_tls" else "SASL_PLAINTEXT"
+    lines = [f"listeners={protocol}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
+             f"advertised.listeners={protocol}://127.0.0.1:{port}",
              "controller.listener.names=CONTROLLER",
-             "inter.broker.listener.name=SASL_PLAINTEXT",
-             "listener.security.protocol.map=CONTROLLER:SASL_PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+             f"inter.broker.listener.name={protocol}",
+             f"listener.security.protocol.map=CONTROLLER:SASL_PLAINTEXT,{protocol}:{protocol}",
              f"sasl.enabled.mechanisms={','.join(SASL_MECHANISMS)}",
              f"sasl.mechanism.inter.broker.protocol={settings.kafka_sasl_mechanism}",
-             *(f"listener.name.sasl_plaintext.{m.lower()}.sasl.jaas.config={scram}" for m in SASL_MECHANISMS),
+             *(f"listener.name.{protocol.lower()}.{m.lower()}.sasl.jaas.config={scram}" for m in SASL_MECHANISMS),
              "sasl.mechanism.controller.protocol=PLAIN",
              "listener.name.controller.sasl.enabled.mechanisms=PLAIN",
              f"listener.name.controller.plain.sasl.jaas.config={plain}",
              "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
              f"super.users=User:{admin}",
              "allow.everyone.if.no.acl.found=false"]
+    if protocol == "SASL_SSL":
+        keystore, keystore_password = _tls_material(settings)
+        lines += ["ssl.keystore.type=PKCS12", f"ssl.keystore.location={keystore}",
+                  f"ssl.keystore.password={keystore_password}", f"ssl.key.password={keystore_password}",
+                  # What a broker trusts as a client of the others: the same certificate the clients trust.
+                  "ssl.truststore.type=PEM", f"ssl.truststore.location={settings.ssl_cafile}"]
     return "\n".join(lines)
+
+
+def _tls_material(settings: Settings) -> tuple[Path, str]:
+    """The brokers' key and self-signed certificate (for 127.0.0.1 and localhost) in a PKCS12 keystore, and the
+    certificate alone in PEM for clients to trust (``Settings.ssl_cafile``); made once with the JDK's keytool.
+    Returns the keystore and its password (kept in a 0600 file beside it)."""
+    tls = settings.kafka_dir / "tls"
+    keystore, password_file, cafile = tls / "broker.p12", tls / "keystore-password", settings.ssl_cafile
+    if keystore.exists() and password_file.exists() and cafile.exists():
+        return keystore, password_file.read_text().strip()
+    keytool = shutil.which("keytool")
+    if keytool is None:
+        raise KafkaError("keytool (from the JDK) is not on PATH; it makes the brokers' TLS certificate")
+    tls.mkdir(parents=True, exist_ok=True)
+    keystore.unlink(missing_ok=True)
+    password = secrets.token_urlsafe(24)
+    fd = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(password)
+    for args in (["-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048", "-validity", "3650",
+                  "-dname", "CN=localhost, O=eventlake local cluster", "-ext", "SAN=ip:127.0.0.1,dns:localhost",
+                  "-storetype", "PKCS12", "-keystore", str(keystore), "-storepass", password, "-keypass", password],
+                 ["-exportcert", "-rfc", "-alias", "broker", "-keystore", str(keystore), "-storepass", password,
+                  "-file", str(cafile)]):
+        proc = subprocess.run([keytool, *args], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise KafkaError(f"keytool {args[0]} failed: {(proc.stdout + proc.stderr).replace(password, '***')}")
+    os.chmod(keystore, 0o600)
+    return keystore, password
 
 
 def _scram_arguments(settings: Settings) -> list[str]:
@@ -255,7 +293,8 @@ def _check_security(settings: Settings) -> None:
     mode = recorded.read_text().strip() if recorded.exists() else "none"
     if mode != settings.kafka_security:
         raise KafkaError(f"{settings.kafka_dir} holds a cluster with security {mode}, not the "
-                         f"{settings.kafka_security} asked for (--security, EVENTLAKE_KAFKA_SECURITY): stop it (`eventlake kafka down`) and "
+                         f"{settings.kafka_security} asked for (--security, EVENTLAKE_KAFKA_SECURITY): stop it "
+                         f"(`eventlake kafka down`) and "
                          f"delete {settings.kafka_dir}, or use another EVENTLAKE_HOME")
 
 

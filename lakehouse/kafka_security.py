@@ -1,7 +1,8 @@
 """Who a Kafka client is: the one place where ``Settings`` become each client library's connection config.
 
-Every Kafka client of the platform is configured through one of three functions, so SASL/SCRAM reaches all of
-them (the handler, the policy, the CLI, the Spark source and sink, the DAGs' jobs, the benchmarks):
+Every Kafka client of the platform is configured through one of three functions, so SASL/SCRAM (over plaintext,
+or over TLS with ``kafka_security = "sasl_scram_tls"``, trusting ``Settings.ssl_cafile``) reaches all of them (the
+handler, the policy, the CLI, the Spark source and sink, the DAGs' jobs, the benchmarks):
 
 - ``confluent_config`` for librdkafka (confluent-kafka): ``bootstrap.servers``, ``security.protocol``,
   ``sasl.mechanisms``, ``sasl.username``, ``sasl.password``;
@@ -42,23 +43,35 @@ class KafkaAccessError(RuntimeError):
 
 def _sasl(settings: Settings) -> bool:
     """SASL is on; raises KafkaAccessError when it is but no credentials are given (no client is made then)."""
-    if settings.kafka_security != "sasl_scram":
+    if settings.kafka_security == "none":
         return False
     if not settings.kafka_username:
-        raise KafkaAccessError(f"Kafka at {settings.bootstrap_servers}: no credentials for kafka_security=sasl_scram: "
+        raise KafkaAccessError(f"Kafka at {settings.bootstrap_servers}: no credentials for kafka_security="
+                               f"{settings.kafka_security}: "
                                f"set EVENTLAKE_KAFKA_USERNAME and EVENTLAKE_KAFKA_PASSWORD (or kafka_username / "
                                f"kafka_password in EVENTLAKE_CONFIG); no credentials file at "
                                f"{settings.credentials_file}")
+    if settings.kafka_security == "sasl_scram_tls" and not settings.ssl_cafile.exists():
+        raise KafkaAccessError(f"Kafka at {settings.bootstrap_servers}: kafka_security=sasl_scram_tls but no "
+                               f"certificate to trust at {settings.ssl_cafile}: set EVENTLAKE_KAFKA_SSL_CAFILE to the "
+                               f"PEM file of the cluster's CA")
     return True
+
+
+def _protocol(settings: Settings) -> str:
+    return "SASL_SSL" if settings.kafka_security == "sasl_scram_tls" else "SASL_PLAINTEXT"
 
 
 def confluent_config(settings: Settings) -> dict[str, str]:
     """Where and as whom a librdkafka client connects (merge the client's own options into it)."""
     config = {"bootstrap.servers": settings.bootstrap_servers}
     if _sasl(settings):
-        config.update({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": settings.kafka_sasl_mechanism,
+        config.update({"security.protocol": _protocol(settings), "sasl.mechanisms": settings.kafka_sasl_mechanism,
                        "sasl.username": settings.kafka_username,
                        "sasl.password": settings.kafka_password or ""})
+        if _protocol(settings) == "SASL_SSL":  # the broker's name is checked against its certificate too
+            config.update({"ssl.ca.location": str(settings.ssl_cafile),
+                           "ssl.endpoint.identification.algorithm": "https"})
     return config
 
 
@@ -66,9 +79,10 @@ def kafka_python_config(settings: Settings) -> dict[str, object]:
     """Where and as whom a kafka-python client connects (keyword arguments)."""
     config: dict[str, object] = {"bootstrap_servers": settings.bootstrap_servers}
     if _sasl(settings):
-        config.update(security_protocol="SASL_PLAINTEXT", sasl_mechanism=settings.kafka_sasl_mechanism,
-                      sasl_plain_username=settings.kafka_username or "",
-                      sasl_plain_password=settings.kafka_password or "")
+        config.update(security_protocol=_protocol(settings), sasl_mechanism=settings.kafka_sasl_mechanism,
+                      sasl_plain_username=settings.kafka_username, sasl_plain_password=settings.kafka_password or "")
+        if _protocol(settings) == "SASL_SSL":
+            config.update(ssl_cafile=str(settings.ssl_cafile), ssl_check_hostname=True)
     return config
 
 
@@ -82,10 +96,13 @@ def spark_kafka_options(settings: Settings) -> dict[str, str]:
     options = {"kafka.bootstrap.servers": settings.bootstrap_servers}
     if _sasl(settings):
         options.update({
-            "kafka.security.protocol": "SASL_PLAINTEXT", "kafka.sasl.mechanism": settings.kafka_sasl_mechanism,
+            "kafka.security.protocol": _protocol(settings), "kafka.sasl.mechanism": settings.kafka_sasl_mechanism,
             "kafka.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
                                       f"username={_jaas_quote(settings.kafka_username or '')} "
                                       f"password={_jaas_quote(settings.kafka_password or '')};"})
+        if _protocol(settings) == "SASL_SSL":  # Kafka's Java client reads a PEM trust store as such
+            options.update({"kafka.ssl.truststore.type": "PEM",
+                            "kafka.ssl.truststore.location": str(settings.ssl_cafile)})
     return options
 
 
@@ -97,6 +114,8 @@ def security_env(settings: Settings) -> dict[str, str]:
         return {"EVENTLAKE_KAFKA_SECURITY": "none"}
     env = {"EVENTLAKE_KAFKA_SECURITY": settings.kafka_security,
            "EVENTLAKE_KAFKA_SASL_MECHANISM": settings.kafka_sasl_mechanism}
+    if settings.kafka_security == "sasl_scram_tls":
+        env["EVENTLAKE_KAFKA_SSL_CAFILE"] = str(settings.ssl_cafile)
     if settings.credentials_file.exists():
         env["EVENTLAKE_KAFKA_CREDENTIALS_FILE"] = str(settings.credentials_file)
     elif settings.kafka_username is not None:

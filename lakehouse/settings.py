@@ -16,7 +16,7 @@ from typing import Mapping
 
 __all__ = ["Settings", "SettingsError", "PROJECT_ROOT", "SECURITY_MODES", "SASL_MECHANISMS"]
 
-SECURITY_MODES = ("none", "sasl_scram")
+SECURITY_MODES = ("none", "sasl_scram", "sasl_scram_tls")
 SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 
 # The checkout this package runs from (an editable install); caches and local data default to it.
@@ -40,8 +40,8 @@ class Settings:
     # How many brokers `eventlake kafka up` starts (KRaft, each also a controller). Broker i (0, 1, ...) listens
     # on kafka_port + 2i and its controller on kafka_controller_port + 2i.
     kafka_brokers: int = 1
-    # "none" (plaintext, no authentication) or "sasl_scram" (SASL/SCRAM over plaintext; see
-    # lakehouse.kafka_security for how each client library is configured from the four settings below).
+    # "none" (plaintext, no authentication), "sasl_scram" (SASL/SCRAM over plaintext) or "sasl_scram_tls" (SASL/SCRAM
+    # over TLS); lakehouse.kafka_security configures each client library from the settings below.
     kafka_security: str = "none"
     kafka_sasl_mechanism: str = "SCRAM-SHA-512"
     # This process's principal. Unset: with sasl_scram, the user of the process's role in the credentials file
@@ -50,6 +50,9 @@ class Settings:
     kafka_password: str | None = field(default=None, repr=False)
     # The generated credentials (TOML, mode 0600); default: <home>/kafka/credentials.toml.
     kafka_credentials_file: Path | None = None
+    # With sasl_scram_tls: the PEM file of the certificate(s) that clients trust; default: ca.pem beside the
+    # credentials file (what `eventlake kafka up --security sasl_scram_tls` generates).
+    kafka_ssl_cafile: Path | None = None
     topic_prefix: str = "eventlake."
     topic_partitions: int = 3
     # 0 = as many replicas as the local cluster has brokers, up to 3; on a remote cluster, the cluster's own
@@ -105,6 +108,10 @@ class Settings:
     @property
     def credentials_file(self) -> Path:
         return self.kafka_credentials_file or self.kafka_dir / "credentials.toml"
+
+    @property
+    def ssl_cafile(self) -> Path:
+        return self.kafka_ssl_cafile or self.credentials_file.parent / "ca.pem"
 
     @property
     def uses_local_kafka(self) -> bool:

@@ -28,33 +28,61 @@ from tests.integration.services import WORKTREE
 pytestmark = pytest.mark.slow
 
 
+def _broker(tmp_path_factory, mode: str):
+    from infra import kafka
+
+    broker = Settings.load({}).replace(home=tmp_path_factory.mktemp(f"{mode}-kafka"), kafka_port=_free_port(),
+                                       kafka_controller_port=_free_port(), kafka_security=mode)
+    kafka.up(broker, log=lambda *_: None)
+    return broker
+
+
 @pytest.fixture(scope="module")
 def secured_broker(tmp_path_factory):
     """A broker with SASL/SCRAM and the authorizer, for this module alone."""
     from infra import kafka
 
-    broker = Settings.load({}).replace(home=tmp_path_factory.mktemp("secured-kafka"), kafka_port=_free_port(),
-                                       kafka_controller_port=_free_port(), kafka_security="sasl_scram")
-    kafka.up(broker, log=lambda *_: None)
+    broker = _broker(tmp_path_factory, "sasl_scram")
     try:
         yield broker
     finally:
         kafka.down(broker, log=lambda *_: None)
 
 
-@pytest.fixture
-def secured(secured_broker, tmp_path):
-    """Settings for one test on the secured broker (its own topics and groups), with no user yet: each test
+@pytest.fixture(scope="module")
+def tls_broker(tmp_path_factory):
+    """The same over TLS (`eventlake kafka up --security sasl_scram_tls`)."""
+    from infra import kafka
+
+    broker = _broker(tmp_path_factory, "sasl_scram_tls")
+    try:
+        yield broker
+    finally:
+        kafka.down(broker, log=lambda *_: None)
+
+
+def _settings_on(broker: Settings, home) -> Settings:
+    """Settings for one test on a secured broker (its own topics and groups), with no user yet: each test
     takes a role's with ``for_role``. The topics and ACLs are made by the admin, as `eventlake topics` does."""
     base = Settings.load({}).replace(
-        home=tmp_path / "home", kafka_bootstrap_servers=secured_broker.bootstrap_servers,
-        kafka_security="sasl_scram", kafka_credentials_file=secured_broker.credentials_file,
+        home=home, kafka_bootstrap_servers=broker.bootstrap_servers,
+        kafka_security=broker.kafka_security, kafka_credentials_file=broker.credentials_file,
         topic_prefix=f"sec-{uuid.uuid4().hex[:8]}.", topic_partitions=3,
         handler_group_id=f"handler-{uuid.uuid4().hex[:8]}")
     admin = base.for_role("admin")
     kafka_log.ensure_topics(admin, log=lambda *_: None)
     grant_acls(admin, log=lambda *_: None)
     return base
+
+
+@pytest.fixture
+def secured(secured_broker, tmp_path):
+    return _settings_on(secured_broker, tmp_path / "home")
+
+
+@pytest.fixture
+def secured_tls(tls_broker, tmp_path):
+    return _settings_on(tls_broker, tmp_path / "home")
 
 
 def _cli(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -140,6 +168,27 @@ def test_only_the_handlers_principal_may_write_the_events_topic(secured):
 
 
 def test_a_command_goes_through_the_handler_and_its_event_is_read_by_the_reader(secured, spark):
+    _through_the_handler_to_the_reader(secured, spark)
+
+
+def test_over_tls_a_client_without_tls_is_refused_and_the_platform_is_served(secured_tls, spark):
+    """`sasl_scram_tls`: the brokers' self-signed certificate, trusted through the generated ca.pem by
+    librdkafka, kafka-python and Spark's Java client alike (which check the broker's name against it)."""
+    assert secured_tls.ssl_cafile.exists()
+    without_tls = secured_tls.replace(kafka_security="sasl_scram").for_role("client")
+    with pytest.raises(KafkaAccessError, match=rf"^Kafka at {secured_tls.bootstrap_servers} refused "
+                                               rf"User:eventlake-client: the brokers closed the connection at its "
+                                               rf"first request, as a TLS listener does"):
+        check_access(without_tls, timeout_s=10)
+    untrusted = secured_tls.for_role("client").replace(kafka_ssl_cafile=secured_tls.credentials_file.parent / "x.pem")
+    untrusted.kafka_ssl_cafile.write_text(_OTHER_CERTIFICATE)
+    with pytest.raises(KafkaAccessError, match="refused User:eventlake-client: TLS handshake failed .*certificate "
+                                               "verify failed"):
+        check_access(untrusted, timeout_s=10)
+    _through_the_handler_to_the_reader(secured_tls, spark)
+
+
+def _through_the_handler_to_the_reader(secured: Settings, spark) -> None:
     client, reader, handler = (secured.for_role(r) for r in ("client", "reader", "handler"))
     for settings in (client, reader, handler):
         check_access(settings)  # every role is served
@@ -164,3 +213,18 @@ def test_a_command_goes_through_the_handler_and_its_event_is_read_by_the_reader(
     query.awaitTermination(120)
     ids = sorted(EventEnvelope.from_json(row.value.encode()).event_id for row in spark.table(name).collect())
     assert ids == sorted(e.event_id for e in events)
+
+
+# A self-signed certificate (public part only) of no broker here, made once with keytool: trusting it alone,
+# a client refuses the brokers' certificate.
+_OTHER_CERTIFICATE = """-----BEGIN CERTIFICATE-----
+MIIBUjCB+aADAgECAgkAj1PHUFfP6y4wCgYIKoZIzj0EAwIwFDESMBAGA1UEAxMJ
+bG9jYWxob3N0MCAXDTI2MTEyNTEyMDI1NFoYDzIxMjYxMTAxMTIwMjU0WjAUMRIw
+EAYDVQQDEwlsb2NhbGhvc3QwWTATBgcqhkjOPQIBBggqhkjOPQMBBwNCAATq9ZUW
+ytBxqGIAjxDhdp3j7xFgYjgJqRBnrwRRlCzHMoSrqLKJeH3Lo05MPn0zLzKY0XRk
+e/ifGjdyWc3CwpMXozIwMDAdBgNVHQ4EFgQUMoB8xl7fa88+I/Ax+QKCV2bHqnkw
+DwYDVR0RBAgwBocEfwAAATAKBggqhkjOPQQDAgNIADBFAiAa4mcIC8yRslIsnMp7
+sBuYOAE93WwyECwG4RKxgTgoCAIhAMRRSLplmJSdcxs6of3kN9G3rswh8DPiKTZ+
+q33IMcZ8
+-----END CERTIFICATE-----
+"""

@@ -30,7 +30,7 @@ def test_credentials_come_from_the_config_file(tmp_path):
 
 
 @pytest.mark.parametrize("env, message", [
-    ({"EVENTLAKE_KAFKA_SECURITY": "ssl"}, "kafka_security='ssl': expected one of none, sasl_scram"),
+    ({"EVENTLAKE_KAFKA_SECURITY": "ssl"}, "kafka_security='ssl': expected one of none, sasl_scram, sasl_scram_tls"),
     ({"EVENTLAKE_KAFKA_SASL_MECHANISM": "PLAIN"}, "kafka_sasl_mechanism='PLAIN'"),
     ({"EVENTLAKE_KAFKA_USERNAME": "alice"}, "kafka_username is set but kafka_password is not"),
 ])
@@ -86,6 +86,24 @@ def test_each_client_library_gets_the_credentials():
     assert confluent_config(plain) == {"bootstrap.servers": "k1:9092"}
     assert spark_kafka_options(plain) == {"kafka.bootstrap.servers": "k1:9092"}
     assert security_env(plain) == {"EVENTLAKE_KAFKA_SECURITY": "none"}
+
+
+def test_over_tls_each_client_library_trusts_the_clusters_certificate(tmp_path):
+    cafile = tmp_path / "ca.pem"
+    cafile.write_text("-----BEGIN CERTIFICATE-----\n")
+    s = Settings(kafka_bootstrap_servers="k1:9093", kafka_security="sasl_scram_tls", kafka_username="u",
+                 kafka_password="p", kafka_ssl_cafile=cafile)
+    assert confluent_config(s)["security.protocol"] == "SASL_SSL"
+    assert confluent_config(s)["ssl.ca.location"] == str(cafile)
+    assert confluent_config(s)["ssl.endpoint.identification.algorithm"] == "https"
+    assert kafka_python_config(s)["security_protocol"] == "SASL_SSL"
+    assert (kafka_python_config(s)["ssl_cafile"], kafka_python_config(s)["ssl_check_hostname"]) == (str(cafile), True)
+    spark = spark_kafka_options(s)
+    assert (spark["kafka.security.protocol"], spark["kafka.ssl.truststore.type"],
+            spark["kafka.ssl.truststore.location"]) == ("SASL_SSL", "PEM", str(cafile))
+    assert security_env(s)["EVENTLAKE_KAFKA_SSL_CAFILE"] == str(cafile)
+    with pytest.raises(KafkaAccessError, match="no certificate to trust at .*missing.pem"):
+        confluent_config(s.replace(kafka_ssl_cafile=tmp_path / "missing.pem"))
 
 
 def test_sasl_without_credentials_is_refused_before_any_client_is_made(tmp_path):
