@@ -1,8 +1,8 @@
 """One settings object for the whole platform, read from the environment or a TOML file.
 
 Precedence: environment variable > config file (``EVENTLAKE_CONFIG``) > default; for ``kafka_brokers`` the
-default is the size ``eventlake kafka up --brokers N`` recorded for the local cluster, for ``kafka_security`` the
-mode ``eventlake kafka up --security`` recorded. Nothing connects or creates folders here; this only describes
+default is the size ``eventlake kafka up --brokers N`` recorded for the local cluster, for ``kafka_security`` (when
+no KAFKA_BOOTSTRAP_SERVERS is set) the mode ``eventlake kafka up --security`` recorded. Nothing connects or creates folders here; this only describes
 where things are (and, with ``for_role``, whose Kafka credentials a process uses).
 """
 from __future__ import annotations
@@ -222,7 +222,8 @@ class Settings:
             recorded = settings.kafka_dir / "brokers"
             if recorded.exists():
                 settings = settings.replace(kafka_brokers=_coerce("kafka_brokers", "int", recorded.read_text().strip()))
-        if "kafka_security" not in values:  # what `eventlake kafka up --security MODE` gave the local cluster
+        if "kafka_security" not in values and settings.uses_local_kafka:
+            # What `eventlake kafka up --security MODE` gave the local cluster (a remote one says its own).
             recorded = settings.kafka_dir / "security"
             if recorded.exists():
                 # The credentials belong to the cluster, not to a home: a later replace(home=...) keeps them.

@@ -64,6 +64,9 @@ def test_a_role_takes_its_user_from_the_recorded_cluster_unless_the_environment_
     assert explicit.kafka_username == "ops"
     assert Settings.load({"EVENTLAKE_HOME": str(tmp_path), "EVENTLAKE_KAFKA_SECURITY": "none"},
                          role="handler").kafka_username is None
+    # The recorded mode is the local cluster's: a remote one's clients say their own.
+    assert Settings.load({"EVENTLAKE_HOME": str(tmp_path), "KAFKA_BOOTSTRAP_SERVERS": "k1:9092"}).kafka_security == \
+        "none"
 
 
 def test_each_client_library_gets_the_credentials():
