@@ -89,7 +89,7 @@ def main() -> int:
     parser.add_argument("--accounts", type=int, default=20_000)
     args = parser.parse_args()
 
-    base = Settings.load()
+    base = Settings.load(role="admin")
     if base.uses_local_kafka:
         from infra import kafka
         kafka.up(base)

@@ -38,6 +38,7 @@ from pathlib import Path
 from event_store import kafka_log
 from event_store.client import EventStore
 from event_store.envelope import CommandEnvelope
+from lakehouse.kafka_security import confluent_config, security_env
 from lakehouse.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -69,7 +70,7 @@ def raw_produce_rate_confluent(settings: Settings, records: list[tuple[str, byte
     import confluent_kafka
 
     kafka_log.ensure_topics(settings, log=lambda *_: None)
-    producer = confluent_kafka.Producer({"bootstrap.servers": settings.bootstrap_servers, "enable.idempotence": True,
+    producer = confluent_kafka.Producer({**confluent_config(settings), "enable.idempotence": True,
                                          "acks": "all", "linger.ms": 20, "batch.size": 1024 * 1024,
                                          "queue.buffering.max.messages": 1_000_000})
     started = time.perf_counter()
@@ -86,7 +87,7 @@ def results_reader(settings: Settings, at_end: bool):
     more per record."""
     import confluent_kafka
 
-    consumer = confluent_kafka.Consumer({"bootstrap.servers": settings.bootstrap_servers,
+    consumer = confluent_kafka.Consumer({**confluent_config(settings),
                                          "group.id": f"bench-count-{uuid.uuid4().hex[:8]}",
                                          "isolation.level": "read_committed", "enable.auto.commit": False})
     topic = settings.results_topic
@@ -114,7 +115,7 @@ def count_committed(consumer, wanted: int, timeout_s: float) -> tuple[int, float
 
 def drain(settings: Settings, records: list[tuple[str, bytes]], log_dir: Path) -> dict:
     """Commands already on the topic, then one handler: its rate from the first committed result to the last."""
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+    env = {**os.environ, **security_env(settings), "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
            "EVENTLAKE_TOPIC_PREFIX": settings.topic_prefix, "EVENTLAKE_HANDLER_GROUP_ID": settings.handler_group_id,
            "EVENTLAKE_HANDLER_MAX_BATCH": os.environ.get("EVENTLAKE_HANDLER_MAX_BATCH", "5000")}
     with EventStore(settings) as store:
@@ -134,7 +135,7 @@ def drain(settings: Settings, records: list[tuple[str, bytes]], log_dir: Path) -
 
 
 def end_to_end(settings: Settings, records: list[tuple[str, bytes]], instances: int, log_dir: Path) -> dict:
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+    env = {**os.environ, **security_env(settings), "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
            "EVENTLAKE_TOPIC_PREFIX": settings.topic_prefix, "EVENTLAKE_HANDLER_GROUP_ID": settings.handler_group_id,
            "EVENTLAKE_HANDLER_MAX_BATCH": os.environ.get("EVENTLAKE_HANDLER_MAX_BATCH", "5000")}
     kafka_log.ensure_topics(settings, log=lambda *_: None)
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     domains = domains_of(args.domain)
     several = len(domains) > 1
-    settings = Settings.load()
+    settings = Settings.load(role="admin")
     if settings.uses_local_kafka:
         from infra import kafka
         kafka.up(settings, log=lambda *_: None)

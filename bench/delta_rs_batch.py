@@ -108,7 +108,7 @@ def main() -> int:
     args = ap.parse_args()
     from deltalake import DeltaTable, write_deltalake
 
-    base = Settings.load()
+    base = Settings.load(role="admin")
     home = base.home / "bench" / f"delta-rs-{uuid.uuid4().hex[:8]}"
     records = generated_events(args.history + args.batch * args.batches, args.accounts, base.cache_dir / "bench")
     values = [value for _, value in records]

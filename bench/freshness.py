@@ -46,6 +46,7 @@ from pathlib import Path
 from event_store.client import EventStore
 from event_store.envelope import CommandEnvelope, format_time
 from eventlake.generator import GeneratorConfig, generate_commands
+from lakehouse.kafka_security import security_env
 from lakehouse.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +71,7 @@ class Services:
         self.logs = settings.home / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLAKE_")}
-        env.update({"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+        env.update({**security_env(settings), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
                     "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "EVENTLAKE_HOME": str(settings.home),
                     "EVENTLAKE_TOPIC_PREFIX": settings.topic_prefix,
                     "EVENTLAKE_HANDLER_GROUP_ID": settings.handler_group_id,
@@ -215,7 +216,7 @@ def main() -> None:
     args = ap.parse_args()
 
     run = uuid.uuid4().hex[:8]
-    base = Settings.load()
+    base = Settings.load(role="admin")
     if base.uses_local_kafka:
         from infra import kafka
 

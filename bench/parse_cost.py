@@ -43,7 +43,7 @@ def main() -> int:
     from spark_apps.events import _layout, check_records, envelope_schema
     from spark_apps.session import build_session
 
-    settings = Settings.load()
+    settings = Settings.load(role="admin")
     records = generated_events(args.events, args.accounts, settings.cache_dir / "bench")
     # The driver's Java options without JVM_OPTIONS: the JVM as it starts by default.
     extra = ({"spark.driver.extraJavaOptions": f"-Dderby.system.home={settings.home / 'derby'}"}

@@ -77,11 +77,14 @@ def _fold(events: list[dict]) -> tuple[list[dict], list[dict]]:
 
 
 def consume(bootstrap: str, topic: str, home: Path, batch: int) -> dict:
-    """Everything on ``topic`` now, in batches of up to ``batch`` events, into two fresh tables under ``home``."""
+    """Everything on ``topic`` now, in batches of up to ``batch`` events, into two fresh tables under ``home``
+    (connecting as the Kafka user the environment's settings give the admin role, with SASL on)."""
     import confluent_kafka
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
+    from lakehouse.kafka_security import confluent_config
+    from lakehouse.settings import Settings
     from read_models.account.account_summary import MERGE_INSERT, MERGE_UPDATE
 
     summary_schema, payments_schema = _schemas()
@@ -91,8 +94,9 @@ def consume(bootstrap: str, topic: str, home: Path, batch: int) -> dict:
     # The fold's input columns (everything but available_minor, which the MERGE computes).
     source_schema = pa.schema([f for f in summary_schema if f.name != "available_minor"])
 
+    connection = confluent_config(Settings.load(role="admin").replace(kafka_bootstrap_servers=bootstrap))
     consumer = confluent_kafka.Consumer({
-        "bootstrap.servers": bootstrap, "group.id": f"plain-consumer-{home.name}", "auto.offset.reset": "earliest",
+        **connection, "group.id": f"plain-consumer-{home.name}", "auto.offset.reset": "earliest",
         "enable.auto.commit": False, "fetch.max.bytes": 64 * 1024 * 1024,
         "max.partition.fetch.bytes": 16 * 1024 * 1024})
     metadata = consumer.list_topics(topic, timeout=30)

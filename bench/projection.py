@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -45,6 +46,7 @@ from event_store.account import AccountState
 from event_store.decider import execute
 from event_store.envelope import CommandEnvelope
 from eventlake.generator import GeneratorConfig, generate_commands
+from lakehouse.kafka_security import confluent_config, security_env
 from lakehouse.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -111,7 +113,7 @@ def publish(settings: Settings, records) -> float:
     import confluent_kafka
 
     kafka_log.ensure_topics(settings, log=lambda *_: None)
-    producer = confluent_kafka.Producer({"bootstrap.servers": settings.bootstrap_servers, "enable.idempotence": True,
+    producer = confluent_kafka.Producer({**confluent_config(settings), "enable.idempotence": True,
                                          "acks": "all", "linger.ms": 20, "batch.size": 1024 * 1024,
                                          "queue.buffering.max.messages": 1_000_000})
     started = time.perf_counter()
@@ -205,7 +207,8 @@ def plain_consumer(settings: Settings, batch: int) -> dict:
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run([sys.executable, "-m", "bench.plain_consumer", "--bootstrap", settings.bootstrap_servers,
                           "--topic", settings.events_topic, "--home", str(settings.home / "plain"),
-                          "--batch", str(batch)], cwd=root, check=True, capture_output=True, text=True)
+                          "--batch", str(batch)], cwd=root, check=True, capture_output=True, text=True,
+                         env={**os.environ, **security_env(settings)})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -318,7 +321,7 @@ def main() -> int:
     domains = [d for d in DOMAINS if d in args.domain or "all" in args.domain]
     several = len(domains) > 1
 
-    base = Settings.load()
+    base = Settings.load(role="admin")
     if base.uses_local_kafka:
         from infra import kafka
         kafka.up(base)

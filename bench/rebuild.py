@@ -122,7 +122,7 @@ def main() -> int:
     from spark_apps.rebuild import fold_archive, warehouse_targets
     from spark_apps.session import build_session
 
-    base = Settings.load()
+    base = Settings.load(role="admin")
     run = uuid.uuid4().hex[:8]
     home = base.home / "bench" / f"rebuild-{run}"
     spark = build_session(base.replace(home=home), app_name="eventlake-bench-rebuild")

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--snapshot-every", type=int, default=10_000)
     args = parser.parse_args(argv)
     run = uuid.uuid4().hex[:8]
-    settings = Settings.load().replace(topic_prefix=f"bench-restart-{run}.", handler_group_id=f"bench-restart-{run}",
+    settings = Settings.load(role="admin").replace(topic_prefix=f"bench-restart-{run}.", handler_group_id=f"bench-restart-{run}",
                                        snapshot_every_events=args.snapshot_every)
     if settings.uses_local_kafka:
         from infra import kafka

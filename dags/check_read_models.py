@@ -36,7 +36,7 @@ def check_read_models():
 
         context = get_current_context()
         context["table"] = name
-        result = verdict(Settings.load(), name, reconcile=context["params"]["reconcile"])
+        result = verdict(Settings.load(role="reader"), name, reconcile=context["params"]["reconcile"])
         print("\n".join(result.lines()))
         if result.report is not None and result.report.data_docs:
             print(f"Data Docs of every suite: file://{result.report.data_docs_index}")
@@ -53,7 +53,7 @@ def check_read_models():
         from lakehouse.settings import Settings
 
         get_current_context()["check"] = name
-        result = check_agreement(Settings.load(), name)
+        result = check_agreement(Settings.load(role="reader"), name)
         print("\n".join(result.lines()))
         if result.failed:
             raise AirflowFailException("\n".join(result.lines()))

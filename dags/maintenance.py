@@ -39,7 +39,7 @@ def maintenance():
 
         context = get_current_context()
         context["read_model"] = name
-        settings = Settings.load()
+        settings = Settings.load(role="reader")
         log = lambda line: print(line, flush=True)  # noqa: E731
         spark = build_session(settings, app_name=f"eventlake-maintenance-{name}", log=log)
         try:

@@ -65,7 +65,7 @@ def rebuild_read_model():
             from spark_apps.session import build_session
 
             get_current_context()["read_model"] = name
-            settings = Settings.load()
+            settings = Settings.load(role="reader")
             lock = RebuildLock(settings, name, log=_log, owner=_owner())
             try:
                 lock.acquire()
@@ -101,7 +101,7 @@ def rebuild_read_model():
 
             name = built["name"]
             get_current_context()["read_model"] = name
-            settings = Settings.load()
+            settings = Settings.load(role="reader")
             lock = RebuildLock(settings, name, log=_log, owner=_owner(), resume=True)
             try:
                 lock.acquire()
@@ -132,7 +132,7 @@ def rebuild_read_model():
             context = get_current_context()
             name = checked["name"]
             context["read_model"] = name
-            settings = Settings.load()
+            settings = Settings.load(role="reader")
             dry_run = bool(context["params"]["dry_run"])
             try:
                 with RebuildLock(settings, name, log=_log, owner=_owner(), resume=True):

@@ -42,7 +42,7 @@ def reprocess_windows():
         context = get_current_context()
         context["table"] = name
         start, end = context["data_interval_start"], context["data_interval_end"]
-        settings = Settings.load()
+        settings = Settings.load(role="reader")
         try:
             waiting, watermark = late_events_waiting(settings, name, start, end)
         except ReprocessError as e:

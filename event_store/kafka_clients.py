@@ -15,10 +15,11 @@ from typing import Callable, Sequence
 import confluent_kafka
 from confluent_kafka.admin import AdminClient
 
+from lakehouse.kafka_security import confluent_config
 from lakehouse.settings import Settings
 
 __all__ = ["transactional_producer_config", "new_producer", "group_consumer", "group_reader", "bulk_producer",
-           "admin_client", "produce", "produce_records"]
+           "admin_client", "access_probe", "produce", "produce_records"]
 
 
 def transactional_producer_config(settings: Settings, transactional_id: str, *, batch_bytes: int,
@@ -28,7 +29,7 @@ def transactional_producer_config(settings: Settings, transactional_id: str, *, 
     A config (not a producer) because a producer that hit a fatal error is replaced by a new one made from the
     same config (``new_producer``)."""
     return {
-        "bootstrap.servers": settings.bootstrap_servers, "transactional.id": transactional_id,
+        **confluent_config(settings), "transactional.id": transactional_id,
         "enable.idempotence": True, "acks": "all", "linger.ms": 20, "batch.size": batch_bytes,
         "message.max.bytes": message_max_bytes,
         "transaction.timeout.ms": transaction_timeout_ms, "queue.buffering.max.messages": 1_000_000}
@@ -45,7 +46,7 @@ def group_consumer(settings: Settings, group_id: str, instance_id: str, max_poll
     restarted instance takes its partitions back without waiting for a session timeout. Offsets are committed
     by the caller (in its transactions), never automatically."""
     return confluent_kafka.Consumer({
-        "bootstrap.servers": settings.bootstrap_servers, "group.id": group_id,
+        **confluent_config(settings), "group.id": group_id,
         "group.instance.id": instance_id, "isolation.level": "read_committed",
         "enable.auto.commit": False, "auto.offset.reset": "earliest",
         "partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": 10_000,
@@ -59,7 +60,7 @@ def group_reader(settings: Settings, group_id: str, on_error: Callable | None = 
     when it reaches the end of a partition (so it can tell it is caught up). ``on_error(KafkaError)`` gets the
     client-level errors (e.g. every broker away), which librdkafka retries by itself."""
     config = {
-        "bootstrap.servers": settings.bootstrap_servers, "group.id": group_id, "isolation.level": "read_committed",
+        **confluent_config(settings), "group.id": group_id, "isolation.level": "read_committed",
         "enable.auto.commit": False, "auto.offset.reset": "earliest", "enable.partition.eof": True,
         "partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": 10_000,
         "heartbeat.interval.ms": 2_000, "topic.metadata.refresh.interval.ms": 10_000}
@@ -73,14 +74,21 @@ def bulk_producer(settings: Settings, on_failed_delivery: Callable) -> confluent
     kafka-python's producer (murmur2, like the Java client). ``on_failed_delivery(error, message)`` is called
     for failed records only."""
     return confluent_kafka.Producer({
-        "bootstrap.servers": settings.bootstrap_servers, "enable.idempotence": True, "acks": "all",
+        **confluent_config(settings), "enable.idempotence": True, "acks": "all",
         "partitioner": "murmur2_random", "linger.ms": 5, "batch.size": 1024 * 1024,
         "queue.buffering.max.messages": 1_000_000, "delivery.report.only.error": True,
         "on_delivery": on_failed_delivery})
 
 
+def access_probe(settings: Settings, on_error: Callable, logger) -> confluent_kafka.Producer:
+    """A client that only asks for metadata (``event_store.kafka_access.check_access``): its errors go to
+    ``on_error``, librdkafka's log lines to ``logger`` (not stderr), and it retries a closed connection soon."""
+    return confluent_kafka.Producer({**confluent_config(settings), "error_cb": on_error, "logger": logger,
+                                     "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500})
+
+
 def admin_client(settings: Settings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    return AdminClient(confluent_config(settings))
 
 
 def produce(producer: confluent_kafka.Producer, topic: str, value: bytes | None, key: bytes | None = None,

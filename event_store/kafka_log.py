@@ -14,6 +14,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
+from lakehouse.kafka_security import kafka_python_config
 from lakehouse.settings import Settings
 
 __all__ = ["ensure_topics", "topic_configs", "make_producer", "make_consumer", "read_all", "end_offsets",
@@ -66,7 +67,7 @@ def topic_configs(settings: Settings) -> dict[str, dict[str, str]]:
 
 
 def admin(settings: Settings) -> KafkaAdminClient:
-    return KafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, client_id="eventlake-admin")
+    return KafkaAdminClient(**kafka_python_config(settings), client_id="eventlake-admin")
 
 
 def ensure_topics(settings: Settings, log=print) -> list[str]:
@@ -106,7 +107,7 @@ def max_message_bytes(settings: Settings, topics: Iterable[str], timeout_s: floa
 
 
 def make_producer(settings: Settings, transactional_id: str | None = None, **overrides) -> KafkaProducer:
-    config = dict(bootstrap_servers=settings.bootstrap_servers, acks="all", enable_idempotence=True,
+    config = dict(**kafka_python_config(settings), acks="all", enable_idempotence=True,
                   linger_ms=5, batch_size=256 * 1024, compression_type=None, allow_auto_create_topics=False,
                   transactional_id=transactional_id)
     config.update(overrides)
@@ -114,7 +115,7 @@ def make_producer(settings: Settings, transactional_id: str | None = None, **ove
 
 
 def make_consumer(settings: Settings, *topics: str, group_id: str | None = None, **overrides) -> KafkaConsumer:
-    config = dict(bootstrap_servers=settings.bootstrap_servers, group_id=group_id,
+    config = dict(**kafka_python_config(settings), group_id=group_id,
                   isolation_level="read_committed", enable_auto_commit=False, auto_offset_reset="earliest",
                   max_poll_records=2000, fetch_max_bytes=16 * 1024 * 1024)
     config.update(overrides)

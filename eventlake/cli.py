@@ -33,8 +33,21 @@ def _cmd_kafka(settings: Settings, args) -> int:
 
     if args.brokers is not None:
         settings = settings.replace(kafka_brokers=args.brokers)
+    if args.security is not None:
+        settings = settings.replace(kafka_security=args.security)
     if args.action == "up":
-        print(kafka.up(settings).describe())
+        state = kafka.up(settings)
+        print(state.describe())
+        if settings.kafka_security != "none":
+            from event_store import kafka_log
+            from event_store.kafka_access import grant_acls
+
+            admin = settings.for_role("admin")
+            kafka_log.ensure_topics(admin)
+            grant_acls(admin)
+            tls = f" over TLS (clients trust {settings.ssl_cafile})" if settings.kafka_security.endswith("_tls") else ""
+            print(f"kafka: SASL/SCRAM ({settings.kafka_sasl_mechanism}){tls}; users and passwords of each role in "
+                  f"{settings.credentials_file} (mode 0600)")
     elif args.action == "down":
         kafka.down(settings)
     else:
@@ -112,11 +125,15 @@ def _cmd_spark_submit(settings: Settings, args) -> int:
 
 
 def _require_broker(settings: Settings) -> None:
+    """The cluster runs and lets this process's principal in (else one line saying why not)."""
+    from event_store.kafka_access import check_access
     from infra import kafka
 
     if settings.uses_local_kafka and not kafka.status(settings).running:
         raise SystemExit(f"eventlake: the local Kafka broker is not running at {settings.bootstrap_servers}; "
                          "start it with `eventlake kafka up` (or set KAFKA_BOOTSTRAP_SERVERS)")
+    # Refused (no or wrong credentials): stop here with the reason. No answer: the services wait for the cluster.
+    check_access(settings, timeout_s=5.0, require_answer=False)
 
 
 def _cmd_topics(settings: Settings, args) -> int:
@@ -124,6 +141,10 @@ def _cmd_topics(settings: Settings, args) -> int:
 
     _require_broker(settings)
     kafka_log.ensure_topics(settings)
+    if settings.kafka_security != "none":
+        from event_store.kafka_access import grant_acls
+
+        grant_acls(settings)
     for name, cfg in kafka_log.topic_configs(settings).items():
         print(f"{name}: {settings.topic_partitions} partitions, "
               + ", ".join(f"{k}={v}" for k, v in sorted(cfg.items())))
@@ -610,6 +631,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("kafka", help="the local Kafka cluster (KRaft, 1 broker or more): up | down | status")
     p.add_argument("action", choices=("up", "down", "status"))
+    p.add_argument("--security", choices=("none", "sasl_scram", "sasl_scram_tls"), default=None,
+                   help="up: sasl_scram = clients log in with SASL/SCRAM (users and random passwords per role "
+                        "generated into $EVENTLAKE_HOME/kafka/credentials.toml) and ACLs let only the command handler "
+                        "write events; sasl_scram_tls = the same over TLS (a self-signed certificate, trusted through "
+                        "$EVENTLAKE_HOME/kafka/ca.pem); remembered for every later command (default: "
+                        "EVENTLAKE_KAFKA_SECURITY, else none)")
     p.add_argument("--brokers", type=int, default=None,
                    help="up: how many brokers (3: every topic on 3 of them, a write acknowledged by 2, so one may be "
                         "lost); remembered for every later command (default: EVENTLAKE_KAFKA_BROKERS, else 1)")
@@ -797,23 +824,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The Kafka principal each command runs as when SASL is on and the environment names no user (Settings.for_role):
+# the least that command needs (event_store.kafka_access); every other command runs as the admin.
+_ROLES = {"handler": "handler",
+          "submit": "client", "generate": "client", "resolve-quarantine": "client", "policy": "client",
+          "detect-fraud": "client", "detect-anomalies": "client",
+          "project": "reader", "status": "reader", "check": "reader", "catalog": "reader", "rebuild": "reader",
+          "reprocess": "reader", "maintenance": "reader", "rollback": "reader", "query": "reader",
+          "sql-server": "reader", "history": "reader"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = Settings.load()
+        settings = Settings.load(role=_ROLES.get(args.command, "admin"))
     except SettingsError as e:
         print(f"eventlake: {e}", file=sys.stderr)
         return 2
+    from event_store.kafka_access import explain_refusal
     from infra.kafka import KafkaError
+    from lakehouse.kafka_security import KafkaAccessError
 
     try:
         return args.run(settings, args)
-    except KafkaError as e:
+    except (KafkaError, KafkaAccessError) as e:
         print(f"eventlake: {e}", file=sys.stderr)
         return 1
     except Exception as e:  # errors the platform words for a person (not bugs) end with their message only
         if type(e).__name__ in ("ProjectionError", "HandlerError"):
             print(f"eventlake: {e}", file=sys.stderr)
+            return 1
+        refusal = explain_refusal(settings, e)  # the cluster refused this principal something (SASL, ACLs)
+        if refusal is not None:
+            print(f"eventlake: {refusal}", file=sys.stderr)
             return 1
         raise
 

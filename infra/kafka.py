@@ -6,11 +6,22 @@ node's data folder on first use and starts ``kafka.Kafka`` for every node not ru
 Everything is idempotent: ``up`` on a running cluster only reports it, and on a cluster that lost a broker (a
 kill -9) starts that one again. With 3 brokers every topic has 3 replicas and a write is acknowledged by 2
 (``min.insync.replicas``), so one broker may be lost without losing an acknowledged record.
+
+With ``Settings.kafka_security = "sasl_scram"`` (``eventlake kafka up --security sasl_scram``) clients must log in
+with SASL/SCRAM on the client listener (over TLS with ``sasl_scram_tls``: a self-signed certificate made with
+keytool, trusted by the clients through ``Settings.ssl_cafile``), and Kafka's StandardAuthorizer allows only
+what the ACLs grant (``event_store.kafka_access``). The users, one per role, get random passwords in ``Settings.credentials_file``
+(mode 0600) and their SCRAM credentials at format time; the admin is the super user the brokers themselves log in
+as (SCRAM between brokers, PLAIN on the controllers' listener, where SCRAM cannot serve: KRaft keeps the SCRAM
+credentials in the metadata log the controllers serve). The mode is recorded in ``kafka_dir/security``; a data
+folder formatted for one mode refuses the other.
 """
 from __future__ import annotations
 
 import base64
 import os
+import secrets
+import stat
 import shutil
 import signal
 import socket
@@ -21,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eventlake.processes import pid_alive, read_pid, terminate
-from lakehouse.settings import Settings
+from lakehouse.kafka_security import kafka_python_config, write_credentials
+from lakehouse.settings import SASL_MECHANISMS, Settings
 
 __all__ = ["BrokerStatus", "NodeStatus", "KafkaError", "resolve_libs", "up", "down", "status"]
 
@@ -129,15 +141,15 @@ def _write_config(settings: Settings, node_id: int, p: dict[str, Path]) -> None:
     # Kafka's own topics (group offsets, transactions) as durable as eventlake's: 3 replicas where there are 3
     # brokers, a write acknowledged by 2 of them.
     replicas, min_isr = min(3, n), max(1, min(2, min(3, n) - 1))
-    p["config"].write_text(f"""# written by eventlake (infra/kafka.py); edits are overwritten on `eventlake kafka up`
+    # The file may hold the admin's password (SASL): readable by its owner only, from its creation on.
+    fd = os.open(p["config"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, stat.S_IRUSR | stat.S_IWUSR)
+    with os.fdopen(fd, "w") as out:
+        out.write(f"""# written by eventlake (infra/kafka.py); edits are overwritten on `eventlake kafka up`
 process.roles=broker,controller
 node.id={node_id}
 controller.quorum.voters={voters}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
-controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+{_listeners(settings, port, cport)}
 log.dirs={p['data']}
 num.partitions={settings.topic_partitions}
 default.replication.factor={replicas}
@@ -166,6 +178,83 @@ logger.state.level = warn
 """)
 
 
+def _listeners(settings: Settings, port: int, cport: int) -> str:
+    """The listeners' part of a node's config: plaintext, or SASL with the authorizer (see the module doc)."""
+    if settings.kafka_security == "none":
+        return f"""listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"""
+    admin, password = write_credentials(settings.credentials_file)["admin"]
+    scram = (f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{admin}" '
+             f'password="{password}";')
+    plain = (f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{admin}" '
+             f'password="{password}" user_{admin}="{password}";')
+    protocol = "SASL_SSL" if settings.kafka_security == "sasl_scram_tls" else "SASL_PLAINTEXT"
+    lines = [f"listeners={protocol}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
+             f"advertised.listeners={protocol}://127.0.0.1:{port}",
+             "controller.listener.names=CONTROLLER",
+             f"inter.broker.listener.name={protocol}",
+             f"listener.security.protocol.map=CONTROLLER:SASL_PLAINTEXT,{protocol}:{protocol}",
+             f"sasl.enabled.mechanisms={','.join(SASL_MECHANISMS)}",
+             f"sasl.mechanism.inter.broker.protocol={settings.kafka_sasl_mechanism}",
+             *(f"listener.name.{protocol.lower()}.{m.lower()}.sasl.jaas.config={scram}" for m in SASL_MECHANISMS),
+             "sasl.mechanism.controller.protocol=PLAIN",
+             "listener.name.controller.sasl.enabled.mechanisms=PLAIN",
+             f"listener.name.controller.plain.sasl.jaas.config={plain}",
+             "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+             f"super.users=User:{admin}",
+             "allow.everyone.if.no.acl.found=false"]
+    if protocol == "SASL_SSL":
+        keystore, keystore_password = _tls_material(settings)
+        lines += ["ssl.keystore.type=PKCS12", f"ssl.keystore.location={keystore}",
+                  f"ssl.keystore.password={keystore_password}", f"ssl.key.password={keystore_password}",
+                  # What a broker trusts as a client of the others: the same certificate the clients trust.
+                  "ssl.truststore.type=PEM", f"ssl.truststore.location={settings.ssl_cafile}"]
+    return "\n".join(lines)
+
+
+def _tls_material(settings: Settings) -> tuple[Path, str]:
+    """The brokers' key and self-signed certificate (for 127.0.0.1 and localhost) in a PKCS12 keystore, and the
+    certificate alone in PEM for clients to trust (``Settings.ssl_cafile``); made once with the JDK's keytool.
+    Returns the keystore and its password (kept in a 0600 file beside it)."""
+    tls = settings.kafka_dir / "tls"
+    keystore, password_file, cafile = tls / "broker.p12", tls / "keystore-password", settings.ssl_cafile
+    if keystore.exists() and password_file.exists() and cafile.exists():
+        return keystore, password_file.read_text().strip()
+    keytool = shutil.which("keytool")
+    if keytool is None:
+        raise KafkaError("keytool (from the JDK) is not on PATH; it makes the brokers' TLS certificate")
+    tls.mkdir(parents=True, exist_ok=True)
+    keystore.unlink(missing_ok=True)
+    password = secrets.token_urlsafe(24)
+    fd = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(password)
+    for args in (["-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048", "-validity", "3650",
+                  "-dname", "CN=localhost, O=eventlake local cluster", "-ext", "SAN=ip:127.0.0.1,dns:localhost",
+                  "-storetype", "PKCS12", "-keystore", str(keystore), "-storepass", password, "-keypass", password],
+                 ["-exportcert", "-rfc", "-alias", "broker", "-keystore", str(keystore), "-storepass", password,
+                  "-file", str(cafile)]):
+        proc = subprocess.run([keytool, *args], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise KafkaError(f"keytool {args[0]} failed: {(proc.stdout + proc.stderr).replace(password, '***')}")
+    os.chmod(keystore, 0o600)
+    return keystore, password
+
+
+def _scram_arguments(settings: Settings) -> list[str]:
+    """``kafka-storage format`` arguments that create every role's SCRAM credentials (both mechanisms)."""
+    if settings.kafka_security == "none":
+        return []
+    args = []
+    for username, password in write_credentials(settings.credentials_file).values():
+        for mechanism in SASL_MECHANISMS:
+            args += ["--add-scram", f"{mechanism}=[name={username},password={password}]"]
+    return args
+
+
 def _java(settings: Settings, p: dict[str, Path], main: str, *args: str, heap: str = "256m") -> list[str]:
     java = shutil.which("java")
     if java is None:
@@ -190,6 +279,23 @@ def status(settings: Settings) -> BrokerStatus:
 
 def _brokers_file(settings: Settings) -> Path:
     return settings.kafka_dir / "brokers"
+
+
+def _security_file(settings: Settings) -> Path:
+    return settings.kafka_dir / "security"
+
+
+def _check_security(settings: Settings) -> None:
+    """A data folder formatted with SCRAM users serves SASL clients only, and one formatted without has none."""
+    if not (_paths(settings)["data"] / "meta.properties").exists():
+        return
+    recorded = _security_file(settings)
+    mode = recorded.read_text().strip() if recorded.exists() else "none"
+    if mode != settings.kafka_security:
+        raise KafkaError(f"{settings.kafka_dir} holds a cluster with security {mode}, not the "
+                         f"{settings.kafka_security} asked for (--security, EVENTLAKE_KAFKA_SECURITY): stop it "
+                         f"(`eventlake kafka down`) and "
+                         f"delete {settings.kafka_dir}, or use another EVENTLAKE_HOME")
 
 
 def _check_cluster_size(settings: Settings) -> None:
@@ -222,6 +328,7 @@ def up(settings: Settings, log=print, timeout: float | None = None) -> BrokerSta
         raise KafkaError(f"KAFKA_BOOTSTRAP_SERVERS={settings.kafka_bootstrap_servers} is set: "
                          "eventlake uses that cluster and starts no local broker")
     _check_cluster_size(settings)
+    _check_security(settings)
     current = status(settings)
     if current.running:
         return current
@@ -243,10 +350,15 @@ def up(settings: Settings, log=print, timeout: float | None = None) -> BrokerSta
         if not (p["data"] / "meta.properties").exists():
             # "--cluster-id=ID", not "-t ID": a random id may start with "-" and would be read as an option.
             cmd = _java(settings, p, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
-                        "--config", str(p["config"]))
+                        "--config", str(p["config"]), *_scram_arguments(settings))
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
-                raise KafkaError(f"formatting {p['data']} failed:\n{proc.stdout}{proc.stderr}")
+                # The output may quote the --add-scram arguments: no passwords in the message.
+                output = proc.stdout + proc.stderr
+                if settings.kafka_security != "none":
+                    for _, password in write_credentials(settings.credentials_file).values():
+                        output = output.replace(password, "***")
+                raise KafkaError(f"formatting {p['data']} failed:\n{output}")
         with open(p["stdout"], "ab") as out:
             proc = subprocess.Popen(_java(settings, p, "kafka.Kafka", str(p["config"]), heap="512m"),
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -254,6 +366,7 @@ def up(settings: Settings, log=print, timeout: float | None = None) -> BrokerSta
         p["pid"].write_text(str(proc.pid))
         started[node.node_id] = proc
     _brokers_file(settings).write_text(str(settings.kafka_brokers))
+    _security_file(settings).write_text(settings.kafka_security)
     n = settings.kafka_brokers
     timeout = timeout if timeout is not None else 60.0 + 30.0 * (n - 1)
     deadline = time.monotonic() + timeout
@@ -287,7 +400,7 @@ def _brokers_serving(settings: Settings) -> int:
     from kafka.errors import KafkaError as ClientError
 
     try:
-        admin = KafkaAdminClient(bootstrap_servers=settings.bootstrap_servers, request_timeout_ms=3000)
+        admin = KafkaAdminClient(**kafka_python_config(settings.for_role("admin")), request_timeout_ms=3000)
     except (ClientError, OSError):
         return 0
     try:

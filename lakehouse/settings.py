@@ -1,8 +1,9 @@
 """One settings object for the whole platform, read from the environment or a TOML file.
 
 Precedence: environment variable > config file (``EVENTLAKE_CONFIG``) > default; for ``kafka_brokers`` the
-default is the size ``eventlake kafka up --brokers N`` recorded for the local cluster. Nothing connects or
-creates folders here; this only describes where things are.
+default is the size ``eventlake kafka up --brokers N`` recorded for the local cluster, for ``kafka_security`` (when
+no KAFKA_BOOTSTRAP_SERVERS is set) the mode ``eventlake kafka up --security`` recorded. Nothing connects or creates folders here; this only describes
+where things are (and, with ``for_role``, whose Kafka credentials a process uses).
 """
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ from typing import Mapping
 
 from lakehouse.storage import Location, location
 
-__all__ = ["Settings", "SettingsError", "PROJECT_ROOT"]
+__all__ = ["Settings", "SettingsError", "PROJECT_ROOT", "SECURITY_MODES", "SASL_MECHANISMS"]
+
+SECURITY_MODES = ("none", "sasl_scram", "sasl_scram_tls")
+SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 
 # The checkout this package runs from (an editable install); caches and local data default to it.
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +51,19 @@ class Settings:
     # How many brokers `eventlake kafka up` starts (KRaft, each also a controller). Broker i (0, 1, ...) listens
     # on kafka_port + 2i and its controller on kafka_controller_port + 2i.
     kafka_brokers: int = 1
+    # "none" (plaintext, no authentication), "sasl_scram" (SASL/SCRAM over plaintext) or "sasl_scram_tls" (SASL/SCRAM
+    # over TLS); lakehouse.kafka_security configures each client library from the settings below.
+    kafka_security: str = "none"
+    kafka_sasl_mechanism: str = "SCRAM-SHA-512"
+    # This process's principal. Unset: with sasl_scram, the user of the process's role in the credentials file
+    # `eventlake kafka up --security sasl_scram` generated (``for_role``).
+    kafka_username: str | None = None
+    kafka_password: str | None = field(default=None, repr=False)
+    # The generated credentials (TOML, mode 0600); default: <home>/kafka/credentials.toml.
+    kafka_credentials_file: Path | None = None
+    # With sasl_scram_tls: the PEM file of the certificate(s) that clients trust; default: ca.pem beside the
+    # credentials file (what `eventlake kafka up --security sasl_scram_tls` generates).
+    kafka_ssl_cafile: Path | None = None
     topic_prefix: str = "eventlake."
     topic_partitions: int = 3
     # 0 = as many replicas as the local cluster has brokers, up to 3; on a remote cluster, the cluster's own
@@ -100,6 +117,14 @@ class Settings:
     @property
     def kafka_dir(self) -> Path:
         return self.home / "kafka"
+
+    @property
+    def credentials_file(self) -> Path:
+        return self.kafka_credentials_file or self.kafka_dir / "credentials.toml"
+
+    @property
+    def ssl_cafile(self) -> Path:
+        return self.kafka_ssl_cafile or self.credentials_file.parent / "ca.pem"
 
     @property
     def uses_local_kafka(self) -> bool:
@@ -165,11 +190,26 @@ class Settings:
     def replace(self, **changes) -> "Settings":
         return dataclasses.replace(self, **changes)
 
+    def for_role(self, role: str) -> "Settings":
+        """These settings as the Kafka principal of ``role`` (admin, handler, reader, client) sees them: with
+        ``kafka_security`` on and no ``kafka_username`` set, the role's user and password from the credentials
+        file (``credentials_file``); otherwise unchanged. An explicit username always wins: a deployment gives
+        each process its own credentials in its environment."""
+        if self.kafka_security == "none" or self.kafka_username is not None:
+            return self
+        from lakehouse.kafka_security import role_credentials
+
+        found = role_credentials(self, role)
+        if found is None:
+            return self
+        return self.replace(kafka_username=found[0], kafka_password=found[1])
+
     # -- loading ---------------------------------------------------------------------------------
     @classmethod
-    def load(cls, env: Mapping[str, str] | None = None) -> "Settings":
+    def load(cls, env: Mapping[str, str] | None = None, role: str | None = None) -> "Settings":
         """Settings from ``EVENTLAKE_*`` / ``KAFKA_BOOTSTRAP_SERVERS`` variables and the optional
-        TOML file named by ``EVENTLAKE_CONFIG`` (keys are the field names, e.g. ``topic_partitions``)."""
+        TOML file named by ``EVENTLAKE_CONFIG`` (keys are the field names, e.g. ``topic_partitions``); with
+        ``role``, as that Kafka principal (``for_role``)."""
         env = os.environ if env is None else env
         values: dict[str, object] = {}
         config_file = env.get("EVENTLAKE_CONFIG")
@@ -195,7 +235,29 @@ class Settings:
             recorded = settings.kafka_dir / "brokers"
             if recorded.exists():
                 settings = settings.replace(kafka_brokers=_coerce("kafka_brokers", "int", recorded.read_text().strip()))
-        return settings
+        if "kafka_security" not in values and settings.uses_local_kafka:
+            # What `eventlake kafka up --security MODE` gave the local cluster (a remote one says its own).
+            recorded = settings.kafka_dir / "security"
+            if recorded.exists():
+                # The credentials belong to the cluster, not to a home: a later replace(home=...) keeps them.
+                settings = settings.replace(kafka_security=recorded.read_text().strip(),
+                                            kafka_credentials_file=settings.credentials_file)
+        settings.check_security()
+        return settings if role is None else settings.for_role(role)
+
+    def check_security(self) -> None:
+        """Raise SettingsError for a security mode or SASL mechanism eventlake does not know, or a username
+        without a password (and the other way round)."""
+        if self.kafka_security not in SECURITY_MODES:
+            raise SettingsError(f"setting kafka_security={self.kafka_security!r}: expected one of "
+                                f"{', '.join(SECURITY_MODES)}")
+        if self.kafka_sasl_mechanism not in SASL_MECHANISMS:
+            raise SettingsError(f"setting kafka_sasl_mechanism={self.kafka_sasl_mechanism!r}: expected one of "
+                                f"{', '.join(SASL_MECHANISMS)}")
+        if (self.kafka_username is None) != (self.kafka_password is None):
+            given, missing = (("kafka_username", "kafka_password") if self.kafka_password is None
+                              else ("kafka_password", "kafka_username"))
+            raise SettingsError(f"{given} is set but {missing} is not (EVENTLAKE_{missing.upper()}): give both")
 
 
 def _coerce(name: str, type_name: object, value: object) -> object:
@@ -210,6 +272,8 @@ def _coerce(name: str, type_name: object, value: object) -> object:
             raise SettingsError(f"setting {name}={value!r}: expected an object of names to strings")
         return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
     try:
+        if value is None:
+            return None
         if "Path" in type_text:
             return Path(str(value)).expanduser().resolve()
         if type_text == "int":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from lakehouse.kafka_security import spark_kafka_options
 from lakehouse.settings import Settings
 from spark_apps.events import read_event_records
 from spark_apps.projection import bound_query_stop
@@ -37,7 +38,7 @@ def start_findings_query(detector, query_name: str, label: str, until_caught_up:
         detector.spark.conf.set(key, value)
     records = read_event_records(detector.spark, s)
     writer = (detector.findings(records).writeStream.format("kafka").queryName(query_name)
-              .option("kafka.bootstrap.servers", s.bootstrap_servers)
+              .options(**spark_kafka_options(s))
               .option("kafka.acks", "all").option("kafka.enable.idempotence", "true")
               .option("topic", s.commands_topic)
               .option("checkpointLocation", str(detector.checkpoint))
@@ -62,7 +63,10 @@ def run_service(argv: list[str] | None, prog: str, description: str, label: str,
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--until-caught-up", action="store_true", help="process what the log holds now, then stop")
     args = parser.parse_args(argv)
-    settings = Settings.load()
+    settings = Settings.load(role="client")
+    from event_store.kafka_access import check_access
+
+    check_access(settings, timeout_s=5.0, require_answer=False)  # refused (SASL): one line, before Spark starts
     # Installed before the (slow) session start, so that a SIGTERM meanwhile is not lost either.
     stop_requested = stop_requested_on_sigterm()
     spark = build_session(settings, app_name=f"eventlake-{prog.replace('_', '-')}")

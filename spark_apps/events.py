@@ -10,6 +10,7 @@ from event_store import domains
 from event_store.domains import DOMAINS
 from event_store.schemas import EVENT_ENVELOPE, EVENT_SCHEMA_VERSIONS, EVENT_TIME_MAX, EVENT_TIME_MIN, EVENTS, Field, \
     string_field_names
+from lakehouse.kafka_security import spark_kafka_options
 
 __all__ = ["envelope_schema", "read_event_records", "parse_events", "check_records", "split_checked", "upcast_rows",
            "missing_spark_upcasters", "payload_columns", "event_columns", "PayloadColumnError", "DEAD_LETTER_COLUMNS",
@@ -179,7 +180,7 @@ def read_event_records(spark, settings, max_offsets_per_trigger: int | None = No
     stopping on a gap in the log (``failOnDataLoss``), at most ``maxOffsetsPerTrigger`` per batch, read by
     three tasks per core."""
     return (spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+            .options(**spark_kafka_options(settings))
             .option("subscribe", settings.events_topic)
             .option("startingOffsets", starting_offsets)
             .option("kafka.isolation.level", "read_committed")

@@ -459,7 +459,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--until-caught-up", action="store_true",
                         help="process what the log holds now, then stop (availableNow trigger)")
     args = parser.parse_args(argv)
-    settings = Settings.load()
+    settings = Settings.load(role="reader")
+    from event_store.kafka_access import check_access
+
+    check_access(settings, timeout_s=5.0, require_answer=False)  # refused (SASL): one line, before Spark starts
     names = [n for n in args.models if n != ARCHIVE_TABLE]
     models = read_models.select(names) if names else ([] if args.models else None)
     archive = not args.models or ARCHIVE_TABLE in args.models

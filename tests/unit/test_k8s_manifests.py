@@ -356,10 +356,12 @@ def _field_read_from(variable: str) -> str | None:
 def test_every_setting_in_the_configmap_is_one_the_apps_read_and_the_needed_ones_are_set():
     fields = {variable: _field_read_from(variable) for variable in _settings_data()}
     assert None not in fields.values(), f"not a setting: {[v for v, f in fields.items() if f is None]}"
-    # Needed in a cluster: the broker (unset = start a local one), every location (defaults lie in the checkout)
-    # and what the topics are made of (they must agree with topics.yaml).
+    # Needed in a cluster: the broker (unset = start a local one), every location (defaults lie in the checkout;
+    # an optional one, such as the SASL credentials file, is derived from them) and what the topics are made of
+    # (they must agree with topics.yaml).
     needed = {f.name for f in dataclasses.fields(Settings)
-              if f.name == "kafka_bootstrap_servers" or "Path" in str(f.type) or f.name.startswith("topic_")}
+              if f.name == "kafka_bootstrap_servers" or f.name.startswith("topic_")
+              or ("Path" in str(f.type) and "None" not in str(f.type))}
     assert needed <= set(fields.values()), f"not set: {sorted(needed - set(fields.values()))}"
     Settings.load(_settings_data())  # every value is one the settings take
 
