@@ -47,8 +47,10 @@ def bootstrap_servers(tmp_path_factory) -> str:
         return
     from infra import kafka
 
+    # A local cluster recorded in the checkout's own home (`eventlake kafka up --brokers 3 --security ...`) is
+    # not the suite's: its broker is one plain one.
     broker = Settings.load({}).replace(home=tmp_path_factory.mktemp("kafka-home"), kafka_port=_free_port(),
-                                       kafka_controller_port=_free_port())
+                                       kafka_controller_port=_free_port(), kafka_brokers=1, kafka_security="none")
     kafka.up(broker, log=lambda *_: None)
     try:
         yield broker.bootstrap_servers
@@ -62,7 +64,7 @@ def settings(tmp_path: Path, bootstrap_servers: str) -> Settings:
     return Settings.load({}).replace(
         home=tmp_path / "home", kafka_bootstrap_servers=bootstrap_servers,
         topic_prefix=f"test-{uuid.uuid4().hex[:10]}.", topic_partitions=3,
-        handler_group_id=f"handler-{uuid.uuid4().hex[:8]}")
+        handler_group_id=f"handler-{uuid.uuid4().hex[:8]}", kafka_brokers=1, kafka_security="none")
 
 
 @pytest.fixture(scope="session")
