@@ -24,7 +24,7 @@ from tests.integration.fraud_stream import SERVICES, FraudStream, read_log, tabl
 from tests.integration.restartable_broker import needs_local_broker
 from tests.integration.services import WORKTREE, Service, service_env, wait_for
 
-pytestmark = [pytest.mark.slow, needs_local_broker]
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, needs_local_broker]
 
 BROKERS = 3
 # At least this long away, longer than the handler's consumer session (10 s) and the broker's KRaft session (9 s):

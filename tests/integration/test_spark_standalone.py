@@ -23,7 +23,7 @@ from tests.integration.test_fraud_detector import script
 from tests.integration.test_kafka_cluster import _free_port_run
 from tests.oracle import assert_matches_oracle
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 WORKERS = 2
 
