@@ -97,7 +97,10 @@ def build_archive(spark, settings: Settings, events: int, per_account: int, dupl
                 .alias("amount_minor"),
                 F.lit(settings.events_topic).alias("kafka_topic")))
     schema = _event_row_schema(spark)
-    rows = rows.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])
+    # The other registered domains' payload columns (site_id, value_milli, ...) are null in an account event's row,
+    # as the archive query writes them.
+    rows = rows.select(*[(F.col(f.name) if f.name in rows.columns else F.lit(None)).cast(f.dataType).alias(f.name)
+                         for f in schema.fields])
     if duplicates:
         # A re-sent record: the same event again, later in its partition.
         again = (rows.filter(F.abs(F.xxhash64("event_id")) % 1_000_000 < int(duplicates * 1_000_000))
