@@ -50,7 +50,7 @@ from lakehouse.kafka_security import confluent_config, security_env
 from lakehouse.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.workloads import decided, workload  # noqa: E402
+from bench.workloads import decided, read_models_of, workload  # noqa: E402
 
 DOMAINS = ("accounts", "iot", "mixed")
 # The event time the generated device and site streams end at: fixed, so the cached events are the same each run.
@@ -96,16 +96,8 @@ def domain_events(domain: str, n: int, accounts: int, devices: int, cache: Path)
 
 
 def domain_models(domain: str) -> list:
-    """The read models the projection folds for ``domain``'s events."""
-    import read_models
-    from read_models.account import ACCOUNT_SUMMARY, PAYMENTS
-
-    accounts = [ACCOUNT_SUMMARY, PAYMENTS]
-    if domain == "accounts":
-        return accounts
-    if domain == "iot":
-        return list(read_models.iot.MODELS.values())
-    return accounts + list(read_models.iot.MODELS.values()) + list(read_models.site.MODELS.values())
+    """The read models the projection folds for ``domain``'s events (``bench.workloads.read_models_of``)."""
+    return read_models_of(domain)
 
 
 def publish(settings: Settings, records) -> float:

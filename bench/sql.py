@@ -16,8 +16,15 @@ log checkpoint and after OPTIMIZE (compaction) + checkpoint. ``--spark-commits N
 Spark as the projection writes them, with Delta's auto compaction off and on (``EVENTLAKE_AUTO_COMPACT_MIN_FILES``),
 side by side: files left, compactions, the append's time and the point lookup.
 
+``--domain iot`` writes the device domain's tables instead, the same way (delta-rs, each in its read model's
+own schema): ``device_status`` with one row per device (``--devices``) and ``device_minute_readings`` with
+one row per device per minute (``--minutes`` each), and times a device point lookup
+(``SELECT * FROM device_status WHERE device_id = '<a random device>'``), a GROUP BY over every window row
+(per unit: windows, readings, min, max) and one device's last hour of windows, on the same paths.
+
     .venv/bin/python bench/sql.py [--payments 1000000] [--accounts 20000] [--repeat 50] [--small-commits 2000]
                                   [--spark-commits 200] [--engines embedded thrift spark]
+                                  [--domain accounts|iot] [--devices 2000] [--minutes 500]
 """
 from __future__ import annotations
 
@@ -37,8 +44,80 @@ GROUP_BY = ("SELECT status, currency, count(*) AS payments, sum(amount_minor) AS
             "GROUP BY status, currency ORDER BY status, currency")
 
 
+DEVICE_LOOKUP = "SELECT * FROM device_status WHERE device_id = '{device}'"
+DEVICE_GROUP_BY = ("SELECT unit, count(*) AS windows, sum(readings) AS readings, min(min_value_milli) AS low, "
+                   "max(max_value_milli) AS high FROM device_minute_readings GROUP BY unit ORDER BY unit")
+# One device's last hour of windows (a dashboard's chart): its rows in a time range, newest first.
+DEVICE_HOUR = ("SELECT window_start, readings, sum_value_milli / readings AS mean_milli, min_value_milli, "
+               "max_value_milli FROM device_minute_readings WHERE device_id = '{device}' "
+               "AND window_start >= TIMESTAMP '{since}' ORDER BY window_start DESC")
+SENSORS = (("temperature", "C", -20_000, 60_000), ("humidity", "%", 0, 100_000), ("pressure", "hPa", 900_000,
+                                                                                  1_100_000))
+
+
 def account(i: int) -> str:
     return f"acc-bench-{i:08d}"
+
+
+def device(i: int) -> str:
+    return f"dev-bench-{i:06d}"
+
+
+def build_device_tables(settings: Settings, devices: int, minutes: int) -> tuple[float, str]:
+    """``device_status`` (one row per device) and ``device_minute_readings`` (one row per device per minute),
+    written by delta-rs in their read models' schemas; -> (seconds, the first window of the last hour)."""
+    import numpy as np
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from read_models.iot import DEVICE_MINUTE_READINGS, DEVICE_STATUS
+    from spark_apps.archive_fold import arrow_schema
+
+    started = time.perf_counter()
+    rng = np.random.default_rng(7)
+    ts = pa.timestamp("us", tz="UTC")
+    base = np.datetime64("2026-01-01T00:00:00", "us")
+    kind = np.arange(devices) % len(SENSORS)
+    sensor = lambda i: np.array([SENSORS[k][i] for k in kind])  # noqa: E731
+    low, high = sensor(2).astype(np.int64), sensor(3).astype(np.int64)
+    span = (high - low) // 4
+    # Windows in time order, every device's minute side by side (as a projection's batches append them).
+    d = np.tile(np.arange(devices), minutes)
+    m = np.repeat(np.arange(minutes), devices)
+    n = len(d)
+    readings = rng.integers(1, 7, n)
+    mid = (low + high)[d] // 2
+    lo = mid - rng.integers(0, span[d] + 1)
+    hi = mid + rng.integers(0, span[d] + 1)
+    window = base + (m * 60_000_000).astype("timedelta64[us]")
+    windows = pa.table({
+        "device_id": pa.array([device(int(i)) for i in d]),
+        "window_start": pa.array(window, ts), "window_end": pa.array(window + np.timedelta64(60, "s"), ts),
+        "unit": pa.array(sensor(1)[d]), "readings": pa.array(readings, pa.int64()),
+        "min_value_milli": pa.array(lo, pa.int64()), "max_value_milli": pa.array(hi, pa.int64()),
+        "sum_value_milli": pa.array(readings * mid, pa.int64()),
+        "updated_at": pa.array(window + np.timedelta64(61, "s"), ts),
+    }).cast(arrow_schema(DEVICE_MINUTE_READINGS.schema()))
+    write_deltalake(str(settings.table_path(DEVICE_MINUTE_READINGS.name)), windows, mode="overwrite")
+    last = base + np.timedelta64(minutes - 1, "m")
+    ids = np.arange(devices)
+    total = np.full(devices, minutes * 3, np.int64)
+    status = pa.table({
+        "device_id": pa.array([device(int(i)) for i in ids]),
+        "site_id": pa.array([f"site-{int(i) % 40:03d}" for i in ids]),
+        "sensor_kind": pa.array(sensor(0)), "unit": pa.array(sensor(1)),
+        "range_min_milli": pa.array(low, pa.int64()), "range_max_milli": pa.array(high, pa.int64()),
+        "heartbeat_interval_s": pa.array(np.full(devices, 20), pa.int64()),
+        "status": pa.array(np.where(ids % 97 == 0, "decommissioned", "active")),
+        "last_value_milli": pa.array((low + high) // 2, pa.int64()),
+        "last_reading_id": pa.array([f"{device(int(i))}-r{minutes * 3}" for i in ids]),
+        "last_reading_at": pa.array(np.full(devices, last), ts), "last_seen_at": pa.array(np.full(devices, last), ts),
+        "readings_count": pa.array(total, pa.int64()), "anomalies_count": pa.array(ids % 5, pa.int64()),
+        "version": pa.array(total + 1, pa.int64()), "updated_at": pa.array(np.full(devices, last), ts),
+    }).cast(arrow_schema(DEVICE_STATUS.schema()))
+    write_deltalake(str(settings.table_path(DEVICE_STATUS.name)), status, mode="overwrite")
+    since = str(base + np.timedelta64(max(minutes - 60, 0), "m")).replace("T", " ")
+    return time.perf_counter() - started, since
 
 
 def build_warehouse(settings: Settings, payments: int, accounts: int) -> float:
@@ -101,15 +180,15 @@ def timed(run, sqls: list[str]) -> list[float]:
     return out
 
 
-def embedded_steps(settings: Settings, accounts: int, repeat: int) -> None:
-    """The embedded path's steps on their own, for the point lookup."""
+def embedded_steps(settings: Settings, table: str, lookups: list[str]) -> None:
+    """The embedded path's steps on their own, for the point lookups ``lookups`` on ``table``."""
     from deltalake import DeltaTable
 
     from eventlake.query import _duckdb_connection, _register_duckdb, logical_tables
     from lakehouse.tables import dataset
 
     resolve, open_logs, run = [], [], []
-    for _ in range(repeat):
+    for sql in lookups:
         t0 = time.perf_counter()
         tables = logical_tables(settings)
         t1 = time.perf_counter()
@@ -118,8 +197,8 @@ def embedded_steps(settings: Settings, accounts: int, repeat: int) -> None:
                 DeltaTable(str(part.path))
         t2 = time.perf_counter()
         con = _duckdb_connection()
-        _register_duckdb(con, "account_summary", tables["account_summary"], dataset)
-        con.execute(LOOKUP.format(account=account(random.randrange(accounts)))).fetchall()
+        _register_duckdb(con, table, tables[table], dataset)
+        con.execute(sql).fetchall()
         con.close()
         t3 = time.perf_counter()
         resolve.append(t1 - t0)
@@ -218,6 +297,10 @@ def main() -> None:
                     help="with --spark-commits: the small files that start a compaction (EVENTLAKE_AUTO_COMPACT_MIN_FILES)")
     ap.add_argument("--engines", nargs="+", default=["embedded", "thrift", "spark"],
                     choices=["embedded", "thrift", "spark"])
+    ap.add_argument("--domain", choices=["accounts", "iot"], default="accounts",
+                    help="iot: device_status and device_minute_readings instead of the account tables")
+    ap.add_argument("--devices", type=int, default=2000, help="iot: rows of device_status")
+    ap.add_argument("--minutes", type=int, default=500, help="iot: windows per device in device_minute_readings")
     args = ap.parse_args()
 
     from eventlake import sql_server
@@ -227,10 +310,23 @@ def main() -> None:
     settings = Settings.load({}).replace(home=home.resolve(), sql_server_port=free_port(),
                                          auto_compact_min_files=args.auto_compact_min_files)
     try:
-        print(f"warehouse: {args.payments:,} payments, {args.accounts:,} accounts written in "
-              f"{build_warehouse(settings, args.payments, args.accounts):.1f}s ({home})")
-        lookups = [LOOKUP.format(account=account(random.randrange(args.accounts))) for _ in range(args.repeat)]
-        group_bys = [GROUP_BY] * max(5, args.repeat // 5)
+        if args.domain == "iot":
+            built, since = build_device_tables(settings, args.devices, args.minutes)
+            print(f"warehouse: {args.devices:,} devices, {args.devices * args.minutes:,} device minutes written in "
+                  f"{built:.1f}s ({home})")
+            table = "device_status"
+            lookups = [DEVICE_LOOKUP.format(device=device(random.randrange(args.devices)))
+                       for _ in range(args.repeat)]
+            scans = {f"GROUP BY       %s  over {args.devices * args.minutes:,} device minutes": DEVICE_GROUP_BY}
+            ranges = [DEVICE_HOUR.format(device=device(random.randrange(args.devices)), since=since)
+                      for _ in range(args.repeat)]
+        else:
+            print(f"warehouse: {args.payments:,} payments, {args.accounts:,} accounts written in "
+                  f"{build_warehouse(settings, args.payments, args.accounts):.1f}s ({home})")
+            table = "account_summary"
+            lookups = [LOOKUP.format(account=account(random.randrange(args.accounts))) for _ in range(args.repeat)]
+            scans = {f"GROUP BY       %s  over {args.payments:,} payments": GROUP_BY}
+            ranges = []
         engines = {}
         if "embedded" in args.engines:
             engines["embedded (DuckDB over delta-rs)"] = lambda sql: query_duckdb(settings, sql)
@@ -250,13 +346,17 @@ def main() -> None:
             query_spark(settings, "SELECT 1")  # the session starts before the clock
             engines["--engine spark (Spark SQL in process)"] = lambda sql: query_spark(settings, sql)
         for name, run in engines.items():
-            run(lookups[0])
-            run(GROUP_BY)  # warm-up: first reads of each table
+            run(lookups[0])  # warm-up: first reads of each table
+            for scan in scans.values():
+                run(scan)
             print(name)
             print(f"  point lookup   {figures(timed(run, lookups))}")
-            print(f"  GROUP BY       {figures(timed(run, group_bys))}  over {args.payments:,} payments")
+            for label, scan in scans.items():
+                print("  " + label % figures(timed(run, [scan] * max(5, args.repeat // 5))))
+            if ranges:
+                print(f"  a device's last hour of windows  {figures(timed(run, ranges))}")
         if "embedded" in args.engines:
-            embedded_steps(settings, args.accounts, args.repeat)
+            embedded_steps(settings, table, [lookups[i % len(lookups)] for i in range(args.repeat)])
         if args.small_commits:
             small_commits(settings, args.small_commits, args.repeat)
         if args.spark_commits:

@@ -15,9 +15,16 @@ from typing import Iterable
 from eventlake.generator import (GeneratorConfig, IotGeneratorConfig, SiteGeneratorConfig, decide_all,
                                  generate_commands, generate_iot_commands, generate_site_commands, interleaved)
 
-__all__ = ["DOMAINS", "Workload", "workload", "interleaved", "decided"]
+__all__ = ["DOMAINS", "READ_MODELS", "Workload", "workload", "interleaved", "decided", "read_models_of"]
 
 DOMAINS = ("accounts", "iot", "site", "mixed")
+# The read models the benchmarks fold each domain's events into (names in ``read_models.REGISTRY``): the
+# accounts' two the benchmarks have always measured, every model of the device and of the site domain, and
+# for ``mixed`` all of these.
+READ_MODELS = {"accounts": ("account_summary", "payments"),
+               "iot": ("device_status", "device_minute_readings", "telemetry_anomalies"),
+               "site": ("page_minute_clicks",)}
+READ_MODELS["mixed"] = READ_MODELS["accounts"] + READ_MODELS["iot"] + READ_MODELS["site"]
 # Readings per device per minute of the IoT generator: its heartbeats (10, 15, 30, 60 s) drawn evenly.
 _READINGS_PER_DEVICE_MINUTE = sum(60 / s for s in (10, 15, 30, 60)) / 4
 
@@ -73,3 +80,12 @@ def decided(records: Iterable[tuple[str, bytes]], recorded_at: str | None = None
     (Kafka key, event JSON) in log order, and how many commands were rejected or unreadable (no events)."""
     events, refused = decide_all(records, recorded_at)
     return [(e.aggregate_id.encode(), e.to_json()) for e in events], refused
+
+
+def read_models_of(domain: str) -> list:
+    """The read model specs (``read_models.REGISTRY``) the benchmarks fold ``domain``'s events into."""
+    import read_models
+
+    if domain not in READ_MODELS:
+        raise ValueError(f"unknown domain {domain!r}; one of {', '.join(DOMAINS)}")
+    return [read_models.get(name) for name in READ_MODELS[domain]]
