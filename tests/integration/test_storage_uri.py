@@ -91,3 +91,15 @@ def test_a_rebuild_and_maintenance_work_at_the_uri(spark, at_uri):
     Catalog(settings).drop("account_summary", 2, by="test", reason="not needed")
     assert not (store / "warehouse" / "_generations" / "account_summary" / "g0002").exists()
     assert table_rows(spark, settings, model) == before
+
+
+def test_the_fraud_detector_keeps_its_state_and_checkpoint_at_the_uri(spark, at_uri):
+    from event_store.envelope import CommandEnvelope
+    from spark_apps.fraud_detector import FraudDetector
+
+    settings, _, store, _ = at_uri
+    FraudDetector(spark, settings, **QUIET).start(until_caught_up=True).awaitTermination()
+    flags = [CommandEnvelope.from_json(r.value) for r in kafka_log.read_all(settings, settings.commands_topic)]
+    assert flags and all(c.command_type == "FlagFraud" for c in flags)
+    assert any((store / "checkpoints" / "fraud-detector" / "offsets").iterdir())
+    assert not (settings.home / "checkpoints").exists()
