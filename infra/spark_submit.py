@@ -124,6 +124,12 @@ def submit_command(settings: Settings, app: str, app_args: list[str] = (), *, ma
 
     spark_submit = Path(pyspark.__file__).resolve().parent / "bin" / "spark-submit"
     settings_conf: dict[str, str] = {}
+    cluster_conf = Path(env.get("HADOOP_CONF_DIR") or "-") / "eventlake-spark.conf"
+    if master == "yarn" and cluster_conf.is_file():  # the Spark settings `eventlake yarn up` wrote for its cluster
+        for entry in cluster_conf.read_text().splitlines():
+            key, sep, value = entry.partition("=")
+            if sep and not key.lstrip().startswith("#"):
+                settings_conf[key.strip()] = value.strip()
     python = env.get("PYSPARK_PYTHON")
     if python:
         settings_conf["spark.pyspark.python"] = python
