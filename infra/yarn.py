@@ -229,8 +229,12 @@ def up(settings: Settings, log=print, timeout: float = 240.0) -> YarnStatus:
         p[key].mkdir(parents=True, exist_ok=True)
     p["ready"].unlink(missing_ok=True)
     java_home = _java_home()
-    env = {**os.environ, "JAVA_HOME": str(java_home)}
-    env.pop("HADOOP_CONF_DIR", None)  # the cluster's own configuration is in the code, not in another cluster's
+    # The NodeManager's environment is its containers' (DefaultContainerExecutor): none of this shell's Python path
+    # or eventlake settings, which would let an app run code or settings it was not given (as on a real cluster).
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("EVENTLAKE_", "PYSPARK_", "SPARK_", "HADOOP_", "PYTHON"))
+           and k != "KAFKA_BOOTSTRAP_SERVERS"}
+    env["JAVA_HOME"] = str(java_home)
     cmd = [str(java_home / "bin" / "java"), "-Xmx1g", f"-Dlog4j.configuration=file:{LOG4J}",
            "-cp", f"{classes}:{libs}/*", "MiniCluster", str(p["conf"]), str(p["data"]), str(settings.yarn_port),
            str(settings.yarn_port + 2), str(settings.yarn_nodemanager_memory_mb),
