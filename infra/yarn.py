@@ -198,8 +198,12 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.executor.cores": "2",
         "spark.executor.memory": "1g",
         "spark.yarn.am.memory": "512m",
-        # Spark's staging folder on this cluster's HDFS (the default, the user's home there).
+        # Spark's staging folder (the app's files for its containers) on this cluster's HDFS.
         "spark.yarn.stagingDir": f"{fs_uri(settings)}/tmp/spark-staging",
+        # eventlake's settings are local paths without a scheme: with HDFS as the default file system, Spark would
+        # put tables and checkpoints on HDFS while the Python side (the catalog through delta-rs, the checkpoints'
+        # markers, logs) stays on the local disk. The apps keep the local disk; HDFS is reached by hdfs:// URIs.
+        "spark.hadoop.fs.defaultFS": "file:///",
     }
 
 

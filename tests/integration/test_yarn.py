@@ -65,9 +65,9 @@ def _finished_apps(web: str) -> dict[str, tuple[str, str, str]]:
 def test_the_projection_on_yarn_gives_the_oracle_tables(yarn, spark, settings):
     conf_dir, _, web, _ = yarn
     events = interleaved(
-        events_for(GeneratorConfig(accounts=20, commands=200, seed=12, run_id="ya", late_rate=0.03), flag_every=7),
-        iot_events_for(IotGeneratorConfig(devices=8, minutes=5, seed=12, run_id="ya"), flag_every=11),
-        events_of(generate_site_commands(SiteGeneratorConfig(sites=2, views=60, minutes=5, seed=12, run_id="ya"))))
+        events_for(GeneratorConfig(accounts=30, commands=400, seed=12, run_id="ya", late_rate=0.03), flag_every=7),
+        iot_events_for(IotGeneratorConfig(devices=8, minutes=10, seed=12, run_id="ya"), flag_every=11),
+        events_of(generate_site_commands(SiteGeneratorConfig(sites=2, views=150, minutes=10, seed=12, run_id="ya"))))
     kafka_log.ensure_topics(settings, log=lambda *_: None)
     producer = kafka_log.make_producer(settings)
     kafka_log.produce_all(producer, settings.events_topic, [(e.aggregate_id, e.to_json()) for e in events])
@@ -101,7 +101,7 @@ def test_a_delta_table_on_hdfs_written_on_yarn_reads_back_in_spark_and_delta_rs(
     import pyspark
 
     line = [str(Path(pyspark.__file__).resolve().parent / "bin" / "spark-submit"), "--master", "yarn",
-            "--deploy-mode", "cluster", "--driver-memory", "1g",
+            "--deploy-mode", "cluster", "--name", "eventlake-delta-on-hdfs", "--driver-memory", "1g",
             *[a for pair in conf for a in pair],
             "--jars", ",".join(str(j) for j in spark_submit.resolved_jars(settings)), str(_DELTA_JOB), uri]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EVENTLAKE_", "HADOOP_", "PYSPARK_GATEWAY"))}
