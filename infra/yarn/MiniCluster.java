@@ -69,7 +69,7 @@ public final class MiniCluster {
         conf.set("dfs.datanode.ipc.address", HOST + ":0");
         conf.setBoolean("dfs.permissions.enabled", false);  // one local user; nothing to protect from
         File hdfsDir = new File(dataDir, "hdfs");
-        boolean fresh = !new File(hdfsDir, "name1/current/VERSION").exists();
+        boolean fresh = !new File(hdfsDir, "name-0-1/current/VERSION").exists();
         MiniDFSCluster dfs = new MiniDFSCluster.Builder(conf, hdfsDir)
                 .nameNodePort(nnPort).nameNodeHttpPort(nnPort + 1)
                 .numDataNodes(1).format(fresh).manageNameDfsDirs(true).manageDataDfsDirs(true)

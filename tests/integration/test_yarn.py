@@ -62,6 +62,13 @@ def _finished_apps(web: str) -> dict[str, tuple[str, str, str]]:
     return {a["name"]: (a["state"], a["finalStatus"], a["id"]) for a in apps}
 
 
+def _why(done: subprocess.CompletedProcess) -> str:
+    """A failed spark-submit's exceptions (the first lines of each, where the tail of its output may hold none)."""
+    text = done.stdout + done.stderr
+    causes = [line for line in text.splitlines() if "Exception" in line or line.startswith("Caused by")]
+    return "\n".join(causes[:30]) + "\n...\n" + text[-3000:]
+
+
 def test_the_projection_on_yarn_gives_the_oracle_tables(yarn, spark, settings):
     conf_dir, _, web, _ = yarn
     events = interleaved(
@@ -80,7 +87,7 @@ def test_the_projection_on_yarn_gives_the_oracle_tables(yarn, spark, settings):
     done = subprocess.run([sys.executable, "-m", "eventlake.cli", "spark-submit", "projection", "--master", "yarn",
                            "--", "--until-caught-up"], env=env, cwd=WORKTREE, capture_output=True, text=True,
                           timeout=1800)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, _why(done)
     # The line applied the mini cluster's Spark settings (pyspark's jars by a local: path, this Python).
     assert "spark.yarn.jars=local:" in done.stdout, done.stdout[:3000]
     assert "eventlake: projection: code from " in done.stdout and ".zip/spark_apps/" in done.stdout, done.stdout
@@ -107,7 +114,7 @@ def test_a_delta_table_on_hdfs_written_on_yarn_reads_back_in_spark_and_delta_rs(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EVENTLAKE_", "HADOOP_", "PYSPARK_GATEWAY"))}
     env["HADOOP_CONF_DIR"] = conf_dir
     done = subprocess.run(line, env=env, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, _why(done)
     state, final, app_id = _finished_apps(web).get("eventlake-delta-on-hdfs", ("?", "?", "?"))
     assert (state, final) == ("FINISHED", "SUCCEEDED"), _finished_apps(web)
     # Cluster deploy mode: the driver ran in the application master's container; its output is that container's.
