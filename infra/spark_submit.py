@@ -166,4 +166,9 @@ def run(line: list[str], env: dict[str, str] | None = None) -> int:
     # spark-submit must not find this process's gateway (a CLI started from inside a Spark driver).
     env.pop("PYSPARK_GATEWAY_PORT", None)
     env.pop("PYSPARK_GATEWAY_SECRET", None)
+    if line[line.index("--master") + 1] == "yarn":
+        # Spark's YARN client puts this environment's PYTHONPATH ahead of --py-files in the containers' (the
+        # application master's and the executors'): a checkout on it would win over the zip on a NodeManager
+        # that has the same folder (eventlake's mini cluster runs here).
+        env.pop("PYTHONPATH", None)
     return subprocess.call(line, env=env)
