@@ -96,6 +96,7 @@ def test_the_projection_on_yarn_gives_the_oracle_tables(yarn, spark, settings):
 
 
 def test_a_delta_table_on_hdfs_written_on_yarn_reads_back_in_spark_and_delta_rs(yarn, settings):
+    import pyspark
     from deltalake import DeltaTable
 
     from infra import spark_submit
@@ -105,13 +106,12 @@ def test_a_delta_table_on_hdfs_written_on_yarn_reads_back_in_spark_and_delta_rs(
     uri = f"{fs_uri}/eventlake-test/delta-on-hdfs"
     conf = [("--conf", line) for line in (Path(conf_dir) / SPARK_CONF_FILE).read_text().splitlines()
             if line and not line.startswith("#")]
-    import pyspark
-
     line = [str(Path(pyspark.__file__).resolve().parent / "bin" / "spark-submit"), "--master", "yarn",
             "--deploy-mode", "cluster", "--name", "eventlake-delta-on-hdfs", "--driver-memory", "1g",
             *[a for pair in conf for a in pair],
             "--jars", ",".join(str(j) for j in spark_submit.resolved_jars(settings)), str(_DELTA_JOB), uri]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVENTLAKE_", "HADOOP_", "PYSPARK_GATEWAY"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("EVENTLAKE_", "HADOOP_", "PYSPARK_GATEWAY")) and k != "PYTHONPATH"}
     env["HADOOP_CONF_DIR"] = conf_dir
     done = subprocess.run(line, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, _why(done)
