@@ -75,6 +75,24 @@ def _cmd_spark_cluster(settings: Settings, args) -> int:
     return 0
 
 
+def _cmd_yarn(settings: Settings, args) -> int:
+    from infra import yarn
+
+    try:
+        if args.action == "up":
+            print(yarn.up(settings).describe())
+        elif args.action == "down":
+            yarn.down(settings)
+        else:
+            state = yarn.status(settings)
+            print(state.describe())
+            return 0 if state.running else 3
+    except yarn.YarnError as e:
+        print(f"eventlake yarn: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _spark_submit_options(add_help: bool = False) -> argparse.ArgumentParser:
     """The options of ``eventlake spark-submit`` (before ``--``; what follows ``--`` is the app's)."""
     p = argparse.ArgumentParser(add_help=add_help, prog="eventlake spark-submit APP")
@@ -647,6 +665,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=("up", "down", "status"))
     p.add_argument("--workers", type=int, default=None, help="up: how many workers (default 2, 1 core each)")
     p.set_defaults(run=_cmd_spark_cluster)
+
+    p = sub.add_parser("yarn", help="a local YARN cluster with HDFS (Hadoop's mini cluster, one JVM): up | down | "
+                                    "status; run the apps on it with HADOOP_CONF_DIR and spark-submit --master yarn")
+    p.add_argument("action", choices=("up", "down", "status"))
+    p.set_defaults(run=_cmd_yarn)
 
     from infra.spark_submit import APPS
 

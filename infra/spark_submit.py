@@ -124,6 +124,12 @@ def submit_command(settings: Settings, app: str, app_args: list[str] = (), *, ma
 
     spark_submit = Path(pyspark.__file__).resolve().parent / "bin" / "spark-submit"
     settings_conf: dict[str, str] = {}
+    cluster_conf = Path(env.get("HADOOP_CONF_DIR") or "-") / "eventlake-spark.conf"
+    if master == "yarn" and cluster_conf.is_file():  # the Spark settings `eventlake yarn up` wrote for its cluster
+        for entry in cluster_conf.read_text().splitlines():
+            key, sep, value = entry.partition("=")
+            if sep and not key.lstrip().startswith("#"):
+                settings_conf[key.strip()] = value.strip()
     python = env.get("PYSPARK_PYTHON")
     if python:
         settings_conf["spark.pyspark.python"] = python
@@ -160,4 +166,9 @@ def run(line: list[str], env: dict[str, str] | None = None) -> int:
     # spark-submit must not find this process's gateway (a CLI started from inside a Spark driver).
     env.pop("PYSPARK_GATEWAY_PORT", None)
     env.pop("PYSPARK_GATEWAY_SECRET", None)
+    if line[line.index("--master") + 1] == "yarn":
+        # Spark's YARN client puts this environment's PYTHONPATH ahead of --py-files in the containers' (the
+        # application master's and the executors'): a checkout on it would win over the zip on a NodeManager
+        # that has the same folder (eventlake's mini cluster runs here).
+        env.pop("PYTHONPATH", None)
     return subprocess.call(line, env=env)

@@ -87,6 +87,11 @@ class Settings:
     spark_cluster_workers: int = 2
     spark_cluster_worker_cores: int = 1
     spark_cluster_worker_memory: str = "2g"
+    # The local YARN mini cluster with HDFS (`eventlake yarn up`): the NameNode's RPC port (fs.defaultFS), its web UI
+    # on the next, then the ResourceManager's client, scheduler, resource-tracker, admin and web (REST) ports.
+    yarn_port: int = 18020
+    yarn_nodemanager_memory_mb: int = 8192
+    yarn_nodemanager_vcores: int = 8
     spark_shuffle_partitions: int = 4
     spark_driver_memory: str = "2g"
     # A batch this big (~600 MB cached for 1M events) amortises the per-batch Delta commits: bench/projection.py

@@ -83,3 +83,22 @@ def test_what_cannot_be_submitted_is_refused_with_the_reason(settings, tmp_path)
     bare = settings.replace(cache_dir=tmp_path / "empty-cache")
     with pytest.raises(spark_submit.SubmitError, match="run `eventlake setup` once"):
         spark_submit.submit_command(bare, "projection")
+
+
+def test_a_yarn_line_takes_the_spark_settings_eventlake_yarn_up_wrote_next_to_the_hadoop_conf(settings, tmp_path):
+    conf_dir = tmp_path / "hadoop-conf"
+    conf_dir.mkdir()
+    (conf_dir / "eventlake-spark.conf").write_text("# a comment\nspark.yarn.jars=local:/opt/spark/jars/*\n"
+                                                  "spark.executor.memory=1g\n")
+    env = {"HADOOP_CONF_DIR": str(conf_dir)}
+    confs = lambda line: {line[i + 1] for i, arg in enumerate(line) if arg == "--conf"}  # noqa: E731
+    line = spark_submit.submit_command(settings, "projection", master="yarn", env=env,
+                                       conf={"spark.executor.memory": "2g"})
+    assert "spark.yarn.jars=local:/opt/spark/jars/*" in confs(line)
+    assert "spark.executor.memory=2g" in confs(line) and "spark.executor.memory=1g" not in confs(line)  # --conf wins
+    assert not any("comment" in c for c in confs(line))
+    # Another master, or no such file: nothing of it.
+    assert not any(c.startswith("spark.yarn.jars") for c in confs(spark_submit.submit_command(
+        settings, "projection", master="spark://127.0.0.1:7077", env=env)))
+    assert not any(c.startswith("spark.yarn.jars") for c in confs(spark_submit.submit_command(
+        settings, "projection", master="yarn", env={"HADOOP_CONF_DIR": str(tmp_path)})))
