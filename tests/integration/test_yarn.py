@@ -26,7 +26,7 @@ from tests.integration.services import WORKTREE
 from tests.integration.test_kafka_cluster import _free_port_run
 from tests.oracle import assert_matches_oracle
 
-pytestmark = pytest.mark.heavy
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 _DELTA_JOB = Path(__file__).resolve().parent / "yarn_delta_job.py"
 
