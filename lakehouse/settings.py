@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from lakehouse.storage import Location, location
+from lakehouse.storage import Location, is_remote, location
 
 __all__ = ["Settings", "SettingsError", "PROJECT_ROOT", "SECURITY_MODES", "SASL_MECHANISMS"]
 
@@ -276,6 +276,11 @@ def _coerce(name: str, type_name: object, value: object) -> object:
         if not isinstance(value, Mapping) or not all(isinstance(v, (str, int, float, bool)) for v in value.values()):
             raise SettingsError(f"setting {name}={value!r}: expected an object of names to strings")
         return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+    if "Path" in type_text and value is not None and is_remote(str(value)):
+        # A URI taken as a local folder named "hdfs:" would hide where the data went.
+        hint = ("; the tables and checkpoints take a URI: EVENTLAKE_WAREHOUSE_URI, EVENTLAKE_CHECKPOINTS_URI"
+                if name == "home" else "")
+        raise SettingsError(f"setting {name}={value!r}: a local folder is needed here, not a URI{hint}")
     try:
         if value is None:
             return None

@@ -4,9 +4,9 @@ projection --master yarn` runs the projection with its executors in YARN contain
 the oracle; a Spark app on YARN writes a Delta table to hdfs://, and Spark and delta-rs (its own HDFS client, no
 JVM) read the same rows back. The ResourceManager lists both apps FINISHED / SUCCEEDED.
 
-The warehouse of the projection is on the local disk (EVENTLAKE_HOME a local folder; the NodeManager runs on this
-machine): the settings' paths are local Paths today, so the platform's tables are not on HDFS yet (README,
-"YARN (Hadoop's mini cluster, tried here)").
+The first projection keeps its warehouse on the local disk (the NodeManager runs on this machine); the last test
+puts the platform's tables and checkpoints on the cluster's HDFS (EVENTLAKE_WAREHOUSE_URI / _CHECKPOINTS_URI), the
+projection on YARN writes them there and `eventlake check --reconcile` and `query` read them there.
 """
 from __future__ import annotations
 
@@ -125,3 +125,41 @@ def test_a_delta_table_on_hdfs_written_on_yarn_reads_back_in_spark_and_delta_rs(
     table = DeltaTable(uri)
     rows = table.to_pyarrow_table()
     assert (table.version(), rows.num_rows, sum(rows.column("amount_minor").to_pylist())) == (1, 1000, 1498643)
+
+
+def test_the_platforms_tables_and_checkpoints_on_hdfs(yarn, spark, settings):
+    """EVENTLAKE_WAREHOUSE_URI and EVENTLAKE_CHECKPOINTS_URI on the mini cluster's HDFS: the projection on YARN
+    writes every read model there (equal to the oracle), and the JVM-less readers (`eventlake check --reconcile`,
+    `eventlake query`) read them there through delta-rs' own HDFS client."""
+    conf_dir, fs_uri, web, _ = yarn
+    events = interleaved(
+        events_for(GeneratorConfig(accounts=20, commands=240, seed=14, run_id="yh", late_rate=0.03), flag_every=7),
+        iot_events_for(IotGeneratorConfig(devices=8, minutes=10, seed=14, run_id="yh"), flag_every=11))
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    producer = kafka_log.make_producer(settings)
+    kafka_log.produce_all(producer, settings.events_topic, [(e.aggregate_id, e.to_json()) for e in events])
+    producer.close()
+    root = f"{fs_uri}/eventlake-test/{settings.topic_prefix.strip('.')}"
+    on_hdfs = settings.replace(warehouse_uri=f"{root}/warehouse", checkpoints_uri=f"{root}/checkpoints")
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVENTLAKE_", "HADOOP_"))}
+    env.update(KAFKA_BOOTSTRAP_SERVERS=settings.bootstrap_servers, EVENTLAKE_HOME=str(settings.home),
+               EVENTLAKE_WAREHOUSE_URI=str(on_hdfs.warehouse), EVENTLAKE_CHECKPOINTS_URI=str(on_hdfs.checkpoints),
+               EVENTLAKE_TOPIC_PREFIX=settings.topic_prefix, EVENTLAKE_SPARK_SHUFFLE_PARTITIONS="2",
+               EVENTLAKE_SPARK_DRIVER_MEMORY="1g", HADOOP_CONF_DIR=conf_dir, PYTHONPATH=str(WORKTREE))
+
+    def eventlake(*args, timeout=1800):
+        done = subprocess.run([sys.executable, "-m", "eventlake.cli", *args], env=env, cwd=WORKTREE,
+                              capture_output=True, text=True, timeout=timeout)
+        assert done.returncode == 0, _why(done)
+        return done.stdout
+
+    eventlake("spark-submit", "projection", "--master", "yarn", "--", "--until-caught-up")
+    assert _finished_apps(web).get("eventlake-projection", ())[:2] == ("FINISHED", "SUCCEEDED"), _finished_apps(web)
+    assert_matches_oracle(spark, on_hdfs, events)
+    assert not (settings.home / "warehouse").exists() and not (settings.home / "checkpoints").exists()
+    checked = eventlake("check", "--reconcile", "account_summary", "device_status", timeout=600)
+    assert "check: all passed" in checked and f"of {on_hdfs.warehouse}/account_summary" in checked, checked
+    accounts = len({e.aggregate_id for e in events if e.aggregate_type == "account"})
+    out = eventlake("query", "--format", "csv", "SELECT count(*) AS n FROM account_summary", timeout=600)
+    assert out.split() == ["n", str(accounts)], out

@@ -86,3 +86,9 @@ def test_the_settings_take_the_warehouse_and_checkpoints_as_uris_with_storage_op
     assert local.warehouse == tmp_path / "warehouse" and local.checkpoints == tmp_path / "checkpoints"
     with pytest.raises(SettingsError, match="storage_options: not a JSON object"):
         Settings.load({"EVENTLAKE_STORAGE_OPTIONS": "AWS_REGION=eu"})
+
+
+def test_a_uri_where_a_local_folder_is_needed_is_refused_naming_the_setting_to_use():
+    with pytest.raises(SettingsError, match="home='hdfs://nn:8020/x': a local folder is needed here, not a URI; "
+                                            "the tables and checkpoints take a URI: EVENTLAKE_WAREHOUSE_URI"):
+        Settings.load({"EVENTLAKE_HOME": "hdfs://nn:8020/x"})
