@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eventlake.processes import pid_alive, read_pid, terminate
+from infra.maven import copy_dependencies
 from lakehouse.kafka_security import kafka_python_config, write_credentials
 from lakehouse.settings import SASL_MECHANISMS, Settings
 
@@ -99,25 +100,7 @@ def libs_dir(settings: Settings) -> Path:
 
 def resolve_libs(settings: Settings, log=print) -> Path:
     """Copy the broker's jars from Maven Central (through ~/.m2) into the cache; no-op when present."""
-    target = libs_dir(settings)
-    marker = target / ".complete"
-    if marker.exists() and marker.read_text() == POM.read_text():
-        return target
-    if shutil.which("mvn") is None:
-        raise KafkaError("Maven (mvn) is needed once to fetch Apache Kafka's jars; install it (apt-get install maven)")
-    log(f"kafka: resolving broker jars from Maven Central into {target} (once) ...")
-    if target.exists():
-        shutil.rmtree(target)
-    target.mkdir(parents=True)
-    cmd = ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-           f"-DoutputDirectory={target}", "-DincludeScope=runtime"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        shutil.rmtree(target, ignore_errors=True)
-        raise KafkaError(f"resolving Kafka jars failed ({' '.join(cmd)}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    marker.write_text(POM.read_text())
-    log(f"kafka: {len(list(target.glob('*.jar')))} jars in {target}")
-    return target
+    return copy_dependencies(POM, libs_dir(settings), "Apache Kafka's broker jars", KafkaError, "kafka", log)
 
 
 def _paths(settings: Settings, node_id: int = 1) -> dict[str, Path]:

@@ -29,7 +29,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from eventlake.processes import pid_alive, read_pid, terminate
+from eventlake.processes import read_pid, terminate
+from infra.maven import copy_dependencies
 from lakehouse.settings import Settings
 
 __all__ = ["YarnStatus", "YarnError", "resolve_libs", "up", "down", "status", "spark_conf", "SPARK_CONF_FILE"]
@@ -106,27 +107,7 @@ def rm_web(settings: Settings) -> str:
 
 def resolve_libs(settings: Settings, log=print) -> Path:
     """Copy the mini cluster's jars from Maven Central (through ~/.m2) into the cache; no-op when present."""
-    target = libs_dir(settings)
-    marker = target / ".complete"
-    if marker.exists() and marker.read_text() == POM.read_text():
-        return target
-    if shutil.which("mvn") is None:
-        raise YarnError("Maven (mvn) is needed once to fetch Hadoop's mini cluster jars; install it "
-                        "(apt-get install maven)")
-    log(f"yarn: resolving Hadoop's mini cluster jars from Maven Central into {target} (once) ...")
-    if target.exists():
-        shutil.rmtree(target)
-    target.mkdir(parents=True)
-    cmd = ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies", f"-DoutputDirectory={target}",
-           "-DincludeScope=runtime"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        shutil.rmtree(target, ignore_errors=True)
-        raise YarnError(f"resolving the mini cluster's jars failed ({' '.join(cmd)}):\n"
-                        f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    marker.write_text(POM.read_text())
-    log(f"yarn: {len(list(target.glob('*.jar')))} jars in {target}")
-    return target
+    return copy_dependencies(POM, libs_dir(settings), "Hadoop's mini cluster jars", YarnError, "yarn", log)
 
 
 def _compile(settings: Settings, libs: Path) -> Path:
