@@ -250,8 +250,6 @@ def _read_commands(text: str, source: str) -> list:
 
 
 def _cmd_submit(settings: Settings, args) -> int:
-    import json
-
     from event_store.client import EventStore, as_command
     from event_store.errors import InvalidRecord
 
@@ -368,10 +366,24 @@ def _cmd_project(settings: Settings, args) -> int:
 
 
 def _cmd_detect_fraud(settings: Settings, args) -> int:
-    from spark_apps import fraud_detector
-
     _require_broker(settings)
-    return fraud_detector.main(["--until-caught-up"] if args.until_caught_up else [])
+    if args.engine == "spark":
+        from spark_apps import fraud_detector
+
+        return fraud_detector.main(["--until-caught-up"] if args.until_caught_up else [])
+    from event_store.account.fraud_consumer import FraudConsumer
+    from event_store.kafka_access import check_access
+    from lakehouse.signals import stop_requested_on_sigterm
+
+    check_access(settings, timeout_s=5.0, require_answer=False)
+    detector = FraudConsumer(settings, log=lambda message: print(message, flush=True))
+    stop_requested_on_sigterm(detector.stop)  # ends run() within seconds, whatever it waits for
+    try:
+        stats = detector.run(until_caught_up=args.until_caught_up)
+    except KeyboardInterrupt:
+        stats = detector.stats
+    print(f"fraud detector: {stats.line()}; findings are FlagFraud commands on {settings.commands_topic}")
+    return 0
 
 
 def _cmd_detect_anomalies(settings: Settings, args) -> int:
@@ -742,6 +754,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("detect-fraud", help="run the fraud detector (events -> FlagFraud commands)")
     p.add_argument("--until-caught-up", action="store_true", help="process what the log holds now, then stop")
+    p.add_argument("--engine", choices=("python", "spark"), default="python",
+                   help="python (default): a Kafka consumer, findings within a second, state snapshots in the "
+                        "checkpoints folder; spark: the Structured Streaming app (what spark-submit runs on a "
+                        "cluster), seconds per micro-batch")
     p.set_defaults(run=_cmd_detect_fraud)
 
     p = sub.add_parser("detect-anomalies", help="run the telemetry detector (device events -> FlagTelemetryAnomaly "
@@ -884,5 +900,36 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
+def entry() -> None:
+    """The ``eventlake`` command: ``main``, then an exit that skips the interpreter's final teardown.
+
+    Python's own exit runs the C++ destructors of the native libraries loaded (pyarrow, delta-rs); their worker
+    threads, still running then, sometimes abort the process ("terminate called without an active exception",
+    status -6) after the command printed its result: a passed check ended as a crash. So the command waits for
+    its own threads and runs its exit handlers (pyspark's among them) as usual, flushes its output, and ends the
+    process there (``os._exit``), before any native destructor runs."""
+    import atexit
+    import os
+    import threading
+
+    try:
+        status = main()
+    except SystemExit as e:  # argparse, --help
+        status = e.code
+    except KeyboardInterrupt:
+        status = 130
+    code = status if isinstance(status, int) else (0 if status is None else 1)
+    if status is not None and not isinstance(status, int):
+        print(status, file=sys.stderr)
+    threading._shutdown()  # what the interpreter would do first: wait for the non-daemon threads
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

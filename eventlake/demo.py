@@ -29,7 +29,7 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, devi
     from expectations.checks import context, verdict
     from infra import kafka
     from event_store.account.policy import FraudPolicy
-    from spark_apps.fraud_detector import FraudDetector
+    from event_store.account.fraud_consumer import FraudConsumer
     from spark_apps.telemetry_detector import TelemetryDetector
     from spark_apps.projection import Projection
     from spark_apps.session import build_session
@@ -69,18 +69,20 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, devi
         stats = handler.run(until_caught_up=True)
     step(f"command handler: {stats.line()}")
 
-    spark = build_session(settings, app_name="eventlake-demo", log=log)
-    step("spark session ready")
     # The fraud loop: detector -> FlagFraud -> handler records FraudSuspected -> policy -> FreezeAccount -> handler.
-    FraudDetector(spark, settings, log=quiet).start(until_caught_up=True).awaitTermination()
+    # The detector is `eventlake detect-fraud`'s default engine, a Kafka consumer (no JVM).
+    detected = FraudConsumer(settings, log=quiet).run(until_caught_up=True)
     with CommandHandler(settings, log=quiet) as handler:
         flagged = handler.run(until_caught_up=True)
-    step(f"fraud detector: {flagged.accepted} FlagFraud commands accepted "
-         f"({flagged.duplicates} repeats answered as duplicates) -> FraudSuspected events")
+    step(f"fraud detector: {detected.observed} payments and device reports read; {flagged.accepted} FlagFraud "
+         f"commands accepted ({flagged.duplicates} repeats answered as duplicates) -> FraudSuspected events")
     policy = FraudPolicy(settings, log=quiet).run(until_caught_up=True)
     with CommandHandler(settings, log=quiet) as handler:
         frozen = handler.run(until_caught_up=True)
     step(f"fraud policy: {policy.line()}; handler: {frozen.events} AccountFrozen events")
+
+    spark = build_session(settings, app_name="eventlake-demo", log=log)
+    step("spark session ready")
     # The device's detector: out-of-range runs and silent devices (an event-time timer) -> FlagTelemetryAnomaly.
     TelemetryDetector(spark, settings, log=quiet).start(until_caught_up=True).awaitTermination()
     with CommandHandler(settings, log=quiet) as handler:

@@ -80,6 +80,9 @@ class Settings:
     # its clock: one event dated far ahead would move every event-time watermark past all later events.
     max_event_time_ahead_s: int = 900
     policy_group_id: str = "eventlake-fraud-policy"
+    # The consumer group of the fraud detector's instances (``eventlake detect-fraud``); "" means
+    # "<topic prefix>fraud-detector".
+    fraud_detector_group_id: str = ""
     spark_master: str = "local[2]"
     # The local Spark standalone cluster (`eventlake spark-cluster up`): its master listens on this port, its web UI
     # on the next, worker i's web UI on port + 1 + i.
@@ -170,6 +173,10 @@ class Settings:
     @property
     def commands_topic(self) -> str:
         return self.topic("commands")
+
+    @property
+    def fraud_detector_group(self) -> str:
+        return self.fraud_detector_group_id or f"{self.topic_prefix}fraud-detector"
 
     @property
     def events_topic(self) -> str:

@@ -103,3 +103,15 @@ def test_the_fraud_detector_keeps_its_state_and_checkpoint_at_the_uri(spark, at_
     assert flags and all(c.command_type == "FlagFraud" for c in flags)
     assert any((store / "checkpoints" / "fraud-detector" / "offsets").iterdir())
     assert not (settings.home / "checkpoints").exists()
+
+
+def test_the_fraud_detector_consumer_keeps_its_state_snapshots_at_the_uri(at_uri):
+    from event_store.account.fraud_consumer import SNAPSHOT_FOLDER, FraudConsumer
+
+    settings, _, store, _ = at_uri
+    first = FraudConsumer(settings, **QUIET).run(until_caught_up=True)
+    assert first.observed and first.snapshots
+    assert sorted(p.name for p in (store / "checkpoints" / SNAPSHOT_FOLDER).iterdir() if p.name.endswith(".json"))
+    again = FraudConsumer(settings, **QUIET).run(until_caught_up=True)  # from the snapshots at the URI
+    assert again.observed == 0 and again.findings == 0
+    assert not (settings.home / "checkpoints").exists()

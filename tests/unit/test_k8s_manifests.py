@@ -198,7 +198,7 @@ def _set(path: str, value):
     ("SparkApplication", "projection", _set("spec.driver.cores", "1"), "spec.driver.cores"),
     ("SparkApplication", "projection", _set("spec.executor.instance", 2), "instance"),
     ("SparkApplication", "projection", _set("spec.sparkConf.[spark.ui.enabled]", False), "spark.ui.enabled"),
-    ("SparkApplication", "fraud-detector", _set("metadata.labels", {"app": 1}), "metadata"),
+    ("SparkApplication", "telemetry-detector", _set("metadata.labels", {"app": 1}), "metadata"),
 ])
 def test_a_broken_manifest_is_refused(kind, name, change, expected):
     doc = copy.deepcopy(_one(kind, name))
@@ -302,6 +302,14 @@ def _cli_services() -> dict[str, object]:
             if any("--until-caught-up" in a.option_strings for a in sub._actions)}
 
 
+def _default_engine(command: str) -> str | None:
+    """The default of the subcommand's ``--engine`` option (None: it has none)."""
+    from eventlake.cli import build_parser
+
+    [subparsers] = [a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction"]
+    return next((a.default for a in subparsers.choices[command]._actions if a.dest == "engine"), None)
+
+
 def _spark_entry_points() -> set[str]:
     """The long-running spark-submit targets: modules of spark_apps/ that run as a script and as a service (an
     ``--until-caught-up`` option or ``run_service``). One-shot jobs (the rebuild) have no standing manifest: they
@@ -319,14 +327,19 @@ def test_every_service_the_cli_runs_has_a_manifest():
     app_files = {app["spec"]["mainApplicationFile"].rsplit("/", 1)[1]: app for app in _of_kind("SparkApplication")}
     deployed = {tuple(c["args"][:2]) for d in _of_kind("Deployment") for c in d["spec"]["template"]["spec"]
                 ["containers"]}
+    spark_engines = set()  # Spark apps a service runs only when asked (--engine spark): spark-submit them
     for command, run in services.items():
         spark_app = re.search(r"from spark_apps import (\w+)", inspect.getsource(run))
-        if spark_app:
+        if spark_app and _default_engine(command) != "python":
             assert f"{spark_app.group(1)}.py" in app_files, f"`eventlake {command}` has no SparkApplication"
         else:
             assert ("eventlake", command) in deployed, f"`eventlake {command}` has no Deployment"
-    # ... and every spark-submit target of spark_apps/ is a SparkApplication, from the image's copy of the code.
-    assert set(app_files) == _spark_entry_points()
+            assert not spark_app or f"{spark_app.group(1)}.py" not in app_files, f"`eventlake {command}` runs twice"
+            if spark_app:
+                spark_engines.add(f"{spark_app.group(1)}.py")
+    assert "fraud_detector.py" in spark_engines  # the CLI as this test knows it
+    # ... and every other spark-submit target of spark_apps/ is a SparkApplication, from the image's copy of the code.
+    assert set(app_files) == _spark_entry_points() - spark_engines
     for module, app in app_files.items():
         assert app["spec"]["mainApplicationFile"] == f"local:///opt/eventlake/spark_apps/{module}"
     assert "COPY spark_apps ./spark_apps" in (K8S / "Dockerfile").read_text()

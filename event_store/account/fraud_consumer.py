@@ -1,0 +1,342 @@
+"""The fraud detector as a plain Kafka consumer: the rules of ``fraud_rules`` per account, findings in well under a
+second, no JVM. What ``eventlake detect-fraud`` runs by default; ``spark_apps.fraud_detector`` is the same detector as
+a Structured Streaming app (``--engine spark``, and ``eventlake spark-submit fraud-detector`` on a cluster).
+
+A Spark micro-batch has a floor of seconds (bench/freshness.py measured a payment -> ``FraudSuspected`` p50 of 6 s
+with it); this consumer polls the events topic (``read_committed``), folds each account's new events in version
+order through ``detect`` and sends each finding at once as a ``FlagFraud`` command, like the Spark app (the same
+command: id derived from payment and rule, so a repeat is answered by the handler as a duplicate).
+
+**State and restarts.** Each account's ``FraudState`` lives in memory, per partition of the events topic (an
+account's events are in one partition). Every ``snapshot_every_s`` seconds, on a stop and when a partition is
+taken away, the state of each partition is written with the offset it is complete up to, *after* every finding
+up to that offset was delivered: ``<checkpoints>/fraud-detector-consumer/partition-<n>.json`` (local folders and
+storage URIs alike, ``lakehouse.storage``; written whole and renamed into place). A partition assigned to this
+consumer starts from its snapshot (state and offset), or from the log's start without one. After a crash the
+events since the snapshot are read again: the state skips nothing it had not seen (``detect`` ignores versions it
+has folded), and the findings they cause again carry the same command ids. So no finding is lost and none is
+recorded twice.
+
+**Scale-out.** Instances share the consumer group ``<topic prefix>fraud-detector`` (``fraud_detector_group_id``):
+each owns some partitions and their snapshots; a rebalance hands a partition over with its snapshot. The group's
+committed offsets mirror the snapshots (for lag tools); they are never read back.
+
+**Bad records** (not JSON, not a valid event: written around the handler) are skipped with a line naming partition,
+offset and reason; they are the projection's dead letters, not the detector's.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Callable, Iterable
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+
+from event_store import kafka_clients, kafka_log
+from event_store.account import AGGREGATE_TYPE
+from event_store.account.fraud_rules import FraudState, Observation, detect, flag_command_id
+from event_store.envelope import CommandEnvelope, EventEnvelope, format_time, parse_time, utc_now
+from event_store.errors import InvalidRecord
+from lakehouse.settings import Settings
+
+__all__ = ["FraudConsumer", "FraudStats", "findings_for", "encode_state", "decode_state", "SNAPSHOT_FOLDER",
+           "observation"]
+
+SNAPSHOT_FOLDER = "fraud-detector-consumer"
+INPUT_TYPES = frozenset({"PaymentAuthorized", "PaymentDeclined", "DeviceLocationReported"})
+_CALL_TIMEOUT_S = 5.0
+_MAX_RECORDS = 5_000
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def encode_state(state: FraudState) -> list:
+    return [state.last_version, state.max_amount, [list(a) for a in state.attempts], [list(d) for d in state.devices]]
+
+
+def decode_state(value: list) -> FraudState:
+    last_version, max_amount, attempts, devices = value
+    return FraudState(last_version, max_amount, tuple(map(tuple, attempts)), tuple(map(tuple, devices)))
+
+
+def _time_ms(occurred_at: str) -> int:
+    """Epoch milliseconds of an event time, truncated toward zero like the Spark app's ``unix_micros / 1000``."""
+    delta = parse_time(occurred_at, "occurred_at") - _EPOCH
+    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return micros // 1000 if micros >= 0 else -((-micros) // 1000)
+
+
+def observation(event: EventEnvelope) -> Observation:
+    p = event.payload
+    amount = p.get("amount_minor")
+    return Observation(event.event_type, int(event.aggregate_version), _time_ms(event.occurred_at),
+                       p.get("payment_id"), None if amount is None else int(amount), p.get("location"))
+
+
+def findings_for(states: dict[str, FraudState], events: Iterable[EventEnvelope]) -> list[CommandEnvelope]:
+    """Pure: fold ``events`` (any order; each account's in version order, as the Spark app sorts a batch) into
+    ``states`` (changed in place) and return the ``FlagFraud`` commands of the findings, in the order found."""
+    by_account: dict[str, list[EventEnvelope]] = defaultdict(list)
+    for e in events:
+        by_account[e.aggregate_id].append(e)
+    commands = []
+    issued_at = utc_now()
+    for account, account_events in by_account.items():
+        state = states.get(account) or FraudState()
+        for e in sorted(account_events, key=lambda e: e.aggregate_version):
+            state, found = detect(state, observation(e))
+            for f in found:
+                command_id = flag_command_id(f.payment_id, f.rule)
+                occurred = format_time(_EPOCH + timedelta(milliseconds=f.time_ms))
+                commands.append(CommandEnvelope(
+                    command_id=command_id, command_type="FlagFraud", aggregate_id=account,
+                    aggregate_type=AGGREGATE_TYPE,
+                    payload={"payment_id": f.payment_id, "rule": f.rule, "evidence": f.evidence,
+                             "occurred_at": occurred},
+                    issued_at=issued_at, correlation_id=command_id, causation_id="fraud-detector"))
+        states[account] = state
+    return commands
+
+
+@dataclass
+class FraudStats:
+    events: int = 0
+    observed: int = 0
+    findings: int = 0
+    skipped: int = 0
+    snapshots: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def line(self) -> str:
+        return (f"{self.events} events read ({self.observed} payments and device reports), {self.findings} FlagFraud "
+                f"commands sent, {self.skipped} unreadable events skipped, {self.snapshots} state snapshots written")
+
+
+class _Partition:
+    """What this consumer holds of one partition: its accounts' states and the offset they are complete up to."""
+
+    def __init__(self, states: dict[str, FraudState], offset: int):
+        self.states = states
+        self.offset = offset          # the next offset to fold (state complete below it)
+        self.saved_offset = offset    # the offset of the snapshot on storage
+
+
+class FraudConsumer:
+    """Consume events, send ``FlagFraud`` commands. ``run()`` until stopped, or until caught up.
+
+    Like the fraud policy: a broker that goes away is waited out (librdkafka reconnects by itself), commands the
+    broker did not take are sent again, and ``stop()`` (SIGTERM) ends ``run()`` within seconds whatever it waits
+    for. A snapshot is written only after every finding before its offset was delivered."""
+
+    def __init__(self, settings: Settings, log: Callable[[str], None] = print, snapshot_every_s: float = 10.0):
+        self.settings = settings
+        self.log = log
+        self.snapshot_every_s = snapshot_every_s
+        self.stats = FraudStats()
+        self.folder = settings.checkpoints / SNAPSHOT_FOLDER
+        self._stopping = threading.Event()
+        self._partitions: dict[int, _Partition] = {}
+        self._undelivered: list[tuple[bytes, bytes, KafkaError]] = []
+        self._at_end: set[int] = set()
+        self._broker_error: str | None = None
+        self._producer = None
+        self._consumer = None
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    # -- snapshots -------------------------------------------------------------------------------------------
+    def _snapshot_path(self, partition: int):
+        return self.folder / f"partition-{partition}.json"
+
+    def _load(self, partition: int) -> _Partition:
+        path = self._snapshot_path(partition)
+        try:
+            if not path.exists():
+                return _Partition({}, OFFSET_BEGINNING)
+            snapshot = json.loads(path.read_bytes())
+        except (OSError, ValueError) as e:
+            raise RuntimeError(f"fraud detector: cannot read the state snapshot {path}: {e}; move it away to "
+                               f"rebuild the state of partition {partition} from the log's start") from None
+        if snapshot.get("topic") != self.settings.events_topic:
+            raise RuntimeError(f"fraud detector: the state snapshot {path} is of topic {snapshot.get('topic')!r}, "
+                               f"not {self.settings.events_topic!r}; move it away to start over")
+        states = {account: decode_state(value) for account, value in snapshot["states"].items()}
+        return _Partition(states, int(snapshot["offset"]))
+
+    def _save(self, partition: int, held: _Partition) -> None:
+        if held.offset == held.saved_offset or held.offset < 0:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        data = json.dumps({"topic": self.settings.events_topic, "partition": partition, "offset": held.offset,
+                           "written_at": utc_now(),
+                           "states": {a: encode_state(s) for a, s in held.states.items()}},
+                          separators=(",", ":")).encode()
+        path = self._snapshot_path(partition)
+        partial = self.folder / f"partition-{partition}.json.partial"
+        partial.write_bytes(data)
+        partial.replace(path)
+        held.saved_offset = held.offset
+        self.stats.snapshots += 1
+
+    def _save_all(self) -> None:
+        """Snapshots of every held partition; only call when every finding so far is delivered."""
+        committed = []
+        for partition, held in self._partitions.items():
+            self._save(partition, held)
+            if held.saved_offset >= 0:
+                committed.append(TopicPartition(self.settings.events_topic, partition, held.saved_offset))
+        if committed and self._consumer is not None:
+            try:  # for lag tools only: never read back
+                self._consumer.commit(offsets=committed, asynchronous=True)
+            except KafkaException:
+                pass
+
+    # -- the group's callbacks (called from inside consume(), on this thread) ---------------------------------
+    def _on_assign(self, consumer, partitions: list[TopicPartition]) -> None:
+        starts = []
+        for tp in partitions:
+            held = self._load(tp.partition)
+            self._partitions[tp.partition] = held
+            self._at_end.discard(tp.partition)
+            starts.append(TopicPartition(tp.topic, tp.partition, held.offset))
+            where = "the log's start" if held.offset < 0 else f"offset {held.offset}"
+            self.log(f"fraud detector: partition {tp.partition} from {where} ({len(held.states)} accounts' state)")
+        consumer.incremental_assign(starts)
+
+    def _on_revoke(self, consumer, partitions: list[TopicPartition]) -> None:
+        if self._producer is not None:
+            self._producer.flush(_CALL_TIMEOUT_S)
+        delivered = not self._undelivered and (self._producer is None or len(self._producer) == 0)
+        for tp in partitions:
+            held = self._partitions.pop(tp.partition, None)
+            if held is not None and delivered:
+                self._save(tp.partition, held)  # else the next owner reads from the older snapshot: ids repeat
+            self._at_end.discard(tp.partition)
+        consumer.incremental_unassign(partitions)
+
+    # -- the loop --------------------------------------------------------------------------------------------
+    def run(self, until_caught_up: bool = False, max_seconds: float | None = None) -> FraudStats:
+        s = self.settings
+        kafka_log.ensure_topics(s, log=self.log)
+        self._consumer = consumer = kafka_clients.group_reader(s, s.fraud_detector_group, on_error=self._on_error)
+        self._producer = producer = kafka_clients.bulk_producer(s, on_failed_delivery=self._on_failed_delivery)
+        consumer.subscribe([s.events_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                           on_lost=self._on_revoke)
+        self.log(f"fraud detector: reading {s.events_topic}, flagging to {s.commands_topic} (state snapshots in "
+                 f"{self.folder})")
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        last_snapshot = time.monotonic()
+        stopped = False
+        try:
+            while not self._stopping.is_set() and (deadline is None or time.monotonic() < deadline):
+                records = self._records(consumer.consume(num_messages=_MAX_RECORDS, timeout=0.1))
+                if records:
+                    commands = self._fold(records)
+                    if not self._send(producer, commands):
+                        stopped = True
+                        break
+                    for r in records:  # delivered: the states are complete up to these offsets
+                        held = self._partitions.get(r.partition())
+                        if held is not None:
+                            held.offset = max(held.offset, r.offset() + 1)
+                elif until_caught_up and self._caught_up(consumer):
+                    break
+                if time.monotonic() - last_snapshot >= self.snapshot_every_s:
+                    self._save_all()
+                    last_snapshot = time.monotonic()
+            if not stopped:
+                self._save_all()
+        finally:
+            producer.flush(_CALL_TIMEOUT_S)
+            _close_within(consumer, _CALL_TIMEOUT_S)
+        return self.stats
+
+    def _records(self, messages: list) -> list:
+        records = []
+        for m in messages:
+            error = m.error()
+            if error is None:
+                self._at_end.discard(m.partition())
+                if m.partition() in self._partitions:
+                    records.append(m)
+            elif error.code() == KafkaError._PARTITION_EOF:
+                self._at_end.add(m.partition())
+            elif error.fatal() or not error.retriable():
+                raise KafkaException(error)
+            else:
+                self._on_error(error)
+        if records and self._broker_error is not None:
+            self.log(f"fraud detector: reading events again after: {self._broker_error}")
+            self._broker_error = None
+        return records
+
+    def _fold(self, records: list) -> list[CommandEnvelope]:
+        by_partition: dict[int, list[EventEnvelope]] = defaultdict(list)
+        for r in records:
+            self.stats.events += 1
+            value = r.value()
+            if not value or not any(t.encode() in value for t in INPUT_TYPES):
+                continue  # not one of the three event types (a cheap look before parsing)
+            try:
+                event = EventEnvelope.from_json(value)
+            except InvalidRecord as e:
+                self.stats.skipped += 1
+                self.log(f"fraud detector: skipped events record {r.partition()}/{r.offset()}: {e}")
+                continue
+            if event.event_type not in INPUT_TYPES or event.aggregate_type != AGGREGATE_TYPE:
+                continue
+            held = self._partitions[r.partition()]
+            if r.offset() < held.offset:
+                continue  # folded before (a re-delivery after a rebalance)
+            by_partition[r.partition()].append(event)
+        commands = []
+        for partition, events in by_partition.items():
+            self.stats.observed += len(events)
+            try:
+                commands += findings_for(self._partitions[partition].states, events)
+            except InvalidRecord as e:  # an event time the envelope let through but that is no time
+                self.stats.skipped += 1
+                self.log(f"fraud detector: skipped a batch of partition {partition}: {e}")
+        self.stats.findings += len(commands)
+        return commands
+
+    def _send(self, producer, commands: list[CommandEnvelope]) -> bool:
+        topic = self.settings.commands_topic
+        pending = [(c.aggregate_id.encode(), c.to_json()) for c in commands]
+        while pending:
+            for key, value in pending:
+                kafka_clients.produce(producer, topic, value, key)
+            while producer.flush(0.5) > 0:
+                if self._stopping.is_set():
+                    return False
+            failed, self._undelivered = self._undelivered, []
+            if failed:
+                self.log(f"fraud detector: {len(failed)} command(s) not delivered ({failed[0][2]}); sending again")
+                if self._stopping.wait(1.0):
+                    return False
+            pending = [(key, value) for key, value, _ in failed]
+        return True
+
+    def _caught_up(self, consumer) -> bool:
+        assigned = consumer.assignment()
+        return bool(assigned) and all(tp.partition in self._at_end for tp in assigned)
+
+    def _on_failed_delivery(self, error: KafkaError, message) -> None:
+        self._undelivered.append((message.key(), message.value(), error))
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            raise KafkaException(error)
+        if self._broker_error is None:
+            self._broker_error = error.str()
+            self.log(f"fraud detector: waiting for the broker: {error.str()}")
+
+
+def _close_within(consumer, timeout_s: float) -> None:
+    closing = threading.Thread(target=consumer.close, name="fraud-detector-close-consumer", daemon=True)
+    closing.start()
+    closing.join(timeout_s)
