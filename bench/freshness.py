@@ -24,7 +24,11 @@ took to catch up, its batches meanwhile, then the live measurement as above, and
 high-water mark of the resident set of its processes, its Spark JVM included).
 
     .venv/bin/python bench/freshness.py [--rate 2000] [--seconds 60] [--warm-up 30] [--accounts 2000]
-                                        [--probe-every 1.0] [--backlog 1000000]
+                                        [--probe-every 1.0] [--backlog 1000000] [--without projection]
+                                        [--fraud-engine python|spark]
+
+``--without projection`` leaves the read models' projection out (no freshness figure): the fraud latency with the
+cores not shared with Spark. ``--fraud-engine spark`` runs the fraud detector as its Structured Streaming app.
 """
 from __future__ import annotations
 
@@ -67,7 +71,7 @@ def figures(values: list[float], unit: str = "s") -> str:
 class Services:
     """The services as subprocesses in sessions of their own (their Spark JVMs with them), logs under home."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, without: tuple[str, ...] = (), fraud_engine: str = "python"):
         self.logs = settings.home / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLAKE_")}
@@ -79,6 +83,10 @@ class Services:
         env.setdefault("PYSPARK_PYTHON", sys.executable)
         self.processes: dict[str, subprocess.Popen] = {}
         for name, args in SERVICES.items():
+            if name in without:
+                continue
+            if name == "fraud-detector":
+                args = [*args, "--engine", fraud_engine]
             with open(self.logs / f"{name}.log", "wb") as out:
                 self.processes[name] = subprocess.Popen(
                     [sys.executable, "-m", "eventlake.cli", *args], cwd=ROOT, env=env, stdout=out,
@@ -101,7 +109,8 @@ class Services:
         return peaks
 
     def output(self, name: str) -> str:
-        return (self.logs / f"{name}.log").read_text(errors="replace")
+        log = self.logs / f"{name}.log"
+        return log.read_text(errors="replace") if log.exists() else ""
 
     def check(self) -> None:
         for name, process in self.processes.items():
@@ -211,6 +220,10 @@ def main() -> None:
     ap.add_argument("--probe-every", type=float, default=1.0)
     ap.add_argument("--keep", action="store_true", help="keep the run's home (logs, tables)")
     ap.add_argument("--json", type=Path, help="also write the measurements to this file (bench/report.py reads it)")
+    ap.add_argument("--without", nargs="*", choices=["projection"], default=[],
+                    help="leave these services out (without the projection: fraud latency alone, no freshness)")
+    ap.add_argument("--fraud-engine", choices=["python", "spark"], default="python",
+                    help="the fraud detector's engine (eventlake detect-fraud --engine)")
     ap.add_argument("--backlog", type=int, default=0,
                     help="generated events in the log before the services start: catch-up, then live")
     args = ap.parse_args()
@@ -240,7 +253,10 @@ def main() -> None:
         backlog = generated_events(args.backlog, 20_000, ROOT / ".cache" / "bench")
         publish(settings, backlog)
         print(f"backlog: {len(backlog):,} events in {settings.events_topic} before the services start", flush=True)
-    services = Services(settings)
+    projecting = "projection" not in args.without
+    if args.backlog and not projecting:
+        raise SystemExit("freshness bench: --backlog measures the projection's catch-up; it needs the projection")
+    services = Services(settings, tuple(args.without), args.fraud_engine)
     services_started = time.monotonic()
     print(f"freshness bench {run}: services starting (logs: {services.logs})", flush=True)
     try:
@@ -263,7 +279,7 @@ def main() -> None:
                                                                    "credit_limit_minor": 100_000,
                                                                    "currency": "USD"}), timeout_s=300)
         started = time.monotonic()
-        while probe_version(settings, probe) is None:  # the projection's first batch is in
+        while projecting and probe_version(settings, probe) is None:  # the projection's first batch is in
             services.check()
             if time.monotonic() - started > 600:
                 raise SystemExit("freshness bench: account_summary did not show the probe account within 600s")
@@ -325,7 +341,7 @@ def main() -> None:
             result = store.submit(command, timeout_s=60)
             accepted_at = time.time()
             accepted.append(accepted_at - sent_at)
-            if result.accepted:
+            if result.accepted and projecting:
                 with lock:
                     pending.append((result.version, sent_at, accepted_at))
             time.sleep(max(0.0, args.probe_every - (time.time() - sent_at)))
@@ -368,6 +384,7 @@ def main() -> None:
               + ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in peaks.items()))
         if args.json:
             args.json.write_text(json.dumps({"backlog": args.backlog, "peak_rss_mib": peaks,
+                "without": args.without, "fraud_engine": args.fraud_engine,
                 "rate": args.rate, "seconds": args.seconds, "accounts": args.accounts,
                 "accepted": [round(a, 3) for a in accepted],
                 "freshness": [[round(p[0] - measure_from, 3), round(p[2], 3)] for p in probes],

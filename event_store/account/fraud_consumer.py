@@ -44,7 +44,7 @@ from event_store.errors import InvalidRecord
 from lakehouse.settings import Settings
 
 __all__ = ["FraudConsumer", "FraudStats", "findings_for", "encode_state", "decode_state", "SNAPSHOT_FOLDER",
-           "observation"]
+           "observation", "snapshot_positions"]
 
 SNAPSHOT_FOLDER = "fraud-detector-consumer"
 INPUT_TYPES = frozenset({"PaymentAuthorized", "PaymentDeclined", "DeviceLocationReported"})
@@ -99,6 +99,24 @@ def findings_for(states: dict[str, FraudState], events: Iterable[EventEnvelope])
                     issued_at=issued_at, correlation_id=command_id, causation_id="fraud-detector"))
         states[account] = state
     return commands
+
+
+def snapshot_positions(settings: Settings) -> dict[int, tuple[int, str]]:
+    """partition -> (the offset its state snapshot is complete up to, when it was written); {} without any.
+    Unreadable snapshots are left out (the detector names them when it starts)."""
+    folder = settings.checkpoints / SNAPSHOT_FOLDER
+    out = {}
+    if not folder.exists():
+        return out
+    for path in folder.iterdir():
+        if not (path.name.startswith("partition-") and path.name.endswith(".json")):
+            continue
+        try:
+            snapshot = json.loads(path.read_bytes())
+            out[int(snapshot["partition"])] = (int(snapshot["offset"]), str(snapshot.get("written_at", "")))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
 
 
 @dataclass
@@ -218,6 +236,14 @@ class FraudConsumer:
             self._at_end.discard(tp.partition)
         consumer.incremental_unassign(partitions)
 
+    def _on_lost(self, consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions lost without a revoke (this consumer was out of its group too long): another instance may
+        own them already, so their state is dropped unsaved; their next owner starts from the last snapshot."""
+        for tp in partitions:
+            self._partitions.pop(tp.partition, None)
+            self._at_end.discard(tp.partition)
+        consumer.incremental_unassign(partitions)
+
     # -- the loop --------------------------------------------------------------------------------------------
     def run(self, until_caught_up: bool = False, max_seconds: float | None = None) -> FraudStats:
         s = self.settings
@@ -225,7 +251,7 @@ class FraudConsumer:
         self._consumer = consumer = kafka_clients.group_reader(s, s.fraud_detector_group, on_error=self._on_error)
         self._producer = producer = kafka_clients.bulk_producer(s, on_failed_delivery=self._on_failed_delivery)
         consumer.subscribe([s.events_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                           on_lost=self._on_revoke)
+                           on_lost=self._on_lost)
         self.log(f"fraud detector: reading {s.events_topic}, flagging to {s.commands_topic} (state snapshots in "
                  f"{self.folder})")
         deadline = None if max_seconds is None else time.monotonic() + max_seconds

@@ -83,6 +83,9 @@ def test_a_restarted_detector_keeps_each_accounts_state_in_its_snapshots(setting
     _publish(settings, events[split:])
     FraudConsumer(settings, **QUIET).run(until_caught_up=True)
     assert sorted((c.payload["payment_id"], c.payload["rule"]) for c in _flags(settings)) == sorted(EXPECTED)
+    from spark_apps.status import render
+
+    assert "fraud detector (eventlake detect-fraud): lag 0 events at its last state snapshots" in render(settings)
 
 
 def _random_stream(accounts: int, payments: int, seed: int = 7):
@@ -147,3 +150,35 @@ def test_killed_with_sigkill_mid_stream_and_started_again_no_finding_is_lost_or_
           again.output().splitlines()[-1])
     assert {(c.aggregate_id, c.payload["payment_id"], c.payload["rule"]) for c in flags} == expected
     assert all(c.command_id == flag_command_id(c.payload["payment_id"], c.payload["rule"]) for c in flags)
+
+
+@pytest.mark.slow
+def test_a_second_instance_takes_over_partitions_mid_stream_with_their_state(settings):
+    """Two detectors in one group (two pods of the Deployment): the second joins while the first is working, the
+    partitions it takes come with their snapshots, and together they flag exactly what the rules find."""
+    import threading
+
+    events = _random_stream(accounts=40, payments=3_000, seed=11)
+    expected = _oracle(events)
+    kafka_log.ensure_topics(settings, **QUIET)
+    half = len(events) // 2
+    _publish(settings, events[:half])
+    first, second = FraudConsumer(settings, **QUIET), FraudConsumer(settings, **QUIET)
+    threads = [threading.Thread(target=d.run, daemon=True) for d in (first, second)]
+    threads[0].start()
+    assert wait_for(lambda: first.stats.observed > 0, 60, every_s=0.2)
+    threads[1].start()
+    assert wait_for(lambda: second.stats.events > 0 or second._partitions, 60, every_s=0.2)
+    _publish(settings, events[half:])
+
+    def flagged():
+        return {(c.aggregate_id, c.payload["payment_id"], c.payload["rule"]) for c in _flags(settings)}
+
+    try:
+        assert wait_for(lambda: flagged() >= expected, 120, every_s=1), len(expected - flagged())
+    finally:
+        first.stop(), second.stop()
+        for t in threads:
+            t.join(30)
+    assert flagged() == expected
+    assert first.stats.observed and second.stats.observed  # both did part of the work
