@@ -394,9 +394,13 @@ def _cmd_detect_anomalies(settings: Settings, args) -> int:
 
 
 def _cmd_status(settings: Settings, args) -> int:
-    from spark_apps.status import render
+    from event_store.account.fraud_consumer import status_line
+    from spark_apps.status import log_end, render
 
     print(render(settings))
+    detector = status_line(settings, log_end(settings))
+    if detector:
+        print(detector)
     return 0
 
 

@@ -230,7 +230,6 @@ def render(settings: Settings) -> str:
         rate = "" if p.events_per_s is None else f", last batch {p.events_per_s:,.0f} events/s"
         lines.append(f"{p.name}: lag {lag} events; batch {p.last_batch} committed "
                      f"{p.committed_at:%Y-%m-%d %H:%M:%S}Z{rate}")
-    lines.extend(detector_lines(settings, end))
     for w in watermark_statuses(settings):
         if w.watermark is None:
             lines.append(f"{w.name}: no watermark yet (no event on the clock applied): nothing is late")
@@ -253,20 +252,6 @@ def render(settings: Settings) -> str:
             version = "" if t.version is None else f"  Delta version {t.version}"
             lines.append(f"  {t.name:<24} {t.rows:>10,} rows{version}")
     return "\n".join(lines)
-
-
-def detector_lines(settings: Settings, log_end: int | None) -> list[str]:
-    """The fraud detector consumer's position, from its state snapshots (written every few seconds)."""
-    from event_store.account.fraud_consumer import snapshot_positions
-
-    positions = snapshot_positions(settings)
-    if not positions:
-        return []
-    done = sum(offset for offset, _ in positions.values())
-    lag = "unknown" if log_end is None else f"{max(log_end - done, 0)}"
-    newest = max(written for _, written in positions.values())
-    return [f"fraud detector (eventlake detect-fraud): lag {lag} events at its last state snapshots "
-            f"({len(positions)} partition(s), newest {newest})"]
 
 
 class Quarantined(NamedTuple):

@@ -44,7 +44,7 @@ from event_store.errors import InvalidRecord
 from lakehouse.settings import Settings
 
 __all__ = ["FraudConsumer", "FraudStats", "findings_for", "encode_state", "decode_state", "SNAPSHOT_FOLDER",
-           "observation", "snapshot_positions"]
+           "observation", "snapshot_positions", "status_line"]
 
 SNAPSHOT_FOLDER = "fraud-detector-consumer"
 INPUT_TYPES = frozenset({"PaymentAuthorized", "PaymentDeclined", "DeviceLocationReported"})
@@ -117,6 +117,18 @@ def snapshot_positions(settings: Settings) -> dict[int, tuple[int, str]]:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
+
+
+def status_line(settings: Settings, log_end: int | None) -> str | None:
+    """``eventlake status``'s line for the detector: its lag at its last state snapshots (None: it never ran)."""
+    positions = snapshot_positions(settings)
+    if not positions:
+        return None
+    done = sum(offset for offset, _ in positions.values())
+    lag = "unknown" if log_end is None else f"{max(log_end - done, 0)}"
+    newest = max(written for _, written in positions.values())
+    return (f"fraud detector (eventlake detect-fraud): lag {lag} events at its last state snapshots "
+            f"({len(positions)} partition(s), newest {newest})")
 
 
 @dataclass

@@ -83,9 +83,11 @@ def test_a_restarted_detector_keeps_each_accounts_state_in_its_snapshots(setting
     _publish(settings, events[split:])
     FraudConsumer(settings, **QUIET).run(until_caught_up=True)
     assert sorted((c.payload["payment_id"], c.payload["rule"]) for c in _flags(settings)) == sorted(EXPECTED)
-    from spark_apps.status import render
+    from event_store.account.fraud_consumer import status_line
+    from spark_apps.status import log_end
 
-    assert "fraud detector (eventlake detect-fraud): lag 0 events at its last state snapshots" in render(settings)
+    assert status_line(settings, log_end(settings)).startswith(
+        "fraud detector (eventlake detect-fraud): lag 0 events at its last state snapshots (3 partition(s), newest 20")
 
 
 def _random_stream(accounts: int, payments: int, seed: int = 7):

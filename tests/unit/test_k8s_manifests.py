@@ -353,9 +353,10 @@ def _settings_data() -> dict[str, str]:
 
 def _field_read_from(variable: str) -> str | None:
     """The Settings field that ``Settings.load`` fills from this environment variable (None: none)."""
-    # The local cluster's size is read from under EVENTLAKE_HOME unless set: set it, so a probe of the home
-    # changes only the home.
-    base = {} if variable == "EVENTLAKE_KAFKA_BROKERS" else {"EVENTLAKE_KAFKA_BROKERS": "1"}
+    # The local cluster's size and security mode are read from under EVENTLAKE_HOME unless set (once `eventlake
+    # kafka up` or the demo ran in this checkout): set them, so a probe of the home changes only the home.
+    pinned = {"EVENTLAKE_KAFKA_BROKERS": "1", "EVENTLAKE_KAFKA_SECURITY": "none"}
+    base = {k: v for k, v in pinned.items() if k != variable}
     default = Settings.load(base)
     for probe in ("7", "8"):
         loaded = Settings.load({**base, variable: probe})
