@@ -3,13 +3,16 @@
 The command handler's transactional producer and group consumer, the fraud policy's group reader, the bulk
 producer (the client's and the policy's) and the admin client are built here, so their configuration (idempotence, ``acks=all``, ``read_committed``, the murmur2
 partitioner of the Java client) is written once. ``produce`` and ``produce_records`` own the retry for a full
-local queue (``BufferError``): let librdkafka drain it, then try once more.
+local queue (``BufferError``): let librdkafka drain it, then try once more. ``RecordSender`` is the process
+managers' send-until-delivered loop (the fraud policy's and the fraud detector's), ``close_within`` their bounded
+close of a consumer.
 
 The kafka-python clients (``make_producer``, ``make_consumer``, the admin that creates topics) live in
 ``event_store.kafka_log``.
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable, Sequence
 
 import confluent_kafka
@@ -19,7 +22,7 @@ from lakehouse.kafka_security import confluent_config
 from lakehouse.settings import Settings
 
 __all__ = ["transactional_producer_config", "new_producer", "group_consumer", "group_reader", "bulk_producer",
-           "admin_client", "access_probe", "produce", "produce_records"]
+           "admin_client", "access_probe", "produce", "produce_records", "RecordSender", "close_within"]
 
 
 def transactional_producer_config(settings: Settings, transactional_id: str, *, batch_bytes: int,
@@ -124,3 +127,50 @@ def _drain_and_produce(producer: confluent_kafka.Producer, topic: str, value, ke
     """The local queue is full: let it drain (serving delivery reports), then produce once more."""
     producer.poll(1)
     producer.produce(topic, value, key, **kwargs)
+
+
+class RecordSender:
+    """A process manager's way to send records (the fraud policy's FreezeAccount, the fraud detector's FlagFraud):
+    ``send`` returns once the broker has taken every record, sending again what failed (a broker away and back),
+    or returns False as soon as ``stopping`` is set. Records sent again carry the same ids (the caller's), which
+    the handler answers as duplicates."""
+
+    def __init__(self, settings: Settings, label: str, log: Callable[[str], None], stopping: threading.Event,
+                 flush_s: float = 1.0):
+        self.label, self.log, self.stopping, self.flush_s = label, log, stopping, flush_s
+        self._undelivered: list[tuple[bytes, bytes, confluent_kafka.KafkaError]] = []
+        self.producer = bulk_producer(settings, on_failed_delivery=self._on_failed_delivery)
+
+    def send(self, topic: str, records: Sequence[tuple[bytes, bytes]], what: str = "record(s)") -> bool:
+        pending = list(records)
+        while pending:
+            for key, value in pending:
+                produce(self.producer, topic, value, key)
+            while self.producer.flush(self.flush_s) > 0:  # records still wait for the broker (each fails after
+                if self.stopping.is_set():               # its timeout)
+                    return False
+            failed, self._undelivered = self._undelivered, []
+            if failed:
+                self.log(f"{self.label}: {len(failed)} {what} not delivered ({failed[0][2]}); sending them again")
+                if self.stopping.wait(1.0):
+                    return False
+            pending = [(key, value) for key, value, _ in failed]
+        return True
+
+    def all_delivered(self) -> bool:
+        """Nothing waits for the broker and nothing failed since the last ``send``."""
+        return not self._undelivered and len(self.producer) == 0
+
+    def flush(self, timeout_s: float) -> None:
+        self.producer.flush(timeout_s)
+
+    # librdkafka calls this from inside flush(), on the sending thread.
+    def _on_failed_delivery(self, error: confluent_kafka.KafkaError, message) -> None:
+        self._undelivered.append((message.key(), message.value(), error))
+
+
+def close_within(consumer: confluent_kafka.Consumer, timeout_s: float, name: str) -> None:
+    """Close ``consumer`` (leaving its group), leaving behind a close that hangs on an absent broker."""
+    closing = threading.Thread(target=consumer.close, name=f"{name}-close-consumer", daemon=True)
+    closing.start()
+    closing.join(timeout_s)

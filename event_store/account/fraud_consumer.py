@@ -169,10 +169,9 @@ class FraudConsumer:
         self.folder = settings.checkpoints / SNAPSHOT_FOLDER
         self._stopping = threading.Event()
         self._partitions: dict[int, _Partition] = {}
-        self._undelivered: list[tuple[bytes, bytes, KafkaError]] = []
         self._at_end: set[int] = set()
         self._broker_error: str | None = None
-        self._producer = None
+        self._sender: kafka_clients.RecordSender | None = None
         self._consumer = None
 
     def stop(self) -> None:
@@ -238,9 +237,9 @@ class FraudConsumer:
         consumer.incremental_assign(starts)
 
     def _on_revoke(self, consumer, partitions: list[TopicPartition]) -> None:
-        if self._producer is not None:
-            self._producer.flush(_CALL_TIMEOUT_S)
-        delivered = not self._undelivered and (self._producer is None or len(self._producer) == 0)
+        if self._sender is not None:
+            self._sender.flush(_CALL_TIMEOUT_S)
+        delivered = self._sender is None or self._sender.all_delivered()
         for tp in partitions:
             held = self._partitions.pop(tp.partition, None)
             if held is not None and delivered:
@@ -261,7 +260,7 @@ class FraudConsumer:
         s = self.settings
         kafka_log.ensure_topics(s, log=self.log)
         self._consumer = consumer = kafka_clients.group_reader(s, s.fraud_detector_group, on_error=self._on_error)
-        self._producer = producer = kafka_clients.bulk_producer(s, on_failed_delivery=self._on_failed_delivery)
+        self._sender = sender = kafka_clients.RecordSender(s, "fraud detector", self.log, self._stopping, flush_s=0.5)
         consumer.subscribe([s.events_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                            on_lost=self._on_lost)
         self.log(f"fraud detector: reading {s.events_topic}, flagging to {s.commands_topic} (state snapshots in "
@@ -274,7 +273,8 @@ class FraudConsumer:
                 records = self._records(consumer.consume(num_messages=_MAX_RECORDS, timeout=0.1))
                 if records:
                     commands = self._fold(records)
-                    if not self._send(producer, commands):
+                    if not sender.send(s.commands_topic, [(c.aggregate_id.encode(), c.to_json()) for c in commands],
+                                       "command(s)"):
                         stopped = True
                         break
                     for r in records:  # delivered: the states are complete up to these offsets
@@ -289,8 +289,8 @@ class FraudConsumer:
             if not stopped:
                 self._save_all()
         finally:
-            producer.flush(_CALL_TIMEOUT_S)
-            _close_within(consumer, _CALL_TIMEOUT_S)
+            sender.flush(_CALL_TIMEOUT_S)
+            kafka_clients.close_within(consumer, _CALL_TIMEOUT_S, "fraud-detector")
         return self.stats
 
     def _records(self, messages: list) -> list:
@@ -342,29 +342,9 @@ class FraudConsumer:
         self.stats.findings += len(commands)
         return commands
 
-    def _send(self, producer, commands: list[CommandEnvelope]) -> bool:
-        topic = self.settings.commands_topic
-        pending = [(c.aggregate_id.encode(), c.to_json()) for c in commands]
-        while pending:
-            for key, value in pending:
-                kafka_clients.produce(producer, topic, value, key)
-            while producer.flush(0.5) > 0:
-                if self._stopping.is_set():
-                    return False
-            failed, self._undelivered = self._undelivered, []
-            if failed:
-                self.log(f"fraud detector: {len(failed)} command(s) not delivered ({failed[0][2]}); sending again")
-                if self._stopping.wait(1.0):
-                    return False
-            pending = [(key, value) for key, value, _ in failed]
-        return True
-
     def _caught_up(self, consumer) -> bool:
         assigned = consumer.assignment()
         return bool(assigned) and all(tp.partition in self._at_end for tp in assigned)
-
-    def _on_failed_delivery(self, error: KafkaError, message) -> None:
-        self._undelivered.append((message.key(), message.value(), error))
 
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():
@@ -372,9 +352,3 @@ class FraudConsumer:
         if self._broker_error is None:
             self._broker_error = error.str()
             self.log(f"fraud detector: waiting for the broker: {error.str()}")
-
-
-def _close_within(consumer, timeout_s: float) -> None:
-    closing = threading.Thread(target=consumer.close, name="fraud-detector-close-consumer", daemon=True)
-    closing.start()
-    closing.join(timeout_s)

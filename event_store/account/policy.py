@@ -67,7 +67,6 @@ class FraudPolicy:
         self.log = log
         self.stats = PolicyStats()
         self._stopping = threading.Event()
-        self._undelivered: list[tuple[bytes, bytes, KafkaError]] = []
         self._at_end: set[tuple[str, int]] = set()  # partitions read to their end (nothing newer seen since)
         self._broker_error: str | None = None
 
@@ -79,7 +78,7 @@ class FraudPolicy:
         s = self.settings
         kafka_log.ensure_topics(s, log=self.log)
         consumer = kafka_clients.group_reader(s, s.policy_group_id, on_error=self._on_client_error)
-        producer = kafka_clients.bulk_producer(s, on_failed_delivery=self._on_failed_delivery)
+        sender = kafka_clients.RecordSender(s, "policy", self.log, self._stopping)
         consumer.subscribe([s.events_topic])
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         try:
@@ -89,14 +88,15 @@ class FraudPolicy:
                     commands = [c for record in records for c in self._handle(record)]
                     # Commands first, then the offsets: a crash or a stop in between reads the events again, and
                     # the commands' ids repeat.
-                    if not self._send(producer, commands):
+                    if not sender.send(s.commands_topic, [(c.aggregate_id.encode(), c.to_json()) for c in commands],
+                                       "command(s)"):
                         break  # stopped
                     self._commit(consumer, records)
                 elif until_caught_up and self._caught_up(consumer):
                     break
         finally:
-            producer.flush(_CALL_TIMEOUT_S)  # what is not delivered now is sent again after the next start
-            _close_within(consumer, _CALL_TIMEOUT_S)
+            sender.flush(_CALL_TIMEOUT_S)  # what is not delivered now is sent again after the next start
+            kafka_clients.close_within(consumer, _CALL_TIMEOUT_S, "policy")
         return self.stats
 
     def _records(self, messages: list) -> list:
@@ -130,25 +130,6 @@ class FraudPolicy:
         self.stats.commands += len(commands)
         return commands
 
-    def _send(self, producer, commands: list[CommandEnvelope]) -> bool:
-        """Send ``commands`` until the broker has taken every one (what failed is sent again); False when stop()
-        came first."""
-        topic = self.settings.commands_topic
-        pending = [(c.aggregate_id.encode(), c.to_json()) for c in commands]
-        while pending:
-            for key, value in pending:
-                kafka_clients.produce(producer, topic, value, key)
-            while producer.flush(1.0) > 0:  # records still wait for the broker (each fails after its timeout)
-                if self._stopping.is_set():
-                    return False
-            failed, self._undelivered = self._undelivered, []
-            if failed:
-                self.log(f"policy: {len(failed)} command(s) not delivered ({failed[0][2]}); sending them again")
-                if self._stopping.wait(1.0):
-                    return False
-            pending = [(key, value) for key, value, _ in failed]
-        return True
-
     def _commit(self, consumer, records: list) -> None:
         """Commit the offsets after ``records``. Asynchronous: a commit lost to an absent broker or a rebalance
         only means those events are read again (by this consumer or the partition's new owner), and their
@@ -165,20 +146,10 @@ class FraudPolicy:
         assigned = consumer.assignment()
         return bool(assigned) and all((tp.topic, tp.partition) in self._at_end for tp in assigned)
 
-    # librdkafka calls these from inside consume() and flush(), on this thread.
-    def _on_failed_delivery(self, error: KafkaError, message) -> None:
-        self._undelivered.append((message.key(), message.value(), error))
-
+    # librdkafka calls this from inside consume(), on this thread.
     def _on_client_error(self, error: KafkaError) -> None:
         if error.fatal():
             raise KafkaException(error)
         if self._broker_error is None:  # once per outage, not once per retry
             self._broker_error = error.str()
             self.log(f"policy: waiting for the broker: {error.str()}")
-
-
-def _close_within(consumer, timeout_s: float) -> None:
-    """Close ``consumer`` (leaving its group), leaving behind a close that hangs on an absent broker."""
-    closing = threading.Thread(target=consumer.close, name="policy-close-consumer", daemon=True)
-    closing.start()
-    closing.join(timeout_s)
