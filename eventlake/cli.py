@@ -362,7 +362,8 @@ def _cmd_project(settings: Settings, args) -> int:
     from spark_apps import projection
 
     _require_broker(settings)
-    return projection.main([*args.models, *(["--until-caught-up"] if args.until_caught_up else [])])
+    return projection.main([*args.models, *(["--until-caught-up"] if args.until_caught_up else []),
+                            "--engine", args.engine])
 
 
 def _cmd_detect_fraud(settings: Settings, args) -> int:
@@ -754,6 +755,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("models", nargs="*", help="read model names and/or event_archive (default: all read models, "
                                              "plus event_archive as a query of its own)")
     p.add_argument("--until-caught-up", action="store_true", help="project what the log holds now, then stop")
+    p.add_argument("--engine", choices=("python", "spark"), default="spark",
+                   help="spark (default): the Structured Streaming queries, seconds per batch; python: the same "
+                        "queries, checkpoints and tables in this process with DuckDB and delta-rs, a live batch in "
+                        "tenths of a second, handing any batch off its common path (records that are not events, "
+                        "version gaps, late events) to the Spark query")
     p.set_defaults(run=_cmd_project)
 
     p = sub.add_parser("detect-fraud", help="run the fraud detector (events -> FlagFraud commands)")

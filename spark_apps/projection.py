@@ -458,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
                                                   f"{', '.join(read_models.REGISTRY)} and {ARCHIVE_TABLE})")
     parser.add_argument("--until-caught-up", action="store_true",
                         help="process what the log holds now, then stop (availableNow trigger)")
+    parser.add_argument("--engine", choices=("python", "spark"), default="spark",
+                        help="python: run the queries in this process with DuckDB and delta-rs "
+                             "(spark_apps.python_projection), handing batches off the common path to Spark")
     args = parser.parse_args(argv)
     settings = Settings.load(role="reader")
     from event_store.kafka_access import check_access
@@ -468,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     archive = not args.models or ARCHIVE_TABLE in args.models
     # Installed before the (slow) session start, so that a SIGTERM meanwhile is not lost either.
     stop_requested = None if args.until_caught_up else stop_requested_on_sigterm()
+    if args.engine == "python":
+        return _run_python_engine(settings, models, archive, args.until_caught_up, stop_requested)
     spark = build_session(settings, app_name="eventlake-projection")
     projection = Projection(spark, settings, models, archive=archive)
     if args.until_caught_up:
@@ -481,6 +486,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         projection.stop()
     if stop_requested.is_set():
+        print(f"projection: stopped (SIGTERM); the next start resumes from the checkpoints under "
+              f"{settings.checkpoints}")
+    return 0
+
+
+def _run_python_engine(settings: Settings, models, archive: bool, until_caught_up: bool, stop_requested) -> int:
+    from spark_apps.python_projection import PythonProjection
+
+    engine = PythonProjection(settings, models, archive=archive, log=lambda line: print(line, flush=True))
+    try:
+        run = engine.run(until_caught_up=until_caught_up, stop_requested=stop_requested)
+    except KeyboardInterrupt:
+        return 0
+    if until_caught_up:
+        print(f"projection: caught up: {run.input_rows} events in {run.batches} batches, {run.seconds:.1f}s "
+              f"({engine.handed_over} handed to the Spark engine); tables under {settings.warehouse}")
+    elif stop_requested is not None and stop_requested.is_set():
         print(f"projection: stopped (SIGTERM); the next start resumes from the checkpoints under "
               f"{settings.checkpoints}")
     return 0

@@ -1,0 +1,781 @@
+"""The projection's two queries run by one Python process (DuckDB + delta-rs) instead of Spark: a live batch in tenths
+of a second instead of seconds. ``eventlake project --engine python``.
+
+**Interchangeable with the Spark queries, batch by batch.** It keeps the same checkpoints (Structured Streaming's
+offset and commit logs, written in Spark's own format: ``offsets/N`` is planned before batch N writes anything,
+``commits/N`` after), writes the same tables with the same Delta idempotent-write ids (transaction app id
+``<app id>/<table>``, version = the batch id) and commit metadata, the same sequence ledger (``admitted_by`` =
+``<app id>/<batch>``) and bookkeeping, and resolves the read models' generations the same way (the per-batch marker
+included). So either engine can run any batch of the same projection, and status, rebuild, reprocess and the checks
+see no difference.
+
+**The common path only; the rest is Spark's.** A read-models batch is done here when it is what a live stream
+almost always is: every record a valid event (``EventEnvelope.from_json``, the definition the Spark parser is
+generated from; a test keeps the two in agreement), each aggregate's events continuing its head in the sequence
+ledger exactly once, nothing held after a version gap, no ``_pending`` event in a current-state model, no event
+later than a windowed model's watermark, and not a batch run again after a crash. Everything it checks is read
+before it writes anything. Any other batch (a record written around the handler, a replayed or forged event, a
+gap, a late event) - and any failure while writing one, a lost commit race included - is handed to the Spark query
+on the same checkpoint: the batch is already planned in the offset log, so Spark runs exactly it again (its re-run
+path: what committed is skipped by its transaction id, the rest is done), then the rest of the log, and stops; then
+this engine goes on from Spark's last batch. The Spark session is started on the first such batch only (tens of
+seconds, once), so records written around the handler cost a live stream that much delay, nothing else.
+
+The archive's query (``event_archive``) is an append of every valid event, with its own checkpoint: always done
+here (records that are not events are the read models' dead letters).
+
+Local tables and checkpoints only (a storage URI: use the Spark engine).
+"""
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+from event_store.errors import InvalidRecord
+from lakehouse.settings import Settings
+from read_models.catalog import Generation
+from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
+from spark_apps.projection import ARCHIVE_STATS_COLUMNS, ARCHIVE_TABLE, DEAD_LETTER_TABLE, Projection, \
+    ProjectionError, ProjectionRun
+from spark_apps import sequence
+
+__all__ = ["PythonProjection", "Checkpoint", "event_row_schema", "supports", "HandOver"]
+
+# Spark's metadata log format version (offsets/N, commits/N, sources/0/0).
+_LOG_VERSION = "v1"
+_CALL_TIMEOUT_S = 10.0
+# The session settings Spark 4.2 records with every planned batch and reads back on a restart (a checkpoint this
+# engine started has no Spark-written batch to copy them from): Spark's defaults, as its own offsets/N hold them.
+_SPARK_OFFSET_CONF = {
+    "spark.sql.streaming.stateStore.providerClass":
+        "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+    "spark.sql.streaming.stateStore.rocksdb.mergeOperatorVersion": "2",
+    "spark.sql.streaming.stateStore.rocksdb.formatVersion": "5",
+    "spark.sql.streaming.queryEvolution.enableSourceEvolution": "false",
+    "spark.sql.streaming.stateStore.encodingFormat": "unsaferow",
+    "spark.sql.streaming.statefulOperator.useStrictDistribution": "true",
+    "spark.sql.streaming.flatMapGroupsWithState.stateFormatVersion": "2",
+    "spark.sql.streaming.multipleWatermarkPolicy": "min",
+    "spark.sql.streaming.stateStore.rowChecksum.enabled": "false",
+    "spark.sql.streaming.aggregation.stateFormatVersion": "2",
+    "spark.sql.function.protobufExtensions.enabled": "false",
+    "spark.sql.streaming.join.stateFormatVersion": "2",
+    "spark.sql.streaming.stateStore.compression.codec": "lz4",
+    "spark.sql.optimizer.pruneFiltersCanPruneStreamingSubplan": "false",
+}
+
+
+def supports(settings: Settings) -> str:
+    """'' when this engine can run here, else why not."""
+    for what, where in (("warehouse", settings.warehouse), ("checkpoints", settings.checkpoints)):
+        if "://" in str(where) and not str(where).startswith("file://"):
+            return f"the {what} is not a local folder ({where}); run the Spark engine (--engine spark)"
+    return ""
+
+
+class HandOver(Exception):
+    """This batch is not on the common path: the Spark query runs it (the message says why)."""
+
+
+def event_row_schema():
+    """The event rows' Arrow schema (``event_archive``'s columns, a ``_pending`` / held table's), as Spark's
+    ``parse_events`` makes them: the envelope, the registered domains' payload columns, the Kafka position."""
+    import pyarrow as pa
+
+    from spark_apps.events import ENVELOPE_COLUMNS, _layout
+
+    kinds = {str: pa.string(), int: pa.int64()}
+    fields = []
+    for name in ENVELOPE_COLUMNS:
+        kind = (pa.int64() if name in ("schema_version", "aggregate_version")
+                else pa.timestamp("us", tz="UTC") if name in ("occurred_at", "recorded_at") else pa.string())
+        fields.append(pa.field(name, kind))
+    fields += [pa.field(name, kinds[kind]) for name, kind in _layout().payload]
+    fields += [pa.field("kafka_topic", pa.string()), pa.field("kafka_partition", pa.int32()),
+               pa.field("kafka_offset", pa.int64())]
+    return pa.schema(fields)
+
+
+class Checkpoint:
+    """A Structured Streaming checkpoint's offset and commit logs, read and written the way Spark does (so Spark
+    resumes from what this wrote, and this from what Spark wrote)."""
+
+    def __init__(self, path, topic: str, shuffle_partitions: int):
+        self.path, self.topic = path, topic
+        self.default_conf = {**_SPARK_OFFSET_CONF, "spark.sql.shuffle.partitions": str(shuffle_partitions)}
+
+    def _numbers(self, folder: str) -> list[int]:
+        where = self.path / folder
+        if not where.exists():
+            return []
+        return sorted(int(p.name) for p in where.iterdir() if p.name.isdigit())
+
+    def last_committed(self) -> int | None:
+        numbers = self._numbers("commits")
+        return numbers[-1] if numbers else None
+
+    def last_planned(self) -> int | None:
+        numbers = self._numbers("offsets")
+        return numbers[-1] if numbers else None
+
+    def ends(self, batch: int) -> dict[int, int]:
+        """The offsets batch ``batch`` ends at (exclusive), per partition of the topic."""
+        lines = (self.path / "offsets" / str(batch)).read_text().splitlines()
+        if not lines or lines[0] != _LOG_VERSION:
+            raise ProjectionError(f"checkpoint {self.path}: offsets/{batch} is in a format this engine does not "
+                                  f"read ({lines[:1]}); run the Spark engine")
+        offsets = json.loads(lines[2])
+        if set(offsets) != {self.topic}:
+            raise ProjectionError(f"checkpoint {self.path} reads {', '.join(offsets)}, not {self.topic}")
+        return {int(p): int(o) for p, o in offsets[self.topic].items()}
+
+    def _conf(self) -> dict:
+        last = self.last_planned()
+        if last is None:
+            return dict(self.default_conf)
+        lines = (self.path / "offsets" / str(last)).read_text().splitlines()
+        return json.loads(lines[1]).get("conf") or dict(self.default_conf)
+
+    def _write(self, folder: str, name: str, text: str) -> None:
+        where = self.path / folder
+        where.mkdir(parents=True, exist_ok=True)
+        partial = where / f".{name}.tmp"
+        partial.write_text(text)
+        partial.replace(where / name)  # atomic: a crash leaves no half-written log entry
+
+    def start(self, starts: dict[int, int]) -> None:
+        """A new checkpoint: its query id and the Kafka source's first offsets (Spark's ``sources/0/0``)."""
+        import uuid
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        if not (self.path / "metadata").exists():
+            (self.path / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}) + "\n")
+        if not (self.path / "sources" / "0" / "0").exists():
+            # A zero byte first, as Spark's Kafka source writes it (read back by Spark 2.1 too).
+            self._write("sources/0", "0", "\0" + _LOG_VERSION + "\n" + json.dumps(
+                {self.topic: {str(p): o for p, o in sorted(starts.items())}}))
+
+    def plan(self, batch: int, ends: dict[int, int]) -> None:
+        meta = {"batchWatermarkMs": 0, "batchTimestampMs": int(time.time() * 1000), "conf": self._conf()}
+        self._write("offsets", str(batch), "\n".join([
+            _LOG_VERSION, json.dumps(meta, separators=(",", ":")),
+            json.dumps({self.topic: {str(p): o for p, o in sorted(ends.items())}}, separators=(",", ":"))]))
+
+    def commit(self, batch: int) -> None:
+        self._write("commits", str(batch), _LOG_VERSION + "\n" + json.dumps({"nextBatchWatermarkMs": 0}))
+        for folder in ("offsets", "commits"):  # Spark keeps the last 100 (minBatchesToRetain)
+            for old in self._numbers(folder):
+                if old >= batch - 100:
+                    break
+                (self.path / folder / str(old)).unlink(missing_ok=True)
+
+
+@dataclass
+class _Records:
+    """One batch's Kafka records: (partition, offset, key, value) in log order per partition."""
+    rows: list = field(default_factory=list)
+    ends: dict = field(default_factory=dict)
+
+
+class _Reader:
+    """Reads the events topic from a checkpoint's position, ``read_committed``, by partition assignment (no
+    group): a batch is what has arrived, up to ``limit`` records."""
+
+    def __init__(self, settings: Settings, name: str):
+        import confluent_kafka
+
+        from lakehouse.kafka_security import confluent_config
+
+        self.settings, self.name = settings, name
+        self.consumer = confluent_kafka.Consumer({
+            **confluent_config(settings), "group.id": f"eventlake-{name}-unused", "isolation.level": "read_committed",
+            "enable.auto.commit": False, "auto.offset.reset": "error", "enable.partition.eof": True,
+            "topic.metadata.refresh.interval.ms": 10_000, "fetch.wait.max.ms": 20})
+        self.next: dict[int, int] = {}  # partition -> the next offset the consumer hands out
+        self.at_end: set[int] = set()
+        self.buffered: list = []
+
+    def partitions(self) -> list[int]:
+        topic = self.consumer.list_topics(self.settings.events_topic, timeout=_CALL_TIMEOUT_S).topics[
+            self.settings.events_topic]
+        if topic.error is not None:
+            raise ProjectionError(f"{self.name}: topic {self.settings.events_topic}: {topic.error}")
+        return sorted(topic.partitions)
+
+    def earliest(self, partition: int) -> int:
+        from confluent_kafka import TopicPartition
+
+        low, _ = self.consumer.get_watermark_offsets(TopicPartition(self.settings.events_topic, partition),
+                                                     timeout=_CALL_TIMEOUT_S, cached=False)
+        return low
+
+    def seek(self, starts: dict[int, int]) -> None:
+        """Read from ``starts`` (partition -> offset); a start the log no longer holds is a gap (Spark's
+        ``failOnDataLoss``): refused."""
+        from confluent_kafka import TopicPartition
+
+        for partition, offset in starts.items():
+            if offset < self.earliest(partition):
+                raise ProjectionError(_data_loss(self.settings, self.name, partition, offset))
+        self.consumer.assign([TopicPartition(self.settings.events_topic, p, o) for p, o in sorted(starts.items())])
+        self.next, self.at_end, self.buffered = dict(starts), set(), []
+
+    def read(self, limit: int, wait_s: float) -> _Records:
+        """What has arrived since the last batch (at most ``limit`` records), waiting up to ``wait_s`` for the
+        first record."""
+        from confluent_kafka import KafkaError
+
+        batch = _Records(ends=dict(self.next))
+        messages, self.buffered = self.buffered, []
+        deadline = time.monotonic() + wait_s
+        while True:
+            if not messages:
+                timeout = max(0.0, deadline - time.monotonic()) if not batch.rows else 0.0
+                messages = self.consumer.consume(num_messages=min(limit - len(batch.rows), 10_000), timeout=timeout)
+                if not messages:
+                    return batch
+            for i, m in enumerate(messages):
+                error = m.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        if m.offset() >= self.next.get(m.partition(), 0):
+                            self.at_end.add(m.partition())
+                        continue
+                    if error.code() == KafkaError._AUTO_OFFSET_RESET:
+                        raise ProjectionError(_data_loss(self.settings, self.name, m.partition(),
+                                                         self.next.get(m.partition(), -1)))
+                    if error.fatal():
+                        raise ProjectionError(f"{self.name}: Kafka: {error.str()}")
+                    continue  # transient (a broker away): librdkafka retries by itself
+                if len(batch.rows) >= limit:
+                    self.buffered = messages[i:]
+                    return batch
+                partition, offset = m.partition(), m.offset()
+                if offset < self.next.get(partition, 0):
+                    continue  # already read (a re-fetch)
+                self.at_end.discard(partition)
+                batch.rows.append((partition, offset, m.key(), m.value()))
+                self.next[partition] = batch.ends[partition] = offset + 1
+            messages = []
+
+    def caught_up(self, partitions: list[int]) -> bool:
+        return set(partitions) <= self.at_end
+
+    def close(self) -> None:
+        from event_store import kafka_clients
+
+        kafka_clients.close_within(self.consumer, 5.0, self.name)
+
+
+def _data_loss(settings: Settings, name: str, partition: int, offset: int) -> str:
+    return (f"{name} stopped: records of {settings.events_topic} partition {partition} from offset {offset} that it "
+            f"had not read yet are gone from Kafka (retention or deleted records), so the read models would silently "
+            f"miss events. Nothing was written past the gap. To go on: rebuild the read models from {ARCHIVE_TABLE} if "
+            f"it holds those events, or accept the gap by removing the checkpoint and projecting from the log's "
+            f"current start.")
+
+
+def _parse(records: _Records, topic: str):
+    """(event rows as an Arrow table, [(partition, offset, reason)] of the records that are not valid events)."""
+    import pyarrow as pa
+
+    from event_store.envelope import EventEnvelope, parse_time
+    from spark_apps.events import payload_columns
+
+    schema = event_row_schema()
+    columns: dict[str, list] = {f.name: [] for f in schema}
+    payload = payload_columns()
+    bad = []
+    for partition, offset, _, value in records.rows:
+        try:
+            e = EventEnvelope.from_json(value if value is not None else b"")
+        except InvalidRecord as error:
+            bad.append((partition, offset, str(error)))
+            continue
+        for name in ("event_id", "event_type", "schema_version", "aggregate_type", "aggregate_id",
+                     "aggregate_version", "command_id", "correlation_id", "causation_id"):
+            columns[name].append(getattr(e, name))
+        columns["occurred_at"].append(parse_time(e.occurred_at, "occurred_at"))
+        columns["recorded_at"].append(parse_time(e.recorded_at, "recorded_at"))
+        for name in payload:
+            columns[name].append(e.payload.get(name))
+        columns["kafka_topic"].append(topic)
+        columns["kafka_partition"].append(partition)
+        columns["kafka_offset"].append(offset)
+    return pa.Table.from_pydict(columns, schema=schema), bad
+
+
+class _Tables(Projection):
+    """The Spark projection's plan of tables, generations and ids, its tables created with delta-rs (no JVM)."""
+
+    def ensure_tables(self) -> None:
+        from spark_apps.archive_fold import arrow_schema
+        from spark_apps.projection import _dead_letter_schema
+
+        rows = event_row_schema()
+        tables = {DEAD_LETTER_TABLE: (arrow_schema(_dead_letter_schema()), None)}
+        if self.archive:
+            tables[ARCHIVE_TABLE] = (rows, ARCHIVE_STATS_COLUMNS)
+        if self.models:
+            tables[sequence.ledger_table(self.name)] = (arrow_schema(sequence.ledger_schema()), ("aggregate_id",))
+            tables[sequence.held_table(self.name)] = (rows, None)
+        for name, (schema, stats) in tables.items():
+            _ensure(self.settings.table_path(name), schema, stats)
+        if self.models:
+            self._ensure_generation_tables(self._resolve())
+        self._tables_ready = True
+
+    def _ensure_generation_tables(self, generations, spark=None) -> None:
+        from spark_apps.archive_fold import arrow_schema
+        from spark_apps.merge import bookkeeping_tables
+
+        for model, generation in self._units(generations):
+            if (model.name, generation.number) in self._ensured:
+                continue
+            _ensure(generation.table, arrow_schema(model.schema()), tuple(model.stats_columns or model.key))
+            for path, schema in bookkeeping_tables(model, _SparkRowsSchema, generation).items():
+                _ensure(path, event_row_schema() if schema is _SparkRowsSchema else arrow_schema(schema), None)
+            self._ensured.add((model.name, generation.number))
+
+
+_SparkRowsSchema = object()  # stands for the event rows' schema in merge.bookkeeping_tables
+
+
+def _ensure(path, schema, stats_columns) -> None:
+    from deltalake import DeltaTable
+
+    if DeltaTable.is_deltatable(str(path)):
+        return
+    configuration = {"delta.dataSkippingStatsColumns": ",".join(stats_columns)} if stats_columns else None
+    Path(str(path)).mkdir(parents=True, exist_ok=True)
+    DeltaTable.create(str(path), schema, mode="ignore", configuration=configuration)
+
+
+class _Batch:
+    """The writes of one batch, each carrying the Spark projection's idempotent-write id and metadata."""
+
+    def __init__(self, projection: str, app_id: str, batch_id: int, steps: dict[str, float]):
+        self.projection, self.app_id, self.batch_id, self.steps = projection, app_id, batch_id, steps
+
+    @contextmanager
+    def timed(self, step: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.steps[step] = self.steps.get(step, 0.0) + time.perf_counter() - started
+
+    def metadata(self, **extra) -> str:
+        return json.dumps({"projection": self.projection, "app_id": self.app_id, "batch_id": self.batch_id,
+                           "input_rows": -1, **extra})
+
+    def commit(self, txn_app_id: str, **metadata):
+        from deltalake import CommitProperties, Transaction
+
+        return CommitProperties(app_transactions=[Transaction(txn_app_id, self.batch_id)],
+                                custom_metadata={"userMetadata": self.metadata(**metadata)})
+
+    def done(self, table, txn_app_id: str) -> bool:
+        return (table.transaction_version(txn_app_id) or -1) >= self.batch_id
+
+    def append(self, data, path, name: str, writer: str = "") -> None:
+        """``BatchContext.append``'s write (transaction ``<app id>/<name>/<writer>``), once."""
+        from deltalake import DeltaTable, write_deltalake
+
+        txn = f"{self.app_id}/{name}/{writer}"
+        table = DeltaTable(str(path))
+        if self.done(table, txn) or data.num_rows == 0:
+            return
+        write_deltalake(table, _cast(data, table), mode="append", commit_properties=self.commit(txn))
+
+
+def _cast(data, table):
+    """``data``'s columns in the order and types of the Delta ``table``'s schema."""
+    import pyarrow as pa
+
+    schema = pa.schema(table.schema().to_arrow())
+    return pa.Table.from_arrays([data.column(f.name).cast(f.type) for f in schema], schema=schema)
+
+
+def _register(con, name: str, path) -> None:
+    """The Delta table at ``path`` as DuckDB view ``name``: its data files through DuckDB's own Parquet reader (as
+    ``archive_fold`` reads the archive), or through delta-rs when the table uses features that reader does not
+    apply (deletion vectors, column mapping, partitions)."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(path))
+    protocol = table.protocol()
+    if protocol.reader_features or protocol.min_reader_version > 1 or table.metadata().partition_columns:
+        con.register(f"{name}_data", table.to_pyarrow_dataset().to_table())
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM {name}_data")
+        return
+    files = table.file_uris()
+    if not files:
+        import pyarrow as pa
+
+        con.register(f"{name}_data", pa.schema(table.schema().to_arrow()).empty_table())
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM {name}_data")
+        return
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM read_parquet([{_sql_text(files)}], "
+                f"union_by_name = true)")
+
+
+def _sql_text(values) -> str:
+    return ", ".join("'" + str(v).replace("'", "''") + "'" for v in values)
+
+
+class _Query:
+    """One of the projection's queries (the read models' or the archive's): its checkpoint, reader and batches."""
+
+    def __init__(self, engine: "PythonProjection", name: str, checkpoint, process):
+        self.engine, self.name, self.process = engine, name, process
+        settings = engine.settings
+        self.checkpoint = Checkpoint(checkpoint, settings.events_topic, settings.spark_shuffle_partitions)
+        self.app_id = Projection._app_id(checkpoint, name)
+        self.reader = _Reader(settings, name)
+        self.partitions: list[int] = []
+        self.batch_id = 0
+        self.rows = 0
+        self.batches = 0
+
+    def resume(self, starting_offsets: Mapping[int, int] | None = None) -> None:
+        """Position the reader after the last committed batch; an uncommitted planned batch is run first, with
+        exactly its planned offsets (as Spark does after a crash)."""
+        self.partitions = self.reader.partitions()
+        committed, planned = self.checkpoint.last_committed(), self.checkpoint.last_planned()
+        if committed is None and planned is None:
+            starts = {p: (starting_offsets or {}).get(p, -2) for p in self.partitions}
+            starts = {p: self.reader.earliest(p) if o < 0 else o for p, o in starts.items()}
+            self.checkpoint.start(starts)
+            self.batch_id = 0
+        elif planned is not None and (committed is None or planned > committed):
+            if planned - 1 >= 0 and (self.checkpoint.path / "offsets" / str(planned - 1)).exists():
+                starts = self.checkpoint.ends(planned - 1)
+            else:
+                starts = _initial(self.checkpoint)
+            ends = self.checkpoint.ends(planned)
+            self.engine.log(f"{self.name}: batch {planned} was planned but not committed; running it again")
+            self.reader.seek({p: starts.get(p, 0) for p in ends})
+            records = _Records()
+            while any(self.reader.next.get(p, 0) < e and p not in self.reader.at_end for p, e in ends.items()):
+                more = self.reader.read(sum(ends.values()) + 1, 1.0)
+                records.rows += [r for r in more.rows if r[1] < ends[r[0]]]
+            self.batch_id = planned
+            self._run(records, ends)
+            starts = ends
+        else:
+            starts = self.checkpoint.ends(committed)
+            self.batch_id = committed + 1
+        starts.update({p: self.reader.earliest(p) for p in self.partitions if p not in starts})
+        self.reader.seek(starts)
+
+    def step(self, limit: int, wait_s: float) -> int:
+        """One batch of what has arrived (if anything): -> its records."""
+        records = self.reader.read(limit, wait_s)
+        if not records.rows:
+            return 0
+        self.checkpoint.plan(self.batch_id, records.ends)
+        self._run(records, records.ends)
+        return len(records.rows)
+
+    def _run(self, records: _Records, ends: dict[int, int]) -> None:
+        started = time.perf_counter()
+        steps: dict[str, float] = {}
+        try:
+            self.process(self, records, steps)
+        except HandOver as reason:
+            self.engine.hand_over(self, str(reason))
+            return
+        self.checkpoint.commit(self.batch_id)
+        self.rows += len(records.rows)
+        self.batches += 1
+        parts = "; ".join(f"{step} {t:.2f}s" for step, t in steps.items() if t >= 0.005)
+        self.engine.log(f"{self.name}: batch {self.batch_id} done in {time.perf_counter() - started:.2f}s "
+                        f"({len(records.rows)} records{'; ' + parts if parts else ''})")
+        self.batch_id += 1
+
+
+def _initial(checkpoint: Checkpoint) -> dict[int, int]:
+    """A checkpoint's first offsets (``sources/0/0``)."""
+    lines = (checkpoint.path / "sources" / "0" / "0").read_text().lstrip("\0").splitlines()
+    return {int(p): int(o) for p, o in json.loads(lines[1])[checkpoint.topic].items()}
+
+
+class PythonProjection:
+    """The projection (``spark_apps.projection.Projection``'s queries, checkpoints and tables) run in this process
+    on its common path, handing other batches to the Spark query (module docstring)."""
+
+    def __init__(self, settings: Settings, models: list[ReadModel] | None = None,
+                 log: Callable[[str], None] = print, archive: bool | None = None,
+                 generations: Mapping[str, Generation] | None = None, checkpoint=None,
+                 starting_offsets: dict[int, int] | None = None, spark_session: Callable[[], object] | None = None):
+        why = supports(settings)
+        if why:
+            raise ProjectionError(f"projection (engine python): {why}")
+        self.settings, self.log = settings, log
+        self.tables = _Tables(None, settings, models, log=log, archive=archive, generations=generations,
+                              checkpoint=checkpoint, starting_offsets=starting_offsets)
+        self.models, self.archive = self.tables.models, self.tables.archive
+        self.starting_offsets = starting_offsets
+        self._spark_session = spark_session
+        self.handed_over = 0
+        self.limit = settings.max_offsets_per_trigger  # records per batch at most (Spark's maxOffsetsPerTrigger)
+        self.queries: list[_Query] = []
+
+    # -- Spark for what is not the common path ---------------------------------------------------------------
+    def hand_over(self, query: _Query, reason: str) -> None:
+        """Spark runs the planned batch again, then the rest of the log until caught up; this query goes on after."""
+        from spark_apps.session import build_session
+
+        self.handed_over += 1
+        self.log(f"{query.name}: batch {query.batch_id} goes to the Spark engine: {reason}")
+        spark = self._spark_session() if self._spark_session else build_session(
+            self.settings, app_name="eventlake-projection", log=self.log)
+        models = self.models if query.name == self.tables.name else []
+        spark_projection = Projection(spark, self.settings, models, log=self.log,
+                                      archive=query.name != self.tables.name,
+                                      generations=self.tables.pinned, checkpoint=query.checkpoint.path,
+                                      starting_offsets=self.starting_offsets)
+        run = spark_projection.run_until_caught_up(max_offsets_per_trigger=self.limit)
+        self.log(f"{query.name}: the Spark engine ran {run.batches} batch(es), {run.input_rows} records; "
+                 f"this engine goes on")
+        query.resume()
+
+    # -- the loop -------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        from event_store import kafka_log
+
+        kafka_log.ensure_topics(self.settings, log=self.log)
+        self.tables.ensure_tables()
+        if self.models:
+            self.queries.append(_Query(self, self.tables.name, self.tables.checkpoint, _read_models_batch))
+        if self.archive:
+            self.queries.append(_Query(self, f"projection-{ARCHIVE_TABLE}", self.tables.archive_checkpoint,
+                                       _archive_batch))
+        if not self.queries:
+            raise ValueError("nothing to project: no read models and no archive")
+        for query in self.queries:
+            query.resume(self.starting_offsets if query.name == self.tables.name else None)
+            self.log(f"projection: {query.name} (engine python) started from {self.settings.events_topic} at "
+                     f"batch {query.batch_id} (checkpoint {query.checkpoint.path})")
+
+    def run(self, until_caught_up: bool = False, stop_requested=None,
+            max_offsets_per_trigger: int | None = None) -> ProjectionRun:
+        """Batches of what has arrived, as soon as it has, until ``stop_requested`` is set (or, with
+        ``until_caught_up``, every query has read to the log's end)."""
+        started = time.monotonic()
+        if not self.queries:
+            self.start()
+        limit = self.limit = max_offsets_per_trigger or self.settings.max_offsets_per_trigger
+        run = ProjectionRun()
+        try:
+            while stop_requested is None or not stop_requested.is_set():
+                worked = 0
+                for query in self.queries:
+                    worked += query.step(limit, 0.2 / len(self.queries))
+                if until_caught_up and not worked and all(q.reader.caught_up(q.partitions) for q in self.queries):
+                    break
+        finally:
+            for query in self.queries:
+                query.reader.close()
+        main = self.queries[0]
+        run.batches, run.input_rows, run.seconds = main.batches, main.rows, time.monotonic() - started
+        return run
+
+    def run_until_caught_up(self, max_offsets_per_trigger: int | None = None) -> ProjectionRun:
+        return self.run(until_caught_up=True, max_offsets_per_trigger=max_offsets_per_trigger)
+
+
+# -- the archive's batch ---------------------------------------------------------------------------------------
+def _archive_batch(query: _Query, records: _Records, steps: dict[str, float]) -> None:
+    batch = _Batch(query.name, query.app_id, query.batch_id, steps)
+    with batch.timed("parse"):
+        events, _ = _parse(records, query.engine.settings.events_topic)
+    with batch.timed("append"):
+        batch.append(events, query.engine.settings.table_path(ARCHIVE_TABLE), ARCHIVE_TABLE)
+
+
+# -- the read models' batch ------------------------------------------------------------------------------------
+def _read_models_batch(query: _Query, records: _Records, steps: dict[str, float]) -> None:
+    import duckdb
+    from deltalake import DeltaTable
+
+    engine = query.engine
+    settings = engine.settings
+    batch = _Batch(query.name, query.app_id, query.batch_id, steps)
+    with batch.timed("parse"):
+        events, bad = _parse(records, settings.events_topic)
+    if bad:
+        partition, offset, reason = bad[0]
+        raise HandOver(f"{len(bad)} record(s) that are not valid events (partition {partition} offset {offset}: "
+                       f"{reason[:200]}) -> the dead-letter table")
+    generations = engine.tables._generations_for_batch(None, query.batch_id)
+    con = duckdb.connect(config={"threads": 2})
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        con.register("batch", events)
+        with batch.timed("sequence: check"):
+            ledger_name = sequence.ledger_table(query.name)
+            ledger_path = settings.table_path(ledger_name)
+            ledger = DeltaTable(str(ledger_path))
+            if batch.done(ledger, f"{query.app_id}/{ledger_name}/"):
+                raise HandOver("a batch run again after a crash (its sequence ledger rows are written)")
+            _register(con, "held", settings.table_path(sequence.held_table(query.name)))
+            held = con.execute("SELECT count(*) FROM held WHERE aggregate_id IN (SELECT aggregate_id FROM batch)"
+                               ).fetchall()[0][0]
+            if held:
+                raise HandOver(f"{held} event(s) of this batch's aggregates are held after a version gap")
+            _register(con, "ledger", ledger_path)
+            repeated, known, off_head = con.execute("""
+                WITH runs AS (SELECT aggregate_id, min(aggregate_version) AS f, max(aggregate_version) AS l,
+                                     count(*) AS n, count(DISTINCT aggregate_version) AS d FROM batch GROUP BY 1),
+                     heads AS (SELECT aggregate_id, max(aggregate_version) AS head FROM ledger
+                               WHERE aggregate_id IN (SELECT aggregate_id FROM runs) GROUP BY 1)
+                SELECT (SELECT count(*) - count(DISTINCT event_id) FROM batch),
+                       (SELECT count(*) FROM ledger WHERE event_id IN (SELECT event_id FROM batch)),
+                       (SELECT count(*) FROM runs LEFT JOIN heads USING (aggregate_id)
+                        WHERE f <> coalesce(head, 0) + 1 OR n <> d OR n <> l - f + 1)""").fetchall()[0]
+            if repeated or known or off_head:
+                raise HandOver(f"not every aggregate simply continues its head ({repeated} event id(s) repeated in "
+                               f"the batch, {known} admitted before, {off_head} aggregate(s) off their head)")
+        with batch.timed("pending"):
+            for model, generation in engine.tables._units(generations):
+                if model.merge_strategy == CURRENT_STATE_BY_VERSION and \
+                        DeltaTable(str(generation.pending)).to_pyarrow_dataset().count_rows():
+                    raise HandOver(f"{model.name}: events wait in {generation.pending} for an earlier version")
+        types = {t for (t,) in con.execute("SELECT DISTINCT event_type FROM batch").fetchall()}
+        units = [(m, g) for m, g in engine.tables._units(generations) if types.intersection(m.event_types)]
+        writes = [_plan_unit(con, batch, model, generation) for model, generation in units]
+        with batch.timed("sequence: ledger"):
+            admitted = con.sql(f"SELECT aggregate_id, aggregate_version, event_id, kafka_partition, kafka_offset, "
+                               f"'{query.app_id}/{query.batch_id}' AS admitted_by FROM batch").to_arrow_table()
+            batch.append(admitted, ledger_path, ledger_name)
+        for write in writes:
+            write()
+    except HandOver:
+        raise
+    except Exception as e:  # noqa: BLE001 -- a lost commit race, a table in a shape this engine cannot write ...
+        raise HandOver(f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}") from e
+    finally:
+        con.close()
+
+
+def _fold(con, model: ReadModel, relation: str):
+    """``model.fold_sql`` over ``relation`` (its relation ``events``) -> an Arrow table."""
+    con.execute(f"CREATE OR REPLACE TEMP VIEW events AS SELECT * FROM {relation}")
+    return con.sql(model.fold_sql).to_arrow_table()
+
+
+def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation) -> Callable[[], None]:
+    """Check that ``model``'s part of the batch is on the common path (HandOver if not) and return its writes."""
+    from deltalake import DeltaTable
+
+    if not model.fold_sql:
+        raise HandOver(f"{model.name}: no fold_sql (its fold in DuckDB's SQL)")
+    view = f"events_{model.name}"
+    con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM batch WHERE event_type IN "
+                f"({_sql_text(model.event_types)})")
+    target = DeltaTable(str(generation.table))
+    txn = f"{batch.app_id}/{model.name}"
+    on = " AND ".join(f"t.{k} = s.{k}" for k in model.key)
+    insert = dict(model.merge_insert) or {f: f"s.{f}" for f in model.columns}
+
+    if model.merge_strategy == CURRENT_STATE_BY_VERSION:
+        with batch.timed(f"{model.name}: fold"):
+            key = model.key[0]
+            con.register(f"folded_{model.name}", _fold(con, model, view))
+            _register(con, f"target_{model.name}", generation.table)
+            con.execute(f"CREATE OR REPLACE TEMP VIEW current_{model.name} AS SELECT {key}, version FROM "
+                        f"target_{model.name} SEMI JOIN folded_{model.name} USING ({key})")
+            stuck = con.execute(f"SELECT count(*) FROM folded_{model.name} s LEFT JOIN current_{model.name} c "
+                                f"USING ({key}) WHERE s.first_version <> coalesce(c.version, 0) + 1 "
+                                f"OR s._events <> s.version - s.first_version + 1").fetchall()[0][0]
+            if stuck:
+                raise HandOver(f"{model.name}: {stuck} key(s) do not continue their row's version")
+            source = con.sql(f"SELECT * FROM folded_{model.name}").to_arrow_table()
+
+        def write() -> None:
+            with batch.timed(f"{model.name}: merge"):
+                if batch.done(target, txn):
+                    return
+                (target.merge(source, predicate=on, source_alias="s", target_alias="t",
+                              commit_properties=batch.commit(txn))
+                 .when_matched_update(updates=dict(model.merge_update), predicate="s.first_version = t.version + 1")
+                 .when_not_matched_insert(updates=insert, predicate="s.first_version = 1").execute())
+        return write
+
+    if model.merge_strategy == INSERT_ONCE:
+        with batch.timed(f"{model.name}: fold"):
+            keys = ", ".join(model.key)
+            con.register(f"folded_{model.name}", _fold(con, model, view))
+            source = con.sql(f"SELECT DISTINCT ON ({keys}) * FROM folded_{model.name}").to_arrow_table()
+
+        def write() -> None:
+            with batch.timed(f"{model.name}: merge"):
+                if batch.done(target, txn):
+                    return
+                (target.merge(source, predicate=on, source_alias="s", target_alias="t",
+                              commit_properties=batch.commit(txn))
+                 .when_not_matched_insert(updates=insert).execute())
+        return write
+
+    if model.merge_strategy == WINDOWED_SUM:
+        return _plan_windowed(con, batch, model, generation, target, view, txn, on, insert)
+    raise HandOver(f"{model.name}: merge strategy {model.merge_strategy!r} is not on this engine's path")
+
+
+def _plan_windowed(con, batch: _Batch, model: ReadModel, generation: Generation, target, view: str,
+                   txn: str, on: str, insert: dict) -> Callable[[], None]:
+    import datetime as dt
+
+
+    from spark_apps.merge import newest_event_time_on_clock, watermark_delay, windowed_watermark
+
+    with batch.timed(f"{model.name}: watermark"):
+        metadata = [json.loads(c["userMetadata"]) for c in target.history(5) if c.get("userMetadata")]
+        if metadata and metadata[0].get("app_id") == batch.app_id and metadata[0].get("batch_id") == batch.batch_id:
+            raise HandOver(f"{model.name}: this batch's MERGE committed already (a re-run)")
+        found, newest = newest_event_time_on_clock(metadata)
+        if not found:
+            _register(con, "window_table", generation.table)
+            newest_start = con.execute("SELECT max(window_start) FROM window_table").fetchall()[0][0]
+            if newest_start is not None:
+                newest = min(newest_start.astimezone(dt.timezone.utc), dt.datetime.now(dt.timezone.utc))
+        watermark = windowed_watermark(newest, watermark_delay(model))
+    with batch.timed(f"{model.name}: not yet applied"):
+        _register(con, f"applied_{model.name}", generation.applied)
+        lo, hi = con.execute(f"SELECT min({model.event_time}), max({model.event_time}) FROM {view}").fetchall()[0]
+        con.execute(f"CREATE OR REPLACE TEMP TABLE fresh_{model.name} AS SELECT * FROM {view} ANTI JOIN "
+                    f"(SELECT event_id FROM applied_{model.name} WHERE event_time IS NULL OR event_time BETWEEN "
+                    f"$lo AND $hi) USING (event_id)", {"lo": lo, "hi": hi})
+        late, newest_on_clock = con.execute(
+            f"SELECT count(*) FILTER (WHERE {model.event_time} < $w), max(least({model.event_time}, recorded_at, "
+            f"now())) FROM fresh_{model.name}", {"w": watermark}).fetchall()[0]
+        if late:
+            raise HandOver(f"{model.name}: {late} event(s) later than the watermark {watermark} -> late_events")
+        if newest_on_clock is not None:
+            newest_on_clock = newest_on_clock.astimezone(dt.timezone.utc)
+            newest = newest_on_clock if newest is None else max(newest, newest_on_clock)
+        fresh = f"fresh_{model.name}"
+        source = _fold(con, model, fresh)
+        ledger = con.sql(f"SELECT event_id, {model.event_time} AS event_time, false AS _late "
+                         f"FROM {fresh}").to_arrow_table()
+    extra = {"watermark_before": None if watermark is None else watermark.isoformat(),
+             "watermark_newest_event_time": None if newest is None else newest.isoformat()}
+
+    def write() -> None:
+        if not source.num_rows:
+            return
+        with batch.timed(f"{model.name}: merge"):
+            if not batch.done(target, txn):
+                (target.merge(source, predicate=on, source_alias="s", target_alias="t",
+                              commit_properties=batch.commit(txn, **extra))
+                 .when_matched_update(updates=dict(model.merge_update))
+                 .when_not_matched_insert(updates=insert).execute())
+        with batch.timed(f"{model.name}: applied ledger"):
+            batch.append(ledger, generation.applied, f"_applied/{model.name}")
+    return write
