@@ -25,10 +25,12 @@ high-water mark of the resident set of its processes, its Spark JVM included).
 
     .venv/bin/python bench/freshness.py [--rate 2000] [--seconds 60] [--warm-up 30] [--accounts 2000]
                                         [--probe-every 1.0] [--backlog 1000000] [--without projection]
-                                        [--fraud-engine python|spark]
+                                        [--fraud-engine python|spark] [--projection-engine spark|python]
 
 ``--without projection`` leaves the read models' projection out (no freshness figure): the fraud latency with the
 cores not shared with Spark. ``--fraud-engine spark`` runs the fraud detector as its Structured Streaming app.
+``--projection-engine python`` runs the projection's batches in DuckDB + delta-rs (``eventlake project --engine
+python``, spark_apps/python_projection.py).
 """
 from __future__ import annotations
 
@@ -71,7 +73,8 @@ def figures(values: list[float], unit: str = "s") -> str:
 class Services:
     """The services as subprocesses in sessions of their own (their Spark JVMs with them), logs under home."""
 
-    def __init__(self, settings: Settings, without: tuple[str, ...] = (), fraud_engine: str = "python"):
+    def __init__(self, settings: Settings, without: tuple[str, ...] = (), fraud_engine: str = "python",
+                 projection_engine: str = "spark"):
         self.logs = settings.home / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLAKE_")}
@@ -87,6 +90,8 @@ class Services:
                 continue
             if name == "fraud-detector":
                 args = [*args, "--engine", fraud_engine]
+            if name == "projection":
+                args = [*args, "--engine", projection_engine]
             with open(self.logs / f"{name}.log", "wb") as out:
                 self.processes[name] = subprocess.Popen(
                     [sys.executable, "-m", "eventlake.cli", *args], cwd=ROOT, env=env, stdout=out,
@@ -224,6 +229,8 @@ def main() -> None:
                     help="leave these services out (without the projection: fraud latency alone, no freshness)")
     ap.add_argument("--fraud-engine", choices=["python", "spark"], default="python",
                     help="the fraud detector's engine (eventlake detect-fraud --engine)")
+    ap.add_argument("--projection-engine", choices=["python", "spark"], default="spark",
+                    help="the projection's engine (eventlake project --engine)")
     ap.add_argument("--backlog", type=int, default=0,
                     help="generated events in the log before the services start: catch-up, then live")
     args = ap.parse_args()
@@ -256,7 +263,7 @@ def main() -> None:
     projecting = "projection" not in args.without
     if args.backlog and not projecting:
         raise SystemExit("freshness bench: --backlog measures the projection's catch-up; it needs the projection")
-    services = Services(settings, tuple(args.without), args.fraud_engine)
+    services = Services(settings, tuple(args.without), args.fraud_engine, args.projection_engine)
     services_started = time.monotonic()
     print(f"freshness bench {run}: services starting (logs: {services.logs})", flush=True)
     try:
@@ -370,7 +377,10 @@ def main() -> None:
             print(f"  read models' batches during the measurement: {len(done)}; events per batch "
                   f"{figures([float(b[1]) for b in done], 'ev')}")
             print(f"    batch duration (offsets written -> commit) {figures([b[2] for b in done])}")
-        lines = re.findall(r"projection: batch (\d+) done in ([\d.]+)s \((.*)\)", services.output("projection"))
+        # The Spark engine's lines ("projection: batch N done in ...") and the Python engine's read models' ones
+        # ("projection-<models>: batch N done in ...", not the archive's).
+        lines = re.findall(r"^projection(?:-(?!event_archive)[^:]*)?: batch (\d+) done in ([\d.]+)s \((.*)\)$",
+                           services.output("projection"), re.MULTILINE)
         measured = {b[0] for b in done}
         typical = [line for line in lines if int(line[0]) in measured] or lines
         if typical:
@@ -385,6 +395,7 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps({"backlog": args.backlog, "peak_rss_mib": peaks,
                 "without": args.without, "fraud_engine": args.fraud_engine,
+                "projection_engine": args.projection_engine,
                 "rate": args.rate, "seconds": args.seconds, "accounts": args.accounts,
                 "accepted": [round(a, 3) for a in accepted],
                 "freshness": [[round(p[0] - measure_from, 3), round(p[2], 3)] for p in probes],

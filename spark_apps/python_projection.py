@@ -48,6 +48,7 @@ __all__ = ["PythonProjection", "Checkpoint", "event_row_schema", "supports", "Ha
 # Spark's metadata log format version (offsets/N, commits/N, sources/0/0).
 _LOG_VERSION = "v1"
 _CALL_TIMEOUT_S = 10.0
+COMPACT_EVERY = 50  # commits of this engine to a table between two compactions of its small files
 # The session settings Spark 4.2 records with every planned batch and reads back on a restart (a checkpoint this
 # engine started has no Spark-written batch to copy them from): Spark's defaults, as its own offsets/N hold them.
 _SPARK_OFFSET_CONF = {
@@ -360,6 +361,7 @@ class _Batch:
 
     def __init__(self, projection: str, app_id: str, batch_id: int, steps: dict[str, float]):
         self.projection, self.app_id, self.batch_id, self.steps = projection, app_id, batch_id, steps
+        self.written: set[str] = set()  # the tables this batch committed to
 
     @contextmanager
     def timed(self, step: str):
@@ -391,6 +393,7 @@ class _Batch:
         if self.done(table, txn) or data.num_rows == 0:
             return
         write_deltalake(table, _cast(data, table), mode="append", commit_properties=self.commit(txn))
+        self.written.add(str(path))
 
 
 def _cast(data, table):
@@ -398,7 +401,9 @@ def _cast(data, table):
     import pyarrow as pa
 
     schema = pa.schema(table.schema().to_arrow())
-    return pa.Table.from_arrays([data.column(f.name).cast(f.type) for f in schema], schema=schema)
+    columns = [data.column(f.name).cast(f.type) if f.name in data.column_names else pa.nulls(data.num_rows, f.type)
+               for f in schema]  # a column added since (e.g. late_events' reprocessed_at) is null in new rows
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _register(con, name: str, path) -> None:
@@ -485,12 +490,14 @@ class _Query:
     def _run(self, records: _Records, ends: dict[int, int]) -> None:
         started = time.perf_counter()
         steps: dict[str, float] = {}
+        batch = _Batch(self.name, self.app_id, self.batch_id, steps)
         try:
-            self.process(self, records, steps)
+            self.process(self, records, batch)
         except HandOver as reason:
             self.engine.hand_over(self, str(reason))
             return
         self.checkpoint.commit(self.batch_id)
+        self.engine.compact(batch.written, steps)
         self.rows += len(records.rows)
         self.batches += 1
         parts = "; ".join(f"{step} {t:.2f}s" for step, t in steps.items() if t >= 0.005)
@@ -523,6 +530,7 @@ class PythonProjection:
         self.starting_offsets = starting_offsets
         self._spark_session = spark_session
         self.handed_over = 0
+        self._commits: dict[str, int] = {}  # table -> this engine's commits to it (for ``compact``)
         self.limit = settings.max_offsets_per_trigger  # records per batch at most (Spark's maxOffsetsPerTrigger)
         self.queries: list[_Query] = []
 
@@ -544,6 +552,28 @@ class PythonProjection:
         self.log(f"{query.name}: the Spark engine ran {run.batches} batch(es), {run.input_rows} records; "
                  f"this engine goes on")
         query.resume()
+
+    # -- small files ------------------------------------------------------------------------------------------
+    def compact(self, written: set[str], steps: dict[str, float]) -> None:
+        """Every ``COMPACT_EVERY`` commits of this engine to a table, its small files are compacted (a live batch
+        writes one file per table; left alone, readers and this engine's own reads of the bookkeeping tables
+        open thousands). Delta log checkpoints are delta-rs's own (every 100 commits)."""
+        from deltalake import DeltaTable
+
+        for path in written:
+            self._commits[path] = self._commits.get(path, 0) + 1
+            if self._commits[path] % COMPACT_EVERY:
+                continue
+            started = time.perf_counter()
+            try:
+                metrics = DeltaTable(path).optimize.compact()
+            except Exception as e:  # noqa: BLE001 -- a race with another writer: the next round compacts
+                self.log(f"projection: compacting {path} skipped: {str(e).splitlines()[0][:200]}")
+                continue
+            steps[f"compact {Path(path).name}"] = time.perf_counter() - started
+            if metrics.get("numFilesRemoved"):
+                self.log(f"projection: compacted {path}: {metrics['numFilesRemoved']} files into "
+                         f"{metrics['numFilesAdded']} ({time.perf_counter() - started:.2f}s)")
 
     # -- the loop -------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -591,8 +621,7 @@ class PythonProjection:
 
 
 # -- the archive's batch ---------------------------------------------------------------------------------------
-def _archive_batch(query: _Query, records: _Records, steps: dict[str, float]) -> None:
-    batch = _Batch(query.name, query.app_id, query.batch_id, steps)
+def _archive_batch(query: _Query, records: _Records, batch: _Batch) -> None:
     with batch.timed("parse"):
         events, _ = _parse(records, query.engine.settings.events_topic)
     with batch.timed("append"):
@@ -600,13 +629,12 @@ def _archive_batch(query: _Query, records: _Records, steps: dict[str, float]) ->
 
 
 # -- the read models' batch ------------------------------------------------------------------------------------
-def _read_models_batch(query: _Query, records: _Records, steps: dict[str, float]) -> None:
+def _read_models_batch(query: _Query, records: _Records, batch: _Batch) -> None:
     import duckdb
     from deltalake import DeltaTable
 
     engine = query.engine
     settings = engine.settings
-    batch = _Batch(query.name, query.app_id, query.batch_id, steps)
     with batch.timed("parse"):
         events, bad = _parse(records, settings.events_topic)
     if bad:
@@ -702,6 +730,7 @@ def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation) -> 
             with batch.timed(f"{model.name}: merge"):
                 if batch.done(target, txn):
                     return
+                batch.written.add(str(generation.table))
                 (target.merge(source, predicate=on, source_alias="s", target_alias="t",
                               commit_properties=batch.commit(txn))
                  .when_matched_update(updates=dict(model.merge_update), predicate="s.first_version = t.version + 1")
@@ -718,6 +747,7 @@ def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation) -> 
             with batch.timed(f"{model.name}: merge"):
                 if batch.done(target, txn):
                     return
+                batch.written.add(str(generation.table))
                 (target.merge(source, predicate=on, source_alias="s", target_alias="t",
                               commit_properties=batch.commit(txn))
                  .when_not_matched_insert(updates=insert).execute())
@@ -728,12 +758,48 @@ def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation) -> 
     raise HandOver(f"{model.name}: merge strategy {model.merge_strategy!r} is not on this engine's path")
 
 
+def _late_rows(con, model: ReadModel, fresh: str, watermark):
+    """The late events' rows of ``late_events`` (``spark_apps.merge._windowed_sum``'s): the event as JSON in Spark's
+    ``to_json`` shape (null fields left out, times as ``yyyy-MM-dd'T'HH:mm:ss.SSSZ`` in UTC)."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    rows = con.sql(f"SELECT * EXCLUDE (_late) FROM {fresh} WHERE _late").to_arrow_table().to_pylist()
+    now = dt.datetime.now(dt.timezone.utc)
+    out = {"read_model": [], "event_id": [], "event_type": [], "aggregate_id": [], "event_time": [],
+           "watermark": [], "event": [], "recorded_at": []}
+    for row in rows:
+        for name in ("event_id", "event_type", "aggregate_id"):
+            out[name].append(row[name])
+        out["read_model"].append(model.name)
+        out["event_time"].append(row[model.event_time])
+        out["watermark"].append(watermark)
+        out["event"].append(json.dumps({k: _spark_json_value(v) for k, v in row.items() if v is not None},
+                                       separators=(",", ":")))
+        out["recorded_at"].append(now)
+    when = pa.timestamp("us", tz="UTC")
+    return pa.table(out, schema=pa.schema([("read_model", pa.string()), ("event_id", pa.string()),
+                                           ("event_type", pa.string()), ("aggregate_id", pa.string()),
+                                           ("event_time", when), ("watermark", when), ("event", pa.string()),
+                                           ("recorded_at", when)]))
+
+
+def _spark_json_value(value):
+    import datetime as dt
+
+    if isinstance(value, dt.datetime):
+        value = value.astimezone(dt.timezone.utc)
+        return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+    return value
+
+
 def _plan_windowed(con, batch: _Batch, model: ReadModel, generation: Generation, target, view: str,
                    txn: str, on: str, insert: dict) -> Callable[[], None]:
     import datetime as dt
 
-
-    from spark_apps.merge import newest_event_time_on_clock, watermark_delay, windowed_watermark
+    from spark_apps.merge import LATE_EVENTS_TABLE, newest_event_time_on_clock, watermark_delay, \
+        windowed_watermark
 
     with batch.timed(f"{model.name}: watermark"):
         metadata = [json.loads(c["userMetadata"]) for c in target.history(5) if c.get("userMetadata")]
@@ -752,30 +818,37 @@ def _plan_windowed(con, batch: _Batch, model: ReadModel, generation: Generation,
         con.execute(f"CREATE OR REPLACE TEMP TABLE fresh_{model.name} AS SELECT * FROM {view} ANTI JOIN "
                     f"(SELECT event_id FROM applied_{model.name} WHERE event_time IS NULL OR event_time BETWEEN "
                     f"$lo AND $hi) USING (event_id)", {"lo": lo, "hi": hi})
-        late, newest_on_clock = con.execute(
-            f"SELECT count(*) FILTER (WHERE {model.event_time} < $w), max(least({model.event_time}, recorded_at, "
-            f"now())) FROM fresh_{model.name}", {"w": watermark}).fetchall()[0]
-        if late:
-            raise HandOver(f"{model.name}: {late} event(s) later than the watermark {watermark} -> late_events")
+        fresh = f"fresh_{model.name}"
+        is_late = "false" if watermark is None else \
+            f"{model.event_time} < TIMESTAMPTZ '{watermark.isoformat()}'"
+        con.execute(f"ALTER TABLE {fresh} ADD COLUMN _late BOOLEAN")
+        con.execute(f"UPDATE {fresh} SET _late = coalesce({is_late}, false)")
+        newest_on_clock = con.execute(f"SELECT max(least({model.event_time}, recorded_at, now())) "
+                                      f"FROM {fresh}").fetchall()[0][0]
         if newest_on_clock is not None:
             newest_on_clock = newest_on_clock.astimezone(dt.timezone.utc)
             newest = newest_on_clock if newest is None else max(newest, newest_on_clock)
-        fresh = f"fresh_{model.name}"
-        source = _fold(con, model, fresh)
-        ledger = con.sql(f"SELECT event_id, {model.event_time} AS event_time, false AS _late "
-                         f"FROM {fresh}").to_arrow_table()
+        con.execute(f"CREATE OR REPLACE TEMP VIEW on_time_{model.name} AS SELECT * EXCLUDE (_late) FROM {fresh} "
+                    f"WHERE NOT _late")
+        source = _fold(con, model, f"on_time_{model.name}")
+        ledger = con.sql(f"SELECT event_id, {model.event_time} AS event_time, _late FROM {fresh}").to_arrow_table()
+        late = _late_rows(con, model, fresh, watermark)
     extra = {"watermark_before": None if watermark is None else watermark.isoformat(),
              "watermark_newest_event_time": None if newest is None else newest.isoformat()}
 
     def write() -> None:
-        if not source.num_rows:
-            return
-        with batch.timed(f"{model.name}: merge"):
-            if not batch.done(target, txn):
-                (target.merge(source, predicate=on, source_alias="s", target_alias="t",
-                              commit_properties=batch.commit(txn, **extra))
-                 .when_matched_update(updates=dict(model.merge_update))
-                 .when_not_matched_insert(updates=insert).execute())
-        with batch.timed(f"{model.name}: applied ledger"):
-            batch.append(ledger, generation.applied, f"_applied/{model.name}")
+        if source.num_rows:
+            with batch.timed(f"{model.name}: merge"):
+                if not batch.done(target, txn):
+                    batch.written.add(str(generation.table))
+                    (target.merge(source, predicate=on, source_alias="s", target_alias="t",
+                                  commit_properties=batch.commit(txn, **extra))
+                     .when_matched_update(updates=dict(model.merge_update))
+                     .when_not_matched_insert(updates=insert).execute())
+        if late.num_rows:
+            with batch.timed(f"{model.name}: late events"):
+                batch.append(late, generation.late_events, LATE_EVENTS_TABLE, writer=model.name)
+        if ledger.num_rows:
+            with batch.timed(f"{model.name}: applied ledger"):
+                batch.append(ledger, generation.applied, f"_applied/{model.name}")
     return write

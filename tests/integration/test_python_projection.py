@@ -1,6 +1,9 @@
 """The projection's Python engine (spark_apps/python_projection.py: DuckDB + delta-rs on the common path, Spark for
 the rest) on the real broker: every read model equal to its oracle, the same tables as the Spark engine, and the two
 engines taking over from each other batch by batch on one checkpoint."""
+import json
+import random
+
 import pytest
 
 import read_models
@@ -9,11 +12,12 @@ from spark_apps.projection import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Projection
 from spark_apps.python_projection import PythonProjection, event_row_schema
 from tests.domain_helpers import events_for
 from tests.integration.test_projection import delta, publish
-from tests.oracle import assert_matches_oracle, table_rows
+from tests.oracle import assert_matches_oracle, late_count, table_rows
 
 pytestmark = pytest.mark.slow
 
-CLEAN = GeneratorConfig(accounts=30, commands=400, seed=21, run_id="py", late_rate=0.0)
+# In order, each aggregate's events once; some payments dated before their window closed (late events).
+CLEAN = GeneratorConfig(accounts=30, commands=400, seed=21, run_id="py", late_rate=0.05)
 
 
 def python_engine(spark, settings, models=None, **kw):
@@ -31,7 +35,7 @@ def test_the_event_row_schema_is_the_spark_parsers(spark):
         [(f.name, f.type) for f in arrow_schema(_event_row_schema(spark))]
 
 
-def test_a_clean_log_is_projected_without_spark_and_equals_the_oracle(spark, settings):
+def test_a_clean_log_with_late_events_is_projected_without_spark_and_equals_the_oracle(spark, settings):
     events = events_for(CLEAN, flag_every=7)
     publish(settings, [(e.aggregate_id, e.to_json()) for e in events])
     engine, run, lines = python_engine(spark, settings, max_offsets_per_trigger=150)
@@ -40,6 +44,9 @@ def test_a_clean_log_is_projected_without_spark_and_equals_the_oracle(spark, set
     assert_matches_oracle(spark, settings, events)
     assert delta(spark, settings, ARCHIVE_TABLE).count() == len(events)
     assert delta(spark, settings, DEAD_LETTER_TABLE).count() == 0
+    late = delta(spark, settings, "late_events").collect()
+    assert late and late_count(spark, settings) == len(late)
+    assert all(json.loads(r["event"])["event_id"] == r["event_id"] and r["event_time"] < r["watermark"] for r in late)
 
     # The same checkpoint, taken on by the Spark engine: nothing to do, nothing changes.
     before = {m.name: table_rows(spark, settings, m) for m in read_models.select(None)}
@@ -86,5 +93,51 @@ def test_the_engines_take_over_from_each_other_on_one_checkpoint(spark, settings
     publish(settings, values[2 * third:])
     engine, run, _ = python_engine(spark, settings, max_offsets_per_trigger=200)
     assert engine.handed_over == 0 and run.input_rows == len(values) - 2 * third
+    assert_matches_oracle(spark, settings, events)
+    assert delta(spark, settings, ARCHIVE_TABLE).count() == len(events)
+
+
+def test_kill_9_of_the_python_engine_at_random_points_then_restart_gives_the_oracle_tables(spark, settings):
+    """``eventlake project --engine python`` killed -9 inside its batches (between a table's commit and the next, a
+    checkpoint's offsets and its commit ...), five times, then restarted: every table equals the oracle."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from eventlake.generator import IotGeneratorConfig, SiteGeneratorConfig, generate_site_commands
+    from tests.domain_helpers import events_of, interleaved, iot_events_for
+    from tests.integration.test_projection_crashes import EVENTLAKE, committed_batches
+
+    events = interleaved(
+        events_for(GeneratorConfig(accounts=30, commands=400, seed=19, run_id="pykill", late_rate=0.0), flag_every=7),
+        iot_events_for(IotGeneratorConfig(devices=8, minutes=10, seed=19, run_id="pykill"), flag_every=11),
+        events_of(generate_site_commands(SiteGeneratorConfig(sites=2, views=150, minutes=10, seed=19,
+                                                             run_id="pykill"))))
+    publish(settings, [(e.aggregate_id, e.to_json()) for e in events])
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=settings.bootstrap_servers, EVENTLAKE_HOME=str(settings.home),
+               EVENTLAKE_TOPIC_PREFIX=settings.topic_prefix, EVENTLAKE_MAX_OFFSETS_PER_TRIGGER="40")
+    rng = random.Random(6)
+    progress = []
+    settings.home.mkdir(parents=True, exist_ok=True)
+    for attempt in range(5):
+        before = committed_batches(settings)
+        with open(settings.home / f"project-{attempt}.log", "wb") as out:
+            proc = subprocess.Popen([EVENTLAKE, "project", "--engine", "python", "--until-caught-up"], env=env,
+                                    start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while committed_batches(settings) <= before and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 1.5))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        progress.append(committed_batches(settings))
+    assert progress[0] >= 1 and progress[-1] > progress[0], progress
+
+    engine, _, lines = python_engine(spark, settings)
+    if os.environ.get("EVENTLAKE_TEST_SHOW"):
+        for attempt in range(5):
+            print((settings.home / f"project-{attempt}.log").read_text()[-3000:])
+        print("\n".join(lines))
     assert_matches_oracle(spark, settings, events)
     assert delta(spark, settings, ARCHIVE_TABLE).count() == len(events)
