@@ -48,6 +48,9 @@ __all__ = ["PythonProjection", "Checkpoint", "event_row_schema", "supports", "Ha
 # Spark's metadata log format version (offsets/N, commits/N, sources/0/0).
 _LOG_VERSION = "v1"
 _CALL_TIMEOUT_S = 10.0
+# Records per batch at most (or fewer, EVENTLAKE_MAX_OFFSETS_PER_TRIGGER): a batch's records are held as Python
+# objects, so a projection far behind catches up in batches of bounded memory.
+MAX_BATCH_RECORDS = 100_000
 COMPACT_EVERY = 50  # commits of this engine to a table between two compactions of its small files
 # The session settings Spark 4.2 records with every planned batch and reads back on a restart (a checkpoint this
 # engine started has no Spark-written batch to copy them from): Spark's defaults, as its own offsets/N hold them.
@@ -530,6 +533,7 @@ class PythonProjection:
         self.starting_offsets = starting_offsets
         self._spark_session = spark_session
         self.handed_over = 0
+        self.stop_requested = None
         self._commits: dict[str, int] = {}  # table -> this engine's commits to it (for ``compact``)
         self.limit = settings.max_offsets_per_trigger  # records per batch at most (Spark's maxOffsetsPerTrigger)
         self.queries: list[_Query] = []
@@ -551,7 +555,7 @@ class PythonProjection:
         run = spark_projection.run_until_caught_up(max_offsets_per_trigger=self.limit)
         self.log(f"{query.name}: the Spark engine ran {run.batches} batch(es), {run.input_rows} records; "
                  f"this engine goes on")
-        query.resume()
+        self._with_broker(query.resume)
 
     # -- small files ------------------------------------------------------------------------------------------
     def compact(self, written: set[str], steps: dict[str, float]) -> None:
@@ -589,18 +593,39 @@ class PythonProjection:
         if not self.queries:
             raise ValueError("nothing to project: no read models and no archive")
         for query in self.queries:
-            query.resume(self.starting_offsets if query.name == self.tables.name else None)
-            self.log(f"projection: {query.name} (engine python) started from {self.settings.events_topic} at "
-                     f"batch {query.batch_id} (checkpoint {query.checkpoint.path})")
+            self._with_broker(lambda: query.resume(self.starting_offsets if query.name == self.tables.name else None))
+            self.log(f"projection: {query.name} started from {self.settings.events_topic} at "
+                     f"{self.settings.bootstrap_servers} (engine python; batch {query.batch_id}; checkpoint "
+                     f"{query.checkpoint.path})")
+
+    def _with_broker(self, step: Callable[[], None]) -> None:
+        """Run ``step`` (positioning a reader: it asks the broker for partitions and offsets); while no broker
+        answers, wait and try again (a stop request ends the wait)."""
+        from confluent_kafka import KafkaException
+
+        said = False
+        while True:
+            try:
+                step()
+                return
+            except KafkaException as e:
+                if self.stop_requested is not None and self.stop_requested.is_set():
+                    raise
+                if not said:
+                    self.log(f"projection: no answer from the broker at {self.settings.bootstrap_servers} "
+                             f"({e.args[0].str() if e.args else e}); trying again every 2s")
+                    said = True
+                time.sleep(2)
 
     def run(self, until_caught_up: bool = False, stop_requested=None,
             max_offsets_per_trigger: int | None = None) -> ProjectionRun:
         """Batches of what has arrived, as soon as it has, until ``stop_requested`` is set (or, with
         ``until_caught_up``, every query has read to the log's end)."""
         started = time.monotonic()
+        self.stop_requested = stop_requested
         if not self.queries:
             self.start()
-        limit = self.limit = max_offsets_per_trigger or self.settings.max_offsets_per_trigger
+        limit = self.limit = max_offsets_per_trigger or min(self.settings.max_offsets_per_trigger, MAX_BATCH_RECORDS)
         run = ProjectionRun()
         try:
             while stop_requested is None or not stop_requested.is_set():
