@@ -283,34 +283,56 @@ def _data_loss(settings: Settings, name: str, partition: int, offset: int) -> st
             f"current start.")
 
 
-def _parse(records: _Records, topic: str):
+class _Parsed:
+    """Each record's verdict, kept for the other query: the read models' and the archive's queries read the same
+    records one after the other, and parsing (JSON and the validity checks) is most of a live batch's time. A
+    verdict is handed out once (taken by the second query); the cache never holds more than ``limit`` entries."""
+
+    def __init__(self, shared: bool, limit: int = 2 * MAX_BATCH_RECORDS):
+        self.shared, self.limit = shared, limit
+        self.entries: dict[tuple[int, int], tuple] = {}
+
+    def take(self, partition: int, offset: int):
+        return self.entries.pop((partition, offset), None) if self.shared else None
+
+    def keep(self, verdicts: dict) -> None:
+        if self.shared:
+            if len(self.entries) + len(verdicts) > self.limit:
+                self.entries.clear()  # the other query is elsewhere in the log: nothing here serves it
+            self.entries.update(verdicts)
+
+
+def _parse(records: _Records, topic: str, cache: _Parsed | None = None):
     """(event rows as an Arrow table, [(partition, offset, reason)] of the records that are not valid events)."""
     import pyarrow as pa
 
     from event_store.envelope import EventEnvelope, parse_time
-    from spark_apps.events import payload_columns
+    from spark_apps.events import ENVELOPE_COLUMNS, payload_columns
 
     schema = event_row_schema()
-    columns: dict[str, list] = {f.name: [] for f in schema}
     payload = payload_columns()
-    bad = []
+    rows, bad, fresh = [], [], {}
     for partition, offset, _, value in records.rows:
-        try:
-            e = EventEnvelope.from_json(value if value is not None else b"")
-        except InvalidRecord as error:
-            bad.append((partition, offset, str(error)))
-            continue
-        for name in ("event_id", "event_type", "schema_version", "aggregate_type", "aggregate_id",
-                     "aggregate_version", "command_id", "correlation_id", "causation_id"):
-            columns[name].append(getattr(e, name))
-        columns["occurred_at"].append(parse_time(e.occurred_at, "occurred_at"))
-        columns["recorded_at"].append(parse_time(e.recorded_at, "recorded_at"))
-        for name in payload:
-            columns[name].append(e.payload.get(name))
-        columns["kafka_topic"].append(topic)
-        columns["kafka_partition"].append(partition)
-        columns["kafka_offset"].append(offset)
-    return pa.Table.from_pydict(columns, schema=schema), bad
+        verdict = cache.take(partition, offset) if cache is not None else None
+        if verdict is None:
+            try:
+                e = EventEnvelope.from_json(value if value is not None else b"")
+            except InvalidRecord as error:
+                verdict = ("bad", str(error))
+            else:
+                verdict = ("ok", (*(getattr(e, n) for n in ENVELOPE_COLUMNS[:6]),
+                                  parse_time(e.occurred_at, "occurred_at"), parse_time(e.recorded_at, "recorded_at"),
+                                  *(getattr(e, n) for n in ENVELOPE_COLUMNS[8:]),
+                                  *(e.payload.get(n) for n in payload), topic, partition, offset))
+            fresh[(partition, offset)] = verdict
+        if verdict[0] == "bad":
+            bad.append((partition, offset, verdict[1]))
+        else:
+            rows.append(verdict[1])
+    if cache is not None:
+        cache.keep(fresh)
+    columns = list(zip(*rows)) if rows else [[] for _ in schema]
+    return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema), bad
 
 
 class _Tables(Projection):
@@ -534,6 +556,7 @@ class PythonProjection:
         self._spark_session = spark_session
         self.handed_over = 0
         self.stop_requested = None
+        self.parsed = _Parsed(shared=False)
         self._commits: dict[str, int] = {}  # table -> this engine's commits to it (for ``compact``)
         self.limit = settings.max_offsets_per_trigger  # records per batch at most (Spark's maxOffsetsPerTrigger)
         self.queries: list[_Query] = []
@@ -592,6 +615,7 @@ class PythonProjection:
                                        _archive_batch))
         if not self.queries:
             raise ValueError("nothing to project: no read models and no archive")
+        self.parsed = _Parsed(shared=len(self.queries) > 1)
         for query in self.queries:
             self._with_broker(lambda: query.resume(self.starting_offsets if query.name == self.tables.name else None))
             self.log(f"projection: {query.name} started from {self.settings.events_topic} at "
@@ -648,7 +672,7 @@ class PythonProjection:
 # -- the archive's batch ---------------------------------------------------------------------------------------
 def _archive_batch(query: _Query, records: _Records, batch: _Batch) -> None:
     with batch.timed("parse"):
-        events, _ = _parse(records, query.engine.settings.events_topic)
+        events, _ = _parse(records, query.engine.settings.events_topic, query.engine.parsed)
     with batch.timed("append"):
         batch.append(events, query.engine.settings.table_path(ARCHIVE_TABLE), ARCHIVE_TABLE)
 
@@ -661,7 +685,7 @@ def _read_models_batch(query: _Query, records: _Records, batch: _Batch) -> None:
     engine = query.engine
     settings = engine.settings
     with batch.timed("parse"):
-        events, bad = _parse(records, settings.events_topic)
+        events, bad = _parse(records, settings.events_topic, engine.parsed)
     if bad:
         partition, offset, reason = bad[0]
         raise HandOver(f"{len(bad)} record(s) that are not valid events (partition {partition} offset {offset}: "
