@@ -1,8 +1,9 @@
 """Every librdkafka (confluent-kafka) client eventlake makes, and the one way it produces a record.
 
-The command handler's transactional producer and group consumer, the fraud policy's group reader, the bulk
-producer (the client's and the policy's) and the admin client are built here, so their configuration (idempotence, ``acks=all``, ``read_committed``, the murmur2
-partitioner of the Java client) is written once. ``produce`` and ``produce_records`` own the retry for a full
+The command handler's transactional producer and group consumer, the fraud policy's group reader, the projection's
+range reader (its Python engine), the bulk producer (the client's and the policy's) and the admin client are built
+here, so their configuration (idempotence, ``acks=all``, ``read_committed``, the murmur2 partitioner of the Java
+client) is written once. ``produce`` and ``produce_records`` own the retry for a full
 local queue (``BufferError``): let librdkafka drain it, then try once more. ``RecordSender`` is the process
 managers' send-until-delivered loop (the fraud policy's and the fraud detector's), ``close_within`` their bounded
 close of a consumer.
@@ -21,8 +22,8 @@ from confluent_kafka.admin import AdminClient
 from lakehouse.kafka_security import confluent_config
 from lakehouse.settings import Settings
 
-__all__ = ["transactional_producer_config", "new_producer", "group_consumer", "group_reader", "bulk_producer",
-           "admin_client", "access_probe", "produce", "produce_records", "RecordSender", "close_within"]
+__all__ = ["transactional_producer_config", "new_producer", "group_consumer", "group_reader", "range_reader",
+           "bulk_producer", "admin_client", "access_probe", "produce", "produce_records", "RecordSender", "close_within"]
 
 
 def transactional_producer_config(settings: Settings, transactional_id: str, *, batch_bytes: int,
@@ -70,6 +71,17 @@ def group_reader(settings: Settings, group_id: str, on_error: Callable | None = 
     if on_error is not None:
         config["error_cb"] = on_error
     return confluent_kafka.Consumer(config)
+
+
+def range_reader(settings: Settings, name: str) -> confluent_kafka.Consumer:
+    """A ``read_committed`` consumer that reads partitions it is assigned from offsets it is given (no group
+    membership, nothing committed): the projection's Python engine, which keeps its positions in its checkpoints.
+    A position the log no longer holds is an error (``auto.offset.reset=error``), never a silent jump; a
+    ``_PARTITION_EOF`` message says a partition is read to its end."""
+    return confluent_kafka.Consumer({
+        **confluent_config(settings), "group.id": f"eventlake-{name}-unused", "isolation.level": "read_committed",
+        "enable.auto.commit": False, "auto.offset.reset": "error", "enable.partition.eof": True,
+        "topic.metadata.refresh.interval.ms": 10_000, "fetch.wait.max.ms": 20})
 
 
 def bulk_producer(settings: Settings, on_failed_delivery: Callable) -> confluent_kafka.Producer:

@@ -190,15 +190,10 @@ class _Reader:
     group): a batch is what has arrived, up to ``limit`` records."""
 
     def __init__(self, settings: Settings, name: str):
-        import confluent_kafka
-
-        from lakehouse.kafka_security import confluent_config
+        from event_store import kafka_clients
 
         self.settings, self.name = settings, name
-        self.consumer = confluent_kafka.Consumer({
-            **confluent_config(settings), "group.id": f"eventlake-{name}-unused", "isolation.level": "read_committed",
-            "enable.auto.commit": False, "auto.offset.reset": "error", "enable.partition.eof": True,
-            "topic.metadata.refresh.interval.ms": 10_000, "fetch.wait.max.ms": 20})
+        self.consumer = kafka_clients.range_reader(settings, name)
         self.next: dict[int, int] = {}  # partition -> the next offset the consumer hands out
         self.at_end: set[int] = set()
         self.buffered: list = []
