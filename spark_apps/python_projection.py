@@ -12,10 +12,12 @@ see no difference.
 **The common path only; the rest is Spark's.** A read-models batch is done here when it is what a live stream
 almost always is: every record a valid event (``EventEnvelope.from_json``, the definition the Spark parser is
 generated from; a test keeps the two in agreement), each aggregate's events continuing its head in the sequence
-ledger exactly once, nothing held after a version gap, no ``_pending`` event in a current-state model, no event
-later than a windowed model's watermark, and not a batch run again after a crash. Everything it checks is read
-before it writes anything. Any other batch (a record written around the handler, a replayed or forged event, a
-gap, a late event) - and any failure while writing one, a lost commit race included - is handed to the Spark query
+ledger exactly once, nothing held after a version gap for its aggregates, no ``_pending`` event in a current-state
+model. Late events are recorded in ``late_events`` as Spark records them. A batch run again after a crash is done
+here too when its first run admitted every event (its writes that committed are skipped by their transaction ids; a
+windowed model whose MERGE committed splits its events by the watermark that commit recorded). Everything it checks
+is read before it writes anything. Any other batch (a record written around the handler, a replayed or forged
+event, a gap) - and any failure while writing one, a lost commit race included - is handed to the Spark query
 on the same checkpoint: the batch is already planned in the offset log, so Spark runs exactly it again (its re-run
 path: what committed is skipped by its transaction id, the rest is done), then the rest of the log, and stops; then
 this engine goes on from Spark's last batch. The Spark session is started on the first such batch only (tens of
@@ -694,26 +696,40 @@ def _read_models_batch(query: _Query, records: _Records, batch: _Batch) -> None:
             ledger_name = sequence.ledger_table(query.name)
             ledger_path = settings.table_path(ledger_name)
             ledger = DeltaTable(str(ledger_path))
-            if batch.done(ledger, f"{query.app_id}/{ledger_name}/"):
-                raise HandOver("a batch run again after a crash (its sequence ledger rows are written)")
+            rerun = batch.done(ledger, f"{query.app_id}/{ledger_name}/")
             _register(con, "held", settings.table_path(sequence.held_table(query.name)))
             held = con.execute("SELECT count(*) FROM held WHERE aggregate_id IN (SELECT aggregate_id FROM batch)"
                                ).fetchall()[0][0]
             if held:
                 raise HandOver(f"{held} event(s) of this batch's aggregates are held after a version gap")
             _register(con, "ledger", ledger_path)
-            repeated, known, off_head = con.execute("""
-                WITH runs AS (SELECT aggregate_id, min(aggregate_version) AS f, max(aggregate_version) AS l,
-                                     count(*) AS n, count(DISTINCT aggregate_version) AS d FROM batch GROUP BY 1),
-                     heads AS (SELECT aggregate_id, max(aggregate_version) AS head FROM ledger
-                               WHERE aggregate_id IN (SELECT aggregate_id FROM runs) GROUP BY 1)
-                SELECT (SELECT count(*) - count(DISTINCT event_id) FROM batch),
-                       (SELECT count(*) FROM ledger WHERE event_id IN (SELECT event_id FROM batch)),
-                       (SELECT count(*) FROM runs LEFT JOIN heads USING (aggregate_id)
-                        WHERE f <> coalesce(head, 0) + 1 OR n <> d OR n <> l - f + 1)""").fetchall()[0]
-            if repeated or known or off_head:
-                raise HandOver(f"not every aggregate simply continues its head ({repeated} event id(s) repeated in "
-                               f"the batch, {known} admitted before, {off_head} aggregate(s) off their head)")
+            if rerun:
+                # Run again after a crash, its ledger rows written: when its first run admitted every event (the
+                # common path), the rest of its writes are done here, each skipped where it committed; else Spark's
+                # re-run path takes it.
+                admitted_by = f"{query.app_id}/{query.batch_id}"
+                mine, missing = con.execute(f"""
+                    SELECT (SELECT count(*) FROM ledger WHERE admitted_by = '{admitted_by}'),
+                           (SELECT count(*) FROM batch ANTI JOIN (SELECT event_id FROM ledger
+                                                                 WHERE admitted_by = '{admitted_by}') USING (event_id))
+                    """).fetchall()[0]
+                if missing or mine != events.num_rows:
+                    raise HandOver("a batch run again after a crash, whose first run did not admit every event")
+                engine.log(f"{query.name}: batch {query.batch_id}: run again after a crash; its sequence ledger "
+                           f"rows are written, the writes not yet committed are done now")
+            else:
+                repeated, known, off_head = con.execute("""
+                    WITH runs AS (SELECT aggregate_id, min(aggregate_version) AS f, max(aggregate_version) AS l,
+                                         count(*) AS n, count(DISTINCT aggregate_version) AS d FROM batch GROUP BY 1),
+                         heads AS (SELECT aggregate_id, max(aggregate_version) AS head FROM ledger
+                                   WHERE aggregate_id IN (SELECT aggregate_id FROM runs) GROUP BY 1)
+                    SELECT (SELECT count(*) - count(DISTINCT event_id) FROM batch),
+                           (SELECT count(*) FROM ledger WHERE event_id IN (SELECT event_id FROM batch)),
+                           (SELECT count(*) FROM runs LEFT JOIN heads USING (aggregate_id)
+                            WHERE f <> coalesce(head, 0) + 1 OR n <> d OR n <> l - f + 1)""").fetchall()[0]
+                if repeated or known or off_head:
+                    raise HandOver(f"not every aggregate simply continues its head ({repeated} event id(s) repeated "
+                                   f"in the batch, {known} admitted before, {off_head} aggregate(s) off their head)")
         with batch.timed("pending"):
             for model, generation in engine.tables._units(generations):
                 if model.merge_strategy == CURRENT_STATE_BY_VERSION and \
@@ -757,6 +773,8 @@ def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation) -> 
     insert = dict(model.merge_insert) or {f: f"s.{f}" for f in model.columns}
 
     if model.merge_strategy == CURRENT_STATE_BY_VERSION:
+        if batch.done(target, txn):  # a batch run again: this model's part committed in its first run
+            return lambda: None
         with batch.timed(f"{model.name}: fold"):
             key = model.key[0]
             con.register(f"folded_{model.name}", _fold(con, model, view))
@@ -842,20 +860,22 @@ def _plan_windowed(con, batch: _Batch, model: ReadModel, generation: Generation,
                    txn: str, on: str, insert: dict) -> Callable[[], None]:
     import datetime as dt
 
-    from spark_apps.merge import LATE_EVENTS_TABLE, newest_event_time_on_clock, watermark_delay, \
+    from spark_apps.merge import LATE_EVENTS_TABLE, _utc, newest_event_time_on_clock, watermark_delay, \
         windowed_watermark
 
     with batch.timed(f"{model.name}: watermark"):
         metadata = [json.loads(c["userMetadata"]) for c in target.history(5) if c.get("userMetadata")]
-        if metadata and metadata[0].get("app_id") == batch.app_id and metadata[0].get("batch_id") == batch.batch_id:
-            raise HandOver(f"{model.name}: this batch's MERGE committed already (a re-run)")
         found, newest = newest_event_time_on_clock(metadata)
-        if not found:
+        again = bool(metadata) and metadata[0].get("app_id") == batch.app_id and \
+            metadata[0].get("batch_id") == batch.batch_id
+        if not found and not again:
             _register(con, "window_table", generation.table)
             newest_start = con.execute("SELECT max(window_start) FROM window_table").fetchall()[0][0]
             if newest_start is not None:
                 newest = min(newest_start.astimezone(dt.timezone.utc), dt.datetime.now(dt.timezone.utc))
-        watermark = windowed_watermark(newest, watermark_delay(model))
+        # A batch run again whose MERGE committed: its events are split by the watermark that commit recorded.
+        watermark = _utc(metadata[0].get("watermark_before")) if again else \
+            windowed_watermark(newest, watermark_delay(model))
     with batch.timed(f"{model.name}: not yet applied"):
         _register(con, f"applied_{model.name}", generation.applied)
         lo, hi = con.execute(f"SELECT min({model.event_time}), max({model.event_time}) FROM {view}").fetchall()[0]
