@@ -489,7 +489,7 @@ class _Query:
             self.reader.seek({p: starts.get(p, 0) for p in ends})
             records = _Records()
             while any(self.reader.next.get(p, 0) < e and p not in self.reader.at_end for p, e in ends.items()):
-                more = self.reader.read(sum(ends.values()) + 1, 1.0)
+                more = self.reader.read(max(1, sum(e - starts.get(p, 0) for p, e in ends.items())), 1.0)
                 records.rows += [r for r in more.rows if r[1] < ends[r[0]]]
             self.batch_id = planned
             self._run(records, ends)
