@@ -758,6 +758,23 @@ def _fold(con, model: ReadModel, relation: str):
     return con.sql(model.fold_sql).to_arrow_table()
 
 
+def _merge(batch: _Batch, target, path, txn: str, source, on: str, insert: dict, update: dict | None = None,
+           guard: bool = False, **metadata) -> None:
+    """``source`` MERGEd into ``target`` with the model's own update and insert expressions (the write of
+    ``spark_apps.merge._merge``), once per batch: skipped when the table holds this batch's transaction id.
+    ``guard``: a row changes only when the changes continue its version, and a new row only from version 1 (current
+    state by version)."""
+    if batch.done(target, txn):
+        return
+    batch.written.add(str(path))
+    merger = target.merge(source, predicate=on, source_alias="s", target_alias="t",
+                          commit_properties=batch.commit(txn, **metadata))
+    if update:
+        merger = merger.when_matched_update(updates=update,
+                                            predicate="s.first_version = t.version + 1" if guard else None)
+    merger.when_not_matched_insert(updates=insert, predicate="s.first_version = 1" if guard else None).execute()
+
+
 def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation) -> Callable[[], None]:
     """Check that ``model``'s part of the batch is on the common path (HandOver if not) and return its writes."""
     from deltalake import DeltaTable
@@ -790,13 +807,8 @@ def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation) -> 
 
         def write() -> None:
             with batch.timed(f"{model.name}: merge"):
-                if batch.done(target, txn):
-                    return
-                batch.written.add(str(generation.table))
-                (target.merge(source, predicate=on, source_alias="s", target_alias="t",
-                              commit_properties=batch.commit(txn))
-                 .when_matched_update(updates=dict(model.merge_update), predicate="s.first_version = t.version + 1")
-                 .when_not_matched_insert(updates=insert, predicate="s.first_version = 1").execute())
+                _merge(batch, target, generation.table, txn, source, on, insert, dict(model.merge_update),
+                       guard=True)
         return write
 
     if model.merge_strategy == INSERT_ONCE:
@@ -807,12 +819,7 @@ def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation) -> 
 
         def write() -> None:
             with batch.timed(f"{model.name}: merge"):
-                if batch.done(target, txn):
-                    return
-                batch.written.add(str(generation.table))
-                (target.merge(source, predicate=on, source_alias="s", target_alias="t",
-                              commit_properties=batch.commit(txn))
-                 .when_not_matched_insert(updates=insert).execute())
+                _merge(batch, target, generation.table, txn, source, on, insert)
         return write
 
     if model.merge_strategy == WINDOWED_SUM:
@@ -903,12 +910,7 @@ def _plan_windowed(con, batch: _Batch, model: ReadModel, generation: Generation,
     def write() -> None:
         if source.num_rows:
             with batch.timed(f"{model.name}: merge"):
-                if not batch.done(target, txn):
-                    batch.written.add(str(generation.table))
-                    (target.merge(source, predicate=on, source_alias="s", target_alias="t",
-                                  commit_properties=batch.commit(txn, **extra))
-                     .when_matched_update(updates=dict(model.merge_update))
-                     .when_not_matched_insert(updates=insert).execute())
+                _merge(batch, target, generation.table, txn, source, on, insert, dict(model.merge_update), **extra)
         if late.num_rows:
             with batch.timed(f"{model.name}: late events"):
                 batch.append(late, generation.late_events, LATE_EVENTS_TABLE, writer=model.name)
