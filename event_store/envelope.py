@@ -112,6 +112,13 @@ class EventEnvelope:
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> "EventEnvelope":
+        # Every reader's hot path (the projection's Python engine, the detectors, the policy): compiled msgspec
+        # decoders for the ordinary valid event at its type's current schema version. Anything else (invalid,
+        # an older version to upcast, members beyond the schema, JSON msgspec reads differently) takes the
+        # reference path below, which decides and words every rejection, so the outcome is the same either way.
+        event = _plain_event(cls, raw)
+        if event is not None:
+            return event
         obj = _load_json(raw, "event")
         return cls.from_dict(obj)
 
@@ -337,3 +344,59 @@ def _plain_command(cls: type[CommandEnvelope], raw: bytes | str) -> CommandEnvel
                             issued_at=issued_at, correlation_id=head.correlation_id,
                             causation_id=head.causation_id)
     return command
+
+
+def _event_head():
+    """An event envelope as the fast path reads it: the envelope fields with their constraints from
+    schemas.EVENT_ENVELOPE (no member beyond them), the payload left as raw JSON for its type's decoder."""
+    fields = [("payload", msgspec.Raw)]
+    fields += [(name, spec.msgspec_type()) for name, spec in schemas.EVENT_ENVELOPE.items() if name != "payload"]
+    return msgspec.defstruct("EventHead", fields, kw_only=True, forbid_unknown_fields=True)
+
+
+_EVENT_HEAD = msgspec.json.Decoder(_event_head())
+_EVENT_SCHEMA_VERSIONS = schemas.EVENT_SCHEMA_VERSIONS
+_TIME_FIELDS: dict[int, tuple[str, ...]] = {}
+_fromisoformat = datetime.fromisoformat
+
+
+def _in_range(value: str) -> bool:
+    """A time that matches fields.ISO_TIME (msgspec checked the pattern): a real date, in the event time range
+    (what ``field_problem`` decides for a timestamp field, without searching the pattern again)."""
+    try:
+        t = _fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return schemas.EVENT_TIME_MIN <= t < schemas.EVENT_TIME_MAX
+
+
+def _plain_event(cls: type[EventEnvelope], raw: bytes | str) -> EventEnvelope | None:
+    """``EventEnvelope.from_json(raw)`` for a valid event at its type's current schema version, decoded by
+    compiled msgspec decoders; None when in any doubt (then the reference path gives the answer). Accepts nothing
+    ``from_dict`` would reject."""
+    try:
+        head = _EVENT_HEAD.decode(raw)
+        if head.schema_version != _EVENT_SCHEMA_VERSIONS[head.event_type]:
+            return None  # an older version: upcast on the reference path
+        schema = schemas.EVENTS[head.event_type]
+        decoder, optional = schemas.payload_decoder(schema)
+        payload = msgspec.structs.asdict(decoder.decode(head.payload))
+    except (msgspec.DecodeError, UnicodeDecodeError, TypeError):
+        return None
+    for name in optional:  # absent from the JSON: absent from the payload, as json.loads gives it
+        if payload[name] is _UNSET:
+            del payload[name]
+    # The patterns (checked by msgspec) admit impossible dates (February 30th) and times out of range.
+    if not (_in_range(head.occurred_at) and _in_range(head.recorded_at)):
+        return None
+    times = _TIME_FIELDS.get(id(schema))
+    if times is None:
+        times = _TIME_FIELDS[id(schema)] = schemas.time_fields(schema)
+    for name in times:
+        if payload.get(name) is not None and not _in_range(payload[name]):
+            return None
+    return built(cls, event_id=head.event_id, event_type=head.event_type, schema_version=head.schema_version,
+                 aggregate_type=head.aggregate_type, aggregate_id=head.aggregate_id,
+                 aggregate_version=head.aggregate_version, occurred_at=head.occurred_at,
+                 recorded_at=head.recorded_at, command_id=head.command_id, correlation_id=head.correlation_id,
+                 causation_id=head.causation_id, payload=payload)

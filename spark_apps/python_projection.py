@@ -54,6 +54,9 @@ _CALL_TIMEOUT_S = 10.0
 # objects, so a projection far behind catches up in batches of bounded memory.
 MAX_BATCH_RECORDS = 100_000
 COMPACT_EVERY = 50  # commits of this engine to a table between two compactions of its small files
+# The size compaction makes files up to: a file that size is not rewritten again, so compacting a growing table
+# (the archive, the ledger) costs at most that much I/O each time, not the whole table.
+COMPACT_TARGET_BYTES = 32 * 1024 * 1024
 # The session settings Spark 4.2 records with every planned batch and reads back on a restart (a checkpoint this
 # engine started has no Spark-written batch to copy them from): Spark's defaults, as its own offsets/N hold them.
 _SPARK_OFFSET_CONF = {
@@ -185,6 +188,13 @@ class _Records:
     """One batch's Kafka records: (partition, offset, key, value) in log order per partition."""
     rows: list = field(default_factory=list)
     ends: dict = field(default_factory=dict)
+    starts: dict = field(default_factory=dict)
+
+    @property
+    def span(self) -> tuple:
+        """Where the batch starts and ends in every partition: two readers' batches of one span hold the same
+        records."""
+        return tuple(sorted(self.starts.items())), tuple(sorted(self.ends.items()))
 
 
 class _Reader:
@@ -225,15 +235,19 @@ class _Reader:
         self.consumer.assign([TopicPartition(self.settings.events_topic, p, o) for p, o in sorted(starts.items())])
         self.next, self.at_end, self.buffered = dict(starts), set(), []
 
-    def read(self, limit: int, wait_s: float) -> _Records:
+    def read(self, limit: int, wait_s: float, until: Mapping[int, int] | None = None) -> _Records:
         """What has arrived since the last batch (at most ``limit`` records), waiting up to ``wait_s`` for the
-        first record."""
+        first record; with ``until`` (partition -> offset), no record at or past it."""
         from confluent_kafka import KafkaError
 
-        batch = _Records(ends=dict(self.next))
+        batch = _Records(ends=dict(self.next), starts=dict(self.next))
         messages, self.buffered = self.buffered, []
+        held: list = []  # past ``until``: the next batch's
         deadline = time.monotonic() + wait_s
         while True:
+            if held:
+                self.buffered = held
+                return batch
             if not messages:
                 timeout = max(0.0, deadline - time.monotonic()) if not batch.rows else 0.0
                 messages = self.consumer.consume(num_messages=min(limit - len(batch.rows), 10_000), timeout=timeout)
@@ -253,11 +267,15 @@ class _Reader:
                         raise ProjectionError(f"{self.name}: Kafka: {error.str()}")
                     continue  # transient (a broker away): librdkafka retries by itself
                 if len(batch.rows) >= limit:
-                    self.buffered = messages[i:]
+                    self.buffered = held + messages[i:]
                     return batch
                 partition, offset = m.partition(), m.offset()
                 if offset < self.next.get(partition, 0):
                     continue  # already read (a re-fetch)
+                if until is not None and offset >= until.get(partition, offset + 1):
+                    held.append(m)
+                    self.at_end.discard(partition)
+                    continue
                 self.at_end.discard(partition)
                 batch.rows.append((partition, offset, m.key(), m.value()))
                 self.next[partition] = batch.ends[partition] = offset + 1
@@ -330,6 +348,64 @@ def _parse(records: _Records, topic: str, cache: _Parsed | None = None):
         cache.keep(fresh)
     columns = list(zip(*rows)) if rows else [[] for _ in schema]
     return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema), bad
+
+
+class _Hashes:
+    """A set of 64-bit hashes (DuckDB's ``hash`` of a key) in sorted NumPy chunks, merged as they grow (8 bytes a
+    key, a lookup is a binary search per chunk). A hit is only a maybe (two keys can share a hash); a miss is
+    certain."""
+
+    def __init__(self):
+        self.chunks: list = []
+
+    def __len__(self) -> int:
+        return sum(len(c) for c in self.chunks)
+
+    def add(self, hashes) -> None:
+        import numpy as np
+
+        if len(hashes):
+            self.chunks.append(np.unique(hashes))
+        while len(self.chunks) > 1 and len(self.chunks[-2]) <= 2 * len(self.chunks[-1]):
+            last = self.chunks.pop()
+            self.chunks[-1] = np.union1d(self.chunks[-1], last)
+
+    def hits(self, hashes) -> int:
+        import numpy as np
+
+        found = 0
+        for chunk in self.chunks:
+            at = np.minimum(np.searchsorted(chunk, hashes), len(chunk) - 1)
+            found += int(np.count_nonzero(chunk[at] == hashes))
+        return found
+
+
+def _hashes(con, relation: str, columns) -> "object":
+    """DuckDB's 64-bit hash of ``columns`` (as text: equal keys hash alike whatever their Arrow or Parquet type)
+    for each row of ``relation`` -> a NumPy uint64 array."""
+    expression = ", ".join(f"CAST({c} AS VARCHAR)" for c in columns)
+    return con.sql(f"SELECT hash({expression}) AS h FROM {relation}").to_arrow_table().column("h").to_numpy()
+
+
+class _Known:
+    """What the engine keeps in memory between batches about a table it writes, so a live batch reads no more of
+    the table than its own keys: the sequence ledger's heads (aggregate -> last admitted version) and event ids,
+    an insert-once table's keys. Valid while the table is at the version this engine's own last write left it;
+    any other writer (the Spark engine after a hand-over, a repair, a second process) changes the version, and the
+    next batch reads it again from the table."""
+
+    def __init__(self):
+        self.version: int | None = None
+        self.heads: dict[str, int] = {}
+        self.keys = _Hashes()
+
+    def current(self, table) -> bool:
+        return self.version is not None and table.version() == self.version
+
+    def written(self, version_before: int) -> None:
+        """This engine committed one write on top of ``version_before`` (had another writer come in between,
+        the version differs from this and the next batch reads the table again)."""
+        self.version = version_before + 1
 
 
 class _Tables(Projection):
@@ -406,16 +482,19 @@ class _Batch:
     def done(self, table, txn_app_id: str) -> bool:
         return (table.transaction_version(txn_app_id) or -1) >= self.batch_id
 
-    def append(self, data, path, name: str, writer: str = "") -> None:
-        """``BatchContext.append``'s write (transaction ``<app id>/<name>/<writer>``), once."""
+    def append(self, data, path, name: str, writer: str = "", txn: str | None = None, table=None) -> int | None:
+        """``BatchContext.append``'s write (transaction ``<app id>/<name>/<writer>``), once: -> the table's
+        version it was committed on (None: nothing written)."""
         from deltalake import DeltaTable, write_deltalake
 
-        txn = f"{self.app_id}/{name}/{writer}"
-        table = DeltaTable(str(path))
+        txn = txn or f"{self.app_id}/{name}/{writer}"
+        table = table if table is not None else DeltaTable(str(path))
         if self.done(table, txn) or data.num_rows == 0:
-            return
+            return None
+        version = table.version()
         write_deltalake(table, _cast(data, table), mode="append", commit_properties=self.commit(txn))
         self.written.add(str(path))
+        return version
 
 
 def _cast(data, table):
@@ -428,13 +507,13 @@ def _cast(data, table):
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _register(con, name: str, path) -> None:
+def _register(con, name: str, path, table=None) -> None:
     """The Delta table at ``path`` as DuckDB view ``name``: its data files through DuckDB's own Parquet reader (as
     ``archive_fold`` reads the archive), or through delta-rs when the table uses features that reader does not
     apply (deletion vectors, column mapping, partitions)."""
     from deltalake import DeltaTable
 
-    table = DeltaTable(str(path))
+    table = table if table is not None else DeltaTable(str(path))
     protocol = table.protocol()
     if protocol.reader_features or protocol.min_reader_version > 1 or table.metadata().partition_columns:
         con.register(f"{name}_data", table.to_pyarrow_dataset().to_table())
@@ -500,9 +579,9 @@ class _Query:
         starts.update({p: self.reader.earliest(p) for p in self.partitions if p not in starts})
         self.reader.seek(starts)
 
-    def step(self, limit: int, wait_s: float) -> int:
-        """One batch of what has arrived (if anything): -> its records."""
-        records = self.reader.read(limit, wait_s)
+    def step(self, limit: int, wait_s: float, until: Mapping[int, int] | None = None) -> int:
+        """One batch of what has arrived (if anything; with ``until``, before those offsets): -> its records."""
+        records = self.reader.read(limit, wait_s, until)
         if not records.rows:
             return 0
         self.checkpoint.plan(self.batch_id, records.ends)
@@ -554,7 +633,9 @@ class PythonProjection:
         self.handed_over = 0
         self.stop_requested = None
         self.parsed = _Parsed(shared=False)
+        self.shared: tuple | None = None  # (span, event rows) of the read models' last batch, for the archive's
         self._commits: dict[str, int] = {}  # table -> this engine's commits to it (for ``compact``)
+        self.known: dict[str, _Known] = {}  # table -> what this engine keeps of it between batches
         self.limit = settings.max_offsets_per_trigger  # records per batch at most (Spark's maxOffsetsPerTrigger)
         self.queries: list[_Query] = []
 
@@ -589,11 +670,16 @@ class PythonProjection:
             if self._commits[path] % COMPACT_EVERY:
                 continue
             started = time.perf_counter()
+            table = DeltaTable(path)
+            before = table.version()
             try:
-                metrics = DeltaTable(path).optimize.compact()
+                metrics = table.optimize.compact(target_size=COMPACT_TARGET_BYTES)
             except Exception as e:  # noqa: BLE001 -- a race with another writer: the next round compacts
                 self.log(f"projection: compacting {path} skipped: {str(e).splitlines()[0][:200]}")
                 continue
+            index = self.known.get(path)
+            if index is not None and index.version == before and metrics.get("numFilesRemoved"):
+                index.written(before)  # the same rows in fewer files: what the engine keeps of them still holds
             steps[f"compact {Path(path).name}"] = time.perf_counter() - started
             if metrics.get("numFilesRemoved"):
                 self.log(f"projection: compacted {path}: {metrics['numFilesRemoved']} files into "
@@ -649,10 +735,13 @@ class PythonProjection:
         limit = self.limit = max_offsets_per_trigger or min(self.settings.max_offsets_per_trigger, MAX_BATCH_RECORDS)
         run = ProjectionRun()
         try:
+            main = self.queries[0]
             while stop_requested is None or not stop_requested.is_set():
-                worked = 0
-                for query in self.queries:
-                    worked += query.step(limit, 0.2 / len(self.queries))
+                worked = main.step(limit, 0.1)
+                for query in self.queries[1:]:
+                    # The archive reads no further than the read models did: in step with them, its batch holds
+                    # the read models' batch's records, parsed once for both (``shared``).
+                    worked += query.step(limit, 0.0, until=dict(main.reader.next))
                 if until_caught_up and not worked and all(q.reader.caught_up(q.partitions) for q in self.queries):
                     break
         finally:
@@ -668,8 +757,14 @@ class PythonProjection:
 
 # -- the archive's batch ---------------------------------------------------------------------------------------
 def _archive_batch(query: _Query, records: _Records, batch: _Batch) -> None:
+    engine = query.engine
     with batch.timed("parse"):
-        events, _ = _parse(records, query.engine.settings.events_topic, query.engine.parsed)
+        if engine.shared is not None and engine.shared[0] == records.span:
+            events = engine.shared[1]  # the read models' batch: the same records, parsed already
+            engine.parsed.entries.clear()  # their verdicts, kept for this query: not needed
+        else:
+            events, _ = _parse(records, engine.settings.events_topic, engine.parsed)
+        engine.shared = None
     with batch.timed("append"):
         batch.append(events, query.engine.settings.table_path(ARCHIVE_TABLE), ARCHIVE_TABLE)
 
@@ -683,6 +778,7 @@ def _read_models_batch(query: _Query, records: _Records, batch: _Batch) -> None:
     settings = engine.settings
     with batch.timed("parse"):
         events, bad = _parse(records, settings.events_topic, engine.parsed)
+        engine.shared = (records.span, events) if len(engine.queries) > 1 else None
     if bad:
         partition, offset, reason = bad[0]
         raise HandOver(f"{len(bad)} record(s) that are not valid events (partition {partition} offset {offset}: "
@@ -702,8 +798,8 @@ def _read_models_batch(query: _Query, records: _Records, batch: _Batch) -> None:
                                ).fetchall()[0][0]
             if held:
                 raise HandOver(f"{held} event(s) of this batch's aggregates are held after a version gap")
-            _register(con, "ledger", ledger_path)
             if rerun:
+                _register(con, "ledger", ledger_path, ledger)
                 # Run again after a crash, its ledger rows written: when its first run admitted every event (the
                 # common path), the rest of its writes are done here, each skipped where it committed; else Spark's
                 # re-run path takes it.
@@ -718,15 +814,23 @@ def _read_models_batch(query: _Query, records: _Records, batch: _Batch) -> None:
                 engine.log(f"{query.name}: batch {query.batch_id}: run again after a crash; its sequence ledger "
                            f"rows are written, the writes not yet committed are done now")
             else:
-                repeated, known, off_head = con.execute("""
-                    WITH runs AS (SELECT aggregate_id, min(aggregate_version) AS f, max(aggregate_version) AS l,
-                                         count(*) AS n, count(DISTINCT aggregate_version) AS d FROM batch GROUP BY 1),
-                         heads AS (SELECT aggregate_id, max(aggregate_version) AS head FROM ledger
-                                   WHERE aggregate_id IN (SELECT aggregate_id FROM runs) GROUP BY 1)
-                    SELECT (SELECT count(*) - count(DISTINCT event_id) FROM batch),
-                           (SELECT count(*) FROM ledger WHERE event_id IN (SELECT event_id FROM batch)),
-                           (SELECT count(*) FROM runs LEFT JOIN heads USING (aggregate_id)
-                            WHERE f <> coalesce(head, 0) + 1 OR n <> d OR n <> l - f + 1)""").fetchall()[0]
+                # Against what the engine keeps of the ledger (its heads and event ids, read again whenever another
+                # writer changed it): the batch's own aggregates and ids only, however long the ledger.
+                index = engine.known.setdefault(str(ledger_path), _Known())
+                if not index.current(ledger):
+                    _load_ledger(con, ledger, ledger_path, index, engine.log)
+                runs = con.execute("SELECT aggregate_id, min(aggregate_version), max(aggregate_version), count(*), "
+                                   "count(DISTINCT aggregate_version) FROM batch GROUP BY 1").fetchall()
+                repeated = con.execute("SELECT count(*) - count(DISTINCT event_id) FROM batch").fetchall()[0][0]
+                off_head = sum(1 for aggregate, first, last, n, distinct in runs
+                               if first != index.heads.get(aggregate, 0) + 1 or n != distinct
+                               or n != last - first + 1)
+                ids = _hashes(con, "batch", ["event_id"])
+                known = 0
+                if index.keys.hits(ids):  # maybe admitted before (or a hash shared): the ledger decides
+                    _register(con, "ledger", ledger_path, ledger)
+                    known = con.execute("SELECT count(*) FROM ledger WHERE event_id IN (SELECT event_id FROM batch)"
+                                        ).fetchall()[0][0]
                 if repeated or known or off_head:
                     raise HandOver(f"not every aggregate simply continues its head ({repeated} event id(s) repeated "
                                    f"in the batch, {known} admitted before, {off_head} aggregate(s) off their head)")
@@ -737,11 +841,15 @@ def _read_models_batch(query: _Query, records: _Records, batch: _Batch) -> None:
                     raise HandOver(f"{model.name}: events wait in {generation.pending} for an earlier version")
         types = {t for (t,) in con.execute("SELECT DISTINCT event_type FROM batch").fetchall()}
         units = [(m, g) for m, g in engine.tables._units(generations) if types.intersection(m.event_types)]
-        writes = [_plan_unit(con, batch, model, generation) for model, generation in units]
+        writes = [_plan_unit(con, batch, model, generation, engine.known, engine.log) for model, generation in units]
         with batch.timed("sequence: ledger"):
             admitted = con.sql(f"SELECT aggregate_id, aggregate_version, event_id, kafka_partition, kafka_offset, "
                                f"'{query.app_id}/{query.batch_id}' AS admitted_by FROM batch").to_arrow_table()
-            batch.append(admitted, ledger_path, ledger_name)
+            version = batch.append(admitted, ledger_path, ledger_name, table=ledger)
+            if version is not None and not rerun:
+                index.written(version)
+                index.heads.update((aggregate, last) for aggregate, _, last, _, _ in runs)
+                index.keys.add(ids)
         for write in writes:
             write()
     except HandOver:
@@ -750,6 +858,18 @@ def _read_models_batch(query: _Query, records: _Records, batch: _Batch) -> None:
         raise HandOver(f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}") from e
     finally:
         con.close()
+
+
+def _load_ledger(con, ledger, path, index: _Known, log) -> None:
+    """``index`` := the sequence ledger's heads and event ids, read from ``ledger`` (a loaded DeltaTable)."""
+    started = time.perf_counter()
+    index.version = ledger.version()
+    _register(con, "ledger", path, ledger)
+    index.heads = dict(con.execute("SELECT aggregate_id, max(aggregate_version) FROM ledger GROUP BY 1").fetchall())
+    index.keys = _Hashes()
+    index.keys.add(_hashes(con, "ledger", ["event_id"]))
+    log(f"projection: read the sequence ledger {path} (version {index.version}): {len(index.heads)} aggregates, "
+        f"{len(index.keys)} event ids ({time.perf_counter() - started:.2f}s)")
 
 
 def _fold(con, model: ReadModel, relation: str):
@@ -775,7 +895,8 @@ def _merge(batch: _Batch, target, path, txn: str, source, on: str, insert: dict,
     merger.when_not_matched_insert(updates=insert, predicate="s.first_version = 1" if guard else None).execute()
 
 
-def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation) -> Callable[[], None]:
+def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation, known: dict[str, _Known],
+               log: Callable[[str], None]) -> Callable[[], None]:
     """Check that ``model``'s part of the batch is on the common path (HandOver if not) and return its writes."""
     from deltalake import DeltaTable
 
@@ -818,13 +939,47 @@ def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation) -> 
             source = con.sql(f"SELECT DISTINCT ON ({keys}) * FROM folded_{model.name}").to_arrow_table()
 
         def write() -> None:
-            with batch.timed(f"{model.name}: merge"):
-                _merge(batch, target, generation.table, txn, source, on, insert)
+            if model.merge_insert:  # rows computed by SQL over the source: the MERGE evaluates it
+                with batch.timed(f"{model.name}: merge"):
+                    _merge(batch, target, generation.table, txn, source, on, insert)
+                return
+            with batch.timed(f"{model.name}: insert"):
+                _insert_once(con, batch, model, generation.table, target, txn, source, on, insert,
+                             known.setdefault(str(generation.table), _Known()), log)
         return write
 
     if model.merge_strategy == WINDOWED_SUM:
         return _plan_windowed(con, batch, model, generation, target, view, txn, on, insert)
     raise HandOver(f"{model.name}: merge strategy {model.merge_strategy!r} is not on this engine's path")
+
+
+def _insert_once(con, batch: _Batch, model: ReadModel, path, target, txn: str, source, on: str, insert: dict,
+                 index: _Known, log: Callable[[str], None]) -> None:
+    """An insert-once model's write: when none of the batch's keys is in the table (checked against the keys the
+    engine keeps of it, read again whenever another writer changed the table), a plain append, whose cost does not
+    grow with the table as a MERGE's does; else the MERGE (a key seen before keeps its first row). Either way once
+    per batch (the same transaction id)."""
+    if batch.done(target, txn):
+        return
+    if not index.current(target):
+        started = time.perf_counter()
+        index.version = target.version()
+        _register(con, f"keys_{model.name}", path, target)
+        index.keys = _Hashes()
+        index.keys.add(_hashes(con, f"keys_{model.name}", model.key))
+        log(f"projection: read the keys of {path} (version {index.version}): {len(index.keys)} "
+            f"({time.perf_counter() - started:.2f}s)")
+    rows = _cast(source, target)
+    con.register(f"new_{model.name}", rows)
+    hashes = _hashes(con, f"new_{model.name}", model.key)
+    if index.keys.hits(hashes):
+        index.version = None  # read again after the MERGE
+        _merge(batch, target, path, txn, source, on, insert)
+        return
+    version = batch.append(rows, path, model.name, txn=txn, table=target)
+    if version is not None:
+        index.written(version)
+        index.keys.add(hashes)
 
 
 def _late_rows(con, model: ReadModel, fresh: str, watermark):

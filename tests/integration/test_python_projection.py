@@ -151,3 +151,68 @@ def test_kill_9_of_the_python_engine_at_random_points_then_restart_gives_the_ora
         print("\n".join(lines))
     assert_matches_oracle(spark, settings, events)
     assert delta(spark, settings, ARCHIVE_TABLE).count() == len(events)
+
+
+def test_a_row_another_writer_put_in_an_insert_once_table_between_live_batches_keeps_its_key(spark, settings):
+    """A live engine keeps the sequence ledger's heads and ids and an insert-once table's keys in memory between
+    batches, so a batch appends the rows whose keys the table does not hold (no MERGE over a growing table). A row
+    another writer put in the table meanwhile makes the engine read the table again: that key keeps its first row,
+    every other row is the oracle's, and nothing needs Spark."""
+    import datetime as dt
+    import threading
+    import time
+
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from read_models.catalog import Catalog
+
+    events = events_for(GeneratorConfig(accounts=30, commands=600, seed=8, run_id="pyk", late_rate=0.0),
+                        flag_every=5)
+    values = [(e.aggregate_id, e.to_json()) for e in events]
+    flags = [i for i, e in enumerate(events) if e.event_type == "FraudSuspected"]
+    cut = flags[len(flags) // 2]  # this flag comes after the other writer's row
+    flag = events[cut]
+    key = (flag.payload["payment_id"], flag.payload["rule"])
+    publish(settings, values[:cut])
+
+    lines: list[str] = []
+    engine = PythonProjection(settings, log=lines.append, spark_session=lambda: spark)
+    stop = threading.Event()
+    thread = threading.Thread(target=engine.run, kwargs={"stop_requested": stop, "max_offsets_per_trigger": 150})
+    thread.start()
+
+    def projected(n: int) -> None:
+        deadline = time.monotonic() + 120
+        while not (engine.queries and all(q.rows >= n for q in engine.queries)):
+            assert thread.is_alive() and time.monotonic() < deadline, "\n".join(lines[-20:])
+            time.sleep(0.05)
+
+    try:
+        projected(cut)
+        table = Catalog(settings).current("fraud_alerts").table
+        target = DeltaTable(str(table))
+        now = dt.datetime(2026, 2, 1, tzinfo=dt.timezone.utc)
+        row = {"payment_id": key[0], "account_id": flag.aggregate_id, "rule": key[1], "occurred_at": now,
+               "detected_at": now, "evidence": "written by another writer", "event_id": "another-writer"}
+        schema = pa.schema(target.schema().to_arrow())
+        write_deltalake(target, pa.Table.from_pylist([row], schema=schema), mode="append")
+        publish(settings, values[cut:])
+        projected(len(values))
+    finally:
+        stop.set()
+        thread.join(60)
+    assert engine.handed_over == 0, "\n".join(line for line in lines if "Spark" in line)
+    reads = "\n".join(line for line in lines if "read the" in line)
+    # Read once when it started; fraud_alerts again after the other writer's row (and after the MERGE it led to).
+    assert sum("read the keys of" in line and "/payments " in line for line in lines) == 1, reads
+    assert sum("read the sequence ledger" in line for line in lines) == 1, reads
+    assert sum("read the keys of" in line and "/fraud_alerts " in line for line in lines) >= 2, reads
+    model = read_models.get("fraud_alerts")
+    actual = table_rows(spark, settings, model)
+    assert actual[key]["evidence"] == "written by another writer"
+    expected = model.python_fold(events)
+    assert spark.read.format("delta").load(str(table)).count() == len(expected)  # that key's row once
+    assert len(actual) == len(expected) and {k: v for k, v in actual.items() if k != key} == \
+        {k: v for k, v in expected.items() if k != key}
+    assert_matches_oracle(spark, settings, events, models=[m for m in read_models.select(None) if m is not model])
