@@ -113,6 +113,30 @@ class Services:
             peaks[name] = total / 1024
         return peaks
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system) used so far by each service's processes, by the Kafka broker(s), by this
+        bench (its load, probes and polls), and by the whole machine (busy time of every core)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        used = {name: 0.0 for name in self.processes} | {"kafka broker": 0.0}
+        groups = {process.pid: name for name, process in self.processes.items()}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                seconds = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+                name = groups.get(int(fields[2]))  # the process group: a service's session
+                if name is None and b"kafka.Kafka" in (stat.parent / "cmdline").read_bytes():
+                    name = "kafka broker"
+            except (OSError, IndexError, ValueError):
+                continue
+            if name is not None:
+                used[name] += seconds
+        own = os.times()
+        used["this bench"] = own.user + own.system
+        with open("/proc/stat") as f:
+            cpu = [int(v) for v in f.readline().split()[1:]]
+        used["machine"] = (sum(cpu[:8]) - cpu[3] - cpu[4]) / tick  # all but idle and iowait
+        return used
+
     def output(self, name: str) -> str:
         log = self.logs / f"{name}.log"
         return log.read_text(errors="replace") if log.exists() else ""
@@ -151,35 +175,39 @@ def probe_version(settings: Settings, account: str) -> int | None:
 
 
 class FraudWatch(threading.Thread):
-    """Reads the events topic from its end at the start: payment events' and FraudSuspected events' timestamps."""
+    """Reads the events topic from its end at the start: payment events' and FraudSuspected events' timestamps.
+    Cheap, so as to take as little as it can of the cores the platform shares with it: librdkafka, and only the
+    records that name a payment are parsed."""
 
     def __init__(self, settings: Settings):
         super().__init__(daemon=True)
-        from event_store import kafka_log
-        from kafka import TopicPartition
+        from confluent_kafka import OFFSET_END, TopicPartition
 
-        self.consumer = kafka_log.make_consumer(settings)
+        from event_store import kafka_clients
+
+        self.consumer = kafka_clients.range_reader(settings, "bench-fraud-watch")
         topic = settings.events_topic
-        partitions = [TopicPartition(topic, p) for p in sorted(self.consumer.partitions_for_topic(topic))]
-        self.consumer.assign(partitions)
-        self.consumer.seek_to_end(*partitions)
-        for tp in partitions:
-            self.consumer.position(tp)
+        partitions = self.consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        self.consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in sorted(partitions)])
         self.paid: dict[str, float] = {}  # payment_id -> its event's timestamp (s)
         self.flagged: list[tuple[float, float]] = []  # (payment appended, FraudSuspected appended)
         self.stopping = False
 
     def run(self) -> None:
+        import orjson
+
         while not self.stopping:
-            for records in self.consumer.poll(timeout_ms=200, max_records=5000).values():
-                for record in records:
-                    event = json.loads(record.value)
-                    kind, payload = event.get("event_type", ""), event.get("payload") or {}
-                    at = record.timestamp / 1000
-                    if kind.startswith("Payment"):
-                        self.paid.setdefault(payload.get("payment_id"), at)
-                    elif kind == "FraudSuspected" and payload.get("payment_id") in self.paid:
-                        self.flagged.append((self.paid[payload["payment_id"]], at))
+            for record in self.consumer.consume(num_messages=5000, timeout=0.2):
+                value = record.value()
+                if record.error() is not None or not value or b'"payment_id"' not in value:
+                    continue
+                event = orjson.loads(value)
+                kind, payload = event.get("event_type", ""), event.get("payload") or {}
+                at = record.timestamp()[1] / 1000
+                if kind.startswith("Payment"):
+                    self.paid.setdefault(payload.get("payment_id"), at)
+                elif kind == "FraudSuspected" and payload.get("payment_id") in self.paid:
+                    self.flagged.append((self.paid[payload["payment_id"]], at))
         self.consumer.close()
 
 
@@ -317,6 +345,7 @@ def main() -> None:
         fraud = FraudWatch(settings)
         fraud.start()
         measure_from = time.time()
+        cpu_before = services.cpu_seconds()
         probes: list[tuple[float, float, float]] = []  # (accepted at, sent -> accepted, accepted -> visible)
         pending: list[tuple[int, float, float]] = []  # (version, sent at, accepted at)
         lock = threading.Lock()
@@ -354,6 +383,7 @@ def main() -> None:
             time.sleep(max(0.0, args.probe_every - (time.time() - sent_at)))
             services.check()
         measure_until = time.time()
+        cpu_used = {name: seconds - cpu_before.get(name, 0.0) for name, seconds in services.cpu_seconds().items()}
         stop_load.set()
         stop_poll.set()
         poller.join(120)
@@ -389,11 +419,17 @@ def main() -> None:
             print(f"  a typical batch (the median of {len(typical)}): batch {batch}, {seconds}s in foreachBatch:")
             for step in steps.split("; "):
                 print(f"    {step}")
+        span = measure_until - measure_from
+        cores = {name: used / span for name, used in cpu_used.items()}
+        machine = cores.pop("machine")
+        print(f"  cores busy on average during the measurement (of {os.cpu_count()}): machine {machine:.2f} = "
+              + ", ".join(f"{name} {c:.2f}" for name, c in sorted(cores.items(), key=lambda i: -i[1]))
+              + f", the rest {machine - sum(cores.values()):.2f}")
         peaks = services.peak_rss_mib()
         print("  peak resident memory per service (its processes, Spark JVM included): "
               + ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in peaks.items()))
         if args.json:
-            args.json.write_text(json.dumps({"backlog": args.backlog, "peak_rss_mib": peaks,
+            args.json.write_text(json.dumps({"backlog": args.backlog, "peak_rss_mib": peaks, "cores": cores,
                 "without": args.without, "fraud_engine": args.fraud_engine,
                 "projection_engine": args.projection_engine,
                 "rate": args.rate, "seconds": args.seconds, "accounts": args.accounts,

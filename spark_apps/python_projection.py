@@ -457,9 +457,24 @@ def _ensure(path, schema, stats_columns) -> None:
 class _Batch:
     """The writes of one batch, each carrying the Spark projection's idempotent-write id and metadata."""
 
-    def __init__(self, projection: str, app_id: str, batch_id: int, steps: dict[str, float]):
+    def __init__(self, projection: str, app_id: str, batch_id: int, steps: dict[str, float],
+                 tables: dict | None = None):
         self.projection, self.app_id, self.batch_id, self.steps = projection, app_id, batch_id, steps
         self.written: set[str] = set()  # the tables this batch committed to
+        self.tables = {} if tables is None else tables  # path -> DeltaTable, kept between batches
+
+    def table(self, path):
+        """The Delta table at ``path`` as of now: loaded once, then brought up to date by reading only the
+        commits since (a fresh load reads the log from its last checkpoint, up to 100 commits, every time)."""
+        from deltalake import DeltaTable
+
+        key = str(path)
+        table = self.tables.get(key)
+        if table is None:
+            table = self.tables[key] = DeltaTable(key)
+        else:
+            table.update_incremental()
+        return table
 
     @contextmanager
     def timed(self, step: str):
@@ -485,10 +500,10 @@ class _Batch:
     def append(self, data, path, name: str, writer: str = "", txn: str | None = None, table=None) -> int | None:
         """``BatchContext.append``'s write (transaction ``<app id>/<name>/<writer>``), once: -> the table's
         version it was committed on (None: nothing written)."""
-        from deltalake import DeltaTable, write_deltalake
+        from deltalake import write_deltalake
 
         txn = txn or f"{self.app_id}/{name}/{writer}"
-        table = table if table is not None else DeltaTable(str(path))
+        table = table if table is not None else self.table(path)
         if self.done(table, txn) or data.num_rows == 0:
             return None
         version = table.version()
@@ -591,12 +606,16 @@ class _Query:
     def _run(self, records: _Records, ends: dict[int, int]) -> None:
         started = time.perf_counter()
         steps: dict[str, float] = {}
-        batch = _Batch(self.name, self.app_id, self.batch_id, steps)
+        batch = _Batch(self.name, self.app_id, self.batch_id, steps, self.engine.delta_tables)
         try:
             self.process(self, records, batch)
         except HandOver as reason:
+            self.engine.delta_tables.clear()  # loaded anew after what Spark writes (and whatever failed)
             self.engine.hand_over(self, str(reason))
             return
+        except BaseException:
+            self.engine.delta_tables.clear()
+            raise
         self.checkpoint.commit(self.batch_id)
         self.engine.compact(batch.written, steps)
         self.rows += len(records.rows)
@@ -636,6 +655,7 @@ class PythonProjection:
         self.shared: tuple | None = None  # (span, event rows) of the read models' last batch, for the archive's
         self._commits: dict[str, int] = {}  # table -> this engine's commits to it (for ``compact``)
         self.known: dict[str, _Known] = {}  # table -> what this engine keeps of it between batches
+        self.delta_tables: dict = {}  # table -> its DeltaTable, brought up to date by each batch (_Batch.table)
         self.limit = settings.max_offsets_per_trigger  # records per batch at most (Spark's maxOffsetsPerTrigger)
         self.queries: list[_Query] = []
 
@@ -772,7 +792,6 @@ def _archive_batch(query: _Query, records: _Records, batch: _Batch) -> None:
 # -- the read models' batch ------------------------------------------------------------------------------------
 def _read_models_batch(query: _Query, records: _Records, batch: _Batch) -> None:
     import duckdb
-    from deltalake import DeltaTable
 
     engine = query.engine
     settings = engine.settings
@@ -791,9 +810,10 @@ def _read_models_batch(query: _Query, records: _Records, batch: _Batch) -> None:
         with batch.timed("sequence: check"):
             ledger_name = sequence.ledger_table(query.name)
             ledger_path = settings.table_path(ledger_name)
-            ledger = DeltaTable(str(ledger_path))
+            ledger = batch.table(ledger_path)
             rerun = batch.done(ledger, f"{query.app_id}/{ledger_name}/")
-            _register(con, "held", settings.table_path(sequence.held_table(query.name)))
+            held_path = settings.table_path(sequence.held_table(query.name))
+            _register(con, "held", held_path, batch.table(held_path))
             held = con.execute("SELECT count(*) FROM held WHERE aggregate_id IN (SELECT aggregate_id FROM batch)"
                                ).fetchall()[0][0]
             if held:
@@ -836,8 +856,9 @@ def _read_models_batch(query: _Query, records: _Records, batch: _Batch) -> None:
                                    f"in the batch, {known} admitted before, {off_head} aggregate(s) off their head)")
         with batch.timed("pending"):
             for model, generation in engine.tables._units(generations):
-                if model.merge_strategy == CURRENT_STATE_BY_VERSION and \
-                        DeltaTable(str(generation.pending)).to_pyarrow_dataset().count_rows():
+                pending = batch.table(generation.pending) if model.merge_strategy == CURRENT_STATE_BY_VERSION \
+                    else None
+                if pending is not None and pending.file_uris() and pending.to_pyarrow_dataset().count_rows():
                     raise HandOver(f"{model.name}: events wait in {generation.pending} for an earlier version")
         types = {t for (t,) in con.execute("SELECT DISTINCT event_type FROM batch").fetchall()}
         units = [(m, g) for m, g in engine.tables._units(generations) if types.intersection(m.event_types)]
@@ -898,14 +919,12 @@ def _merge(batch: _Batch, target, path, txn: str, source, on: str, insert: dict,
 def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation, known: dict[str, _Known],
                log: Callable[[str], None]) -> Callable[[], None]:
     """Check that ``model``'s part of the batch is on the common path (HandOver if not) and return its writes."""
-    from deltalake import DeltaTable
-
     if not model.fold_sql:
         raise HandOver(f"{model.name}: no fold_sql (its fold in DuckDB's SQL)")
     view = f"events_{model.name}"
     con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM batch WHERE event_type IN "
                 f"({_sql_text(model.event_types)})")
-    target = DeltaTable(str(generation.table))
+    target = batch.table(generation.table)
     txn = f"{batch.app_id}/{model.name}"
     on = " AND ".join(f"t.{k} = s.{k}" for k in model.key)
     insert = dict(model.merge_insert) or {f: f"s.{f}" for f in model.columns}
@@ -916,7 +935,7 @@ def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation, kno
         with batch.timed(f"{model.name}: fold"):
             key = model.key[0]
             con.register(f"folded_{model.name}", _fold(con, model, view))
-            _register(con, f"target_{model.name}", generation.table)
+            _register(con, f"target_{model.name}", generation.table, target)
             con.execute(f"CREATE OR REPLACE TEMP VIEW current_{model.name} AS SELECT {key}, version FROM "
                         f"target_{model.name} SEMI JOIN folded_{model.name} USING ({key})")
             stuck = con.execute(f"SELECT count(*) FROM folded_{model.name} s LEFT JOIN current_{model.name} c "
@@ -1031,7 +1050,7 @@ def _plan_windowed(con, batch: _Batch, model: ReadModel, generation: Generation,
         again = bool(metadata) and metadata[0].get("app_id") == batch.app_id and \
             metadata[0].get("batch_id") == batch.batch_id
         if not found and not again:
-            _register(con, "window_table", generation.table)
+            _register(con, "window_table", generation.table, target)
             newest_start = con.execute("SELECT max(window_start) FROM window_table").fetchall()[0][0]
             if newest_start is not None:
                 newest = min(newest_start.astimezone(dt.timezone.utc), dt.datetime.now(dt.timezone.utc))
@@ -1039,7 +1058,7 @@ def _plan_windowed(con, batch: _Batch, model: ReadModel, generation: Generation,
         watermark = _utc(metadata[0].get("watermark_before")) if again else \
             windowed_watermark(newest, watermark_delay(model))
     with batch.timed(f"{model.name}: not yet applied"):
-        _register(con, f"applied_{model.name}", generation.applied)
+        _register(con, f"applied_{model.name}", generation.applied, batch.table(generation.applied))
         lo, hi = con.execute(f"SELECT min({model.event_time}), max({model.event_time}) FROM {view}").fetchall()[0]
         con.execute(f"CREATE OR REPLACE TEMP TABLE fresh_{model.name} AS SELECT * FROM {view} ANTI JOIN "
                     f"(SELECT event_id FROM applied_{model.name} WHERE event_time IS NULL OR event_time BETWEEN "
