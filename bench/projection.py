@@ -9,9 +9,12 @@ commands, cached under .cache/bench/) to a fresh events topic, then, on that one
 3. a plain Python consumer of the kind a user might write instead (``bench/plain_consumer.py``: confluent-kafka,
    json, delta-rs MERGE into the same two tables, no exactly-once bookkeeping), in a process of its own;
 4. the Kafka records appended to Delta unparsed (key, value, topic, partition, offset, timestamp): the least any
-   Spark projection of the topic writes.
+   Spark projection of the topic writes;
+5. the projection's Python engine (``eventlake project --engine python --until-caught-up`` of the same read models,
+   DuckDB + delta-rs, the same exactly-once bookkeeping: spark_apps/python_projection.py) in a process of its own,
+   into tables and checkpoints of its own, with its peak RSS; its tables are compared with the Spark projection's.
 The Spark runs use ``availableNow`` from the first offset to the last; each clock runs from start to caught up.
-The projection's events/s is printed as ratios to the other three.
+Each engine's events/s is printed as ratios to the plain consumer, the unparsed copy and the archive append.
 ``--limits`` also times the Kafka source alone (into Spark's ``noop`` sink) and the envelope parsing and checks
 (``spark_apps.events.check_records``) into ``noop``.
 
@@ -26,6 +29,7 @@ are printed side by side, with each domain's ratio to the accounts' and to its o
     .venv/bin/python bench/projection.py [--events 1000000] [--accounts 20000] [--max-offsets 1000000]
                                          [--warmup 100000] [--plain-batch N] [--limits] [--json FILE]
                                          [--domain accounts|iot|mixed|all ...] [--devices 2000]
+                                         [--engines spark python]
 """
 from __future__ import annotations
 
@@ -206,12 +210,64 @@ def plain_consumer(settings: Settings, batch: int) -> dict:
 
 def plain_agrees(settings: Settings) -> dict[str, bool]:
     """Whether the plain consumer's two tables hold the projection's rows (so the two did the same work)."""
+    return tables_agree(settings, settings.home / "plain")
+
+
+def python_engine(settings: Settings, models: list, max_offsets: int) -> dict:
+    """``eventlake project --engine python --until-caught-up`` of ``models`` on the topic, in a process of its own
+    (its own GIL and memory) with tables and checkpoints of its own: events, seconds (its run, as it reports it:
+    from its start, tables created, to caught up; the interpreter's start and imports are in ``wall_seconds``),
+    batches, batches handed to Spark, peak RSS and the time by step."""
+    import re
+
+    import psutil
+
+    from spark_apps.python_projection import MAX_BATCH_RECORDS
+
+    root = Path(__file__).resolve().parent.parent
+    home = settings.home / "python-engine"
+    home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLAKE_")}
+    env.update({**security_env(settings), "EVENTLAKE_HOME": str(home), "PYTHONPATH": str(root),
+                "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "EVENTLAKE_TOPIC_PREFIX": settings.topic_prefix,
+                "EVENTLAKE_MAX_OFFSETS_PER_TRIGGER": str(min(max_offsets, MAX_BATCH_RECORDS))})
+    log = home / "project.log"
+    started = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "eventlake.cli", "project", "--engine", "python",
+                                 "--until-caught-up", *[m.name for m in models]], cwd=root, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    peak, watched = 0, psutil.Process(proc.pid)
+    while proc.poll() is None:
+        try:
+            peak = max(peak, watched.memory_info().rss)
+        except psutil.Error:
+            pass
+        time.sleep(0.1)
+    wall = time.monotonic() - started
+    text = log.read_text(errors="replace")
+    caught_up = re.search(r"^projection: caught up: (\d+) events in (\d+) batches, ([\d.]+)s", text, re.MULTILINE)
+    if proc.returncode or not caught_up:
+        raise SystemExit(f"bench: eventlake project --engine python failed (exit {proc.returncode}):\n{text[-3000:]}")
+    done = re.findall(r"^projection-[^:]*: batch \d+ done in [\d.]+s \((\d+) records(?:; (.*))?\)$", text, re.MULTILINE)
+    steps: dict[str, float] = {}
+    for _, parts in done:
+        for part in (parts or "").split("; "):
+            name, _, value = part.rpartition(" ")
+            if name and value.endswith("s"):
+                steps[name] = steps.get(name, 0.0) + float(value[:-1])
+    return {"events": int(caught_up[1]), "seconds": float(caught_up[3]), "wall_seconds": wall, "batches": len(done),
+            "handed_to_spark": text.count("goes to the Spark engine"), "peak_rss_mib": peak / 2**20,
+            "steps": steps, "home": str(home)}
+
+
+def tables_agree(settings: Settings, other_home: Path) -> dict[str, bool]:
+    """Whether the tables under ``other_home`` hold the Spark projection's rows."""
     from deltalake import DeltaTable
 
     out = {}
     for table, key in (("account_summary", ["account_id"]), ("payments", ["account_id", "payment_id"])):
-        frames = [DeltaTable(str(path)).to_pandas() for path in (settings.table_path(table),
-                                                                 settings.home / "plain" / table)]
+        frames = [DeltaTable(str(path)).to_pandas() for path in (settings.table_path(table), other_home / table)]
         columns = sorted(set(frames[0].columns) & set(frames[1].columns))
         a, b = (f[columns].sort_values(key).reset_index(drop=True) for f in frames)
         out[table] = len(a) == len(b) and a.astype(str).equals(b.astype(str))
@@ -261,6 +317,19 @@ def measure(spark, base: Settings, domain: str, records, models: list, args, say
         say("plain consumer time by step (s): " + ", ".join(f"{k} {v:.1f}" for k, v in plain["steps"].items()))
     else:
         say("plain Python consumer: not run (bench/plain_consumer.py folds account events only)")
+    engine = None
+    if "python" in args.engines:
+        engine = python_engine(settings, models, args.max_offsets)
+        engine_rate = engine["events"] / engine["seconds"]
+        say(f"projection, Python engine (eventlake project --engine python, own process): {engine['events']:,} "
+            f"events in {engine['seconds']:.1f}s = {engine_rate:,.0f} events/s ({engine['wall_seconds']:.1f}s with the "
+            f"interpreter's start; {engine['batches']} batches, "
+            f"{engine['handed_to_spark']} handed to Spark); peak RSS {engine['peak_rss_mib']:,.0f} MiB", flush=True)
+        if domain == "accounts":
+            engine["agrees"] = tables_agree(settings, Path(engine["home"]) / "warehouse")
+            say(f"Python engine's tables hold the Spark projection's rows: {engine['agrees']}")
+        say("Python engine time by step (s): " + ", ".join(
+            f"{k} {v:.1f}" for k, v in sorted(engine["steps"].items(), key=lambda i: -i[1])[:12]))
     copied, copy_seconds = unparsed_copy(spark, settings, args.max_offsets)
     copy_rate = copied / copy_seconds
     say(f"Kafka records appended to Delta unparsed: {copied:,} events in {copy_seconds:.1f}s = "
@@ -268,6 +337,11 @@ def measure(spark, base: Settings, domain: str, records, models: list, args, say
     to_plain = f"to the plain consumer {rate / plain_rate:.2f} (aim >= 1.5), " if plain else ""
     say(f"projection's events/s as a ratio: {to_plain}to the unparsed copy {rate / copy_rate:.2f} (aim >= 0.5), "
         f"to the archive append {rate / ceiling:.2f}")
+    if engine:
+        to_plain = f"to the plain consumer {engine_rate / plain_rate:.2f} (aim >= 1.5), " if plain else ""
+        say(f"Python engine's events/s as a ratio: {to_plain}to the unparsed copy {engine_rate / copy_rate:.2f} "
+            f"(aim >= 0.5), to the archive append {engine_rate / ceiling:.2f}, to the Spark projection "
+            f"{engine_rate / rate:.2f}")
     say("per batch (ms) archive append: " + ", ".join(str(ms) for ms in raw.batch_ms))
     say("per batch (ms) projection:     " + ", ".join(str(ms) for ms in result.batch_ms))
     say("projection time by step (s): " + ", ".join(f"{k} {v:.1f}" for k, v in result.step_seconds.items()))
@@ -281,7 +355,8 @@ def measure(spark, base: Settings, domain: str, records, models: list, args, say
         "projection": {"events": result.input_rows, "seconds": result.seconds, "batches": result.batches,
                        "steps": result.step_seconds, "jvm_peak_rss_mib": rss.jvm_mib,
                        "python_peak_rss_mib": rss.python_mib},
-        "plain": plain, "copy": {"events": copied, "seconds": copy_seconds}, "limits": limits}
+        "plain": plain, "python_engine": engine, "copy": {"events": copied, "seconds": copy_seconds},
+        "limits": limits}
     from delta.tables import DeltaTable
 
     from read_models.catalog import Catalog
@@ -309,6 +384,8 @@ def main() -> int:
     parser.add_argument("--limits", action="store_true",
                         help="also time the Kafka source alone and the parsing alone")
     parser.add_argument("--json", type=Path, help="also write the figures to this file (bench/report.py reads it)")
+    parser.add_argument("--engines", nargs="+", choices=["spark", "python"], default=["spark", "python"],
+                        help="the projection's engines to run (spark always runs: the others are compared with it)")
     args = parser.parse_args()
     domains = [d for d in DOMAINS if d in args.domain or "all" in args.domain]
     several = len(domains) > 1
