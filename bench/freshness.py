@@ -25,12 +25,13 @@ high-water mark of the resident set of its processes, its Spark JVM included).
 
     .venv/bin/python bench/freshness.py [--rate 2000] [--seconds 60] [--warm-up 30] [--accounts 2000]
                                         [--probe-every 1.0] [--backlog 1000000] [--without projection]
-                                        [--fraud-engine python|spark] [--projection-engine spark|python]
+                                        [--fraud-engine python|spark] [--projection-engine auto|spark|python]
 
 ``--without projection`` leaves the read models' projection out (no freshness figure): the fraud latency with the
 cores not shared with Spark. ``--fraud-engine spark`` runs the fraud detector as its Structured Streaming app.
-``--projection-engine python`` runs the projection's batches in DuckDB + delta-rs (``eventlake project --engine
-python``, spark_apps/python_projection.py).
+``--projection-engine`` is ``eventlake project --engine``: ``auto`` (the default a user gets: the Python engine,
+DuckDB + delta-rs, spark_apps/python_projection.py, here where the tables are local folders), ``python`` or ``spark``
+(the Structured Streaming queries).
 """
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ class Services:
     """The services as subprocesses in sessions of their own (their Spark JVMs with them), logs under home."""
 
     def __init__(self, settings: Settings, without: tuple[str, ...] = (), fraud_engine: str = "python",
-                 projection_engine: str = "spark"):
+                 projection_engine: str = "auto"):
         self.logs = settings.home / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLAKE_")}
@@ -257,7 +258,7 @@ def main() -> None:
                     help="leave these services out (without the projection: fraud latency alone, no freshness)")
     ap.add_argument("--fraud-engine", choices=["python", "spark"], default="python",
                     help="the fraud detector's engine (eventlake detect-fraud --engine)")
-    ap.add_argument("--projection-engine", choices=["python", "spark"], default="spark",
+    ap.add_argument("--projection-engine", choices=["auto", "python", "spark"], default="auto",
                     help="the projection's engine (eventlake project --engine)")
     ap.add_argument("--backlog", type=int, default=0,
                     help="generated events in the log before the services start: catch-up, then live")

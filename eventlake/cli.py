@@ -362,8 +362,14 @@ def _cmd_project(settings: Settings, args) -> int:
     from spark_apps import projection
 
     _require_broker(settings)
+    engine = args.engine
+    if engine == "auto":
+        from spark_apps.python_projection import default_engine
+
+        engine, why = default_engine(settings)
+        print(f"projection: engine {engine}: {why}", flush=True)
     return projection.main([*args.models, *(["--until-caught-up"] if args.until_caught_up else []),
-                            "--engine", args.engine])
+                            "--engine", engine])
 
 
 def _cmd_detect_fraud(settings: Settings, args) -> int:
@@ -751,15 +757,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-snapshots", action="store_true", help="rebuild state from the whole log on start")
     p.set_defaults(run=_cmd_handler)
 
-    p = sub.add_parser("project", help="run the Spark projection into the Delta read models and the event archive")
+    p = sub.add_parser("project", help="run the projection into the Delta read models and the event archive")
     p.add_argument("models", nargs="*", help="read model names and/or event_archive (default: all read models, "
                                              "plus event_archive as a query of its own)")
     p.add_argument("--until-caught-up", action="store_true", help="project what the log holds now, then stop")
-    p.add_argument("--engine", choices=("python", "spark"), default="spark",
-                   help="spark (default): the Structured Streaming queries, seconds per batch; python: the same "
-                        "queries, checkpoints and tables in this process with DuckDB and delta-rs, a live batch in "
-                        "tenths of a second, handing any batch off its common path (records that are not events, "
-                        "version gaps, late events) to the Spark query")
+    p.add_argument("--engine", choices=("auto", "python", "spark"), default="auto",
+                   help="python: the queries run in this process by DuckDB and delta-rs, a live batch in tenths of a "
+                        "second, handing any batch off its common path (records that are not events, replays, "
+                        "version gaps) to the Spark query on the same checkpoint; spark: the Structured Streaming "
+                        "queries, seconds per batch; auto (default): python where it runs (local tables and "
+                        "checkpoints, no Spark cluster named), else spark")
     p.set_defaults(run=_cmd_project)
 
     p = sub.add_parser("detect-fraud", help="run the fraud detector (events -> FlagFraud commands)")

@@ -319,6 +319,8 @@ class _Parsed:
 
 def _parse(records: _Records, topic: str, cache: _Parsed | None = None):
     """(event rows as an Arrow table, [(partition, offset, reason)] of the records that are not valid events)."""
+    from operator import attrgetter
+
     import pyarrow as pa
 
     from event_store.envelope import EventEnvelope, parse_time
@@ -326,6 +328,7 @@ def _parse(records: _Records, topic: str, cache: _Parsed | None = None):
 
     schema = event_row_schema()
     payload = payload_columns()
+    head, tail = attrgetter(*ENVELOPE_COLUMNS[:6]), attrgetter(*ENVELOPE_COLUMNS[8:])
     rows, bad, fresh = [], [], {}
     for partition, offset, _, value in records.rows:
         verdict = cache.take(partition, offset) if cache is not None else None
@@ -335,10 +338,9 @@ def _parse(records: _Records, topic: str, cache: _Parsed | None = None):
             except InvalidRecord as error:
                 verdict = ("bad", str(error))
             else:
-                verdict = ("ok", (*(getattr(e, n) for n in ENVELOPE_COLUMNS[:6]),
-                                  parse_time(e.occurred_at, "occurred_at"), parse_time(e.recorded_at, "recorded_at"),
-                                  *(getattr(e, n) for n in ENVELOPE_COLUMNS[8:]),
-                                  *(e.payload.get(n) for n in payload), topic, partition, offset))
+                verdict = ("ok", (*head(e), parse_time(e.occurred_at, "occurred_at"),
+                                  parse_time(e.recorded_at, "recorded_at"), *tail(e), *map(e.payload.get, payload),
+                                  topic, partition, offset))
             fresh[(partition, offset)] = verdict
         if verdict[0] == "bad":
             bad.append((partition, offset, verdict[1]))

@@ -45,8 +45,8 @@ def test_kill_9_at_random_points_then_restart_gives_the_oracle_tables(spark, set
     progress = []
     for _ in range(3):
         before = committed_batches(settings)
-        proc = subprocess.Popen([EVENTLAKE, "project", "--until-caught-up"], env=env, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen([EVENTLAKE, "project", "--engine", "spark", "--until-caught-up"], env=env,
+                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         # Wait for a batch past the last one, then kill somewhere inside the following ones.
         deadline = time.monotonic() + 600  # a first batch of every domain's models on a busy host
         while committed_batches(settings) <= before and proc.poll() is None and time.monotonic() < deadline:
