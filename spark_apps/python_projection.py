@@ -45,7 +45,7 @@ from spark_apps.projection import ARCHIVE_STATS_COLUMNS, ARCHIVE_TABLE, DEAD_LET
     ProjectionError, ProjectionRun
 from spark_apps import sequence
 
-__all__ = ["PythonProjection", "Checkpoint", "event_row_schema", "supports", "HandOver"]
+__all__ = ["PythonProjection", "Checkpoint", "event_row_schema", "supports", "default_engine", "HandOver"]
 
 # Spark's metadata log format version (offsets/N, commits/N, sources/0/0).
 _LOG_VERSION = "v1"
@@ -84,6 +84,21 @@ def supports(settings: Settings) -> str:
         if "://" in str(where) and not str(where).startswith("file://"):
             return f"the {what} is not a local folder ({where}); run the Spark engine (--engine spark)"
     return ""
+
+
+def default_engine(settings: Settings) -> tuple[str, str]:
+    """The engine ``eventlake project`` runs when none is named: (engine, why). This one wherever it can run (local
+    tables and checkpoints, Spark in this process), since it gives fresher read models with less memory; the Spark
+    engine for storage URIs and for a Spark cluster named by ``EVENTLAKE_SPARK_MASTER``."""
+    why = supports(settings)
+    if why:
+        return "spark", why
+    master = settings.spark_master
+    if not master.startswith("local"):
+        return "spark", (f"EVENTLAKE_SPARK_MASTER={master} names a Spark cluster: the Structured Streaming "
+                         f"queries run there")
+    return "python", ("the tables and checkpoints are local folders (--engine spark for the Structured Streaming "
+                      "queries)")
 
 
 class HandOver(Exception):
