@@ -94,6 +94,11 @@ class FraudStream:
         self.chunks = command_stream()
         self.sent: list[CommandEnvelope] = []  # the commands the broker acknowledged
         self.half_sent, self.feeding_done = threading.Event(), threading.Event()
+        # Cleared by a test that sends the second half only once it has caused its fault (``go_on.set()``): a
+        # fast service may have done all the first half's work already, so only commands sent after the fault
+        # show what the services do while it lasts.
+        self.go_on = threading.Event()
+        self.go_on.set()
 
     def start_feeding_when_ready(self) -> None:
         def ready():
@@ -119,6 +124,7 @@ class FraudStream:
                 self.sent.extend(chunk)
                 if i == len(self.chunks) // 2:
                     self.half_sent.set()
+                    self.go_on.wait(300)
                 time.sleep(0.3)
         finally:
             producer.close()

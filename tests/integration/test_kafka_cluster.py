@@ -116,6 +116,7 @@ def test_losing_a_broker_mid_stream_loses_no_acknowledged_command_and_duplicates
     kafka_log.ensure_topics(settings, log=lambda *_: None)
     services = {name: Service(name, args, service_env(settings), tmp_path) for name, args in SERVICES.items()}
     stream = FraudStream(settings, services)
+    stream.go_on.clear()  # the second half only once the broker is lost
     try:
         stream.start_feeding_when_ready()
         assert stream.half_sent.wait(120)
@@ -125,14 +126,17 @@ def test_losing_a_broker_mid_stream_loses_no_acknowledged_command_and_duplicates
         os.kill(node.pid, signal.SIGKILL)  # mid-stream, no warning
         lost_at = time.monotonic()
         assert wait_for(lambda: not kafka.status(cluster_settings).nodes[lost - 1].running, 30, every_s=0.5)
+        stream.go_on.set()
 
         def served_by_the_other_two():
-            """Every command sent after the loss answered, and the archive grown, while the broker is still away."""
+            """Every command sent after the loss answered, and the archive grown to every event in the log, while
+            the broker is still away."""
             if not stream.feeding_done.is_set():
                 return False
-            _, results, _ = read_log(settings)
+            _, results, events = read_log(settings)
             after = [c.command_id for c in stream.sent[sent_before:]]
-            return set(after) <= set(results) and table(spark, settings, "event_archive").count() > archived_before
+            archived = table(spark, settings, "event_archive").count()
+            return after and set(after) <= set(results) and archived > archived_before and archived >= len(events)
 
         assert wait_for(served_by_the_other_two, 300, every_s=3), \
             "with one broker of three lost, the commands sent meanwhile were not all answered and projected:" + \
