@@ -7,21 +7,14 @@ import random
 import pytest
 
 from event_store.envelope import EventEnvelope, _load_json, _plain_event
-from event_store.errors import InvalidRecord
 from eventlake.generator import GeneratorConfig, IotGeneratorConfig, SiteGeneratorConfig, generate_site_commands
 from tests.domain_helpers import events_for, events_of, iot_events_for
+from tests.unit.test_handler_core import outcome
 
 
 def reference_event(raw):
     """EventEnvelope.from_json as it was: the standard library's JSON, then from_dict."""
     return EventEnvelope.from_dict(_load_json(raw, "event"))
-
-
-def outcome(parse, raw):
-    try:
-        return parse(raw)
-    except InvalidRecord as e:
-        return f"InvalidRecord: {e}"
 
 
 def sample_events():
