@@ -222,6 +222,8 @@ def batches(settings: Settings, since: float, until: float) -> list[tuple[int, i
             continue
         commits = _batches(checkpoint / "commits")
         for before, batch in zip([None, *commits], commits):  # the first batch starts at offset 0 (a new topic)
+            if before is None and batch != 0:
+                continue  # its predecessor's files are cleaned up already (the last 100 batches are kept)
             done = (checkpoint / "commits" / str(batch)).stat().st_mtime
             if since <= done <= until:
                 started = (checkpoint / "offsets" / str(batch)).stat().st_mtime
