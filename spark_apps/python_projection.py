@@ -1093,6 +1093,14 @@ def _plan_windowed(con, batch: _Batch, model: ReadModel, generation: Generation,
         con.execute(f"CREATE OR REPLACE TEMP VIEW on_time_{model.name} AS SELECT * EXCLUDE (_late) FROM {fresh} "
                     f"WHERE NOT _late")
         source = _fold(con, model, f"on_time_{model.name}")
+        if source.num_rows and "window_start" in model.key and "window_start" in source.column_names:
+            # The rows this MERGE can match lie in the source's windows: said in its condition, delta-rs skips
+            # every file whose windows lie elsewhere (without it, each live batch reads the whole table).
+            con.register(f"windows_{model.name}", source.select(["window_start"]))
+            first, last = con.execute(f"SELECT strftime(min(window_start), '%Y-%m-%dT%H:%M:%S.%fZ'), "
+                                      f"strftime(max(window_start), '%Y-%m-%dT%H:%M:%S.%fZ') "
+                                      f"FROM windows_{model.name}").fetchall()[0]
+            on = f"{on} AND t.window_start >= '{first}' AND t.window_start <= '{last}'"
         ledger = con.sql(f"SELECT event_id, {model.event_time} AS event_time, _late FROM {fresh}").to_arrow_table()
         late = _late_rows(con, model, fresh, watermark)
     extra = {"watermark_before": None if watermark is None else watermark.isoformat(),
