@@ -57,6 +57,12 @@ COMPACT_EVERY = 50  # commits of this engine to a table between two compactions 
 # The size compaction makes files up to: a file that size is not rewritten again, so compacting a growing table
 # (the archive, the ledger) costs at most that much I/O each time, not the whole table.
 COMPACT_TARGET_BYTES = 32 * 1024 * 1024
+# A windowed table (its key holds ``window_start``) is not compacted but clustered: when a MERGE had to copy this
+# many unchanged rows (a MERGE rewrites every file holding a row it changes, and one file can hold every window
+# since January), the table is rewritten sorted by window into files of ``CLUSTER_TARGET_BYTES``, whose window
+# ranges do not overlap: the next MERGEs, which name their windows, touch the newest file only.
+CLUSTER_AFTER_COPIED_ROWS = 50_000
+CLUSTER_TARGET_BYTES = 256 * 1024
 # The session settings Spark 4.2 records with every planned batch and reads back on a restart (a checkpoint this
 # engine started has no Spark-written batch to copy them from): Spark's defaults, as its own offsets/N hold them.
 _SPARK_OFFSET_CONF = {
@@ -478,6 +484,8 @@ class _Batch:
                  tables: dict | None = None):
         self.projection, self.app_id, self.batch_id, self.steps = projection, app_id, batch_id, steps
         self.written: set[str] = set()  # the tables this batch committed to
+        self.windowed: set[str] = set()  # of those, windowed tables (clustered, not compacted)
+        self.to_cluster: set[str] = set()  # windowed tables whose MERGE copied too many unchanged rows
         self.tables = {} if tables is None else tables  # path -> DeltaTable, kept between batches
 
     def table(self, path):
@@ -634,7 +642,8 @@ class _Query:
             self.engine.delta_tables.clear()
             raise
         self.checkpoint.commit(self.batch_id)
-        self.engine.compact(batch.written, steps)
+        self.engine.compact(batch.written, steps, batch.windowed)
+        self.engine.cluster(batch.to_cluster, steps)
         self.rows += len(records.rows)
         self.batches += 1
         parts = "; ".join(f"{step} {t:.2f}s" for step, t in steps.items() if t >= 0.005)
@@ -696,15 +705,22 @@ class PythonProjection:
         self._with_broker(query.resume)
 
     # -- small files ------------------------------------------------------------------------------------------
-    def compact(self, written: set[str], steps: dict[str, float]) -> None:
+    def compact(self, written: set[str], steps: dict[str, float], windowed: set[str] = frozenset()) -> None:
         """Every ``COMPACT_EVERY`` commits of this engine to a table, its small files are compacted (a live batch
         writes one file per table; left alone, readers and this engine's own reads of the bookkeeping tables
-        open thousands). Delta log checkpoints are delta-rs's own (every 100 commits)."""
+        open thousands); a windowed table is clustered instead, when it holds many more files than that would
+        make. Delta log checkpoints are delta-rs's own (every 100 commits)."""
+        import pyarrow as pa
         from deltalake import DeltaTable
 
         for path in written:
             self._commits[path] = self._commits.get(path, 0) + 1
             if self._commits[path] % COMPACT_EVERY:
+                continue
+            if path in windowed:
+                sizes = pa.table(DeltaTable(path).get_add_actions(flatten=True)).column("size_bytes").to_pylist()
+                if len(sizes) > 2 * (sum(sizes) // CLUSTER_TARGET_BYTES + 1) + 10:
+                    self.cluster({path}, steps)
                 continue
             started = time.perf_counter()
             table = DeltaTable(path)
@@ -721,6 +737,22 @@ class PythonProjection:
             if metrics.get("numFilesRemoved"):
                 self.log(f"projection: compacted {path}: {metrics['numFilesRemoved']} files into "
                          f"{metrics['numFilesAdded']} ({time.perf_counter() - started:.2f}s)")
+
+    def cluster(self, paths: set[str], steps: dict[str, float]) -> None:
+        """Each windowed table in ``paths`` rewritten sorted by ``window_start`` into small files of disjoint
+        window ranges (``CLUSTER_AFTER_COPIED_ROWS``)."""
+        from deltalake import DeltaTable
+
+        for path in paths:
+            started = time.perf_counter()
+            try:
+                metrics = DeltaTable(path).optimize.z_order(["window_start"], target_size=CLUSTER_TARGET_BYTES)
+            except Exception as e:  # noqa: BLE001 -- a race with another writer: the next large MERGE asks again
+                self.log(f"projection: clustering {path} by window skipped: {str(e).splitlines()[0][:200]}")
+                continue
+            steps[f"cluster {Path(path).name}"] = time.perf_counter() - started
+            self.log(f"projection: clustered {path} by window: {metrics.get('numFilesRemoved')} files into "
+                     f"{metrics.get('numFilesAdded')} ({time.perf_counter() - started:.2f}s)")
 
     # -- the loop -------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -917,20 +949,21 @@ def _fold(con, model: ReadModel, relation: str):
 
 
 def _merge(batch: _Batch, target, path, txn: str, source, on: str, insert: dict, update: dict | None = None,
-           guard: bool = False, **metadata) -> None:
+           guard: bool = False, **metadata) -> dict:
     """``source`` MERGEd into ``target`` with the model's own update and insert expressions (the write of
     ``spark_apps.merge._merge``), once per batch: skipped when the table holds this batch's transaction id.
     ``guard``: a row changes only when the changes continue its version, and a new row only from version 1 (current
     state by version)."""
     if batch.done(target, txn):
-        return
+        return {}
     batch.written.add(str(path))
     merger = target.merge(source, predicate=on, source_alias="s", target_alias="t",
                           commit_properties=batch.commit(txn, **metadata))
     if update:
         merger = merger.when_matched_update(updates=update,
                                             predicate="s.first_version = t.version + 1" if guard else None)
-    merger.when_not_matched_insert(updates=insert, predicate="s.first_version = 1" if guard else None).execute()
+    return merger.when_not_matched_insert(updates=insert, predicate="s.first_version = 1" if guard else None
+                                          ).execute()
 
 
 def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation, known: dict[str, _Known],
@@ -1093,7 +1126,8 @@ def _plan_windowed(con, batch: _Batch, model: ReadModel, generation: Generation,
         con.execute(f"CREATE OR REPLACE TEMP VIEW on_time_{model.name} AS SELECT * EXCLUDE (_late) FROM {fresh} "
                     f"WHERE NOT _late")
         source = _fold(con, model, f"on_time_{model.name}")
-        if source.num_rows and "window_start" in model.key and "window_start" in source.column_names:
+        clustered = "window_start" in model.key and "window_start" in source.column_names
+        if source.num_rows and clustered:
             # The rows this MERGE can match lie in the source's windows: said in its condition, delta-rs skips
             # every file whose windows lie elsewhere (without it, each live batch reads the whole table).
             con.register(f"windows_{model.name}", source.select(["window_start"]))
@@ -1109,7 +1143,12 @@ def _plan_windowed(con, batch: _Batch, model: ReadModel, generation: Generation,
     def write() -> None:
         if source.num_rows:
             with batch.timed(f"{model.name}: merge"):
-                _merge(batch, target, generation.table, txn, source, on, insert, dict(model.merge_update), **extra)
+                metrics = _merge(batch, target, generation.table, txn, source, on, insert, dict(model.merge_update),
+                                 **extra)
+            if clustered:
+                batch.windowed.add(str(generation.table))
+                if metrics.get("num_target_rows_copied", 0) >= CLUSTER_AFTER_COPIED_ROWS:
+                    batch.to_cluster.add(str(generation.table))
         if late.num_rows:
             with batch.timed(f"{model.name}: late events"):
                 batch.append(late, generation.late_events, LATE_EVENTS_TABLE, writer=model.name)
