@@ -30,6 +30,10 @@ are printed side by side, with each domain's ratio to the accounts' and to its o
                                          [--warmup 100000] [--plain-batch N] [--limits] [--json FILE]
                                          [--domain accounts|iot|mixed|all ...] [--devices 2000]
                                          [--engines spark python]
+    .venv/bin/python bench/projection.py --engine-memory 1000000 5000000 [--accounts 20000]
+
+``--engine-memory`` runs the Python engine alone (no Spark), once per size on a topic of its own, and prints its
+events/s and peak RSS side by side: whether its memory stays flat as the log grows.
 """
 from __future__ import annotations
 
@@ -370,6 +374,31 @@ def measure(spark, base: Settings, domain: str, records, models: list, args, say
     return figures
 
 
+def engine_memory(base: Settings, sizes: list[int], accounts: int, max_offsets: int) -> list[dict]:
+    """The Python engine alone (no Spark session) catching up on generated account events, once per size, each on
+    a topic of its own: events/s and peak RSS, to see whether its memory stays flat as the log grows."""
+    models = domain_models("accounts")
+    runs = []
+    for size in sizes:
+        records = generated_events(size, accounts, base.cache_dir / "bench")
+        run = uuid.uuid4().hex[:8]
+        settings = base.replace(topic_prefix=f"bench-memory-{run}.", home=base.home / "bench" / run)
+        produce_rate = publish(settings, records)
+        del records
+        engine = python_engine(settings, models, max_offsets)
+        rate = engine["events"] / engine["seconds"]
+        print(f"{size:,} events (published at {produce_rate:,.0f}/s): Python engine {rate:,.0f} events/s, "
+              f"{engine['batches']} batches, peak RSS {engine['peak_rss_mib']:,.0f} MiB", flush=True)
+        runs.append({"events": size, "events_per_s": rate, "peak_rss_mib": engine["peak_rss_mib"],
+                     "batches": engine["batches"]})
+        shutil.rmtree(settings.home, ignore_errors=True)
+    first, last = runs[0], runs[-1]
+    print(f"peak RSS from {first['events']:,} to {last['events']:,} events: {first['peak_rss_mib']:,.0f} -> "
+          f"{last['peak_rss_mib']:,.0f} MiB ({last['peak_rss_mib'] / first['peak_rss_mib']:.2f}x for "
+          f"{last['events'] / first['events']:.0f}x the events)")
+    return runs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -386,8 +415,20 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the figures to this file (bench/report.py reads it)")
     parser.add_argument("--engines", nargs="+", choices=["spark", "python"], default=["spark", "python"],
                         help="the projection's engines to run (spark always runs: the others are compared with it)")
+    parser.add_argument("--engine-memory", type=int, nargs="+", metavar="EVENTS",
+                        help="instead: the Python engine alone on this many account events, once per size (its "
+                             "events/s and peak RSS side by side)")
     args = parser.parse_args()
     domains = [d for d in DOMAINS if d in args.domain or "all" in args.domain]
+    if args.engine_memory:
+        base = Settings.load(role="admin")
+        if base.uses_local_kafka:
+            from infra import kafka
+            kafka.up(base)
+        runs = engine_memory(base, args.engine_memory, args.accounts, args.max_offsets)
+        if args.json:
+            args.json.write_text(json.dumps({"engine_memory": runs}))
+        return 0
     several = len(domains) > 1
 
     base = Settings.load(role="admin")

@@ -7,6 +7,7 @@ act on.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -17,6 +18,7 @@ import orjson
 
 from event_store import domains, schemas
 from event_store.errors import InvalidRecord
+from event_store.fields import ISO_TIME
 from event_store.upcasting import UnknownSchemaVersion, upcast
 
 __all__ = ["EventEnvelope", "CommandEnvelope", "CommandResult", "utc_now", "parse_time", "format_time", "new_id",
@@ -295,13 +297,17 @@ def _command_head():
     schemas.COMMAND_ENVELOPE, the payload left as raw JSON for its type's decoder."""
     fields = [("command_type", str), ("payload", msgspec.Raw)]
     for name, spec in schemas.COMMAND_ENVELOPE.items():
-        fields.append((name, spec.msgspec_type()) if spec.required else (name, spec.msgspec_type(), None))
+        kind = spec.msgspec_type(pattern=False)  # the patterns: _COMMAND_HEAD_CHECKS
+        fields.append((name, kind) if spec.required else (name, kind, None))
     fields.append(("expected_version", Annotated[int, msgspec.Meta(ge=0, le=schemas.VERSION_MAX)] | None, None))
-    return msgspec.defstruct("CommandHead", fields, kw_only=True)
+    # gc=False: the collector need not track it (text and numbers cannot form a reference cycle).
+    return msgspec.defstruct("CommandHead", fields, kw_only=True, gc=False)
 
 
 _CommandHead = _command_head()
 _HEAD = msgspec.json.Decoder(_CommandHead)
+# issued_at: its full check (pattern, date, range) is _TIME_PROBLEM's.
+_command_head_patterns_hold = schemas.pattern_checker(schemas.COMMAND_ENVELOPE, skip=("issued_at",))
 _TIME_FIELD = schemas.COMMAND_ENVELOPE["issued_at"]
 _TIME_PROBLEM = schemas.field_problem
 _UNSET = msgspec.UNSET
@@ -319,10 +325,13 @@ def _plain_command(cls: type[CommandEnvelope], raw: bytes | str) -> CommandEnvel
         aggregate_type = _COMMAND_TYPES[head.command_type]
         if head.aggregate_type is not None and head.aggregate_type != aggregate_type:
             return None  # routed elsewhere, or nowhere: from_dict words the rejection
-        decoder, optional = schemas.payload_decoder(schema)
-        payload = msgspec.structs.asdict(decoder.decode(head.payload))
+        decoder, optional, patterns_hold = schemas.payload_decoder(schema)
+        decoded = decoder.decode(head.payload)
     except (msgspec.DecodeError, UnicodeDecodeError):
         return None
+    if not (_command_head_patterns_hold(head) and patterns_hold(decoded)):
+        return None
+    payload = msgspec.structs.asdict(decoded)
     for name in optional:  # absent from the JSON: absent from the payload, as json.loads gives it
         if payload[name] is _UNSET:
             del payload[name]
@@ -348,21 +357,31 @@ def _plain_command(cls: type[CommandEnvelope], raw: bytes | str) -> CommandEnvel
 
 def _event_head():
     """An event envelope as the fast path reads it: the envelope fields with their constraints from
-    schemas.EVENT_ENVELOPE (no member beyond them), the payload left as raw JSON for its type's decoder."""
+    schemas.EVENT_ENVELOPE but their patterns (no member beyond them), the payload left as raw JSON for its type's
+    decoder."""
     fields = [("payload", msgspec.Raw)]
-    fields += [(name, spec.msgspec_type()) for name, spec in schemas.EVENT_ENVELOPE.items() if name != "payload"]
-    return msgspec.defstruct("EventHead", fields, kw_only=True, forbid_unknown_fields=True)
+    fields += [(name, spec.msgspec_type(pattern=False))
+               for name, spec in schemas.EVENT_ENVELOPE.items() if name != "payload"]
+    # gc=False: the collector need not track it (text and numbers cannot form a reference cycle).
+    return msgspec.defstruct("EventHead", fields, kw_only=True, forbid_unknown_fields=True, gc=False)
 
 
 _EVENT_HEAD = msgspec.json.Decoder(_event_head())
+EVENT_TIMES = ("occurred_at", "recorded_at")
+# The envelope's times are checked whole (pattern, date, range) by _in_range, or a batch at a time by the caller of
+# plain_event_parts.
+_event_head_patterns_hold = schemas.pattern_checker(schemas.EVENT_ENVELOPE, skip=EVENT_TIMES)
 _EVENT_SCHEMA_VERSIONS = schemas.EVENT_SCHEMA_VERSIONS
 _TIME_FIELDS: dict[int, tuple[str, ...]] = {}
 _fromisoformat = datetime.fromisoformat
+_iso_time = re.compile(ISO_TIME).search
 
 
 def _in_range(value: str) -> bool:
-    """A time that matches fields.ISO_TIME (msgspec checked the pattern): a real date, in the event time range
-    (what ``field_problem`` decides for a timestamp field, without searching the pattern again)."""
+    """A time that matches fields.ISO_TIME, a real date, in the event time range (what ``field_problem`` decides
+    for a timestamp field)."""
+    if not _iso_time(value):
+        return False
     try:
         t = _fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
@@ -370,31 +389,47 @@ def _in_range(value: str) -> bool:
     return schemas.EVENT_TIME_MIN <= t < schemas.EVENT_TIME_MAX
 
 
-def _plain_event(cls: type[EventEnvelope], raw: bytes | str) -> EventEnvelope | None:
-    """``EventEnvelope.from_json(raw)`` for a valid event at its type's current schema version, decoded by
-    compiled msgspec decoders; None when in any doubt (then the reference path gives the answer). Accepts nothing
-    ``from_dict`` would reject."""
+def plain_event_parts(raw: bytes | str) -> tuple[Any, Any] | None:
+    """(envelope, payload) of a valid event at its type's current schema version, decoded by compiled msgspec
+    decoders, both msgspec Structs: the envelope with EventEnvelope's fields but the payload, the payload with its
+    schema's fields (an optional one left out of the JSON is UNSET). Every check ``from_dict`` makes is made but
+    those of the envelope's two times (EVENT_TIMES): the caller checks them, with ``_in_range`` or its equal. None
+    when in any doubt (then the reference path gives the answer)."""
     try:
         head = _EVENT_HEAD.decode(raw)
         if head.schema_version != _EVENT_SCHEMA_VERSIONS[head.event_type]:
             return None  # an older version: upcast on the reference path
         schema = schemas.EVENTS[head.event_type]
-        decoder, optional = schemas.payload_decoder(schema)
-        payload = msgspec.structs.asdict(decoder.decode(head.payload))
+        decoder, _, patterns_hold = schemas.payload_decoder(schema)
+        payload = decoder.decode(head.payload)
     except (msgspec.DecodeError, UnicodeDecodeError, TypeError):
         return None
-    for name in optional:  # absent from the JSON: absent from the payload, as json.loads gives it
-        if payload[name] is _UNSET:
-            del payload[name]
-    # The patterns (checked by msgspec) admit impossible dates (February 30th) and times out of range.
-    if not (_in_range(head.occurred_at) and _in_range(head.recorded_at)):
+    if not (_event_head_patterns_hold(head) and patterns_hold(payload)):
         return None
     times = _TIME_FIELDS.get(id(schema))
     if times is None:
         times = _TIME_FIELDS[id(schema)] = schemas.time_fields(schema)
-    for name in times:
-        if payload.get(name) is not None and not _in_range(payload[name]):
+    for name in times:  # the patterns admit impossible dates (February 30th) and times out of range
+        value = getattr(payload, name)
+        if isinstance(value, str) and not _in_range(value):
             return None
+    return head, payload
+
+
+def _plain_event(cls: type[EventEnvelope], raw: bytes | str) -> EventEnvelope | None:
+    """``EventEnvelope.from_json(raw)`` for a valid event at its type's current schema version, decoded by
+    compiled msgspec decoders; None when in any doubt (then the reference path gives the answer). Accepts nothing
+    ``from_dict`` would reject."""
+    parts = plain_event_parts(raw)
+    if parts is None:
+        return None
+    head, decoded = parts
+    if not (_in_range(head.occurred_at) and _in_range(head.recorded_at)):
+        return None
+    payload = msgspec.structs.asdict(decoded)
+    for name in schemas.payload_decoder(schemas.EVENTS[head.event_type])[1]:
+        if payload[name] is _UNSET:  # absent from the JSON: absent from the payload, as json.loads gives it
+            del payload[name]
     return built(cls, event_id=head.event_id, event_type=head.event_type, schema_version=head.schema_version,
                  aggregate_type=head.aggregate_type, aggregate_id=head.aggregate_id,
                  aggregate_version=head.aggregate_version, occurred_at=head.occurred_at,

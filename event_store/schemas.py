@@ -20,11 +20,12 @@ from typing import Any, Mapping
 from event_store import domains
 from event_store.domains import COMMANDS, EVENT_SCHEMA_VERSIONS, EVENTS
 from event_store.fields import (AMOUNT_MAX_MINOR, COMMAND_ENVELOPE, EVENT_TIME_MAX, EVENT_TIME_MIN, ID, ID_MAX_LENGTH,
-                                TIME, VERSION_MAX, Field, field_problem, payload_decoder, time_fields,
-                                validate_fields, validate_payload)
+                                TIME, VERSION_MAX, Field, field_problem, pattern_checker,
+                                payload_decoder, time_fields, validate_fields, validate_payload)
 
 __all__ = ["Field", "COMMANDS", "EVENTS", "EVENT_ENVELOPE", "COMMAND_ENVELOPE", "validate_payload",
-           "validate_fields", "field_problem", "payload_decoder", "EVENT_SCHEMA_VERSIONS", "string_field_names",
+           "validate_fields", "field_problem", "payload_decoder", "pattern_checker",
+           "EVENT_SCHEMA_VERSIONS", "string_field_names",
            "misused_string_name", "EVENT_TIME_MIN", "EVENT_TIME_MAX", "ID_MAX_LENGTH", "AMOUNT_MAX_MINOR",
            "VERSION_MAX", "time_fields"]
 

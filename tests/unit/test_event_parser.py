@@ -75,3 +75,103 @@ def test_an_older_schema_version_is_upcast_on_the_reference_path():
     assert _plain_event(EventEnvelope, raw) is None
     assert EventEnvelope.from_json(raw) == reference_event(raw)
     assert EventEnvelope.from_json(raw).schema_version == 2
+
+
+def test_not_blank_is_the_negation_of_isspace_over_every_code_point():
+    # fields.pattern_checker decides NOT_BLANK (r"\S", searched) with str.isspace instead of the regular expression.
+    import re
+    import sys
+
+    from event_store.fields import NOT_BLANK
+
+    search = re.compile(NOT_BLANK).search
+    for code in range(sys.maxunicode + 1):
+        text = chr(code)
+        assert (search(text) is None) == text.isspace(), hex(code)
+    assert search("") is None
+
+
+# Valid and invalid times the batch check must decide as the reference does, offsets and fractions included.
+ODD_TIMES = ["2026-01-01T00:00:00.5+05:30", "2026-01-01T00:00:00.123456-11:59", "1900-01-01T00:00:00Z",
+             "9998-12-31T23:59:59.999999Z", "1900-01-01T00:30:00+01:00", "9998-12-31T23:00:00-05:00",
+             "2024-02-29T12:00:00Z", "2023-02-29T12:00:00Z", "2026-04-31T00:00:00Z",
+             "\u0662\u0660\u0662\u0666-01-01T00:00:00Z", "2026-01-01T00:00:00.1234567Z", "2026-01-01T24:00:00Z",
+             "2026-01-01 00:00:00Z", "0000-01-01T00:00:00Z", "2026-01-01T00:00:00+00:00",
+             "2026-06-30T23:59:59.000001+23:59"]
+
+
+def batch_records():
+    """(partition, offset, key, value) records: every generated event, each odd time in each envelope time,
+    random damages, unreadable records, null values and an older schema version, interleaved."""
+    from tests.unit.test_upcasting import v1_payment_authorized
+
+    rng = random.Random(5)
+    values = [e.to_json() for e in sample_events()]
+    for i, odd in enumerate(ODD_TIMES * 2):
+        obj = json.loads(values[i * 7 % len(values)])
+        obj["occurred_at" if i < len(ODD_TIMES) else "recorded_at"] = odd
+        values.insert(rng.randrange(len(values)), json.dumps(obj).encode())
+    for e in sample_events()[::5]:
+        damaged = json.loads(e.to_json())
+        target = damaged["payload"] if rng.random() < 0.6 else damaged
+        target[rng.choice(sorted(target))] = rng.choice(ODD_VALUES)
+        values.insert(rng.randrange(len(values)), json.dumps(damaged).encode())
+    for raw in [b"{nope", b"", None, json.dumps(v1_payment_authorized()).encode()]:
+        values.insert(rng.randrange(len(values)), raw)
+    return [(i % 3, 100 + i, None, value) for i, value in enumerate(values)]
+
+
+def reference_rows(records):
+    """The event rows and rejections of ``records`` by the reference path, a record at a time."""
+    from event_store.envelope import parse_time
+    from spark_apps.events import ENVELOPE_COLUMNS, payload_columns
+    from spark_apps.python_projection import _table, event_row_schema
+
+    rows, bad = [], []
+    for partition, offset, _, value in records:
+        try:
+            e = reference_event(value if value is not None else b"")
+        except Exception as error:  # InvalidRecord
+            bad.append((partition, offset, str(error)))
+            continue
+        row = {name: getattr(e, name) for name in ENVELOPE_COLUMNS}
+        row.update(occurred_at=parse_time(e.occurred_at, "o"), recorded_at=parse_time(e.recorded_at, "r"))
+        rows.append((*row.values(), *map(e.payload.get, payload_columns()), "events", partition, offset))
+    return _table(rows, event_row_schema()), bad
+
+
+@pytest.mark.parametrize("cut", [None, 1, 40])
+def test_the_projections_batch_parser_gives_the_reference_rows_in_the_records_order(cut):
+    from spark_apps.python_projection import _parse
+
+    class Records:
+        rows = batch_records()[:cut] if cut else batch_records()
+
+    table, bad = _parse(Records, "events")
+    expected, expected_bad = reference_rows(Records.rows)
+    assert table.schema == expected.schema
+    assert table.to_pylist() == expected.to_pylist()
+    assert sorted(bad) == sorted(expected_bad)
+    if cut is None:
+        assert len(expected_bad) > 20 and expected.num_rows > 300
+        reasons = " ".join(reason for _, _, reason in bad)
+        assert "occurred_at" in reasons and "recorded_at" in reasons and "out of range" in reasons
+
+
+@pytest.mark.parametrize("name", ["occurred_at", "recorded_at"])
+@pytest.mark.parametrize("odd", ODD_TIMES)
+def test_one_odd_time_among_ordinary_events_gets_the_reference_verdict(odd, name):
+    # Alone in its batch, so that the batch check (pattern, date and range for a whole column) decides it.
+    from spark_apps.python_projection import _parse
+
+    values = [e.to_json() for e in sample_events()[:30]]
+    obj = json.loads(values[11])
+    obj[name] = odd
+    values[11] = json.dumps(obj).encode()
+
+    class Records:
+        rows = [(0, i, None, value) for i, value in enumerate(values)]
+
+    table, bad = _parse(Records, "events")
+    expected, expected_bad = reference_rows(Records.rows)
+    assert (table.to_pylist(), bad) == (expected.to_pylist(), expected_bad)
