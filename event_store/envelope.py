@@ -371,8 +371,21 @@ EVENT_TIMES = ("occurred_at", "recorded_at")
 # The envelope's times are checked whole (pattern, date, range) by _in_range, or a batch at a time by the caller of
 # plain_event_parts.
 _event_head_patterns_hold = schemas.pattern_checker(schemas.EVENT_ENVELOPE, skip=EVENT_TIMES)
-_EVENT_SCHEMA_VERSIONS = schemas.EVENT_SCHEMA_VERSIONS
-_TIME_FIELDS: dict[int, tuple[str, ...]] = {}
+_EVENT_KINDS: dict[str, tuple] = {}
+
+
+def _event_kind(event_type: str) -> tuple:
+    """(schema, current schema version, payload decoder, payload pattern check, payload time fields) of a
+    registered event type, looked up once (again when the registry's schema for it changes)."""
+    kind = _EVENT_KINDS.get(event_type)
+    schema = schemas.EVENTS[event_type]
+    if kind is None or kind[0] is not schema:
+        decoder, _, patterns_hold = schemas.payload_decoder(schema)
+        kind = _EVENT_KINDS[event_type] = (schema, schemas.EVENT_SCHEMA_VERSIONS[event_type], decoder,
+                                           patterns_hold, schemas.time_fields(schema))
+    return kind
+
+
 _fromisoformat = datetime.fromisoformat
 _iso_time = re.compile(ISO_TIME).search
 
@@ -397,19 +410,15 @@ def plain_event_parts(raw: bytes | str) -> tuple[Any, Any] | None:
     when in any doubt (then the reference path gives the answer)."""
     try:
         head = _EVENT_HEAD.decode(raw)
-        if head.schema_version != _EVENT_SCHEMA_VERSIONS[head.event_type]:
+        kind = _event_kind(head.event_type)
+        if head.schema_version != kind[1]:
             return None  # an older version: upcast on the reference path
-        schema = schemas.EVENTS[head.event_type]
-        decoder, _, patterns_hold = schemas.payload_decoder(schema)
-        payload = decoder.decode(head.payload)
-    except (msgspec.DecodeError, UnicodeDecodeError, TypeError):
+        payload = kind[2].decode(head.payload)
+    except (msgspec.DecodeError, UnicodeDecodeError, TypeError, KeyError):
         return None
-    if not (_event_head_patterns_hold(head) and patterns_hold(payload)):
+    if not (_event_head_patterns_hold(head) and kind[3](payload)):
         return None
-    times = _TIME_FIELDS.get(id(schema))
-    if times is None:
-        times = _TIME_FIELDS[id(schema)] = schemas.time_fields(schema)
-    for name in times:  # the patterns admit impossible dates (February 30th) and times out of range
+    for name in kind[4]:  # the patterns admit impossible dates (February 30th) and times out of range
         value = getattr(payload, name)
         if isinstance(value, str) and not _in_range(value):
             return None

@@ -162,13 +162,14 @@ def pattern_checker(schema: Mapping[str, Field], skip: tuple[str, ...] = ()) -> 
                      if spec.pattern not in (None, NOT_BLANK) and name not in skip)
     values = attrgetter(*blank_free) if len(blank_free) > 1 else None
     one = attrgetter(blank_free[0]) if len(blank_free) == 1 else None
+    required = all(schema[name].required for name in blank_free)  # then every value is a string
     isspace = str.isspace
 
     def hold(struct: Any) -> bool:
         if values is not None:
             texts = values(struct)
             # None and UNSET are false, so filter leaves the strings but "" (refused before it).
-            if "" in texts or any(map(isspace, filter(None, texts))):
+            if "" in texts or any(map(isspace, texts if required else filter(None, texts))):
                 return False
         elif one is not None:
             text = one(struct)

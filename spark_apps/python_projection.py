@@ -359,6 +359,12 @@ def _parse(records: _Records, topic: str, cache: _Parsed | None = None):
         verdict = take(partition, offset) if sharing else None
         if verdict is None:
             parts = plain_event_parts(value) if value is not None else None
+            if parts is not None and not sharing:  # the usual case, without a verdict to keep
+                group = by_type.get(parts[0].event_type)
+                if group is None:
+                    group = by_type[parts[0].event_type] = []
+                group.append((*parts, partition, offset, position))
+                continue
             verdict = ("plain", parts) if parts is not None else _reference_verdict(value, topic, partition, offset)
             if sharing:
                 fresh[(partition, offset)] = verdict
