@@ -5,15 +5,20 @@ figures in the report, and draws:
 
 - **latency distribution**: ``bench/freshness.py``: accepted -> visible in ``account_summary``, and payment ->
   ``FraudSuspected``, as cumulative distributions;
-- **throughput against batch size**: ``bench/projection.py`` at each ``--batch-sizes``: the projection, the plain
-  Python consumer, the unparsed Kafka -> Delta copy and the archive append, in events/s;
-- **events/s by step**: the projection's steps in the largest-batch run (events in the run / seconds in the step).
+- **throughput against batch size**: ``bench/projection.py`` at each ``--batch-sizes``: the projection (its Python
+  engine and Spark), the plain Python consumer, the unparsed Kafka -> Delta copy and the archive append, in
+  events/s;
+- **events/s by step**: the Python engine's steps in the largest-batch run (events in the run / seconds in the
+  step).
+
+``memory`` runs ``bench/projection.py --engine-memory`` at ``--events`` and five times as many: the Python engine's
+peak RSS as the log grows.
 
 Each figure names the command that made it, the date and the machine. The benchmarks take their own time (the
 defaults: an hour or more on a 2-core machine; ``--quick`` runs small sizes in minutes, for a look, not for
 figures to quote). Pick benchmarks with ``--only``.
 
-    .venv/bin/python bench/report.py [--quick] [--only commands projection freshness rebuild sql]
+    .venv/bin/python bench/report.py [--quick] [--only commands projection memory freshness rebuild sql]
                                      [--events 1000000] [--batch-sizes 50000 200000 1000000]
                                      [--freshness-rate 2000] [--freshness-seconds 60] [--out bench/results]
 """
@@ -31,7 +36,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("commands", "projection", "freshness", "rebuild", "sql")
+BENCHES = ("commands", "projection", "memory", "freshness", "rebuild", "sql")
 
 
 def machine() -> str:
@@ -109,10 +114,12 @@ def plot_throughput(runs: list[tuple[int, dict]], path: Path, commands: list[str
     fig, ax = plt.subplots(figsize=(8, 4.8))
     fig.subplots_adjust(bottom=0.24)
     sizes = [size for size, _ in runs]
-    for key, label in (("projection", "projection (account_summary + payments)"),
+    for key, label in (("python_engine", "projection, Python engine (eventlake project's default)"),
+                       ("projection", "projection, Spark (account_summary + payments)"),
                        ("plain", "plain Python consumer (delta-rs MERGE)"),
                        ("copy", "Kafka -> Delta, unparsed"), ("archive", "archive append (parsed)")):
-        ax.plot(sizes, [d[key]["events"] / d[key]["seconds"] for _, d in runs], marker="o", label=label)
+        if all(d.get(key) for _, d in runs):
+            ax.plot(sizes, [d[key]["events"] / d[key]["seconds"] for _, d in runs], marker="o", label=label)
     ax.set_xscale("log")
     ax.set_xlabel("events per batch (--max-offsets; the plain consumer's batch)")
     ax.set_ylabel("events/s")
@@ -128,16 +135,21 @@ def plot_throughput(runs: list[tuple[int, dict]], path: Path, commands: list[str
 def plot_steps(data: dict, path: Path, command: str, when: str, host: str) -> None:
     import matplotlib.pyplot as plt
 
-    steps = {k: v for k, v in data["projection"]["steps"].items() if v > 0}
-    events = data["projection"]["events"]
+    engine = "python_engine" if data.get("python_engine") else "projection"
+    steps = {k: v for k, v in data[engine]["steps"].items() if v > 0}
+    events = data[engine]["events"]
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(steps) + 2))
     fig.subplots_adjust(left=0.38, bottom=0.22)
     names = list(steps)[::-1]
     ax.barh(names, [events / steps[n] for n in names])
     ax.xaxis.set_major_formatter(_thousands())
     ax.set_xlabel("events/s of the step alone (events / seconds in it)")
-    ax.set_title(f"Projection: events/s by step ({events:,} events, batches of {data['max_offsets']:,})\n"
-                 "(a step with sub-steps, e.g. `payments`, includes them)", fontsize=10)
+    if engine == "python_engine":
+        ax.set_title(f"Projection, Python engine: events/s by step ({events:,} events, batches of at most "
+                     f"{min(data['max_offsets'], 100_000):,})", fontsize=10)
+    else:
+        ax.set_title(f"Projection: events/s by step ({events:,} events, batches of {data['max_offsets']:,})\n"
+                     "(a step with sub-steps, e.g. `payments`, includes them)", fontsize=10)
     ax.tick_params(axis="y", labelsize=8)
     ax.grid(True, axis="x", which="both", alpha=0.3)
     _stamp(fig, command, when, host)
@@ -193,16 +205,28 @@ def main() -> int:
             size, data, command = runs[-1]
             plot_steps(data, args.out / "steps.png", command, when, host)
             body += "![events/s by step](steps.png)\n\n"
-            body += "| batch | projection | plain consumer | unparsed copy | archive | ratio to plain | " \
-                    "ratio to copy | driver JVM peak RSS |\n|---|---|---|---|---|---|---|---|\n"
+            body += "| batch | engine | events/s | plain consumer | unparsed copy | archive | ratio to plain | " \
+                    "ratio to copy | peak RSS |\n|---|---|---|---|---|---|---|---|---|\n"
             for size, d, _ in runs:
-                rate = {k: d[k]["events"] / d[k]["seconds"] for k in ("projection", "plain", "copy", "archive")}
-                body += (f"| {size:,} | {rate['projection']:,.0f} | {rate['plain']:,.0f} | {rate['copy']:,.0f} | "
-                         f"{rate['archive']:,.0f} | {rate['projection'] / rate['plain']:.2f} | "
-                         f"{rate['projection'] / rate['copy']:.2f} | "
-                         f"{d['projection']['jvm_peak_rss_mib']:,.0f} MiB |\n")
-            body += "\n(events/s; aims: ratio to the plain consumer >= 1.5, to the unparsed copy >= 0.5)\n\n"
+                rate = {k: d[k]["events"] / d[k]["seconds"] for k in ("python_engine", "projection", "plain",
+                                                                        "copy", "archive") if d.get(k)}
+                for key, name, rss in (("python_engine", "Python", "peak_rss_mib"),
+                                       ("projection", "Spark", "jvm_peak_rss_mib")):
+                    if key in rate:
+                        body += (f"| {size:,} | {name} | {rate[key]:,.0f} | {rate['plain']:,.0f} | "
+                                 f"{rate['copy']:,.0f} | {rate['archive']:,.0f} | {rate[key] / rate['plain']:.2f} | "
+                                 f"{rate[key] / rate['copy']:.2f} | {d[key][rss]:,.0f} MiB"
+                                 f"{' (JVM)' if name == 'Spark' else ''} |\n")
+            body += ("\n(events/s; aims: ratio to the plain consumer >= 1.5, to the unparsed copy >= 0.5. The Python "
+                     "engine's batches hold at most 100,000 events whatever the batch size.)\n\n")
         sections.append(body + "\n".join(texts))
+    if "memory" in args.only:
+        out = raw / "memory.json"
+        out.unlink(missing_ok=True)
+        run = Run("projection.py", "--engine-memory", *(["50000", "200000"] if args.quick else
+                                                         [str(events), str(5 * events)]), "--json", _shown(out))
+        sections.append("## Memory as the log grows\n\nThe projection's Python engine alone, catching up on 1x "
+                        "and 5x the events (aim: its peak RSS flat).\n\n" + printed(run))
     if "freshness" in args.only:
         out = raw / "freshness.json"
         out.unlink(missing_ok=True)
