@@ -72,7 +72,8 @@ class Settings:
     handler_group_id: str = "eventlake-command-handler"
     # At most this many commands per handler transaction (one poll): bigger is faster, smaller commits sooner.
     handler_max_batch: int = 2000
-    # The handler snapshots a partition's aggregate state after this many new events in it (0 = never).
+    # The handler snapshots a partition's aggregate state after this many new events in it, or a quarter of the
+    # events it holds if that is more (0 = never).
     snapshot_every_events: int = 10_000
     # Per account, the handler remembers the first result of this many most recent commands (idempotency).
     idempotency_window: int = 100
