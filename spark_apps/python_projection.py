@@ -347,6 +347,7 @@ def _parse(records: _Records, topic: str, cache: _Parsed | None = None):
     times are in doubt, takes ``EventEnvelope.from_json``: the same verdict either way
     (tests/unit/test_event_parser.py). The rows keep the records' order."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from event_store.envelope import _in_range, plain_event_parts
 
@@ -389,7 +390,7 @@ def _parse(records: _Records, topic: str, cache: _Parsed | None = None):
         keep = [_in_range(o) and _in_range(r) for o, r in zip(*(table.column(n).to_pylist() for n in times))]
         if not all(keep):
             values = {(p, o): v for p, o, _, v in records.rows}
-            failed = table.filter(pa.compute.invert(pa.array(keep, pa.bool_())))
+            failed = table.filter(pc.invert(pa.array(keep, pa.bool_())))
             for partition, offset, position in zip(*(failed.column(n).to_pylist()
                                                      for n in ("kafka_partition", "kafka_offset", "_position"))):
                 kind, found = _reference_verdict(values[(partition, offset)], topic, partition, offset)
@@ -400,8 +401,8 @@ def _parse(records: _Records, topic: str, cache: _Parsed | None = None):
     if rows or table is None:
         ordinary = _table(rows, schema.append(pa.field("_position", pa.int64())))
         table = ordinary if table is None else pa.concat_tables([table, ordinary])
-    if len(tables) > 1 or rows:
-        table = table.take(pa.compute.sort_indices(table.column("_position")))
+    if len(tables) + bool(rows) > 1:  # rows from more than one list: back in the records' order
+        table = table.take(pc.sort_indices(table.column("_position")))
     return table.drop_columns(["_position"]), bad
 
 

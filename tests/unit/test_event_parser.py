@@ -175,3 +175,18 @@ def test_one_odd_time_among_ordinary_events_gets_the_reference_verdict(odd, name
     table, bad = _parse(Records, "events")
     expected, expected_bad = reference_rows(Records.rows)
     assert (table.to_pylist(), bad) == (expected.to_pylist(), expected_bad)
+
+
+def test_a_batch_with_no_ordinary_event_gets_the_reference_rows():
+    from spark_apps.python_projection import _parse
+    from tests.unit.test_upcasting import v1_payment_authorized
+
+    old = json.dumps(v1_payment_authorized()).encode()
+
+    class Records:
+        rows = [(0, 1, None, old), (0, 2, None, b"{nope"), (1, 3, None, None)]
+
+    table, bad = _parse(Records, "events")
+    expected, expected_bad = reference_rows(Records.rows)
+    assert (table.to_pylist(), bad) == (expected.to_pylist(), expected_bad)
+    assert table.num_rows == 1 and len(bad) == 2
