@@ -376,16 +376,16 @@ def measure(spark, base: Settings, domain: str, records, models: list, args, say
 
 def relabeled_copies(records: list[tuple[bytes, bytes]], copies: int) -> list[tuple[bytes, bytes]]:
     """``copies`` copies of generated account events one after the other, each of accounts and event ids of its own
-    (copy k > 0: ``acc-bench-`` -> ``acc-bench<k>-``, the event id's first 8 hex digits -> the copy's number): a log
+    (copy k > 0: ``acc-bench-`` -> ``acc-bench<k>-``, ``c<k>-`` before the event id): a log
     ``copies`` times as long, with as many times the accounts, made in seconds (the pure core took over 15 GB and
     many minutes towards 5M events of 20,000 accounts)."""
     out = list(records)
     for k in range(1, copies):
-        tag, prefix = f"acc-bench{k}-".encode(), f"{k:07x}e".encode()
+        tag, prefix = f"acc-bench{k}-".encode(), f"c{k}-".encode()
         for key, value in records:
             value = value.replace(b"acc-bench-", tag)
             at = value.index(b'"event_id":"') + 12
-            out.append((key.replace(b"acc-bench-", tag), value[:at] + prefix + value[at + 8:]))
+            out.append((key.replace(b"acc-bench-", tag), value[:at] + prefix + value[at:]))
     return out
 
 
