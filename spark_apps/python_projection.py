@@ -264,6 +264,7 @@ class _Reader:
         batch = _Records(ends=dict(self.next), starts=dict(self.next))
         messages, self.buffered = self.buffered, []
         held: list = []  # past ``until``: the next batch's
+        held_partitions: set[int] = set()
         deadline = time.monotonic() + wait_s
         while True:
             if held:
@@ -278,7 +279,11 @@ class _Reader:
                 error = m.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
-                        if m.offset() >= self.next.get(m.partition(), 0):
+                        if m.partition() in held_partitions:
+                            # The end after a record held back: reached once that record is read (librdkafka
+                            # tells of an end once; dropped here, the reader would never be caught up again).
+                            held.append(m)
+                        elif m.offset() >= self.next.get(m.partition(), 0):
                             self.at_end.add(m.partition())
                         continue
                     if error.code() == KafkaError._AUTO_OFFSET_RESET:
@@ -295,6 +300,7 @@ class _Reader:
                     continue  # already read (a re-fetch)
                 if until is not None and offset >= until.get(partition, offset + 1):
                     held.append(m)
+                    held_partitions.add(partition)
                     self.at_end.discard(partition)
                     continue
                 self.at_end.discard(partition)
