@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from event_store.errors import InvalidRecord
+from event_store.fields import ISO_TIME
 from lakehouse.settings import Settings
 from read_models.catalog import Generation
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
@@ -475,7 +476,7 @@ def _table(rows: list[tuple], schema):
 
 # fields.ISO_TIME for RE2 (Arrow's regular expressions), whose end of input is \\z. RE2's \\d and \\s are ASCII only, so
 # it admits no more than Python's; what it refuses goes to the row-by-row check.
-_ISO_TIME_RE2 = None
+_ISO_TIME_RE2 = ISO_TIME.replace("\\Z", "\\z")
 
 
 def _times_hold(texts) -> bool:
@@ -485,11 +486,7 @@ def _times_hold(texts) -> bool:
     import pyarrow.compute as pc
 
     from event_store import schemas
-    from event_store.fields import ISO_TIME
 
-    global _ISO_TIME_RE2
-    if _ISO_TIME_RE2 is None:
-        _ISO_TIME_RE2 = ISO_TIME.replace("\\Z", "\\z")
     if texts.null_count or not pc.all(pc.match_substring_regex(texts, _ISO_TIME_RE2)).as_py():
         return False
     try:
