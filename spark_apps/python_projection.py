@@ -474,7 +474,7 @@ def _table(rows: list[tuple], schema):
     return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
 
 
-# fields.ISO_TIME for RE2 (Arrow's regular expressions), whose end of input is \\z. RE2's \\d and \\s are ASCII only, so
+# fields.ISO_TIME for RE2 (Arrow's regular expressions), whose end of input is \z. RE2's \d and \s are ASCII only, so
 # it admits no more than Python's; what it refuses goes to the row-by-row check.
 _ISO_TIME_RE2 = ISO_TIME.replace("\\Z", "\\z")
 
