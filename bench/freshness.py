@@ -206,9 +206,10 @@ def probe_version(settings: Settings, account: str) -> int | None:
 
 
 class FraudWatch(threading.Thread):
-    """Reads the events topic from its end at the start: payment events' and FraudSuspected events' timestamps.
-    Cheap, so as to take as little as it can of the cores the platform shares with it: librdkafka, and only the
-    records that name a payment are parsed."""
+    """Reads the events topic and the commands topic from their ends at the start: payment events', FlagFraud
+    commands' and FraudSuspected events' timestamps (the FlagFraud command splits the latency into the detector's
+    part and the handler's). Cheap, so as to take as little as it can of the cores the platform shares with it:
+    librdkafka, and only the records that name a payment are parsed."""
 
     def __init__(self, settings: Settings):
         super().__init__(daemon=True)
@@ -217,11 +218,15 @@ class FraudWatch(threading.Thread):
         from event_store import kafka_clients
 
         self.consumer = kafka_clients.range_reader(settings, "bench-fraud-watch")
-        topic = settings.events_topic
-        partitions = self.consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        self.consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in sorted(partitions)])
+        self.commands_topic = settings.commands_topic
+        assigned = []
+        for topic in (settings.events_topic, settings.commands_topic):
+            partitions = self.consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            assigned += [TopicPartition(topic, p, OFFSET_END) for p in sorted(partitions)]
+        self.consumer.assign(assigned)
         self.paid: dict[str, float] = {}  # payment_id -> its event's timestamp (s)
-        self.flagged: list[tuple[float, float]] = []  # (payment appended, FraudSuspected appended)
+        self.asked: dict[str, float] = {}  # payment_id -> its first FlagFraud command's timestamp (s)
+        self.flagged: list[tuple[float, float, float | None]] = []  # (payment, FraudSuspected, FlagFraud) appended
         self.stopping = False
 
     def run(self) -> None:
@@ -232,13 +237,17 @@ class FraudWatch(threading.Thread):
                 value = record.value()
                 if record.error() is not None or not value or b'"payment_id"' not in value:
                     continue
+                at = record.timestamp()[1] / 1000
+                if record.topic() == self.commands_topic:
+                    if b'"FlagFraud"' in value:
+                        self.asked.setdefault((orjson.loads(value).get("payload") or {}).get("payment_id"), at)
+                    continue
                 event = orjson.loads(value)
                 kind, payload = event.get("event_type", ""), event.get("payload") or {}
-                at = record.timestamp()[1] / 1000
                 if kind.startswith("Payment"):
                     self.paid.setdefault(payload.get("payment_id"), at)
                 elif kind == "FraudSuspected" and payload.get("payment_id") in self.paid:
-                    self.flagged.append((self.paid[payload["payment_id"]], at))
+                    self.flagged.append((self.paid[payload["payment_id"]], at, self.asked.get(payload["payment_id"])))
         self.consumer.close()
 
 
@@ -433,10 +442,13 @@ def main() -> None:
         print(f"  freshness  (accepted -> in account_summary)  {figures([p[2] for p in probes])}")
         print(f"    first half                                 {figures([p[2] for p in probes if p[0] < half])}")
         print(f"    second half                                {figures([p[2] for p in probes if p[0] >= half])}")
-        flagged = [(paid, at - paid) for paid, at in fraud.flagged]
+        flagged = [(paid, at - paid) for paid, at, _ in fraud.flagged]
         print(f"  fraud      (payment -> FraudSuspected)       {figures([f[1] for f in flagged])}")
         print(f"    first half                                 {figures([f[1] for f in flagged if f[0] < half])}")
         print(f"    second half                                {figures([f[1] for f in flagged if f[0] >= half])}")
+        split = [(asked - paid, at - asked) for paid, at, asked in fraud.flagged if asked is not None]
+        print(f"    the detector (payment -> FlagFraud)        {figures([d for d, _ in split])}")
+        print(f"    the handler (FlagFraud -> FraudSuspected)  {figures([h for _, h in split])}")
         done = batches(settings, measure_from, measure_until)
         if done:
             print(f"  read models' batches during the measurement: {len(done)}; events per batch "
@@ -471,6 +483,7 @@ def main() -> None:
                 "accepted": [round(a, 3) for a in accepted],
                 "freshness": [[round(p[0] - measure_from, 3), round(p[2], 3)] for p in probes],
                 "fraud": [[round(paid - measure_from, 3), round(latency, 3)] for paid, latency in flagged],
+                "fraud_split": [[round(detector, 3), round(handler, 3)] for detector, handler in split],
                 "batches": [[b[1], b[2]] for b in done], "not_visible": len(pending)}))
     finally:
         services.stop()

@@ -30,10 +30,12 @@ are printed side by side, with each domain's ratio to the accounts' and to its o
                                          [--warmup 100000] [--plain-batch N] [--limits] [--json FILE]
                                          [--domain accounts|iot|mixed|all ...] [--devices 2000]
                                          [--engines spark python]
-    .venv/bin/python bench/projection.py --engine-memory 1000000 5000000 [--accounts 20000]
+    .venv/bin/python bench/projection.py --engine-memory 1000000 5000000 [--accounts 20000] [--more-accounts]
 
 ``--engine-memory`` runs the Python engine alone (no Spark), once per size on a topic of its own, and prints its
-events/s and peak RSS side by side: whether its memory stays flat as the log grows.
+events/s and peak RSS side by side: whether its memory stays flat as the log grows. A larger size is copies of the
+smallest's events, the same accounts going on (``--more-accounts``: each copy of accounts of its own, so the read
+models grow as many times).
 """
 from __future__ import annotations
 
@@ -375,33 +377,72 @@ def measure(spark, base: Settings, domain: str, records, models: list, args, say
 
 
 def relabeled_copies(records: list[tuple[bytes, bytes]], copies: int) -> list[tuple[bytes, bytes]]:
-    """``copies`` copies of generated account events one after the other, each of accounts and event ids of its own
-    (copy k > 0: ``acc-bench-`` -> ``acc-bench<k>-``, ``c<k>-`` before the event id): a log
-    ``copies`` times as long, with as many times the accounts, made in seconds (the pure core took over 15 GB and
-    many minutes towards 5M events of 20,000 accounts)."""
+    """``copies`` copies of generated account events one after the other, each of accounts, payment ids and event
+    ids of its own (copy k > 0: ``acc-bench-`` -> ``acc-bench<k>-``, ``pay-bench-`` -> ``pay-bench<k>-``, ``c<k>-``
+    before the event id): a log ``copies`` times as long, with as many times the accounts, made in seconds (the
+    pure core took over 15 GB and many minutes towards 5M events of 20,000 accounts)."""
     out = list(records)
     for k in range(1, copies):
-        tag, prefix = f"acc-bench{k}-".encode(), f"c{k}-".encode()
+        tag, pay, prefix = f"acc-bench{k}-".encode(), f"pay-bench{k}-".encode(), f"c{k}-".encode()
         for key, value in records:
-            value = value.replace(b"acc-bench-", tag)
+            value = value.replace(b"acc-bench-", tag).replace(b"pay-bench-", pay)
             at = value.index(b'"event_id":"') + 12
             out.append((key.replace(b"acc-bench-", tag), value[:at] + prefix + value[at:]))
     return out
 
 
-def engine_memory(base: Settings, sizes: list[int], accounts: int, max_offsets: int) -> list[dict]:
+_VERSION = b'"aggregate_version":'
+
+
+def continued_copies(records: list[tuple[bytes, bytes]], copies: int) -> list[tuple[bytes, bytes]]:
+    """``copies`` copies of generated account events one after the other, the same accounts going on: copy k > 0
+    leaves out each account's ``AccountOpened`` and continues its versions after the copy before (version v of an
+    account whose last version in the original is m becomes v + k * (m - 1)), with payment ids and event ids of its
+    own (``pay-bench<k>-``, ``c<k>-`` before the event id). A log ``copies`` times as long with the same accounts
+    (each read model as large as after the original), made in seconds."""
+    def version_at(value: bytes) -> tuple[int, int]:
+        at = value.index(_VERSION) + len(_VERSION)
+        end = at
+        while value[end:end + 1].isdigit():
+            end += 1
+        return at, end
+
+    last: dict[bytes, int] = {}
+    for key, value in records:
+        at, end = version_at(value)
+        last[key] = max(last.get(key, 0), int(value[at:end]))
+    out = list(records)
+    for k in range(1, copies):
+        pay, prefix = f"pay-bench{k}-".encode(), f"c{k}-".encode()
+        for key, value in records:
+            if b'"event_type":"AccountOpened"' in value:
+                continue
+            at, end = version_at(value)
+            value = (value[:at] + str(int(value[at:end]) + k * (last[key] - 1)).encode() + value[end:]
+                     ).replace(b"pay-bench-", pay)
+            at = value.index(b'"event_id":"') + 12
+            out.append((key, value[:at] + prefix + value[at:]))
+    return out
+
+
+def engine_memory(base: Settings, sizes: list[int], accounts: int, max_offsets: int,
+                  more_accounts: bool = False) -> list[dict]:
     """The Python engine alone (no Spark session) catching up on generated account events, once per size, each on
     a topic of its own: events/s and peak RSS, to see whether its memory stays flat as the log grows. A size that
-    is a multiple of the smallest is made of relabeled copies of the smallest's events (``relabeled_copies``)."""
+    is a multiple of the smallest is made of copies of the smallest's events: the same accounts going on
+    (``continued_copies``), or with ``more_accounts`` each copy of accounts of its own (``relabeled_copies``: the
+    read models grow with the log)."""
     models = domain_models("accounts")
     runs = []
     smallest = min(sizes)
     for size in sizes:
         if size > smallest and size % smallest == 0:
-            records = relabeled_copies(generated_events(smallest, accounts, base.cache_dir / "bench"),
-                                       size // smallest)
-            print(f"{size:,} events: {size // smallest} relabeled copies of the {smallest:,} events of {accounts:,} "
-                  f"accounts ({size // smallest * accounts:,} accounts)", flush=True)
+            copies = size // smallest
+            made = relabeled_copies if more_accounts else continued_copies
+            records = made(generated_events(smallest, accounts, base.cache_dir / "bench"), copies)
+            print(f"{size:,} events: {copies} copies of the {smallest:,} events of {accounts:,} accounts ("
+                  + (f"each of accounts of its own: {copies * accounts:,} accounts)" if more_accounts else
+                     "the same accounts going on)"), flush=True)
         else:
             records = generated_events(size, accounts, base.cache_dir / "bench")
         run = uuid.uuid4().hex[:8]
@@ -410,9 +451,9 @@ def engine_memory(base: Settings, sizes: list[int], accounts: int, max_offsets: 
         del records
         engine = python_engine(settings, models, max_offsets)
         rate = engine["events"] / engine["seconds"]
-        print(f"{size:,} events (published at {produce_rate:,.0f}/s): Python engine {rate:,.0f} events/s, "
-              f"{engine['batches']} batches, peak RSS {engine['peak_rss_mib']:,.0f} MiB", flush=True)
-        runs.append({"events": size, "events_per_s": rate, "peak_rss_mib": engine["peak_rss_mib"],
+        print(f"{engine['events']:,} events (published at {produce_rate:,.0f}/s): Python engine {rate:,.0f} "
+              f"events/s, {engine['batches']} batches, peak RSS {engine['peak_rss_mib']:,.0f} MiB", flush=True)
+        runs.append({"events": engine["events"], "events_per_s": rate, "peak_rss_mib": engine["peak_rss_mib"],
                      "batches": engine["batches"]})
         shutil.rmtree(settings.home, ignore_errors=True)
     first, last = runs[0], runs[-1]
@@ -441,6 +482,9 @@ def main() -> int:
     parser.add_argument("--engine-memory", type=int, nargs="+", metavar="EVENTS",
                         help="instead: the Python engine alone on this many account events, once per size (its "
                              "events/s and peak RSS side by side)")
+    parser.add_argument("--more-accounts", action="store_true",
+                        help="with --engine-memory: a larger size's copies each of accounts of their own (the read "
+                             "models grow with the log), not the same accounts going on")
     args = parser.parse_args()
     domains = [d for d in DOMAINS if d in args.domain or "all" in args.domain]
     if args.engine_memory:
@@ -448,7 +492,7 @@ def main() -> int:
         if base.uses_local_kafka:
             from infra import kafka
             kafka.up(base)
-        runs = engine_memory(base, args.engine_memory, args.accounts, args.max_offsets)
+        runs = engine_memory(base, args.engine_memory, args.accounts, args.max_offsets, args.more_accounts)
         if args.json:
             args.json.write_text(json.dumps({"engine_memory": runs}))
         return 0

@@ -64,6 +64,8 @@ COMPACT_TARGET_BYTES = 32 * 1024 * 1024
 # ranges do not overlap: the next MERGEs, which name their windows, touch the newest file only.
 CLUSTER_AFTER_COPIED_ROWS = 50_000
 CLUSTER_TARGET_BYTES = 256 * 1024
+# Blocks this large or larger come from mappings of their own, returned when freed (_large_blocks_off_the_heap).
+MMAP_THRESHOLD_BYTES = 4 * 1024 * 1024
 # The session settings Spark 4.2 records with every planned batch and reads back on a restart (a checkpoint this
 # engine started has no Spark-written batch to copy them from): Spark's defaults, as its own offsets/N hold them.
 _SPARK_OFFSET_CONF = {
@@ -106,6 +108,21 @@ def default_engine(settings: Settings) -> tuple[str, str]:
                          f"queries run there")
     return "python", ("the tables and checkpoints are local folders (--engine spark for the Structured Streaming "
                       "queries)")
+
+
+def _large_blocks_off_the_heap() -> None:
+    """glibc's malloc raises its mmap threshold each time a mapped block is freed (up to 32 MiB), after which the
+    engine's large short-lived blocks (a batch's hash arrays, record lists, the merges of the id index) come from
+    the heap, whose freed space fragments and is seldom given back: the process grew with the log. A fixed
+    threshold keeps them in mappings of their own. (Not glibc: nothing to do.)"""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, MMAP_THRESHOLD_BYTES)  # M_MMAP_THRESHOLD (fixed from now on)
+    except (OSError, AttributeError):
+        pass
 
 
 class HandOver(Exception):
@@ -518,7 +535,7 @@ def _timed(table, schema, times: tuple[str, ...]):
 class _Hashes:
     """A set of 64-bit hashes (DuckDB's ``hash`` of a key) in sorted NumPy chunks, merged as they grow (8 bytes a
     key, a lookup is a binary search per chunk). A hit is only a maybe (two keys can share a hash); a miss is
-    certain."""
+    certain. A hash added twice is kept twice (the engine adds a key once: it hands a batch with a known key over)."""
 
     def __init__(self):
         self.chunks: list = []
@@ -530,10 +547,12 @@ class _Hashes:
         import numpy as np
 
         if len(hashes):
-            self.chunks.append(np.unique(hashes))
+            self.chunks.append(np.sort(hashes))
         while len(self.chunks) > 1 and len(self.chunks[-2]) <= 2 * len(self.chunks[-1]):
             last = self.chunks.pop()
-            self.chunks[-1] = np.union1d(self.chunks[-1], last)
+            merged = np.concatenate((self.chunks.pop(), last))  # twice the keys in memory (np.union1d: ~4 times)
+            merged.sort()
+            self.chunks.append(merged)
 
     def hits(self, hashes) -> int:
         import numpy as np
@@ -812,6 +831,7 @@ class PythonProjection:
         if why:
             raise ProjectionError(f"projection (engine python): {why}")
         self.settings, self.log = settings, log
+        _large_blocks_off_the_heap()
         self.tables = _Tables(None, settings, models, log=log, archive=archive, generations=generations,
                               checkpoint=checkpoint, starting_offsets=starting_offsets)
         self.models, self.archive = self.tables.models, self.tables.archive
