@@ -360,7 +360,7 @@ class CommandHandler:
         self._on_revoke(consumer, partitions)
 
     def _consume(self, timeout: float) -> list:
-        messages = self._consumer.consume(num_messages=self.max_poll_records, timeout=timeout)
+        messages = kafka_clients.take(self._consumer, self.max_poll_records, timeout)
         self._last_consume = time.monotonic()
         records = []
         for message in messages:

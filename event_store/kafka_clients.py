@@ -6,7 +6,7 @@ here, so their configuration (idempotence, ``acks=all``, ``read_committed``, the
 client) is written once. ``produce`` and ``produce_records`` own the retry for a full
 local queue (``BufferError``): let librdkafka drain it, then try once more. ``RecordSender`` is the process
 managers' send-until-delivered loop (the fraud policy's and the fraud detector's), ``close_within`` their bounded
-close of a consumer.
+close of a consumer, ``take`` every consumer's read of what has arrived.
 
 The kafka-python clients (``make_producer``, ``make_consumer``, the admin that creates topics) live in
 ``event_store.kafka_log``.
@@ -23,7 +23,8 @@ from lakehouse.kafka_security import confluent_config
 from lakehouse.settings import Settings
 
 __all__ = ["transactional_producer_config", "new_producer", "group_consumer", "group_reader", "range_reader",
-           "bulk_producer", "admin_client", "access_probe", "produce", "produce_records", "RecordSender", "close_within"]
+           "bulk_producer", "admin_client", "access_probe", "produce", "produce_records", "RecordSender", "close_within",
+           "take"]
 
 
 def transactional_producer_config(settings: Settings, transactional_id: str, *, batch_bytes: int,
@@ -179,6 +180,16 @@ class RecordSender:
     # librdkafka calls this from inside flush(), on the sending thread.
     def _on_failed_delivery(self, error: confluent_kafka.KafkaError, message) -> None:
         self._undelivered.append((message.key(), message.value(), error))
+
+
+def take(consumer: confluent_kafka.Consumer, max_records: int, timeout_s: float) -> list:
+    """Up to ``max_records`` messages (errors and partition ends included): what has arrived, as soon as something
+    has, waiting up to ``timeout_s`` for the first. ``consumer.consume(n, timeout)`` alone waits out the whole
+    timeout unless ``n`` messages arrive: below that rate, it added the timeout to every record's latency."""
+    first = consumer.poll(timeout_s) if max_records > 0 else None
+    if first is None:
+        return []
+    return [first, *consumer.consume(num_messages=max_records - 1, timeout=0)] if max_records > 1 else [first]
 
 
 def close_within(consumer: confluent_kafka.Consumer, timeout_s: float, name: str) -> None:

@@ -279,6 +279,8 @@ class _Reader:
         first record; with ``until`` (partition -> offset), no record at or past it."""
         from confluent_kafka import KafkaError
 
+        from event_store import kafka_clients
+
         batch = _Records(ends=dict(self.next), starts=dict(self.next))
         messages, self.buffered = self.buffered, []
         held: list = []  # past ``until``: the next batch's
@@ -290,7 +292,7 @@ class _Reader:
                 return batch
             if not messages:
                 timeout = max(0.0, deadline - time.monotonic()) if not batch.rows else 0.0
-                messages = self.consumer.consume(num_messages=min(limit - len(batch.rows), 10_000), timeout=timeout)
+                messages = kafka_clients.take(self.consumer, min(limit - len(batch.rows), 10_000), timeout)
                 if not messages:
                     return batch
             for i, m in enumerate(messages):

@@ -271,7 +271,7 @@ class FraudConsumer:
         stopped = False
         try:
             while not self._stopping.is_set() and (deadline is None or time.monotonic() < deadline):
-                records = self._records(consumer.consume(num_messages=_MAX_RECORDS, timeout=0.1))
+                records = self._records(kafka_clients.take(consumer, _MAX_RECORDS, 0.1))
                 if records:
                     commands = self._fold(records)
                     if not sender.send(s.commands_topic, [(c.aggregate_id.encode(), c.to_json()) for c in commands],

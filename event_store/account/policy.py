@@ -83,7 +83,7 @@ class FraudPolicy:
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         try:
             while not self._stopping.is_set() and (deadline is None or time.monotonic() < deadline):
-                records = self._records(consumer.consume(num_messages=_MAX_RECORDS, timeout=0.5))
+                records = self._records(kafka_clients.take(consumer, _MAX_RECORDS, 0.5))
                 if records:
                     commands = [c for record in records for c in self._handle(record)]
                     # Commands first, then the offsets: a crash or a stop in between reads the events again, and
