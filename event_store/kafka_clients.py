@@ -23,8 +23,8 @@ from lakehouse.kafka_security import confluent_config
 from lakehouse.settings import Settings
 
 __all__ = ["transactional_producer_config", "new_producer", "group_consumer", "group_reader", "range_reader",
-           "bulk_producer", "admin_client", "access_probe", "produce", "produce_records", "RecordSender", "close_within",
-           "take"]
+           "bulk_producer", "admin_client", "access_probe", "produce", "produce_records", "RecordSender",
+           "close_within", "take"]
 
 
 def transactional_producer_config(settings: Settings, transactional_id: str, *, batch_bytes: int,

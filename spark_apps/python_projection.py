@@ -537,7 +537,7 @@ def _timed(table, schema, times: tuple[str, ...]):
 class _Hashes:
     """A set of 64-bit hashes (DuckDB's ``hash`` of a key) in sorted NumPy chunks, merged as they grow (8 bytes a
     key, a lookup is a binary search per chunk). A hit is only a maybe (two keys can share a hash); a miss is
-    certain. A hash added twice is kept twice (the engine adds a key once: it hands a batch with a known key over)."""
+    certain. A hash added twice is kept twice (harmless: only membership is asked; ``len`` is for the log)."""
 
     def __init__(self):
         self.chunks: list = []
