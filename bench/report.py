@@ -226,7 +226,7 @@ def main() -> int:
         run = Run("projection.py", "--engine-memory", *(["50000", "200000"] if args.quick else
                                                          [str(events), str(5 * events)]), "--json", _shown(out))
         sections.append("## Memory as the log grows\n\nThe projection's Python engine alone, catching up on 1x "
-                        "and 5x the events (aim: its peak RSS flat).\n\n" + printed(run))
+                        "and 5x the events, the same accounts going on (aim: its peak RSS flat).\n\n" + printed(run))
     if "freshness" in args.only:
         out = raw / "freshness.json"
         out.unlink(missing_ok=True)
