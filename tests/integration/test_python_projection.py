@@ -3,6 +3,7 @@ the rest) on the real broker: every read model equal to its oracle, the same tab
 engines taking over from each other batch by batch on one checkpoint."""
 import json
 import random
+import time
 
 import pytest
 
@@ -38,9 +39,19 @@ def test_a_reader_holding_records_back_still_sees_the_end_after_reading_them(set
     reader = _Reader(settings, "test-held-reader")
     try:
         partitions = reader.partitions()
-        reader.seek({p: 0 for p in partitions})
-        first = reader.read(1000, 3.0, until={p: 0 for p in partitions})  # everything fetched, all held back
-        assert first.rows == [] and len(reader.buffered) >= 60
+        # A read returns what has arrived (it waits for the first record only): let the consumer fetch every
+        # record and every partition's end before the read, so that the ends come with the held records.
+        for pause_s in (0.5, 1.0, 2.0, 4.0, 8.0):
+            reader.seek({p: 0 for p in partitions})
+            time.sleep(pause_s)
+            first = reader.read(1000, 3.0, until={p: 0 for p in partitions})  # everything fetched, all held back
+            assert first.rows == []
+            held = [m for m in reader.buffered if m.error() is None]
+            ends = {m.partition() for m in reader.buffered if m.error() is not None}
+            if len(held) == 60 and ends >= {m.partition() for m in held}:
+                break
+        assert len(held) == 60, f"{len(held)} of 60 records fetched and held back"
+        assert ends >= {m.partition() for m in held}, f"the ends of partitions {ends} kept with the held records"
         rows = []
         for _ in range(20):
             rows += reader.read(1000, 0.5).rows
