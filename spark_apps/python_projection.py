@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,8 +57,10 @@ _CALL_TIMEOUT_S = 10.0
 MAX_BATCH_RECORDS = 100_000
 COMPACT_EVERY = 50  # commits of this engine to a table between two compactions of its small files
 # The size compaction makes files up to: a file that size is not rewritten again, so compacting a growing table
-# (the archive, the ledger) costs at most that much I/O each time, not the whole table.
-COMPACT_TARGET_BYTES = 32 * 1024 * 1024
+# (the archive, the ledger) rewrites at most that much besides the new small files each time, not the whole table.
+# A compaction is part of a batch (no other writer may commit to the table meanwhile), so it adds to the freshness
+# of the batches behind it: 32 MiB made some batches seconds slower.
+COMPACT_TARGET_BYTES = 8 * 1024 * 1024
 # A windowed table (its key holds ``window_start``) is not compacted but clustered: when a MERGE had to copy this
 # many unchanged rows (a MERGE rewrites every file holding a row it changes, and one file can hold every window
 # since January), the table is rewritten sorted by window into files of ``CLUSTER_TARGET_BYTES``, whose window
@@ -345,26 +348,7 @@ def _data_loss(settings: Settings, name: str, partition: int, offset: int) -> st
             f"current start.")
 
 
-class _Parsed:
-    """Each record's verdict, kept for the other query: the read models' and the archive's queries read the same
-    records one after the other, and parsing (JSON and the validity checks) is most of a live batch's time. A
-    verdict is handed out once (taken by the second query); the cache never holds more than ``limit`` entries."""
-
-    def __init__(self, shared: bool, limit: int = 2 * MAX_BATCH_RECORDS):
-        self.shared, self.limit = shared, limit
-        self.entries: dict[tuple[int, int], tuple] = {}
-
-    def take(self, partition: int, offset: int):
-        return self.entries.pop((partition, offset), None) if self.shared else None
-
-    def keep(self, verdicts: dict) -> None:
-        if self.shared:
-            if len(self.entries) + len(verdicts) > self.limit:
-                self.entries.clear()  # the other query is elsewhere in the log: nothing here serves it
-            self.entries.update(verdicts)
-
-
-def _parse(records: _Records, topic: str, cache: _Parsed | None = None):
+def _parse(records: _Records, topic: str):
     """(event rows as an Arrow table, [(partition, offset, reason)] of the records that are not valid events).
 
     The ordinary valid event is decoded by ``plain_event_parts`` (compiled msgspec decoders, every check but the
@@ -378,35 +362,21 @@ def _parse(records: _Records, topic: str, cache: _Parsed | None = None):
     from event_store.envelope import _in_range, plain_event_parts
 
     schema = event_row_schema()
-    sharing = cache is not None and cache.shared
-    take = cache.take if sharing else None
     by_type: dict[str, list] = {}
-    rows, bad, fresh = [], [], {}
+    rows, bad = [], []
     for position, (partition, offset, _, value) in enumerate(records.rows):
-        verdict = take(partition, offset) if sharing else None
-        if verdict is None:
-            parts = plain_event_parts(value) if value is not None else None
-            if parts is not None and not sharing:  # the usual case, without a verdict to keep
-                group = by_type.get(parts[0].event_type)
-                if group is None:
-                    group = by_type[parts[0].event_type] = []
-                group.append((*parts, partition, offset, position))
-                continue
-            verdict = ("plain", parts) if parts is not None else _reference_verdict(value, topic, partition, offset)
-            if sharing:
-                fresh[(partition, offset)] = verdict
-        kind, found = verdict
-        if kind == "plain":
-            group = by_type.get(found[0].event_type)
+        parts = plain_event_parts(value) if value is not None else None
+        if parts is not None:  # the usual case
+            group = by_type.get(parts[0].event_type)
             if group is None:
-                group = by_type[found[0].event_type] = []
-            group.append((*found, partition, offset, position))
-        elif kind == "bad":
+                group = by_type[parts[0].event_type] = []
+            group.append((*parts, partition, offset, position))
+            continue
+        kind, found = _reference_verdict(value, topic, partition, offset)
+        if kind == "bad":
             bad.append((partition, offset, found))
         else:
             rows.append((*found, position))
-    if sharing:
-        cache.keep(fresh)
     times = ("occurred_at", "recorded_at")
     tables = [_plain_columns(event_type, group, schema, topic) for event_type, group in by_type.items()]
     table = pa.concat_tables(tables) if tables else None
@@ -737,6 +707,25 @@ def _sql_text(values) -> str:
     return ", ".join("'" + str(v).replace("'", "''") + "'" for v in values)
 
 
+class _CompactionTurns:
+    """When each table is compacted: every ``every`` commits of this engine to it, the tables' turns spread over
+    those commits (the n-th table seen starts n golden-ratio steps of ``every`` along). A batch commits to most
+    tables; counted from zero, they all came due in the same batch, which then took the sum of their compactions
+    (seconds) - each such batch a step in the freshness of what followed."""
+
+    def __init__(self, every: int):
+        self.every = every
+        self.commits: dict[str, int] = {}
+
+    def due(self, table: str) -> bool:
+        """One more commit to ``table``: -> whether it is its turn to be compacted."""
+        count = self.commits.get(table)
+        if count is None:
+            count = round(len(self.commits) * 0.6180339887 * self.every) % self.every
+        self.commits[table] = count + 1
+        return (count + 1) % self.every == 0
+
+
 class _Query:
     """One of the projection's queries (the read models' or the archive's): its checkpoint, reader and batches."""
 
@@ -841,9 +830,10 @@ class PythonProjection:
         self._spark_session = spark_session
         self.handed_over = 0
         self.stop_requested = None
-        self.parsed = _Parsed(shared=False)
         self.shared: tuple | None = None  # (span, event rows) of the read models' last batch, for the archive's
-        self._commits: dict[str, int] = {}  # table -> this engine's commits to it (for ``compact``)
+        self._commits = _CompactionTurns(COMPACT_EVERY)
+        self._background: ThreadPoolExecutor | None = None  # the archive's compactions (``compact``)
+        self._compacting = None  # the archive's compaction under way (a Future)
         self.known: dict[str, _Known] = {}  # table -> what this engine keeps of it between batches
         self.delta_tables: dict = {}  # table -> its DeltaTable, brought up to date by each batch (_Batch.table)
         self.limit = settings.max_offsets_per_trigger  # records per batch at most (Spark's maxOffsetsPerTrigger)
@@ -856,6 +846,7 @@ class PythonProjection:
 
         self.handed_over += 1
         self.log(f"{query.name}: batch {query.batch_id} goes to the Spark engine: {reason}")
+        self.wait_for_compaction()
         spark = self._spark_session() if self._spark_session else build_session(
             self.settings, app_name="eventlake-projection", log=self.log)
         models = self.models if query.name == self.tables.name else []
@@ -873,34 +864,62 @@ class PythonProjection:
         """Every ``COMPACT_EVERY`` commits of this engine to a table, its small files are compacted (a live batch
         writes one file per table; left alone, readers and this engine's own reads of the bookkeeping tables
         open thousands); a windowed table is clustered instead, when it holds many more files than that would
-        make. Delta log checkpoints are delta-rs's own (every 100 commits)."""
+        make. Delta log checkpoints are delta-rs's own (every 100 commits).
+
+        The archive is compacted on a thread of its own while the batches go on: it is only ever appended to
+        (an append and a compaction commit one after the other whichever comes first), its compaction is the
+        largest (seconds, for the newest events of every type), and no batch waits for it."""
         import pyarrow as pa
         from deltalake import DeltaTable
 
-        for path in written:
-            self._commits[path] = self._commits.get(path, 0) + 1
-            if self._commits[path] % COMPACT_EVERY:
+        for path in sorted(written):
+            if not self._commits.due(path):
                 continue
             if path in windowed:
                 sizes = pa.table(DeltaTable(path).get_add_actions(flatten=True)).column("size_bytes").to_pylist()
                 if len(sizes) > 2 * (sum(sizes) // CLUSTER_TARGET_BYTES + 1) + 10:
                     self.cluster({path}, steps)
                 continue
-            started = time.perf_counter()
-            table = DeltaTable(path)
-            before = table.version()
-            try:
-                metrics = table.optimize.compact(target_size=COMPACT_TARGET_BYTES)
-            except Exception as e:  # noqa: BLE001 -- a race with another writer: the next round compacts
-                self.log(f"projection: compacting {path} skipped: {str(e).splitlines()[0][:200]}")
+            if path == str(self.settings.table_path(ARCHIVE_TABLE)):
+                if self._compacting is None or self._compacting.done():  # else still at it: the next turn
+                    if self._background is None:
+                        self._background = ThreadPoolExecutor(1, thread_name_prefix="projection-compact")
+                    self._compacting = self._background.submit(self._compact_table, path, None)
                 continue
-            index = self.known.get(path)
-            if index is not None and index.version == before and metrics.get("numFilesRemoved"):
-                index.written(before)  # the same rows in fewer files: what the engine keeps of them still holds
+            self._compact_table(path, steps)
+
+    def _compact_table(self, path: str, steps: dict[str, float] | None) -> None:
+        """Compact the table at ``path`` (``steps``: a batch's, when the batch runs it)."""
+        from deltalake import DeltaTable
+
+        started = time.perf_counter()
+        table = DeltaTable(path)
+        before = table.version()
+        try:
+            # One thread: the platform's other services (the fraud detector, the handler) keep a core.
+            metrics = table.optimize.compact(target_size=COMPACT_TARGET_BYTES, max_concurrent_tasks=1)
+        except Exception as e:  # noqa: BLE001 -- a race with another writer: the next round compacts
+            self.log(f"projection: compacting {path} skipped: {str(e).splitlines()[0][:200]}")
+            return
+        index = self.known.get(path) if steps is not None else None  # the archive's (on its thread) has none
+        if index is not None and index.version == before and metrics.get("numFilesRemoved"):
+            index.written(before)  # the same rows in fewer files: what the engine keeps of them still holds
+        if steps is not None:
             steps[f"compact {Path(path).name}"] = time.perf_counter() - started
-            if metrics.get("numFilesRemoved"):
-                self.log(f"projection: compacted {path}: {metrics['numFilesRemoved']} files into "
-                         f"{metrics['numFilesAdded']} ({time.perf_counter() - started:.2f}s)")
+        if metrics.get("numFilesRemoved"):
+            self.log(f"projection: compacted {path}: {metrics['numFilesRemoved']} files into "
+                     f"{metrics['numFilesAdded']} ({time.perf_counter() - started:.2f}s"
+                     f"{'' if steps is not None else ', while the batches went on'})")
+
+    def wait_for_compaction(self) -> None:
+        """Let the archive's compaction (on its thread) finish: before another writer (Spark) takes the tables
+        on, and before the engine stops."""
+        if self._compacting is not None:
+            compacting, self._compacting = self._compacting, None
+            try:
+                compacting.result()
+            except Exception as e:  # noqa: BLE001 -- a compaction not made: the table is as its last commit left it
+                self.log(f"projection: compacting {ARCHIVE_TABLE} failed: {type(e).__name__}: {e}")
 
     def cluster(self, paths: set[str], steps: dict[str, float]) -> None:
         """Each windowed table in ``paths`` rewritten sorted by ``window_start`` into small files of disjoint
@@ -910,7 +929,8 @@ class PythonProjection:
         for path in paths:
             started = time.perf_counter()
             try:
-                metrics = DeltaTable(path).optimize.z_order(["window_start"], target_size=CLUSTER_TARGET_BYTES)
+                metrics = DeltaTable(path).optimize.z_order(["window_start"], target_size=CLUSTER_TARGET_BYTES,
+                                                          max_concurrent_tasks=1)
             except Exception as e:  # noqa: BLE001 -- a race with another writer: the next large MERGE asks again
                 self.log(f"projection: clustering {path} by window skipped: {str(e).splitlines()[0][:200]}")
                 continue
@@ -931,7 +951,6 @@ class PythonProjection:
                                        _archive_batch))
         if not self.queries:
             raise ValueError("nothing to project: no read models and no archive")
-        self.parsed = _Parsed(shared=len(self.queries) > 1)
         for query in self.queries:
             self._with_broker(lambda: query.resume(self.starting_offsets if query.name == self.tables.name else None))
             self.log(f"projection: {query.name} started from {self.settings.events_topic} at "
@@ -980,6 +999,7 @@ class PythonProjection:
         finally:
             for query in self.queries:
                 query.reader.close()
+            self.wait_for_compaction()
         main = self.queries[0]
         run.batches, run.input_rows, run.seconds = main.batches, main.rows, time.monotonic() - started
         return run
@@ -994,9 +1014,8 @@ def _archive_batch(query: _Query, records: _Records, batch: _Batch) -> None:
     with batch.timed("parse"):
         if engine.shared is not None and engine.shared[0] == records.span:
             events = engine.shared[1]  # the read models' batch: the same records, parsed already
-            engine.parsed.entries.clear()  # their verdicts, kept for this query: not needed
         else:
-            events, _ = _parse(records, engine.settings.events_topic, engine.parsed)
+            events, _ = _parse(records, engine.settings.events_topic)
         engine.shared = None
     with batch.timed("append"):
         batch.append(events, query.engine.settings.table_path(ARCHIVE_TABLE), ARCHIVE_TABLE)
@@ -1009,7 +1028,7 @@ def _read_models_batch(query: _Query, records: _Records, batch: _Batch) -> None:
     engine = query.engine
     settings = engine.settings
     with batch.timed("parse"):
-        events, bad = _parse(records, settings.events_topic, engine.parsed)
+        events, bad = _parse(records, settings.events_topic)
         engine.shared = (records.span, events) if len(engine.queries) > 1 else None
     if bad:
         partition, offset, reason = bad[0]

@@ -269,3 +269,28 @@ def test_windowed_tables_clustered_by_window_after_every_batch_still_equal_the_o
     assert sum("clustered" in line and "merchant_minute_volume" in line for line in lines) >= 2, \
         "\n".join(lines[-20:])
     assert_matches_oracle(spark, settings, events)
+
+
+def test_the_archive_is_compacted_while_the_batches_go_on_and_loses_nothing(spark, settings):
+    # Many small batches: the archive's compaction comes due and runs on a thread of its own while the next
+    # batches append to the archive; an append and the compaction commit one after the other, in either order.
+    from deltalake import DeltaTable
+
+    from spark_apps.python_projection import COMPACT_EVERY
+
+    events = events_for(GeneratorConfig(accounts=10, commands=300, seed=8, run_id="pyc", late_rate=0.0))
+    publish(settings, [(e.aggregate_id, e.to_json()) for e in events])
+    models = [read_models.get("account_summary")]
+    batch = max(1, len(events) // (2 * COMPACT_EVERY + 20))
+    lines = []
+    engine = PythonProjection(settings, models, log=lines.append, archive=True, spark_session=lambda: spark)
+    run = engine.run_until_caught_up(max_offsets_per_trigger=batch)
+    assert engine.handed_over == 0, "\n".join(lines)
+    assert run.batches >= 2 * COMPACT_EVERY
+    assert any(line.startswith(f"projection: compacted {settings.table_path(ARCHIVE_TABLE)}")
+               and line.endswith("while the batches went on)") for line in lines), "\n".join(lines)
+    archive = DeltaTable(str(settings.table_path(ARCHIVE_TABLE)))
+    assert "OPTIMIZE" in [c["operation"] for c in archive.history()]
+    assert sorted(archive.to_pyarrow_table(columns=["event_id"]).column("event_id").to_pylist()) == \
+        sorted(e.event_id for e in events)
+    assert_matches_oracle(spark, settings, events, models)
