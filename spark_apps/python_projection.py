@@ -58,8 +58,8 @@ MAX_BATCH_RECORDS = 100_000
 COMPACT_EVERY = 50  # commits of this engine to a table between two compactions of its small files
 # The size compaction makes files up to: a file that size is not rewritten again, so compacting a growing table
 # (the archive, the ledger) rewrites at most that much besides the new small files each time, not the whole table.
-# A compaction is part of a batch (no other writer may commit to the table meanwhile), so it adds to the freshness
-# of the batches behind it: 32 MiB made some batches seconds slower.
+# A read model's compaction is part of a batch (its key index follows the table's version), so it adds to the
+# freshness of the batches behind it: 32 MiB made some batches seconds slower. (The archive's runs beside them.)
 COMPACT_TARGET_BYTES = 8 * 1024 * 1024
 # A windowed table (its key holds ``window_start``) is not compacted but clustered: when a MERGE had to copy this
 # many unchanged rows (a MERGE rewrites every file holding a row it changes, and one file can hold every window
