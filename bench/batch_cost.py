@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.projection import generated_events, publish  # noqa: E402
+from bench.workloads import scratch_topics  # noqa: E402
 from lakehouse.settings import Settings  # noqa: E402
 
 
@@ -98,36 +99,38 @@ def main() -> int:
     settings = base.replace(topic_prefix=f"bench-batch-cost-{run}.", home=home)
     records = generated_events(args.history + args.batch * (args.batches + 3), args.accounts,
                                base.cache_dir / "bench")
-    history, rest = records[:args.history], records[args.history:]
-    publish(settings, history)
+    with scratch_topics(settings):
+        history, rest = records[:args.history], records[args.history:]
+        publish(settings, history)
 
-    from spark_apps.session import build_session
+        from spark_apps.session import build_session
 
-    spark = build_session(settings, app_name="eventlake-bench-batch-cost", log=lambda *_: None)
-    started = time.perf_counter()
-    caught_up, _ = project(spark, settings)
-    print(f"history: {caught_up.input_rows:,} events projected into every read model in {caught_up.batches} "
-          f"batch(es), {time.perf_counter() - started:.1f}s", flush=True)
+        spark = build_session(settings, app_name="eventlake-bench-batch-cost", log=lambda *_: None)
+        started = time.perf_counter()
+        caught_up, _ = project(spark, settings)
+        print(f"history: {caught_up.input_rows:,} events projected into every read model in {caught_up.batches} "
+              f"batch(es), {time.perf_counter() - started:.1f}s", flush=True)
 
-    totals, by_step = [], {}
-    for i in range(args.batches):
-        publish(settings, rest[i * args.batch:(i + 1) * args.batch])
-        result, projection = project(spark, settings)
-        seconds = sum(ms or 0 for ms in result.batch_ms) / 1000
-        totals.append(seconds)
-        for step, s in result.step_seconds.items():
-            by_step.setdefault(step, []).append(s)
-        steps = "; ".join(f"{k} {v:.2f}" for k, v in result.step_seconds.items() if v >= 0.005)
-        print(f"batch {i + 1}: {result.input_rows:,} events, {seconds:.2f}s in foreachBatch ({steps})", flush=True)
-    print(f"\nlive batches of {args.batch:,} events after {args.history:,}: median {statistics.median(totals):.2f}s "
-          f"in foreachBatch (read models' query)")
-    print("median by step (s; the read models run side by side, so steps add up to more than the batch):")
-    for step, values in by_step.items():
-        print(f"  {step:45s} {statistics.median(values):6.2f}")
-    print("floors:")
-    for name, seconds in floors(spark, settings, args.batch, rest[args.batches * args.batch:]).items():
-        print(f"  {name:60s} {seconds:6.2f}s")
-    spark.stop()
+        totals, by_step = [], {}
+        for i in range(args.batches):
+            publish(settings, rest[i * args.batch:(i + 1) * args.batch])
+            result, projection = project(spark, settings)
+            seconds = sum(ms or 0 for ms in result.batch_ms) / 1000
+            totals.append(seconds)
+            for step, s in result.step_seconds.items():
+                by_step.setdefault(step, []).append(s)
+            steps = "; ".join(f"{k} {v:.2f}" for k, v in result.step_seconds.items() if v >= 0.005)
+            print(f"batch {i + 1}: {result.input_rows:,} events, {seconds:.2f}s in foreachBatch ({steps})",
+                  flush=True)
+        print(f"\nlive batches of {args.batch:,} events after {args.history:,}: median "
+              f"{statistics.median(totals):.2f}s in foreachBatch (read models' query)")
+        print("median by step (s; the read models run side by side, so steps add up to more than the batch):")
+        for step, values in by_step.items():
+            print(f"  {step:45s} {statistics.median(values):6.2f}")
+        print("floors:")
+        for name, seconds in floors(spark, settings, args.batch, rest[args.batches * args.batch:]).items():
+            print(f"  {name:60s} {seconds:6.2f}s")
+        spark.stop()
     shutil.rmtree(home, ignore_errors=True)
     return 0
 

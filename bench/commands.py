@@ -42,14 +42,15 @@ from lakehouse.kafka_security import confluent_config, security_env
 from lakehouse.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.workloads import DOMAINS, Workload, workload  # noqa: E402
+from bench.workloads import DOMAINS, Workload, scratch_topics, workload  # noqa: E402
 
 EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
 
 
-def fresh(settings: Settings, tag: str) -> Settings:
+def fresh(settings: Settings, tag: str):
+    """A run on topics of its own, deleted when it ends (``with fresh(settings, tag) as s``)."""
     run = uuid.uuid4().hex[:8]
-    return settings.replace(topic_prefix=f"bench-{tag}-{run}.", handler_group_id=f"bench-handler-{run}")
+    return scratch_topics(settings.replace(topic_prefix=f"bench-{tag}-{run}.", handler_group_id=f"bench-handler-{run}"))
 
 
 def raw_produce_rate(settings: Settings, records: list[tuple[str, bytes]]) -> float:
@@ -216,10 +217,12 @@ def main(argv: list[str] | None = None) -> int:
         say(d, what if several else f"bench: {what}, {machine}")
     if not args.no_raw:
         for d, load in loads.items():
-            raw = raw_produce_rate(fresh(settings, "raw"), load.records)
+            with fresh(settings, "raw") as scratch:
+                raw = raw_produce_rate(scratch, load.records)
             say(d, f"raw kafka-python produce: {raw:,.0f} records/s -> at most {raw / 2:,.0f} commands/s "
                    f"for a handler writing an event and a result per command with kafka-python")
-            raw_ck = raw_produce_rate_confluent(fresh(settings, "rawck"), load.records)
+            with fresh(settings, "rawck") as scratch:
+                raw_ck = raw_produce_rate_confluent(scratch, load.records)
             say(d, f"raw confluent-kafka produce (the handler's producer): {raw_ck:,.0f} records/s -> at most "
                    f"{raw_ck / 2:,.0f} commands/s")
     log_dir = settings.home / "bench"
@@ -231,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         # starts one domain further on, so that no domain always runs first.
         for i in range(max(args.repeat, 1)):
             for d in domains[i % len(domains):] + domains[:i % len(domains)]:
-                r = end_to_end(fresh(settings, f"x{n}"), loads[d].records, n, log_dir)
+                with fresh(settings, f"x{n}") as scratch:
+                    r = end_to_end(scratch, loads[d].records, n, log_dir)
                 rates[d].append(r["rate"])
                 say(d, f"{n} handler instance(s): {r['commands']:,} commands accepted and committed in "
                        f"{r['seconds']:.1f}s = {r['rate']:,.0f} commands/s end to end (sending took "
@@ -245,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_drain:
         drained: dict[str, list[float]] = {}
         for d, load in loads.items():
-            r = drain(fresh(settings, "drain"), load.records, log_dir)
+            with fresh(settings, "drain") as scratch:
+                r = drain(scratch, load.records, log_dir)
             if r["rate"] is None:
                 drained[d] = []
                 say(d, f"drain, 1 handler alone: {r['commands']:,} commands, all committed with the first ones "

@@ -293,7 +293,7 @@ def main() -> None:
     ap.add_argument("--warm-up", type=int, default=30, help="seconds of traffic before the measurement")
     ap.add_argument("--accounts", type=int, default=2000)
     ap.add_argument("--probe-every", type=float, default=1.0)
-    ap.add_argument("--keep", action="store_true", help="keep the run's home (logs, tables)")
+    ap.add_argument("--keep", action="store_true", help="keep the run's home (logs, tables) and its topics")
     ap.add_argument("--json", type=Path, help="also write the measurements to this file (bench/report.py reads it)")
     ap.add_argument("--without", nargs="*", choices=["projection"], default=[],
                     help="leave these services out (without the projection: fraud latency alone, no freshness)")
@@ -490,6 +490,10 @@ def main() -> None:
         store.close()
         if not args.keep:
             shutil.rmtree(home, ignore_errors=True)
+            sys.path.insert(0, str(ROOT))
+            from bench.workloads import drop_scratch_topics
+
+            drop_scratch_topics(settings)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ from lakehouse.kafka_security import confluent_config, security_env
 from lakehouse.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.workloads import decided, read_models_of, workload  # noqa: E402
+from bench.workloads import decided, read_models_of, scratch_topics, workload  # noqa: E402
 
 DOMAINS = ("accounts", "iot", "mixed")
 # The event time the generated device and site streams end at: fixed, so the cached events are the same each run.
@@ -282,12 +282,20 @@ def tables_agree(settings: Settings, other_home: Path) -> dict[str, bool]:
 
 def measure(spark, base: Settings, domain: str, records, models: list, args, say) -> dict:
     """One domain's figures on a topic of its own: the archive append, the projection, the plain consumer (accounts
-    only) and the unparsed copy, after a warm-up on another topic."""
-    from spark_apps.projection import Projection
-
+    only) and the unparsed copy, after a warm-up on another topic. The topics and tables are deleted after."""
     run = uuid.uuid4().hex[:8]
     home = base.home / "bench" / run
-    settings = base.replace(topic_prefix=f"bench-projection-{run}.", home=home)
+    try:
+        with scratch_topics(base.replace(topic_prefix=f"bench-projection-{run}.", home=home)) as settings:
+            return measure_on(spark, settings, domain, records, models, args, say)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def measure_on(spark, settings: Settings, domain: str, records, models: list, args, say) -> dict:
+    from spark_apps.projection import Projection
+
+    home = settings.home
     produce_rate = publish(settings, records)
     say(f"published {len(records):,} events to {settings.events_topic}: {produce_rate:,.0f} events/s", flush=True)
     if args.warmup:
@@ -372,7 +380,6 @@ def measure(spark, base: Settings, domain: str, records, models: list, args, say
         last = DeltaTable.forPath(spark, str(catalog.current(model.name).table)).history(1).collect()[0]
         metrics = {k: v for k, v in (last["operationMetrics"] or {}).items() if k.endswith("TimeMs")}
         say(f"last {last['operation']} into {model.name} (ms): {metrics}")
-    shutil.rmtree(home, ignore_errors=True)
     return figures
 
 
@@ -447,9 +454,10 @@ def engine_memory(base: Settings, sizes: list[int], accounts: int, max_offsets: 
             records = generated_events(size, accounts, base.cache_dir / "bench")
         run = uuid.uuid4().hex[:8]
         settings = base.replace(topic_prefix=f"bench-memory-{run}.", home=base.home / "bench" / run)
-        produce_rate = publish(settings, records)
-        del records
-        engine = python_engine(settings, models, max_offsets)
+        with scratch_topics(settings):
+            produce_rate = publish(settings, records)
+            del records
+            engine = python_engine(settings, models, max_offsets)
         rate = engine["events"] / engine["seconds"]
         print(f"{engine['events']:,} events (published at {produce_rate:,.0f}/s): Python engine {rate:,.0f} "
               f"events/s, {engine['batches']} batches, peak RSS {engine['peak_rss_mib']:,.0f} MiB", flush=True)

@@ -9,13 +9,16 @@ clock-skew check (``max_event_time_ahead_s``) never rejects them.
 from __future__ import annotations
 
 import math
+import sys
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Iterable
 
 from eventlake.generator import (GeneratorConfig, IotGeneratorConfig, SiteGeneratorConfig, decide_all,
                                  generate_commands, generate_iot_commands, generate_site_commands, interleaved)
 
-__all__ = ["DOMAINS", "READ_MODELS", "Workload", "workload", "interleaved", "decided", "read_models_of"]
+__all__ = ["DOMAINS", "READ_MODELS", "Workload", "workload", "interleaved", "decided", "read_models_of",
+           "scratch_topics", "drop_scratch_topics"]
 
 DOMAINS = ("accounts", "iot", "site", "mixed")
 # The read models the benchmarks fold each domain's events into (names in ``read_models.REGISTRY``): the
@@ -89,3 +92,24 @@ def read_models_of(domain: str) -> list:
     if domain not in READ_MODELS:
         raise ValueError(f"unknown domain {domain!r}; one of {', '.join(DOMAINS)}")
     return [read_models.get(name) for name in READ_MODELS[domain]]
+
+
+def drop_scratch_topics(settings) -> None:
+    """Delete a benchmark's topics (every name starting with ``settings.topic_prefix``): a benchmark of millions
+    of events otherwise leaves gigabytes in the broker on each run. A failure (the broker gone) is reported,
+    never raised over the run's own outcome."""
+    from event_store.kafka_log import delete_topics
+    try:
+        delete_topics(settings, settings.topic_prefix)
+    except Exception as e:  # noqa: BLE001 - reported; the run's own result or error matters more
+        print(f"bench: could not delete the topics {settings.topic_prefix}*: {e!r}", file=sys.stderr)
+
+
+@contextmanager
+def scratch_topics(settings, keep: bool = False):
+    """A benchmark's run on topics of its own, deleted when it ends unless ``keep`` (``drop_scratch_topics``)."""
+    try:
+        yield settings
+    finally:
+        if not keep:
+            drop_scratch_topics(settings)

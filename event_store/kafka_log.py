@@ -17,8 +17,8 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from lakehouse.kafka_security import kafka_python_config
 from lakehouse.settings import Settings
 
-__all__ = ["ensure_topics", "topic_configs", "make_producer", "make_consumer", "read_all", "end_offsets",
-           "produce_all", "dead_letter_value", "read_partition", "max_message_bytes", "LogReadStalled"]
+__all__ = ["ensure_topics", "delete_topics", "topic_configs", "make_producer", "make_consumer", "read_all",
+           "end_offsets", "produce_all", "dead_letter_value", "read_partition", "max_message_bytes", "LogReadStalled"]
 
 
 class LogReadStalled(RuntimeError):
@@ -89,6 +89,22 @@ def ensure_topics(settings: Settings, log=print) -> list[str]:
             log(f"kafka: created topics {', '.join(created)} ({settings.topic_partitions} partitions, "
                 f"replication {replicas or 'the cluster default'})")
         return created
+    finally:
+        client.close()
+
+
+def delete_topics(settings: Settings, prefix: str, timeout_s: float = 60.0) -> list[str]:
+    """Delete every topic whose name starts with ``prefix`` (a benchmark's scratch topics); returns the names.
+
+    A prefix is required: an empty one would name every topic of the cluster."""
+    if not prefix:
+        raise ValueError("delete_topics: an empty prefix would delete every topic of the cluster")
+    client = admin(settings)
+    try:
+        doomed = sorted(t for t in client.list_topics() if t.startswith(prefix))
+        if doomed:
+            client.delete_topics(doomed, timeout_ms=int(timeout_s * 1000))
+        return doomed
     finally:
         client.close()
 

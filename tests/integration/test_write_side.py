@@ -207,3 +207,31 @@ def test_the_bulk_path_and_submit_send_an_account_to_the_same_partition(settings
     assert len(records) == 2 * len(keys)
     assert all(len(p) == 1 for p in partitions.values())
     assert len({p for ps in partitions.values() for p in ps}) == settings.topic_partitions
+
+
+def test_a_benchmarks_scratch_topics_are_deleted_after_it_and_no_other_topic(settings):
+    """bench/*.py run on topics of their own (millions of events each); left behind they filled the disk."""
+    from bench.workloads import scratch_topics
+
+    neighbour = settings.replace(topic_prefix=settings.topic_prefix + "neighbour-")
+    kafka_log.ensure_topics(neighbour, log=lambda *_: None)
+    scratch = settings.replace(topic_prefix=settings.topic_prefix + "scratch.")
+
+    def topics() -> set[str]:
+        client = kafka_log.admin(settings)
+        try:
+            return {t for t in client.list_topics() if t.startswith(settings.topic_prefix)}
+        finally:
+            client.close()
+
+    with pytest.raises(RuntimeError, match="the run failed"):
+        with scratch_topics(scratch):
+            kafka_log.ensure_topics(scratch, log=lambda *_: None)
+            assert set(kafka_log.topic_configs(scratch)) <= topics()
+            raise RuntimeError("the run failed")
+    deadline = time.monotonic() + 60
+    while any(t.startswith(scratch.topic_prefix) for t in topics()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert topics() == set(kafka_log.topic_configs(neighbour))
+    with pytest.raises(ValueError, match="every topic"):
+        kafka_log.delete_topics(settings, "")
