@@ -247,8 +247,21 @@ class FraudWatch(threading.Thread):
                 if kind.startswith("Payment"):
                     self.paid.setdefault(payload.get("payment_id"), at)
                 elif kind == "FraudSuspected" and payload.get("payment_id") in self.paid:
-                    self.flagged.append((self.paid[payload["payment_id"]], at, self.asked.get(payload["payment_id"])))
+                    self.flagged.append((self.caused_at(payload), at, self.asked.get(payload["payment_id"])))
         self.consumer.close()
+
+    def caused_at(self, finding: dict) -> float:
+        """When the payment that made the finding was appended: the flagged one, but for ``rapid_attempts`` the
+        later appended of the two (a payment received after another but earlier in event time flags the other:
+        the latency runs from its own arrival, not from the other's, up to a minute before)."""
+        at = self.paid[finding["payment_id"]]
+        rapid = finding.get("rule") == "rapid_attempts"
+        other = _RAPID_EVIDENCE.match(finding.get("evidence") or "") if rapid else None
+        return max(at, self.paid.get(other.group(1), at)) if other else at
+
+
+# event_store/account/fraud_rules.py's evidence of rule 1: the other payment of the two.
+_RAPID_EVIDENCE = re.compile(r"payment (\S+) [0-9.]+s apart$")
 
 
 def batches(settings: Settings, since: float, until: float) -> list[tuple[int, int, float]]:

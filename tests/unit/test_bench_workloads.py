@@ -101,3 +101,22 @@ def test_fold_differences_names_missing_extra_and_differing_rows_and_ignores_col
         "1 rows, the oracle 2 (1 missing, 0 extra, e.g. ('d2',))"
     wrong = {**table, ("d2",): {"device_id": "d2", "readings": 3}}
     assert fold_differences(expected, wrong) == "1 of 2 rows differ, e.g. ('d2',): readings 3 != 1"
+
+
+def test_the_freshness_bench_times_a_rapid_attempt_from_the_payment_that_made_it():
+    """A payment received after another but earlier in event time flags the other (rule 1): the latency runs from
+    the later arrival, found through the finding's evidence (the format fraud_rules writes)."""
+    from types import SimpleNamespace
+
+    from bench.freshness import FraudWatch
+    from event_store.account.fraud_rules import FraudState, Observation, detect
+
+    state, _ = detect(FraudState(), Observation("PaymentAuthorized", 1, 5_000, "p-late-in-time", 100, "Oslo"))
+    _, findings = detect(state, Observation("PaymentAuthorized", 2, 1_000, "p-early-in-time", 100, "Oslo"))
+    [finding] = findings
+    assert finding.payment_id == "p-late-in-time"
+    watch = SimpleNamespace(paid={"p-late-in-time": 100.0, "p-early-in-time": 160.0})
+    as_event = {"payment_id": finding.payment_id, "rule": finding.rule, "evidence": finding.evidence}
+    assert FraudWatch.caused_at(watch, as_event) == 160.0
+    other_rule = {**as_event, "rule": "amount_above_max", "evidence": "amount 5 > previous max 4"}
+    assert FraudWatch.caused_at(watch, other_rule) == 100.0
