@@ -80,6 +80,8 @@ class HandlerStats:
     producers_renewed: int = 0  # producers replaced after a fatal error that was no fence
     consumers_renewed: int = 0  # consumers replaced after not rejoining their group (see _REJOIN_WAIT_S)
     commit_seconds: float = 0.0  # waiting for send_offsets_to_transaction + commit_transaction
+    snapshot_seconds: float = 0.0  # writing snapshots (the loop handles no command meanwhile)
+    longest_snapshot_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
 
     def line(self) -> str:
@@ -95,6 +97,8 @@ class HandlerStats:
                 f"{self.duplicates} duplicate, {self.dead_lettered} dead-lettered) -> {self.events} events "
                 f"in {self.transactions} transactions, {self.commands / secs:,.0f} commands/s"
                 + (f", {self.commit_seconds / secs:.0%} of the time committing" if self.transactions else "")
+                + (f", {self.snapshots} partition snapshots written in {self.snapshot_seconds:.1f}s (the longest "
+                   f"{self.longest_snapshot_s:.2f}s)" if self.snapshots else "")
                 + "".join(f"; {n} {what}" for what, n in faults.items() if n))
 
 
@@ -607,12 +611,18 @@ class CommandHandler:
         for name in ("commands", "accepted", "rejected", "duplicates", "dead_lettered", "events", "too_large"):
             setattr(self.stats, name, getattr(self.stats, name) + getattr(stats, name))
         self.stats.transactions += 1
+        self._snapshot_next_due()
+        return None
+
+    def _snapshot_next_due(self) -> None:
+        """After a commit: snapshot the partition most behind of those due, if any. One per transaction, since the
+        loop handles no command while a snapshot is written and the partitions of an even load come due together
+        (their pauses would add up); the next is written after the next commit."""
         every = self.settings.snapshot_every_events
         if every:
-            due = [part for part, _ in owned.values() if snapshot_due(part, every)]
+            due = [part for part in self.partitions.values() if snapshot_due(part, every) and not part.waiting]
             if due:
-                self._snapshot(due)
-        return None
+                self._snapshot([max(due, key=lambda part: part.events_since_snapshot)])
 
     def _commit(self, offsets: list, moved: Callable[[], bool]) -> None:
         """Send the consumer offsets and commit the open transaction, waiting out retriable errors (e.g. the
@@ -1017,6 +1027,7 @@ class CommandHandler:
         if not parts:
             return
         topic = self.settings.snapshots_topic
+        started = time.monotonic()
         try:
             self._producer.begin_transaction()  # may fail when stop() cut a commit short
             for part in parts:
@@ -1047,3 +1058,6 @@ class CommandHandler:
         for part in parts:
             part.events_since_snapshot = 0
         self.stats.snapshots += len(parts)
+        took = time.monotonic() - started
+        self.stats.snapshot_seconds += took
+        self.stats.longest_snapshot_s = max(self.stats.longest_snapshot_s, took)

@@ -126,7 +126,7 @@ def snapshot_records(part: PartitionState) -> list[tuple[bytes, bytes]]:
             size = 0
         chunks[-1].append(entry)
         size += len(entry) + 1
-    ids = sorted(part.event_ids)
+    ids = list(part.event_ids)  # in no order: sorting them took most of the time of a large snapshot
     for i in range(0, len(ids), _IDS_PER_ENTRY):
         entry = dumps({"event_ids": ids[i:i + _IDS_PER_ENTRY]})
         if size + len(entry) > _CHUNK_BYTES and chunks[-1]:

@@ -39,7 +39,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 from event_store import kafka_clients, kafka_log
 from event_store.account import AGGREGATE_TYPE
 from event_store.account.fraud_rules import FraudState, Observation, detect, flag_command_id
-from event_store.envelope import CommandEnvelope, EventEnvelope, format_time, parse_time, utc_now
+from event_store.envelope import CommandEnvelope, EventEnvelope, dumps, format_time, parse_time, utc_now
 from event_store.errors import InvalidRecord
 from lakehouse.settings import Settings
 
@@ -201,10 +201,9 @@ class FraudConsumer:
         if held.offset == held.saved_offset or held.offset < 0:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
-        data = json.dumps({"topic": self.settings.events_topic, "partition": partition, "offset": held.offset,
-                           "written_at": utc_now(),
-                           "states": {a: encode_state(s) for a, s in held.states.items()}},
-                          separators=(",", ":")).encode()
+        # orjson (through dumps): every 10 s the detector stops reading while its states are written.
+        data = dumps({"topic": self.settings.events_topic, "partition": partition, "offset": held.offset,
+                      "written_at": utc_now(), "states": {a: encode_state(s) for a, s in held.states.items()}})
         path = self._snapshot_path(partition)
         partial = self.folder / f"partition-{partition}.json.partial"
         partial.write_bytes(data)

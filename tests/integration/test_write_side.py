@@ -105,7 +105,8 @@ def test_submit_without_a_handler_times_out_saying_what_to_do(settings):
 
 
 def test_a_restart_from_a_snapshot_reads_only_the_tail_and_gets_the_same_state(settings):
-    settings = settings.replace(snapshot_every_events=300)
+    # Batches of 200 commands: a snapshot is written after a commit, one partition per transaction.
+    settings = settings.replace(snapshot_every_events=300, handler_max_batch=200)
     cfg = GeneratorConfig(accounts=40, commands=2000, seed=5, run_id="snap")
     with EventStore(settings) as store:
         store.send_raw(generate_commands(cfg))
