@@ -211,10 +211,13 @@ class FraudConsumer:
         held.saved_offset = held.offset
         self.stats.snapshots += 1
 
-    def _save_all(self) -> None:
-        """Snapshots of every held partition; only call when every finding so far is delivered."""
+    def _save_all(self, partitions: Iterable[int] | None = None) -> None:
+        """Snapshots of every held partition (or of ``partitions``); only call when every finding so far is
+        delivered."""
         committed = []
         for partition, held in self._partitions.items():
+            if partitions is not None and partition not in partitions:
+                continue
             self._save(partition, held)
             if held.saved_offset >= 0:
                 committed.append(TopicPartition(self.settings.events_topic, partition, held.saved_offset))
@@ -266,7 +269,7 @@ class FraudConsumer:
         self.log(f"fraud detector: reading {s.events_topic}, flagging to {s.commands_topic} (state snapshots in "
                  f"{self.folder})")
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
-        last_snapshot = time.monotonic()
+        last_snapshot, turn = time.monotonic(), -1
         stopped = False
         try:
             while not self._stopping.is_set() and (deadline is None or time.monotonic() < deadline):
@@ -283,8 +286,12 @@ class FraudConsumer:
                             held.offset = max(held.offset, r.offset() + 1)
                 elif until_caught_up and self._caught_up(consumer):
                     break
-                if time.monotonic() - last_snapshot >= self.snapshot_every_s:
-                    self._save_all()
+                # One partition at a time, each every snapshot_every_s: the detector reads nothing while it
+                # writes one, and all at once their pauses would add up.
+                if self._partitions and time.monotonic() - last_snapshot >= self.snapshot_every_s / len(
+                        self._partitions):
+                    turn = (turn + 1) % len(self._partitions)
+                    self._save_all([sorted(self._partitions)[turn]])
                     last_snapshot = time.monotonic()
             if not stopped:
                 self._save_all()

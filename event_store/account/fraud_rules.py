@@ -76,11 +76,11 @@ def detect(state: FraudState, event: Observation) -> tuple[FraudState, list[Find
     findings = []
     t, pid = event.time_ms, event.payment_id
     # Rule 1: attempts within 10 s of each other; the later one in event time is the suspicious one.
-    for other_t, other_pid in state.attempts:
-        if abs(other_t - t) <= RAPID_WINDOW_MS:
-            later_t, later_pid, earlier_pid = (t, pid, other_pid) if t >= other_t else (other_t, other_pid, pid)
-            findings.append(Finding(later_pid, "rapid_attempts", later_t,
-                                    f"payment {earlier_pid} {abs(other_t - t) / 1000:.1f}s apart"))
+    lo, hi = t - RAPID_WINDOW_MS, t + RAPID_WINDOW_MS
+    for other_t, other_pid in [a for a in state.attempts if lo <= a[0] <= hi]:  # a comprehension: the hot loop
+        later_t, later_pid, earlier_pid = (t, pid, other_pid) if t >= other_t else (other_t, other_pid, pid)
+        findings.append(Finding(later_pid, "rapid_attempts", later_t,
+                                f"payment {earlier_pid} {abs(other_t - t) / 1000:.1f}s apart"))
     # Rule 2: larger than every earlier attempt.
     if state.max_amount is not None and event.amount_minor > state.max_amount:
         findings.append(Finding(pid, "amount_above_max", t,
@@ -100,8 +100,8 @@ def detect(state: FraudState, event: Observation) -> tuple[FraudState, list[Find
 
 def _device_at(devices: tuple[tuple[int, str], ...], t: int) -> str | None:
     """The location of the latest report at or before ``t`` (``devices`` in received order), or None."""
-    best = None
+    best_time, best = None, None
     for time_ms, location in devices:
-        if time_ms <= t and (best is None or time_ms >= best[0]):
-            best = (time_ms, location)
-    return None if best is None else best[1]
+        if time_ms <= t and (best_time is None or time_ms >= best_time):
+            best_time, best = time_ms, location
+    return best
