@@ -78,7 +78,7 @@ class HandlerStats:
     repeated_events: int = 0  # an event id seen before, or an event at a version already taken (forged)
     unreadable_results: int = 0  # command-results records a rebuild skipped
     producers_renewed: int = 0  # producers replaced after a fatal error that was no fence
-    consumers_renewed: int = 0  # consumers replaced after not rejoining their group (see _REJOIN_WAIT_S)
+    consumers_renewed: int = 0  # consumers replaced after not rejoining their group (kafka_clients.RejoinWatch)
     commit_seconds: float = 0.0  # waiting for send_offsets_to_transaction + commit_transaction
     snapshot_seconds: float = 0.0  # writing snapshots (the loop handles no command meanwhile)
     longest_snapshot_s: float = 0.0
@@ -182,11 +182,6 @@ _PRODUCER_MESSAGE_MAX_BYTES = 1_000_000
 _RECORD_OVERHEAD_BYTES = 128
 # A command whose own transaction fails this many times (non-retriable errors) is answered NotWritable.
 _SINGLE_COMMAND_ATTEMPTS = 3
-# After its group session timed out (e.g. the broker restarted), the consumer should be assigned partitions
-# again within a few heartbeats. librdkafka (2.16, cooperative-sticky, static membership) sometimes never
-# rejoins (seen in tests/integration/test_services_broker_restart.py: assigned nothing for minutes while
-# polled): a consumer unassigned this long after such a loss is replaced by a new one with the same ids.
-_REJOIN_WAIT_S = 30.0
 
 
 class CommandHandler:
@@ -221,7 +216,7 @@ class CommandHandler:
         self._rebuild_retry_at: dict[int, float] = {}
         self._buffered: list = []  # command records a keepalive consumed; handled by the next _poll
         self._last_consume = time.monotonic()
-        self._lost_at: float | None = None  # when the group session was lost; None once assigned again
+        self._rejoin = kafka_clients.RejoinWatch()
         self._producer = None
         self._consumer = None
 
@@ -263,24 +258,15 @@ class CommandHandler:
         return consumer
 
     def _rejoin_if_stuck(self) -> None:
-        """Replace the consumer when it has been assigned nothing for _REJOIN_WAIT_S since its group session was
-        lost (see _REJOIN_WAIT_S). Nothing is assigned, so no state is dropped; the new consumer, with the same
+        """Replace the consumer when it has been assigned nothing for kafka_clients.REJOIN_WAIT_S since its group
+        session was lost. Nothing is assigned, so no state is dropped; the new consumer, with the same
         group.instance.id, takes this instance's place in the group."""
-        if self._lost_at is None or time.monotonic() - self._lost_at < _REJOIN_WAIT_S:
-            return
-        if self._consumer.assignment():
-            self._lost_at = None
-            return
-        self.stats.consumers_renewed += 1
-        self.log(f"handler {self.instance_id}: assigned no partition {time.monotonic() - self._lost_at:.0f}s after "
-                 f"its group session was lost; replacing its consumer")
-        old = self._consumer
-        closing = threading.Thread(target=old.close, name="handler-close-consumer", daemon=True)
-        closing.start()
-        closing.join(_CALL_TIMEOUT_S)  # a close that hangs on an absent broker is left behind
-        self._buffered = []
-        self._consumer = self._group_consumer()
-        self._lost_at = time.monotonic()
+        renewed = self._rejoin.renew_if_overdue(self._consumer, self._group_consumer, self.log,
+                                                f"handler {self.instance_id}")
+        if renewed is not self._consumer:
+            self.stats.consumers_renewed += 1
+            self._buffered = []
+            self._consumer = renewed
 
     def _read_size_limits(self) -> int:
         """Read what one record may weigh in each topic the handler writes commands' outcomes to (the topic's
@@ -343,7 +329,7 @@ class CommandHandler:
             self._generation[tp.partition] = self._generation.get(tp.partition, 0) + 1
             self._unready.add(tp.partition)
             self._rebuild_retry_at.pop(tp.partition, None)
-        self._lost_at = None
+        self._rejoin.assigned()
         self.log(f"handler {self.instance_id}: partitions assigned: {sorted(tp.partition for tp in partitions)}")
 
     def _on_revoke(self, consumer, partitions) -> None:
@@ -359,7 +345,7 @@ class CommandHandler:
     def _on_lost(self, consumer, partitions) -> None:
         """The group session timed out (the coordinator did not answer, e.g. the broker restarted): the
         partitions may be someone else's already. Dropped like a revocation; see _rejoin_if_stuck."""
-        self._lost_at = time.monotonic()
+        self._rejoin.lost()
         self.log(f"handler {self.instance_id}: group session lost")
         self._on_revoke(consumer, partitions)
 

@@ -6,7 +6,8 @@ here, so their configuration (idempotence, ``acks=all``, ``read_committed``, the
 client) is written once. ``produce`` and ``produce_records`` own the retry for a full
 local queue (``BufferError``): let librdkafka drain it, then try once more. ``RecordSender`` is the process
 managers' send-until-delivered loop (the fraud policy's and the fraud detector's), ``close_within`` their bounded
-close of a consumer, ``take`` every consumer's read of what has arrived.
+close of a consumer, ``take`` every consumer's read of what has arrived, ``RejoinWatch`` every group consumer's
+check that it joined its group again after losing its session.
 
 The kafka-python clients (``make_producer``, ``make_consumer``, the admin that creates topics) live in
 ``event_store.kafka_log``.
@@ -14,6 +15,7 @@ The kafka-python clients (``make_producer``, ``make_consumer``, the admin that c
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable, Sequence
 
 import confluent_kafka
@@ -24,7 +26,14 @@ from lakehouse.settings import Settings
 
 __all__ = ["transactional_producer_config", "new_producer", "group_consumer", "group_reader", "range_reader",
            "bulk_producer", "admin_client", "access_probe", "produce", "produce_records", "RecordSender",
-           "close_within", "take"]
+           "close_within", "take", "REJOIN_WAIT_S", "RejoinWatch"]
+
+# After its group session was lost (e.g. the broker restarted), a consumer is assigned partitions again within a
+# few heartbeats. librdkafka (2.16, cooperative-sticky) sometimes never rejoins: seen in
+# tests/integration/test_services_broker_restart.py, the handler (static membership) and later the fraud detector
+# and the policy (dynamic members) were assigned nothing for minutes while polled. A consumer assigned nothing
+# this long after such a loss is replaced by a new one in the same group (``RejoinWatch``).
+REJOIN_WAIT_S = 30.0
 
 
 def transactional_producer_config(settings: Settings, transactional_id: str, *, batch_bytes: int,
@@ -197,3 +206,42 @@ def close_within(consumer: confluent_kafka.Consumer, timeout_s: float, name: str
     closing = threading.Thread(target=consumer.close, name=f"{name}-close-consumer", daemon=True)
     closing.start()
     closing.join(timeout_s)
+
+
+class RejoinWatch:
+    """Whether a group consumer that lost its session has been assigned nothing for ``wait_s`` since (see
+    REJOIN_WAIT_S). Its owner calls ``lost()`` from the consumer's on_lost callback, ``assigned()`` from on_assign,
+    and ``renew_if_overdue(...)`` between polls."""
+
+    def __init__(self, wait_s: float = REJOIN_WAIT_S):
+        self.wait_s = wait_s
+        self.lost_at: float | None = None  # when the session was lost; None once assigned again
+
+    def lost(self) -> None:
+        self.lost_at = time.monotonic()
+
+    def assigned(self) -> None:
+        self.lost_at = None
+
+    def overdue(self, consumer: confluent_kafka.Consumer) -> float | None:
+        if self.lost_at is None:
+            return None
+        waited = time.monotonic() - self.lost_at
+        if waited < self.wait_s:
+            return None
+        if consumer.assignment():
+            self.lost_at = None
+            return None
+        return waited
+
+    def renew_if_overdue(self, consumer: confluent_kafka.Consumer, subscribed: Callable[[], confluent_kafka.Consumer],
+                         log: Callable[[str], None], who: str) -> confluent_kafka.Consumer:
+        """``consumer``, or, when it is overdue, a new one from ``subscribed()`` (same group, subscribed) in its
+        place: the old one holds no partition, so nothing is dropped; it is closed within seconds."""
+        waited = self.overdue(consumer)
+        if waited is None:
+            return consumer
+        log(f"{who}: assigned no partition {waited:.0f}s after its group session was lost; replacing its consumer")
+        close_within(consumer, 5.0, who.replace(" ", "-"))  # a close that hangs on an absent broker is left behind
+        self.lost_at = time.monotonic()  # the new consumer gets as long to join
+        return subscribed()

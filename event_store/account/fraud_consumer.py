@@ -139,11 +139,14 @@ class FraudStats:
     findings: int = 0
     skipped: int = 0
     snapshots: int = 0
+    consumers_renewed: int = 0  # consumers replaced after not rejoining their group (kafka_clients.RejoinWatch)
     started: float = field(default_factory=time.monotonic)
 
     def line(self) -> str:
         return (f"{self.events} events read ({self.observed} payments and device reports), {self.findings} FlagFraud "
-                f"commands sent, {self.skipped} unreadable events skipped, {self.snapshots} state snapshots written")
+                f"commands sent, {self.skipped} unreadable events skipped, {self.snapshots} state snapshots written"
+                + (f", {self.consumers_renewed} consumers renewed after not rejoining their group"
+                   if self.consumers_renewed else ""))
 
 
 class _Partition:
@@ -174,6 +177,7 @@ class FraudConsumer:
         self._broker_error: str | None = None
         self._sender: kafka_clients.RecordSender | None = None
         self._consumer = None
+        self._rejoin = kafka_clients.RejoinWatch()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -238,8 +242,11 @@ class FraudConsumer:
             where = "the log's start" if held.offset < 0 else f"offset {held.offset}"
             self.log(f"fraud detector: partition {tp.partition} from {where} ({len(held.states)} accounts' state)")
         consumer.incremental_assign(starts)
+        self._rejoin.assigned()
 
     def _on_revoke(self, consumer, partitions: list[TopicPartition]) -> None:
+        if not partitions:  # e.g. a consumer replaced by _rejoin_if_stuck, closed on another thread
+            return
         if self._sender is not None:
             self._sender.flush(_CALL_TIMEOUT_S)
         delivered = self._sender is None or self._sender.all_delivered()
@@ -253,6 +260,9 @@ class FraudConsumer:
     def _on_lost(self, consumer, partitions: list[TopicPartition]) -> None:
         """Partitions lost without a revoke (this consumer was out of its group too long): another instance may
         own them already, so their state is dropped unsaved; their next owner starts from the last snapshot."""
+        self._rejoin.lost()
+        self.log(f"fraud detector: group session lost; partitions {sorted(tp.partition for tp in partitions)} "
+                 f"dropped (their next owner starts from their last snapshot)")
         for tp in partitions:
             self._partitions.pop(tp.partition, None)
             self._at_end.discard(tp.partition)
@@ -262,10 +272,8 @@ class FraudConsumer:
     def run(self, until_caught_up: bool = False, max_seconds: float | None = None) -> FraudStats:
         s = self.settings
         kafka_log.ensure_topics(s, log=self.log)
-        self._consumer = consumer = kafka_clients.group_reader(s, s.fraud_detector_group, on_error=self._on_error)
+        self._consumer = consumer = self._subscribed()
         self._sender = sender = kafka_clients.RecordSender(s, "fraud detector", self.log, self._stopping, flush_s=0.5)
-        consumer.subscribe([s.events_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                           on_lost=self._on_lost)
         self.log(f"fraud detector: reading {s.events_topic}, flagging to {s.commands_topic} (state snapshots in "
                  f"{self.folder})")
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
@@ -273,6 +281,10 @@ class FraudConsumer:
         stopped = False
         try:
             while not self._stopping.is_set() and (deadline is None or time.monotonic() < deadline):
+                renewed = self._rejoin.renew_if_overdue(consumer, self._subscribed, self.log, "fraud detector")
+                if renewed is not consumer:
+                    self.stats.consumers_renewed += 1
+                    self._consumer = consumer = renewed
                 records = self._records(kafka_clients.take(consumer, _MAX_RECORDS, 0.1))
                 if records:
                     commands = self._fold(records)
@@ -299,6 +311,13 @@ class FraudConsumer:
             sender.flush(_CALL_TIMEOUT_S)
             kafka_clients.close_within(consumer, _CALL_TIMEOUT_S, "fraud-detector")
         return self.stats
+
+    def _subscribed(self):
+        s = self.settings
+        consumer = kafka_clients.group_reader(s, s.fraud_detector_group, on_error=self._on_error)
+        consumer.subscribe([s.events_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                           on_lost=self._on_lost)
+        return consumer
 
     def _records(self, messages: list) -> list:
         records = []

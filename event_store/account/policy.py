@@ -45,11 +45,14 @@ class PolicyStats:
     events: int = 0
     commands: int = 0
     skipped: int = 0
+    consumers_renewed: int = 0  # consumers replaced after not rejoining their group (kafka_clients.RejoinWatch)
     started: float = field(default_factory=time.monotonic)
 
     def line(self) -> str:
         return (f"{self.events} events read, {self.commands} FreezeAccount commands sent, "
-                f"{self.skipped} unreadable events skipped")
+                f"{self.skipped} unreadable events skipped"
+                + (f", {self.consumers_renewed} consumers renewed after not rejoining their group"
+                   if self.consumers_renewed else ""))
 
 
 class FraudPolicy:
@@ -69,6 +72,7 @@ class FraudPolicy:
         self._stopping = threading.Event()
         self._at_end: set[tuple[str, int]] = set()  # partitions read to their end (nothing newer seen since)
         self._broker_error: str | None = None
+        self._rejoin = kafka_clients.RejoinWatch()
 
     def stop(self) -> None:
         """Ask ``run()`` (in another thread, or from a signal handler) to return within seconds."""
@@ -77,12 +81,15 @@ class FraudPolicy:
     def run(self, until_caught_up: bool = False, max_seconds: float | None = None) -> PolicyStats:
         s = self.settings
         kafka_log.ensure_topics(s, log=self.log)
-        consumer = kafka_clients.group_reader(s, s.policy_group_id, on_error=self._on_client_error)
+        consumer = self._subscribed()
         sender = kafka_clients.RecordSender(s, "policy", self.log, self._stopping)
-        consumer.subscribe([s.events_topic])
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         try:
             while not self._stopping.is_set() and (deadline is None or time.monotonic() < deadline):
+                renewed = self._rejoin.renew_if_overdue(consumer, self._subscribed, self.log, "policy")
+                if renewed is not consumer:
+                    self.stats.consumers_renewed += 1
+                    consumer = renewed
                 records = self._records(kafka_clients.take(consumer, _MAX_RECORDS, 0.5))
                 if records:
                     commands = [c for record in records for c in self._handle(record)]
@@ -98,6 +105,12 @@ class FraudPolicy:
             sender.flush(_CALL_TIMEOUT_S)  # what is not delivered now is sent again after the next start
             kafka_clients.close_within(consumer, _CALL_TIMEOUT_S, "policy")
         return self.stats
+
+    def _subscribed(self):
+        consumer = kafka_clients.group_reader(self.settings, self.settings.policy_group_id,
+                                              on_error=self._on_client_error)
+        consumer.subscribe([self.settings.events_topic], on_assign=self._on_assign, on_lost=self._on_lost)
+        return consumer
 
     def _records(self, messages: list) -> list:
         """The event records among ``messages``; an end-of-partition marker is noted, other errors raised."""
@@ -146,7 +159,19 @@ class FraudPolicy:
         assigned = consumer.assignment()
         return bool(assigned) and all((tp.topic, tp.partition) in self._at_end for tp in assigned)
 
-    # librdkafka calls this from inside consume(), on this thread.
+    # librdkafka calls these from inside consume(), on this thread.
+    def _on_assign(self, consumer, partitions: list[TopicPartition]) -> None:
+        consumer.incremental_assign(partitions)
+        self._rejoin.assigned()
+
+    def _on_lost(self, consumer, partitions: list[TopicPartition]) -> None:
+        """The group session timed out (e.g. the broker restarted): the partitions may be someone else's already;
+        what was not committed of them is read again by their next owner."""
+        self._rejoin.lost()
+        self.log(f"policy: group session lost; partitions {sorted(tp.partition for tp in partitions)} dropped")
+        consumer.incremental_unassign(partitions)
+        self._at_end.difference_update((tp.topic, tp.partition) for tp in partitions)
+
     def _on_client_error(self, error: KafkaError) -> None:
         if error.fatal():
             raise KafkaException(error)

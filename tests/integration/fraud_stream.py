@@ -135,16 +135,24 @@ class FraudStream:
         flagged once and its account frozen, the archive and the read models equal to the log's oracle."""
         settings, services = self.settings, self.services
 
+        seen = {}
+
         def settled():
             commands, results, events = read_log(settings)
             flags = {(e.payload["payment_id"], e.payload["rule"]) for e in events if e.event_type == "FraudSuspected"}
             frozen = {e.aggregate_id for e in events if e.event_type == "AccountFrozen"}
+            seen.update(unanswered=len(set(commands) - set(results)), commands=len(set(commands)),
+                        events=len(events), flags=sorted(flags), frozen=sorted(frozen))
             done = set(commands) <= set(results) and flags >= EXPECTED_FLAGS and frozen >= FLAGGED_ACCOUNTS
             return (commands, results, events) if done else None
 
         log = wait_for(settled, 300, every_s=3)
-        assert log, "not every command answered, or the fraud loop not closed: " + \
-            "".join(f"\n--- {n}:\n{s.tail()}" for n, s in services.items())
+        # The handler first: when nothing moves, it is the one that answers and appends.
+        assert log, (f"not every command answered, or the fraud loop not closed: {seen['unanswered']} of "
+                     f"{seen['commands']} commands unanswered, {seen['events']} events, findings flagged "
+                     f"{seen['flags']} (expected {sorted(EXPECTED_FLAGS)}), accounts frozen {seen['frozen']}"
+                     + "".join(f"\n--- {n}:\n{services[n].tail(25)}"
+                               for n in sorted(services, key=lambda n: n != "handler")))
         commands, results, events = log
         for name, service in services.items():
             assert service.process.poll() is None, f"{name} ended:\n{service.tail()}"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 from lakehouse.settings import Settings
 
 WORKTREE = Path(__file__).resolve().parents[2]
+# A librdkafka log line, e.g. "%3|1795699605.702|FAIL|rdkafka#consumer-2| [thrd:...]: ... Connection refused".
+_CLIENT_LOG_LINE = re.compile(r"%\d\|\d+\.\d+\|[A-Z_]+\|rdkafka#")
 
 
 def service_env(settings: Settings) -> dict[str, str]:
@@ -43,7 +46,15 @@ class Service:
         return self.log_path.read_text(errors="replace")
 
     def tail(self, lines: int = 15) -> str:
-        return "\n".join(self.output().splitlines()[-lines:])
+        """The last ``lines`` lines of its own output: librdkafka's log lines (hundreds of "Connect ... failed"
+        while a broker is away) are left out and counted, or they would be all a failure message shows."""
+        kept, client_lines = [], 0
+        for line in self.output().splitlines():
+            if _CLIENT_LOG_LINE.match(line):
+                client_lines += 1
+            else:
+                kept.append(line)
+        return "\n".join(kept[-lines:]) + (f"\n({client_lines} librdkafka log lines left out)" if client_lines else "")
 
     def kill(self) -> None:
         """Cleanup only: the service and every process it started (its session)."""

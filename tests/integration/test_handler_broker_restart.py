@@ -14,7 +14,7 @@ from collections import defaultdict
 import confluent_kafka
 import pytest
 
-from event_store import kafka_log
+from event_store import kafka_clients, kafka_log
 from event_store.envelope import CommandEnvelope, CommandResult, EventEnvelope
 from event_store.handler import CommandHandler
 from lakehouse.settings import Settings
@@ -169,9 +169,7 @@ def test_a_handler_whose_consumer_does_not_rejoin_after_a_lost_session_replaces_
     """librdkafka sometimes never rejoins the group after the broker restarts (seen in
     test_services_broker_restart.py: nothing assigned for minutes while polled). Made to happen here: the
     consumer drops its partitions as on a lost session and is not given them back; the handler must replace it
-    (event_store/handler.py, _REJOIN_WAIT_S) and answer commands again."""
-    from event_store import handler as handler_module
-
+    (kafka_clients.RejoinWatch) and answer commands again."""
     kafka_log.ensure_topics(settings, log=lambda *_: None)
     opens, first, second = account_stream(accounts=3, payments=2)
     producer = kafka_log.make_producer(settings)
@@ -191,7 +189,7 @@ def test_a_handler_whose_consumer_does_not_rejoin_after_a_lost_session_replaces_
         assigned = consumer.assignment()
         handler._on_lost(consumer, assigned)
         consumer.incremental_unassign(assigned)
-        handler._lost_at = time.monotonic() - handler_module._REJOIN_WAIT_S
+        handler._rejoin.lost_at = time.monotonic() - kafka_clients.REJOIN_WAIT_S
         thread = threading.Thread(target=handler.run, daemon=True)
         thread.start()
         kafka_log.produce_all(producer, settings.commands_topic, [(c.aggregate_id, c.to_json()) for c in second])
