@@ -245,7 +245,7 @@ class FraudConsumer:
         self._rejoin.assigned()
 
     def _on_revoke(self, consumer, partitions: list[TopicPartition]) -> None:
-        if not partitions:  # e.g. a consumer replaced by _rejoin_if_stuck, closed on another thread
+        if not partitions:  # e.g. a consumer replaced by RejoinWatch.renew_if_overdue, closed on another thread
             return
         if self._sender is not None:
             self._sender.flush(_CALL_TIMEOUT_S)

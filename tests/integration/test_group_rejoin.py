@@ -54,8 +54,8 @@ def _run(service, lines: list[str], until):
 
 
 def _commands(settings, kind: str) -> list[CommandEnvelope]:
-    return [c for c in (CommandEnvelope.from_json(r.value) for r in kafka_log.read_all(settings, settings.commands_topic))
-            if c.command_type == kind]
+    commands = (CommandEnvelope.from_json(r.value) for r in kafka_log.read_all(settings, settings.commands_topic))
+    return [c for c in commands if c.command_type == kind]
 
 
 def test_a_fraud_detector_that_does_not_rejoin_replaces_its_consumer_and_flags_every_finding(settings):
