@@ -33,7 +33,7 @@ from event_store.decider import EventTimeLimit, execute_encoded, id_taken
 from event_store.envelope import CommandEnvelope, CommandResult, format_time, utc_now
 from event_store.errors import InvalidRecord
 from event_store.partition_rebuild import PartitionRebuilder, RebuildDeferred, RebuildStats, continue_waiting
-from event_store.snapshots import PartitionState, snapshot_records
+from event_store.snapshots import PartitionState, take_snapshot
 from lakehouse.settings import Settings
 
 __all__ = ["CommandHandler", "HandlerStats", "HandlerError"]
@@ -1014,11 +1014,19 @@ class CommandHandler:
             return
         topic = self.settings.snapshots_topic
         started = time.monotonic()
+        snapshots = [(part, take_snapshot(part)) for part in parts]
+        manifests: dict[int, int] = {}  # partition -> its manifest's offset, from its delivery report
+
+        def on_manifest(error, message) -> None:
+            if error is None:
+                manifests[message.partition()] = message.offset()
         try:
             self._producer.begin_transaction()  # may fail when stop() cut a commit short
-            for part in parts:
-                for key, value in snapshot_records(part):
+            for part, snapshot in snapshots:
+                *body, (manifest_key, manifest) = snapshot.records
+                for key, value in body:
                     self._produce(topic, key, value, part.partition)
+                self._produce(topic, manifest_key, manifest, part.partition, on_delivery=on_manifest)
             if closing:  # bounded: a broker that is away gets one call's patience
                 self._producer.commit_transaction(_CALL_TIMEOUT_S)
             else:
@@ -1041,8 +1049,11 @@ class CommandHandler:
         except _Stopping:
             self._abort_quietly()
             raise
-        for part in parts:
-            part.events_since_snapshot = 0
+        for part, snapshot in snapshots:
+            if part.partition in manifests:
+                part.snapshot_written(snapshot, manifests[part.partition])
+            else:  # committed, but where its id segment lies is not known: the next snapshot writes its ids again
+                part.events_since_snapshot = 0
         self.stats.snapshots += len(parts)
         took = time.monotonic() - started
         self.stats.snapshot_seconds += took

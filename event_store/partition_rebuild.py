@@ -21,7 +21,7 @@ from event_store import kafka_log
 from event_store.domains import DOMAINS, EVENT_TYPES
 from event_store.envelope import CommandResult, EventEnvelope
 from event_store.errors import InvalidRecord
-from event_store.snapshots import PartitionState, load_snapshot
+from event_store.snapshots import PartitionState, load_snapshot, segment_ranges
 from lakehouse.settings import Settings
 
 __all__ = ["PartitionRebuilder", "RebuildStats", "RebuildCounts", "RebuildDeferred", "continue_waiting"]
@@ -36,6 +36,8 @@ class RebuildStats:
     events_read: int
     results_read: int
     seconds: float
+    snapshot_records: int = 0  # records of the snapshots partition read for its snapshot
+    whole_snapshots_partition: bool = False  # read whole: the latest snapshot was not where its manifest said
 
 
 
@@ -112,6 +114,7 @@ class PartitionRebuilder:
         self._stable_wait_s = stable_wait_s
         self.reader = None  # read_committed, no group
         self.watermarks = None  # read_uncommitted, no group: the high watermark, to see open transactions
+        self._snapshot_read = [0, False]  # the current rebuild's RebuildStats.snapshot_records and whole_...
 
     def open(self) -> None:
         # Short request timeouts: a rebuild that waits for an absent broker gives way to stop() and keepalives.
@@ -148,6 +151,7 @@ class PartitionRebuilder:
         snapshots_tp = TopicPartition(s.snapshots_topic, p)
         # One offsets request for all three (each costs a round trip): where the committed log ends now.
         ends = self._wait_until_stable([events_tp, results_tp, snapshots_tp])
+        self._snapshot_read = [0, False]
         part = self._load_snapshot(p, ends[snapshots_tp]) if self.use_snapshots else None
         from_snapshot = part is not None
         part = part or PartitionState(p, window=s.idempotency_window)
@@ -188,7 +192,7 @@ class PartitionRebuilder:
             results_read += 1
         part.results_offset = max(part.results_offset, end)
         stats = RebuildStats(p, from_snapshot, len(part.states), events_read, results_read,
-                             time.monotonic() - started)
+                             time.monotonic() - started, *self._snapshot_read)
         self.rebuilds.append(stats)
         self.log(f"handler {self.instance_id}: partition {p}: {len(part.states)} aggregates from "
                  f"{'a snapshot + ' if from_snapshot else ''}{events_read} events and {results_read} results "
@@ -249,10 +253,11 @@ class PartitionRebuilder:
     def _load_snapshot(self, p: int, end: int) -> PartitionState | None:
         """The latest snapshot of partition ``p``, reading only its own records when it can.
 
-        A snapshot's chunks and manifest are written contiguously in one transaction and nothing else writes
-        snapshots partition ``p`` in between, so the latest manifest sits just before the end (the commit
-        marker) and its chunks just before it. If that does not hold, the whole partition is read. A snapshot
-        that cannot be read is ignored: the state is rebuilt from the whole log instead.
+        A snapshot's new id segment, chunks and manifest are written contiguously in one transaction and nothing
+        else writes snapshots partition ``p`` in between, so the latest manifest sits just before the end (the
+        commit marker) and the rest of it just before the manifest; its earlier id segments are where the manifest
+        says. If that does not hold, the whole partition is read. A snapshot that cannot be read is ignored: the
+        state is rebuilt from the whole log instead.
         """
         s = self.settings
         tp = TopicPartition(s.snapshots_topic, p)
@@ -264,15 +269,17 @@ class PartitionRebuilder:
             manifests = [r for r in tail if r.key == str(p).encode()]
             if manifests:
                 manifest = manifests[-1]
-                chunks = json.loads(manifest.value)["chunks"]
-                records = list(kafka_log.read_partition(self.reader, tp, max(0, manifest.offset - chunks),
-                                                        manifest.offset + 1, tick=tick))
                 try:
+                    records = []
+                    for start, stop in segment_ranges(json.loads(manifest.value), manifest.offset):
+                        records += kafka_log.read_partition(self.reader, tp, start, stop, tick=tick)
+                    self._snapshot_read = [len(tail) + len(records), False]
                     return load_snapshot(records, p, s.idempotency_window)
                 except InvalidRecord:
-                    pass  # not contiguous after all (e.g. compacted): read everything
-            return load_snapshot(kafka_log.read_partition(self.reader, tp, 0, end, tick=tick), p,
-                                 s.idempotency_window)
+                    pass  # not where the manifest says after all (e.g. compacted): read everything
+            records = list(kafka_log.read_partition(self.reader, tp, 0, end, tick=tick))
+            self._snapshot_read = [len(records), True]
+            return load_snapshot(records, p, s.idempotency_window)
         except (ValueError, KeyError, TypeError) as e:
             self.log(f"handler {self.instance_id}: snapshot of partition {p} unreadable ({type(e).__name__}: {e}); "
                      f"rebuilding from the whole log")

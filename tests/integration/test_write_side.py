@@ -121,12 +121,18 @@ def test_a_restart_from_a_snapshot_reads_only_the_tail_and_gets_the_same_state(s
     with CommandHandler(settings, **QUIET) as from_snapshot:
         from_snapshot.run(until_caught_up=True, max_seconds=60)
         snap_state = {p: part.states for p, part in from_snapshot.partitions.items()}
+        snap_ids = {p: set(part.event_ids) for p, part in from_snapshot.partitions.items()}
         assert all(r.from_snapshot for r in from_snapshot.rebuilds)
         assert sum(r.events_read for r in from_snapshot.rebuilds) < total_events / 10
+        # Each snapshot wrote the ids added since the one before (several segments per partition), and the
+        # rebuild found the latest snapshot's records where its manifest says (not reading the whole partition).
+        assert all(len(part.id_segments) >= 2 for part in from_snapshot.partitions.values())
+        assert not any(r.whole_snapshots_partition for r in from_snapshot.rebuilds)
     with CommandHandler(settings, use_snapshots=False, **QUIET) as full:
         full.run(until_caught_up=True, max_seconds=60)
         assert sum(r.events_read for r in full.rebuilds) == total_events
         assert {p: part.states for p, part in full.partitions.items()} == snap_state
+        assert {p: set(part.event_ids) for p, part in full.partitions.items()} == snap_ids
 
 
 def test_two_instances_share_the_partitions_and_keep_versions_gap_free(settings):

@@ -7,7 +7,7 @@ from event_store.account import AccountState
 from event_store.envelope import CommandResult
 from event_store.decider import event_id_for, execute
 from event_store.account.policy import commands_for
-from event_store.snapshots import PartitionState, load_snapshot, snapshot_records
+from event_store.snapshots import PartitionState, load_snapshot, snapshot_records, take_snapshot
 from eventlake.cli import _read_commands
 from tests.unit.test_account import cmd, open_cmd
 
@@ -49,6 +49,92 @@ def test_a_snapshot_round_trips_through_its_records_even_in_several_chunks(monke
     assert {a: [back.first_result(a, c) for c in list(r)] for a, r in back.results.items()} == \
         {a: [part.first_result(a, c) for c in list(r)] for a, r in part.results.items()}
     assert load_snapshot(records, 2, window=3) is None
+
+
+class SnapshotsPartition:
+    """A snapshots partition as the handler writes it: each snapshot one transaction (its records, then a commit
+    marker taking an offset)."""
+
+    def __init__(self):
+        self.records: list = []
+        self.next = 0
+
+    def write(self, part: PartitionState) -> list:
+        snapshot = take_snapshot(part)
+        written = []
+        for key, value in snapshot.records:
+            written.append(Logged(key, value, self.next))
+            self.next += 1
+        self.next += 1  # the commit marker
+        self.records += written
+        part.snapshot_written(snapshot, written[-1].offset)
+        return written
+
+    def read(self, ranges) -> list:
+        return [r for start, stop in ranges for r in self.records if start <= r.offset < stop]
+
+
+Logged = namedtuple("Logged", "key value offset")
+
+
+def _ids_in(records) -> set:
+    import json
+    return {i for r in records if b"/ids/" in r.key for ids in json.loads(r.value)["event_ids"] for i in ids}
+
+
+def test_a_snapshot_writes_only_the_event_ids_added_since_the_last_one(monkeypatch):
+    import json
+    import event_store.snapshots as snapshots
+
+    monkeypatch.setattr(snapshots, "_CHUNK_BYTES", 2000)
+    monkeypatch.setattr(snapshots, "_IDS_PER_ENTRY", 7)
+    log = SnapshotsPartition()
+    part = a_partition()
+    first = log.write(part)
+    assert _ids_in(first) == part.event_ids and len(part.event_ids) == 250 and not part.event_ids.unsaved
+    part.event_ids.add(next(iter(part.event_ids)))  # already held: not added again
+    assert not part.event_ids.unsaved
+    part.event_ids.update(f"new-{i}" for i in range(30))
+    part.events_offset = 200
+    second = log.write(part)
+    assert _ids_in(second) == {f"new-{i}" for i in range(30)}  # the first 250 are not written again
+    part.event_ids.update(["newer-0"])
+    third = log.write(part)
+    assert _ids_in(third) == {"newer-0"}
+    manifest = json.loads(third[-1].value)
+    assert [seg["ids"] for seg in manifest["id_segments"]] == [250, 30, 1]
+
+    # Read back from exactly the ranges the manifest names (what the handler's rebuild reads), and from the
+    # whole partition: the same state, every id.
+    for records in (log.read(snapshots.segment_ranges(manifest, third[-1].offset)), log.records):
+        back = load_snapshot(records, 1, window=3)
+        assert back.event_ids == part.event_ids and len(back.event_ids) == 281 and not back.event_ids.unsaved
+        assert back.states == part.states and back.events_offset == 200
+        assert back.id_segments == part.id_segments
+    assert len(log.read(snapshots.segment_ranges(manifest, third[-1].offset))) < len(log.records)
+
+    # A snapshot taken after that load lists the same segments and adds its own.
+    back.event_ids.add("after-load")
+    fourth = log.write(back)
+    assert _ids_in(fourth) == {"after-load"}
+    again = load_snapshot(log.read(snapshots.segment_ranges(json.loads(fourth[-1].value), fourth[-1].offset)), 1, 3)
+    assert again.event_ids == part.event_ids | {"after-load"}
+
+
+def test_a_snapshot_with_an_id_segment_missing_is_refused_not_loaded_short(monkeypatch):
+    import event_store.snapshots as snapshots
+    from event_store.errors import InvalidRecord
+
+    monkeypatch.setattr(snapshots, "_IDS_PER_ENTRY", 7)
+    log = SnapshotsPartition()
+    part = a_partition()
+    log.write(part)
+    part.event_ids.update(f"new-{i}" for i in range(30))
+    log.write(part)
+    without_first_segment = [r for r in log.records if not r.key.startswith(b"1/ids/") or
+                             r.key.decode().split("/")[2] != part.id_segments[0]["id"]]
+    with pytest.raises(InvalidRecord, match="id segment .* is missing"):
+        load_snapshot(without_first_segment, 1, window=3)
 
 
 def test_the_policy_freezes_on_fraud_with_an_id_derived_from_the_event():
