@@ -396,6 +396,10 @@ def main() -> None:
         loader.start()
         time.sleep(args.warm_up)
         services.check()
+        # Not measured: this client's results reader first reads through the warm-up's results (its first
+        # probe took 4-5 s more than the others for that alone).
+        store.submit(CommandEnvelope.create("ReportDeviceLocation", probe, {
+            "location": REGIONS[0], "occurred_at": format_time(datetime.now(timezone.utc))}), timeout_s=120)
 
         fraud = FraudWatch(settings)
         fraud.start()
@@ -485,6 +489,11 @@ def main() -> None:
         print(f"  cores busy on average during the measurement (of {os.cpu_count()}): machine {machine:.2f} = "
               + ", ".join(f"{name} {c:.2f}" for name, c in sorted(cores.items(), key=lambda i: -i[1]))
               + f", the rest {machine - sum(cores.values()):.2f}")
+        # Its last progress line: what its transactions and snapshots took (a snapshot pauses its loop).
+        handler_lines = re.findall(r"^handler [^:]*: (\d[\d,]* commands .*)$", services.output("handler"),
+                                   re.MULTILINE)
+        if handler_lines:
+            print(f"  the handler's last progress line: {handler_lines[-1]}")
         peaks = services.peak_rss_mib()
         print("  peak resident memory per service (its processes, Spark JVM included): "
               + ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in peaks.items()))

@@ -124,6 +124,9 @@ class EventStore:
         """The results of ``command_ids`` (sent after this EventStore was made); TimeoutError if any is missing."""
         wanted = set(command_ids)
         found = {cid: self._seen.pop(cid) for cid in list(wanted) if cid in self._seen}
+        # On a busy results topic most records answer other commands: one that cannot hold a wanted id is not
+        # parsed (a client waiting for one command read ~6,000 results/s of others, each parsed, in the bench).
+        needles = _needles(wanted)
         deadline = time.monotonic() + timeout_s
         while len(found) < len(wanted):
             remaining = deadline - time.monotonic()
@@ -139,7 +142,26 @@ class EventStore:
             batch = self._results.poll(timeout_ms=int(min(remaining, 0.5) * 1000) or 1, max_records=10_000)
             for records in batch.values():
                 for record in records:
+                    if needles and record.value is not None and not any(n in record.value for n in needles):
+                        continue
                     result = CommandResult.from_json(record.value)
                     if result.command_id in wanted:
                         found.setdefault(result.command_id, result)
         return found
+
+
+_MAX_NEEDLES = 16
+
+
+def _needles(command_ids: set[str]) -> list[bytes] | None:
+    """What each of ``command_ids`` looks like in a result's JSON, to tell a record that cannot answer any of them
+    without parsing it; None (parse every record) when they are many, or when one may be written escaped (not
+    ASCII, or holding a quote, a backslash or a control character)."""
+    if len(command_ids) > _MAX_NEEDLES:
+        return None
+    needles = []
+    for command_id in command_ids:
+        if not command_id.isascii() or any(c in '"\\' or ord(c) < 32 for c in command_id):
+            return None
+        needles.append(b'"' + command_id.encode() + b'"')
+    return needles
