@@ -16,7 +16,8 @@ peak RSS as the log grows.
 
 Each figure names the command that made it, the date and the machine. The benchmarks take their own time (the
 defaults: an hour or more on a 2-core machine; ``--quick`` runs small sizes in minutes, for a look, not for
-figures to quote). Pick benchmarks with ``--only``.
+figures to quote). Pick benchmarks with ``--only``: the report's other sections are kept as they were, and each
+section says when it ran and by which command.
 
     .venv/bin/python bench/report.py [--quick] [--only commands projection memory freshness rebuild sql]
                                      [--events 1000000] [--batch-sizes 50000 200000 1000000]
@@ -29,6 +30,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -157,6 +159,29 @@ def plot_steps(data: dict, path: Path, command: str, when: str, host: str) -> No
     plt.close(fig)
 
 
+TITLES = {"commands": "## Command path", "projection": "## Projection throughput",
+          "memory": "## Memory as the log grows", "freshness": "## Freshness and fraud latency",
+          "rebuild": "## Rebuild from the archive", "sql": "## SQL reads"}
+
+
+def earlier_sections(text: str) -> dict[str, str]:
+    """The sections of an existing report by bench. A section of a report made before sections said when they ran
+    gets the report's date and command."""
+    head, *parts = text.split("\n## ")
+    made = re.search(r"^(\d{4}-\d\d-\d\d \d\d:\d\d UTC) on .*?\n\nMade by (`[^`]*`)", head, re.MULTILINE | re.DOTALL)
+    by_title = {title: bench for bench, title in TITLES.items()}
+    sections = {}
+    for part in parts:
+        title, _, body = part.partition("\n\n")
+        bench = by_title.get(f"## {title.strip()}")
+        if bench is None:
+            continue
+        if not body.startswith("Run ") and made:
+            body = f"Run {made.group(1)}: {made.group(2)}.\n\n{body}"
+        sections[bench] = f"## {title.strip()}\n\n{body.rstrip()}\n"
+    return sections
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="+", choices=BENCHES, default=list(BENCHES))
@@ -179,14 +204,16 @@ def main() -> int:
     raw.mkdir(exist_ok=True)
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     host = machine()
-    sections: list[str] = []
+    sections: dict[str, str] = {}  # bench -> its section (title, when it ran, body)
+    ran = f"Run {when}: `.venv/bin/python bench/report.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}`.\n\n"
 
     def printed(run: Run) -> str:
         return f"`{run.command}` ({run.seconds:.0f} s):\n\n```\n{run.output.strip()}\n```\n"
 
     if "commands" in args.only:
         run = Run("commands.py", *(["--commands", "20000"] if args.quick else []))
-        sections.append("## Command path\n\nAccepted commands/s end to end, with 1 and 2 handlers.\n\n" + printed(run))
+        sections["commands"] = (f"{TITLES['commands']}\n\n{ran}Accepted commands/s end to end, with 1 and 2 "
+                                "handlers.\n\n" + printed(run))
     if "projection" in args.only:
         runs, texts = [], []
         for size in sizes:
@@ -197,7 +224,7 @@ def main() -> int:
             texts.append(printed(run))
             if not run.code and out.exists():
                 runs.append((size, json.loads(out.read_text()), run.command))
-        body = "## Projection throughput\n\n"
+        body = f"{TITLES['projection']}\n\n{ran}"
         if runs:
             plot_throughput([(s, d) for s, d, _ in runs], args.out / "throughput.png", [c for *_, c in runs],
                             when, host)
@@ -219,14 +246,15 @@ def main() -> int:
                                  f"{' (JVM)' if name == 'Spark' else ''} |\n")
             body += ("\n(events/s; aims: ratio to the plain consumer >= 1.5, to the unparsed copy >= 0.5. The Python "
                      "engine's batches hold at most 100,000 events whatever the batch size.)\n\n")
-        sections.append(body + "\n".join(texts))
+        sections["projection"] = body + "\n".join(texts)
     if "memory" in args.only:
         out = raw / "memory.json"
         out.unlink(missing_ok=True)
         run = Run("projection.py", "--engine-memory", *(["50000", "200000"] if args.quick else
                                                          [str(events), str(5 * events)]), "--json", _shown(out))
-        sections.append("## Memory as the log grows\n\nThe projection's Python engine alone, catching up on 1x "
-                        "and 5x the events, the same accounts going on (aim: its peak RSS flat).\n\n" + printed(run))
+        sections["memory"] = (f"{TITLES['memory']}\n\n{ran}The projection's Python engine alone, catching up on "
+                              "1x and 5x the events, the same accounts going on (aim: its peak RSS flat).\n\n"
+                              + printed(run))
     if "freshness" in args.only:
         out = raw / "freshness.json"
         out.unlink(missing_ok=True)
@@ -236,27 +264,30 @@ def main() -> int:
         if args.freshness_seconds:
             options += ["--seconds", str(args.freshness_seconds)]
         run = Run("freshness.py", *options, "--json", _shown(out))
-        body = "## Freshness and fraud latency\n\n"
+        body = f"{TITLES['freshness']}\n\n{ran}"
         if not run.code and out.exists():
             plot_latency(json.loads(out.read_text()), args.out / "latency.png", run.command, when, host)
             body += "![latency distribution](latency.png)\n\n(aims: freshness p50 <= 1 s, p99 <= 2 s; " \
                     "fraud p99 <= 1 s: the dotted line)\n\n"
-        sections.append(body + printed(run))
+        sections["freshness"] = body + printed(run)
     if "rebuild" in args.only:
         run = Run("rebuild.py", "--events", *(["200000"] if args.quick else ["1000000"]),
                   *(["--warmup", "20000"] if args.quick else []))
-        sections.append("## Rebuild from the archive\n\n" + printed(run))
+        sections["rebuild"] = f"{TITLES['rebuild']}\n\n{ran}" + printed(run)
     if "sql" in args.only:
         run = Run("sql.py", *(["--payments", "100000", "--repeat", "10"] if args.quick else []))
-        sections.append("## SQL reads\n\n" + printed(run))
+        sections["sql"] = f"{TITLES['sql']}\n\n{ran}" + printed(run)
 
     report = args.out / "REPORT.md"
+    kept = [bench for bench in BENCHES if bench not in sections]
+    if kept and report.exists():  # a partial run: the other sections stay as the report had them
+        old = earlier_sections(report.read_text())
+        sections.update({bench: old[bench] for bench in kept if bench in old})
     report.write_text(
-        f"# eventlake benchmarks\n\n{when} on {host}.\n\nMade by `.venv/bin/python bench/report.py "
-        f"{' '.join(shlex.quote(a) for a in sys.argv[1:])}`"
-        f"{' (--quick: small sizes, not figures to quote)' if args.quick else ''}. "
-        "Absolute figures move by ±30% between runs on a shared host; compare within one report.\n\n"
-        + "\n".join(sections))
+        f"# eventlake benchmarks\n\nOn {host}. Each section says when it ran and the command that made it "
+        "(`--only` re-runs some and keeps the others). Absolute figures move by ±30% between runs on a shared host; "
+        "compare within one section.\n\n"
+        + "\n".join(sections[bench] for bench in BENCHES if bench in sections))
     print(f"report: {report}")
     return 0
 

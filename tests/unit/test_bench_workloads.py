@@ -120,3 +120,17 @@ def test_the_freshness_bench_times_a_rapid_attempt_from_the_payment_that_made_it
     assert FraudWatch.caused_at(watch, as_event) == 160.0
     other_rule = {**as_event, "rule": "amount_above_max", "evidence": "amount 5 > previous max 4"}
     assert FraudWatch.caused_at(watch, other_rule) == 100.0
+
+
+def test_a_partial_report_keeps_the_other_sections_each_saying_when_it_ran():
+    from bench.report import TITLES, earlier_sections
+
+    old = ("# eventlake benchmarks\n\n2026-11-26 09:39 UTC on vm: 2 cores.\n\nMade by `.venv/bin/python bench/report.py "
+           "--quick`. Absolute figures move.\n\n## Command path\n\nAccepted commands/s.\n\n```\n1,000/s\n```\n\n"
+           "## SQL reads\n\nRun 2026-11-27 10:00 UTC: `.venv/bin/python bench/report.py --only sql`.\n\n```\nfast\n```\n")
+    sections = earlier_sections(old)
+    assert set(sections) == {"commands", "sql"}
+    assert sections["commands"].startswith(f"{TITLES['commands']}\n\nRun 2026-11-26 09:39 UTC: "
+                                           "`.venv/bin/python bench/report.py --quick`.\n\nAccepted commands/s.")
+    assert "1,000/s" in sections["commands"]
+    assert sections["sql"].count("Run ") == 1 and "2026-11-27 10:00 UTC" in sections["sql"]
