@@ -277,9 +277,14 @@ class PartitionRebuilder:
                     return load_snapshot(records, p, s.idempotency_window)
                 except InvalidRecord:
                     pass  # not where the manifest says after all (e.g. compacted): read everything
-            records = list(kafka_log.read_partition(self.reader, tp, 0, end, tick=tick))
-            self._snapshot_read = [len(records), True]
-            return load_snapshot(records, p, s.idempotency_window)
+            self._snapshot_read = [0, True]
+
+            def counted(records):  # streamed: the partition holds every snapshot not yet compacted away
+                for record in records:
+                    self._snapshot_read[0] += 1
+                    yield record
+            return load_snapshot(counted(kafka_log.read_partition(self.reader, tp, 0, end, tick=tick)), p,
+                                 s.idempotency_window)
         except (ValueError, KeyError, TypeError) as e:
             self.log(f"handler {self.instance_id}: snapshot of partition {p} unreadable ({type(e).__name__}: {e}); "
                      f"rebuilding from the whole log")
