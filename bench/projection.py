@@ -12,7 +12,8 @@ commands, cached under .cache/bench/) to a fresh events topic, then, on that one
    Spark projection of the topic writes;
 5. the projection's Python engine (``eventlake project --engine python --until-caught-up`` of the same read models,
    DuckDB + delta-rs, the same exactly-once bookkeeping: spark_apps/python_projection.py) in a process of its own,
-   into tables and checkpoints of its own, with its peak RSS; its tables are compared with the Spark projection's.
+   into tables and checkpoints of its own, with its peak RSS (its second parser process's included: large batches
+   are parsed by two processes); its tables are compared with the Spark projection's.
 The Spark runs use ``availableNow`` from the first offset to the last; each clock runs from start to caught up.
 Each engine's events/s is printed as ratios to the plain consumer, the unparsed copy and the archive append.
 ``--limits`` also times the Kafka source alone (into Spark's ``noop`` sink) and the envelope parsing and checks
@@ -245,8 +246,8 @@ def python_engine(settings: Settings, models: list, max_offsets: int) -> dict:
                                 stderr=subprocess.STDOUT)
     peak, watched = 0, psutil.Process(proc.pid)
     while proc.poll() is None:
-        try:
-            peak = max(peak, watched.memory_info().rss)
+        try:  # with its second parser process (large batches), if it started one
+            peak = max(peak, sum(p.memory_info().rss for p in [watched, *watched.children(recursive=True)]))
         except psutil.Error:
             pass
         time.sleep(0.1)
@@ -262,8 +263,10 @@ def python_engine(settings: Settings, models: list, max_offsets: int) -> dict:
             name, _, value = part.rpartition(" ")
             if name and value.endswith("s"):
                 steps[name] = steps.get(name, 0.0) + float(value[:-1])
+    two = re.search(r"(\d+) parsed by two processes", text)
     return {"events": int(caught_up[1]), "seconds": float(caught_up[3]), "wall_seconds": wall, "batches": len(done),
-            "handed_to_spark": text.count("goes to the Spark engine"), "peak_rss_mib": peak / 2**20,
+            "handed_to_spark": text.count("goes to the Spark engine"), "parsed_by_two": int(two[1]) if two else 0,
+            "peak_rss_mib": peak / 2**20,
             "steps": steps, "home": str(home)}
 
 
@@ -338,7 +341,8 @@ def measure_on(spark, settings: Settings, domain: str, records, models: list, ar
         say(f"projection, Python engine (eventlake project --engine python, own process): {engine['events']:,} "
             f"events in {engine['seconds']:.1f}s = {engine_rate:,.0f} events/s ({engine['wall_seconds']:.1f}s with the "
             f"interpreter's start; {engine['batches']} batches, "
-            f"{engine['handed_to_spark']} handed to Spark); peak RSS {engine['peak_rss_mib']:,.0f} MiB", flush=True)
+            f"{engine['handed_to_spark']} handed to Spark, {engine['parsed_by_two']} parsed by two processes); "
+            f"peak RSS {engine['peak_rss_mib']:,.0f} MiB", flush=True)
         if domain == "accounts":
             engine["agrees"] = tables_agree(settings, Path(engine["home"]) / "warehouse")
             say(f"Python engine's tables hold the Spark projection's rows: {engine['agrees']}")

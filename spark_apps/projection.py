@@ -501,7 +501,8 @@ def _run_python_engine(settings: Settings, models, archive: bool, until_caught_u
         return 0
     if until_caught_up:
         print(f"projection: caught up: {run.input_rows} events in {run.batches} batches, {run.seconds:.1f}s "
-              f"({engine.handed_over} handed to the Spark engine); tables under {settings.warehouse}")
+              f"({engine.handed_over} handed to the Spark engine, {engine.parser.batches} parsed by two processes); "
+              f"tables under {settings.warehouse}")
     elif stop_requested is not None and stop_requested.is_set():
         print(f"projection: stopped (SIGTERM); the next start resumes from the checkpoints under "
               f"{settings.checkpoints}")

@@ -31,6 +31,7 @@ Local tables and checkpoints only (a storage URI: use the Spark engine).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -55,6 +56,8 @@ _CALL_TIMEOUT_S = 10.0
 # Records per batch at most (or fewer, EVENTLAKE_MAX_OFFSETS_PER_TRIGGER): a batch's records are held as Python
 # objects, so a projection far behind catches up in batches of bounded memory.
 MAX_BATCH_RECORDS = 100_000
+# Records in a batch from which it is parsed by two processes (``ParseWorker``): catch-up batches, not live ones.
+PARALLEL_PARSE_MIN = 20_000
 COMPACT_EVERY = 50  # commits of this engine to a table between two compactions of its small files
 # The size compaction makes files up to: a file that size is not rewritten again, so compacting a growing table
 # (the archive, the ledger) rewrites at most that much besides the new small files each time, not the whole table.
@@ -400,6 +403,119 @@ def _parse(records: _Records, topic: str):
     if len(tables) + bool(rows) > 1:  # rows from more than one list: back in the records' order
         table = table.take(pc.sort_indices(table.column("_position")))
     return table.drop_columns(["_position"]), bad
+
+
+class ParseWorker:
+    """A second process parsing (``spark_apps.parse_worker``, started on the first batch of ``PARALLEL_PARSE_MIN``
+    records or more, and used from the next one, once it is up): ``parse`` gives it the first part of a large
+    batch's records while this process parses the rest, with the same parser, so both cores parse and the rows and
+    verdicts are those of ``_parse`` on the whole batch. Live batches (a few thousand records) never start it. If it
+    fails or ends, this process parses its part itself, and every batch after that (said once in the log)."""
+
+    def __init__(self, log: Callable[[str], None]):
+        self.log = log
+        self.process = None
+        self.ready = False
+        self.failed = False
+        self.batches = 0
+
+    def _start(self) -> None:
+        import os
+        import subprocess
+        import sys
+
+        root = str(Path(__file__).resolve().parents[1])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        self.process = subprocess.Popen([sys.executable, "-m", "spark_apps.parse_worker"], cwd=root, env=env,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+
+    def _up(self) -> bool:
+        """Whether the worker is ready for a request (started now when it never was)."""
+        import select
+
+        if self.failed:
+            return False
+        if self.process is None:
+            self._start()
+            return False
+        if not self.ready and select.select([self.process.stdout], [], [], 0)[0]:
+            from spark_apps.parse_worker import READY
+
+            if self.process.stdout.read(1) != READY:
+                self._fail(f"it did not start (exit code {self.process.wait()})")
+                return False
+            self.ready = True
+        return self.ready
+
+    def _fail(self, why: str) -> None:
+        self.failed = True
+        self.log(f"projection: the second parser process stopped being used: {why}; this process parses every "
+                 f"batch alone from now on")
+        self.close()
+
+    def parse(self, records: _Records, topic: str):
+        """``_parse(records, topic)``, the first part parsed by the worker when the batch is large and it is up."""
+        import pickle
+
+        import pyarrow as pa
+
+        from spark_apps import parse_worker
+
+        rows = records.rows
+        if len(rows) < PARALLEL_PARSE_MIN or not self._up():
+            return _parse(records, topic)
+        cut = len(rows) // 2
+        request = pickle.dumps((topic, rows[:cut]), protocol=pickle.HIGHEST_PROTOCOL)
+        sent: list[BaseException] = []
+
+        def send() -> None:  # writing to the pipe lets go of the GIL: this process parses its part meanwhile
+            try:
+                parse_worker.write_message(self.process.stdin, request)
+            except OSError as e:
+                sent.append(e)
+
+        sending = threading.Thread(target=send, name="projection-parse-request", daemon=True)
+        sending.start()
+        mine, my_bad = _parse(_Records(rows=rows[cut:]), topic)
+        sending.join()
+        try:
+            if sent:
+                raise sent[0]
+            head = parse_worker.read_message(self.process.stdout)
+            answer = pickle.loads(head) if head is not None else ("error", "it ended")
+            if answer[0] == "ok":
+                body = parse_worker.read_message(self.process.stdout)
+                if body is None:
+                    answer = ("error", "it ended")
+        except OSError as e:
+            answer = ("error", f"{type(e).__name__}: {e}")
+        if answer[0] != "ok":
+            exit_code = self.process.poll()
+            self._fail(f"{answer[1]}{'' if exit_code is None else f' (exit code {exit_code})'}")
+            theirs, their_bad = _parse(_Records(rows=rows[:cut]), topic)
+        else:
+            theirs, their_bad = pa.ipc.open_stream(body).read_all(), answer[1]
+            self.batches += 1
+        return pa.concat_tables([theirs, mine]), their_bad + my_bad
+
+    def close(self) -> None:
+        """Stop the worker (its input ends; killed if it does not end within 5 s)."""
+        import subprocess
+
+        process, self.process, self.ready = self.process, None, False
+        if process is None:
+            return
+        for stream in (process.stdin, process.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _plain_columns(event_type: str, group: list[tuple], schema, topic: str):
@@ -838,6 +954,7 @@ class PythonProjection:
         self.delta_tables: dict = {}  # table -> its DeltaTable, brought up to date by each batch (_Batch.table)
         self.limit = settings.max_offsets_per_trigger  # records per batch at most (Spark's maxOffsetsPerTrigger)
         self.queries: list[_Query] = []
+        self.parser = ParseWorker(log)  # a second process parsing large batches with this one
 
     # -- Spark for what is not the common path ---------------------------------------------------------------
     def hand_over(self, query: _Query, reason: str) -> None:
@@ -999,6 +1116,7 @@ class PythonProjection:
         finally:
             for query in self.queries:
                 query.reader.close()
+            self.parser.close()
             self.wait_for_compaction()
         main = self.queries[0]
         run.batches, run.input_rows, run.seconds = main.batches, main.rows, time.monotonic() - started
@@ -1015,7 +1133,7 @@ def _archive_batch(query: _Query, records: _Records, batch: _Batch) -> None:
         if engine.shared is not None and engine.shared[0] == records.span:
             events = engine.shared[1]  # the read models' batch: the same records, parsed already
         else:
-            events, _ = _parse(records, engine.settings.events_topic)
+            events, _ = engine.parser.parse(records, engine.settings.events_topic)
         engine.shared = None
     with batch.timed("append"):
         batch.append(events, query.engine.settings.table_path(ARCHIVE_TABLE), ARCHIVE_TABLE)
@@ -1028,7 +1146,7 @@ def _read_models_batch(query: _Query, records: _Records, batch: _Batch) -> None:
     engine = query.engine
     settings = engine.settings
     with batch.timed("parse"):
-        events, bad = _parse(records, settings.events_topic)
+        events, bad = engine.parser.parse(records, settings.events_topic)
         engine.shared = (records.span, events) if len(engine.queries) > 1 else None
     if bad:
         partition, offset, reason = bad[0]

@@ -71,11 +71,22 @@ def test_the_event_row_schema_is_the_spark_parsers(spark):
         [(f.name, f.type) for f in arrow_schema(_event_row_schema(spark))]
 
 
-def test_a_clean_log_with_late_events_is_projected_without_spark_and_equals_the_oracle(spark, settings):
+def test_a_clean_log_with_late_events_is_projected_without_spark_and_equals_the_oracle(spark, settings, monkeypatch):
+    # Its batches count as large: parsed by two processes (the engine's second parser, up before the first batch).
+    from spark_apps import python_projection
+
+    monkeypatch.setattr(python_projection, "PARALLEL_PARSE_MIN", 100)
     events = events_for(CLEAN, flag_every=7)
     publish(settings, [(e.aggregate_id, e.to_json()) for e in events])
-    engine, run, lines = python_engine(spark, settings, max_offsets_per_trigger=150)
+    lines = []
+    engine = PythonProjection(settings, log=lines.append, spark_session=lambda: spark)
+    deadline = time.monotonic() + 60
+    while not engine.parser._up() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    run = engine.run_until_caught_up(max_offsets_per_trigger=150)
     assert engine.handed_over == 0, "\n".join(line for line in lines if "Spark" in line)
+    assert engine.parser.batches >= run.batches - 1 and not engine.parser.failed
+    assert engine.parser.process is None  # stopped with the run
     assert run.batches >= 3 and run.input_rows == len(events)
     assert_matches_oracle(spark, settings, events)
     assert delta(spark, settings, ARCHIVE_TABLE).count() == len(events)

@@ -190,3 +190,53 @@ def test_a_batch_with_no_ordinary_event_gets_the_reference_rows():
     expected, expected_bad = reference_rows(Records.rows)
     assert (table.to_pylist(), bad) == (expected.to_pylist(), expected_bad)
     assert table.num_rows == 1 and len(bad) == 2
+
+
+def test_a_large_batch_parsed_by_two_processes_gives_the_reference_rows_and_survives_the_worker_dying(monkeypatch):
+    import os
+    import signal
+    import time
+
+    from spark_apps import python_projection
+    from spark_apps.python_projection import ParseWorker, _Records
+
+    monkeypatch.setattr(python_projection, "PARALLEL_PARSE_MIN", 10)  # batch_records() is a large batch
+    records = _Records(rows=batch_records())
+    expected, expected_bad = reference_rows(records.rows)
+    said: list[str] = []
+    worker = ParseWorker(said.append)
+    try:
+        table, bad = worker.parse(records, "events")  # starts the worker; this one is parsed here alone
+        assert worker.process is not None and worker.batches == 0
+        deadline = time.monotonic() + 60
+        while not worker._up() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for _ in range(2):
+            table, bad = worker.parse(records, "events")
+            assert table.schema == expected.schema
+            assert table.to_pylist() == expected.to_pylist()
+            assert sorted(bad) == sorted(expected_bad)
+        assert worker.batches == 2  # both parsed by two processes
+        assert len(expected_bad) > 20 and not said
+
+        os.kill(worker.process.pid, signal.SIGKILL)
+        worker.process.wait()
+        table, bad = worker.parse(records, "events")
+        assert (table.to_pylist(), sorted(bad)) == (expected.to_pylist(), sorted(expected_bad))
+        assert worker.failed and worker.process is None and worker.batches == 2
+        assert len(said) == 1 and "second parser process stopped being used" in said[0] and "-9" in said[0]
+        table, _ = worker.parse(records, "events")  # alone from now on
+        assert table.to_pylist() == expected.to_pylist() and len(said) == 1
+    finally:
+        worker.close()
+
+
+def test_a_small_batch_never_starts_the_second_parser():
+    from spark_apps.python_projection import ParseWorker, _Records
+
+    worker = ParseWorker(print)
+    records = batch_records()[:50]  # (its ids differ from one call to the next)
+    table, bad = worker.parse(_Records(rows=records), "events")
+    expected, expected_bad = reference_rows(records)
+    assert (table.to_pylist(), sorted(bad)) == (expected.to_pylist(), sorted(expected_bad))
+    assert worker.process is None
