@@ -57,7 +57,9 @@ def main() -> int:
 
     import pyarrow as pa
 
-    from spark_apps.python_projection import _parse, _Records
+    from spark_apps.python_projection import _large_blocks_off_the_heap, _parse, _Records
+
+    _large_blocks_off_the_heap()
 
     for module in ("pyarrow.compute", "event_store.envelope"):  # imported before the first batch, not during it
         importlib.import_module(module)
@@ -71,16 +73,21 @@ def main() -> int:
                 return 0
             try:
                 topic, rows = pickle.loads(body)
+                del body
                 table, bad = _parse(_Records(rows=rows), topic)
+                del rows
                 sink = pa.BufferOutputStream()
                 with pa.ipc.new_stream(sink, table.schema) as writer:
                     writer.write_table(table)
                 rows_ipc = sink.getvalue()
+                del table, sink
             except Exception as e:  # noqa: BLE001 -- the engine parses these records itself and says why
                 write_message(answers, pickle.dumps(("error", f"{type(e).__name__}: {e}")))
                 continue
             write_message(answers, pickle.dumps(("ok", bad)))
             write_message(answers, memoryview(rows_ipc))
+            del rows_ipc
+            pa.default_memory_pool().release_unused()
     except (BrokenPipeError, KeyboardInterrupt):  # the engine is gone
         return 0
 

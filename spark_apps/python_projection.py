@@ -58,6 +58,7 @@ _CALL_TIMEOUT_S = 10.0
 MAX_BATCH_RECORDS = 100_000
 # Records in a batch from which it is parsed by two processes (``ParseWorker``): catch-up batches, not live ones.
 PARALLEL_PARSE_MIN = 20_000
+IDLE_BATCHES = 100  # small batches in a row after which the second parser is stopped (started again when needed)
 COMPACT_EVERY = 50  # commits of this engine to a table between two compactions of its small files
 # The size compaction makes files up to: a file that size is not rewritten again, so compacting a growing table
 # (the archive, the ledger) rewrites at most that much besides the new small files each time, not the whole table.
@@ -337,6 +338,17 @@ class _Reader:
     def caught_up(self, partitions: list[int]) -> bool:
         return set(partitions) <= self.at_end
 
+    def backlog(self) -> int:
+        """Records in the log past where this reader is (read_committed: an upper bound)."""
+        from confluent_kafka import TopicPartition
+
+        behind = 0
+        for partition, offset in self.next.items():
+            _, high = self.consumer.get_watermark_offsets(TopicPartition(self.settings.events_topic, partition),
+                                                          timeout=_CALL_TIMEOUT_S, cached=False)
+            behind += max(0, high - offset)
+        return behind
+
     def close(self) -> None:
         from event_store import kafka_clients
 
@@ -406,15 +418,17 @@ def _parse(records: _Records, topic: str):
 
 
 class ParseWorker:
-    """A second process parsing (``spark_apps.parse_worker``, started on the first batch of ``PARALLEL_PARSE_MIN``
-    records or more, and used from the next one, once it is up): ``parse`` gives it the first part of a large
-    batch's records while this process parses the rest, with the same parser, so both cores parse and the rows and
-    verdicts are those of ``_parse`` on the whole batch. Live batches (a few thousand records) never start it. If it
-    fails or ends, this process parses its part itself, and every batch after that (said once in the log)."""
+    """A second process parsing (``spark_apps.parse_worker``): ``parse`` gives it the first half of a large batch's
+    records (``PARALLEL_PARSE_MIN`` or more) while this process parses the rest, with the same parser, so both cores
+    parse and the rows and verdicts are those of ``_parse`` on the whole batch. It is started when the engine starts
+    that far behind (``prepare``), else on the first large batch, and used once it is up; live batches (a few
+    thousand records) never start it, and ``IDLE_BATCHES`` of them in a row stop it (its memory back). If it fails or
+    ends, this process parses its part itself, and every batch after that (said once in the log)."""
 
     def __init__(self, log: Callable[[str], None]):
         self.log = log
         self.process = None
+        self.small = 0  # small batches in a row since the last large one
         self.ready = False
         self.failed = False
         self.batches = 0
@@ -429,6 +443,11 @@ class ParseWorker:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         self.process = subprocess.Popen([sys.executable, "-m", "spark_apps.parse_worker"], cwd=root, env=env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+
+    def prepare(self) -> None:
+        """Start the worker now (it is ready a second or so later), when large batches are coming."""
+        if self.process is None and not self.failed:
+            self._start()
 
     def _up(self) -> bool:
         """Whether the worker is ready for a request (started now when it never was)."""
@@ -463,7 +482,13 @@ class ParseWorker:
         from spark_apps import parse_worker
 
         rows = records.rows
-        if len(rows) < PARALLEL_PARSE_MIN or not self._up():
+        if len(rows) < PARALLEL_PARSE_MIN:
+            self.small += 1
+            if self.small == IDLE_BATCHES and self.process is not None:  # caught up, live: its memory back
+                self.close()
+            return _parse(records, topic)
+        self.small = 0
+        if not self._up():
             return _parse(records, topic)
         cut = len(rows) // 2
         request = pickle.dumps((topic, rows[:cut]), protocol=pickle.HIGHEST_PROTOCOL)
@@ -1073,6 +1098,12 @@ class PythonProjection:
             self.log(f"projection: {query.name} started from {self.settings.events_topic} at "
                      f"{self.settings.bootstrap_servers} (engine python; batch {query.batch_id}; checkpoint "
                      f"{query.checkpoint.path})")
+        try:
+            behind = self.queries[0].reader.backlog()
+        except Exception:  # noqa: BLE001 -- no answer now: the first large batch starts the second parser
+            behind = 0
+        if behind >= PARALLEL_PARSE_MIN:  # catching up: the second parser gets ready meanwhile
+            self.parser.prepare()
 
     def _with_broker(self, step: Callable[[], None]) -> None:
         """Run ``step`` (positioning a reader: it asks the broker for partitions and offsets); while no broker

@@ -240,3 +240,25 @@ def test_a_small_batch_never_starts_the_second_parser():
     expected, expected_bad = reference_rows(records)
     assert (table.to_pylist(), sorted(bad)) == (expected.to_pylist(), sorted(expected_bad))
     assert worker.process is None
+
+
+def test_the_second_parser_is_stopped_after_a_run_of_small_batches_and_started_again_by_a_large_one(monkeypatch):
+    from spark_apps import python_projection
+    from spark_apps.python_projection import ParseWorker, _Records
+
+    monkeypatch.setattr(python_projection, "PARALLEL_PARSE_MIN", 10)
+    monkeypatch.setattr(python_projection, "IDLE_BATCHES", 3)
+    records = batch_records()
+    worker = ParseWorker(print)
+    try:
+        worker.prepare()
+        assert worker.process is not None
+        for _ in range(2):
+            worker.parse(_Records(rows=records[:5]), "events")
+        assert worker.process is not None
+        worker.parse(_Records(rows=records[:5]), "events")
+        assert worker.process is None and not worker.failed
+        worker.parse(_Records(rows=records), "events")
+        assert worker.process is not None
+    finally:
+        worker.close()
