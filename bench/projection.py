@@ -244,12 +244,16 @@ def python_engine(settings: Settings, models: list, max_offsets: int) -> dict:
         proc = subprocess.Popen([sys.executable, "-m", "eventlake.cli", "project", "--engine", "python",
                                  "--until-caught-up", *[m.name for m in models]], cwd=root, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
-    peak, watched = 0, psutil.Process(proc.pid)
+    peak, peak_engine, peak_parser, watched = 0, 0, 0, psutil.Process(proc.pid)
     while proc.poll() is None:
         try:  # with its second parser process (large batches), if it started one
-            peak = max(peak, sum(p.memory_info().rss for p in [watched, *watched.children(recursive=True)]))
+            engine_rss = watched.memory_info().rss
+            parser_rss = sum(p.memory_info().rss for p in watched.children(recursive=True))
         except psutil.Error:
-            pass
+            time.sleep(0.1)
+            continue
+        peak, peak_engine = max(peak, engine_rss + parser_rss), max(peak_engine, engine_rss)
+        peak_parser = max(peak_parser, parser_rss)
         time.sleep(0.1)
     wall = time.monotonic() - started
     text = log.read_text(errors="replace")
@@ -266,8 +270,15 @@ def python_engine(settings: Settings, models: list, max_offsets: int) -> dict:
     two = re.search(r"(\d+) parsed by two processes", text)
     return {"events": int(caught_up[1]), "seconds": float(caught_up[3]), "wall_seconds": wall, "batches": len(done),
             "handed_to_spark": text.count("goes to the Spark engine"), "parsed_by_two": int(two[1]) if two else 0,
-            "peak_rss_mib": peak / 2**20,
-            "steps": steps, "home": str(home)}
+            "peak_rss_mib": peak / 2**20, "engine_peak_rss_mib": peak_engine / 2**20,
+            "parser_peak_rss_mib": peak_parser / 2**20, "steps": steps, "home": str(home)}
+
+
+def rss_parts(engine: dict) -> str:
+    """The peaks of the engine's process and of its second parser, each on its own (the total's parts may peak at
+    different times)."""
+    return (f"the engine's process {engine['engine_peak_rss_mib']:,.0f}, its second parser "
+            f"{engine['parser_peak_rss_mib']:,.0f} at their peaks")
 
 
 def tables_agree(settings: Settings, other_home: Path) -> dict[str, bool]:
@@ -342,7 +353,7 @@ def measure_on(spark, settings: Settings, domain: str, records, models: list, ar
             f"events in {engine['seconds']:.1f}s = {engine_rate:,.0f} events/s ({engine['wall_seconds']:.1f}s with the "
             f"interpreter's start; {engine['batches']} batches, "
             f"{engine['handed_to_spark']} handed to Spark, {engine['parsed_by_two']} parsed by two processes); "
-            f"peak RSS {engine['peak_rss_mib']:,.0f} MiB", flush=True)
+            f"peak RSS {engine['peak_rss_mib']:,.0f} MiB ({rss_parts(engine)})", flush=True)
         if domain == "accounts":
             engine["agrees"] = tables_agree(settings, Path(engine["home"]) / "warehouse")
             say(f"Python engine's tables hold the Spark projection's rows: {engine['agrees']}")
@@ -464,14 +475,18 @@ def engine_memory(base: Settings, sizes: list[int], accounts: int, max_offsets: 
             engine = python_engine(settings, models, max_offsets)
         rate = engine["events"] / engine["seconds"]
         print(f"{engine['events']:,} events (published at {produce_rate:,.0f}/s): Python engine {rate:,.0f} "
-              f"events/s, {engine['batches']} batches, peak RSS {engine['peak_rss_mib']:,.0f} MiB", flush=True)
+              f"events/s, {engine['batches']} batches, peak RSS {engine['peak_rss_mib']:,.0f} MiB "
+              f"({rss_parts(engine)})", flush=True)
         runs.append({"events": engine["events"], "events_per_s": rate, "peak_rss_mib": engine["peak_rss_mib"],
-                     "batches": engine["batches"]})
+                     "engine_peak_rss_mib": engine["engine_peak_rss_mib"],
+                     "parser_peak_rss_mib": engine["parser_peak_rss_mib"], "batches": engine["batches"]})
         shutil.rmtree(settings.home, ignore_errors=True)
     first, last = runs[0], runs[-1]
     print(f"peak RSS from {first['events']:,} to {last['events']:,} events: {first['peak_rss_mib']:,.0f} -> "
           f"{last['peak_rss_mib']:,.0f} MiB ({last['peak_rss_mib'] / first['peak_rss_mib']:.2f}x for "
-          f"{last['events'] / first['events']:.0f}x the events)")
+          f"{last['events'] / first['events']:.0f}x the events); the engine's process alone "
+          f"{first['engine_peak_rss_mib']:,.0f} -> {last['engine_peak_rss_mib']:,.0f} MiB, its second parser "
+          f"{first['parser_peak_rss_mib']:,.0f} -> {last['parser_peak_rss_mib']:,.0f} MiB")
     return runs
 
 
