@@ -282,11 +282,14 @@ def test_windowed_tables_clustered_by_window_after_every_batch_still_equal_the_o
     assert_matches_oracle(spark, settings, events)
 
 
-def test_the_archive_is_compacted_while_the_batches_go_on_and_loses_nothing(spark, settings):
-    # Many small batches: the archive's compaction comes due and runs on a thread of its own while the next
-    # batches append to the archive; an append and the compaction commit one after the other, in either order.
+def test_the_archive_and_the_ledger_are_compacted_while_the_batches_go_on_and_lose_nothing(spark, settings):
+    # Many small batches: the compactions of the archive and of the sequence ledger come due and run on a thread of
+    # their own while the next batches append to those tables; an append and a compaction commit one after the
+    # other, in either order. What the engine keeps of the ledger still holds after each compaction: it is read
+    # once, when the engine starts.
     from deltalake import DeltaTable
 
+    from spark_apps import sequence
     from spark_apps.python_projection import COMPACT_EVERY
 
     events = events_for(GeneratorConfig(accounts=10, commands=300, seed=8, run_id="pyc", late_rate=0.0))
@@ -298,10 +301,17 @@ def test_the_archive_is_compacted_while_the_batches_go_on_and_loses_nothing(spar
     run = engine.run_until_caught_up(max_offsets_per_trigger=batch)
     assert engine.handed_over == 0, "\n".join(lines)
     assert run.batches >= 2 * COMPACT_EVERY
-    assert any(line.startswith(f"projection: compacted {settings.table_path(ARCHIVE_TABLE)}")
-               and line.endswith("while the batches went on)") for line in lines), "\n".join(lines)
+    ledger_path = settings.table_path(sequence.ledger_table(engine.tables.name))
+    for path in (settings.table_path(ARCHIVE_TABLE), ledger_path):
+        assert any(line.startswith(f"projection: compacted {path}:")
+                   and line.endswith("while the batches went on)") for line in lines), (path, "\n".join(lines))
+        assert "OPTIMIZE" in [c["operation"] for c in DeltaTable(str(path)).history()], path
+    assert not any(f"compact {ledger_path.name} " in line for line in lines if " done in " in line)  # no batch's step
+    assert sum("read the sequence ledger" in line for line in lines) == 1, \
+        "\n".join(line for line in lines if "read the" in line or "compacted" in line)
     archive = DeltaTable(str(settings.table_path(ARCHIVE_TABLE)))
-    assert "OPTIMIZE" in [c["operation"] for c in archive.history()]
     assert sorted(archive.to_pyarrow_table(columns=["event_id"]).column("event_id").to_pylist()) == \
         sorted(e.event_id for e in events)
+    ledger = DeltaTable(str(ledger_path)).to_pyarrow_table(columns=["event_id"]).column("event_id").to_pylist()
+    assert len(ledger) == len(set(ledger)) == len(events)
     assert_matches_oracle(spark, settings, events, models)
