@@ -24,8 +24,7 @@ this engine goes on from Spark's last batch. The Spark session is started on the
 seconds, once), so records written around the handler cost a live stream that much delay, nothing else.
 
 The archive's query (``event_archive``) is an append of every valid event, with its own checkpoint: always done
-here (records that are not events are the read models' dead letters), from the events the read models' batches
-parsed, every ``ARCHIVE_EVERY_S`` while a stream flows.
+here (records that are not events are the read models' dead letters).
 
 Local tables and checkpoints only (a storage URI: use the Spark engine).
 """
@@ -60,11 +59,6 @@ MAX_BATCH_RECORDS = 100_000
 # Records in a batch from which it is parsed by two processes (``ParseWorker``): catch-up batches, not live ones.
 PARALLEL_PARSE_MIN = 20_000
 IDLE_BATCHES = 100  # small batches in a row after which the second parser is stopped (started again when needed)
-# While a live stream flows, the archive appends what the read models' batches read every this many seconds (and at
-# once when the stream pauses, when it falls ``PARALLEL_PARSE_MIN`` records behind, and when the engine stops): one
-# Delta commit, file and checkpoint entry where it was one per read models' batch, so fewer small files to compact;
-# each of those batches ends that much sooner, and the archive still holds every event within seconds.
-ARCHIVE_EVERY_S = 2.0
 COMPACT_EVERY = 50  # commits of this engine to a table between two compactions of its small files
 # The size compaction makes files up to: a file that size is not rewritten again, so compacting a growing table
 # (the archive, the ledger) rewrites at most that much besides the new small files each time, not the whole table.
@@ -985,8 +979,7 @@ class PythonProjection:
     def __init__(self, settings: Settings, models: list[ReadModel] | None = None,
                  log: Callable[[str], None] = print, archive: bool | None = None,
                  generations: Mapping[str, Generation] | None = None, checkpoint=None,
-                 starting_offsets: dict[int, int] | None = None, spark_session: Callable[[], object] | None = None,
-                 archive_every_s: float = ARCHIVE_EVERY_S):
+                 starting_offsets: dict[int, int] | None = None, spark_session: Callable[[], object] | None = None):
         why = supports(settings)
         if why:
             raise ProjectionError(f"projection (engine python): {why}")
@@ -999,8 +992,7 @@ class PythonProjection:
         self._spark_session = spark_session
         self.handed_over = 0
         self.stop_requested = None
-        self.shared: list = []  # (span, event rows) of the read models' batches the archive has not appended yet
-        self.archive_every_s = archive_every_s  # the archive's batches while a stream flows (``ARCHIVE_EVERY_S``)
+        self.shared: tuple | None = None  # (span, event rows) of the read models' last batch, for the archive's
         self._commits = _CompactionTurns(COMPACT_EVERY)
         self._background: ThreadPoolExecutor | None = None  # compactions of the appended-only tables (``compact``)
         self._compacting: dict = {}  # table -> its compaction on that thread (a Future)
@@ -1181,26 +1173,14 @@ class PythonProjection:
         run = ProjectionRun()
         try:
             main = self.queries[0]
-            archived = time.monotonic()
-            archive_limit = max(limit, PARALLEL_PARSE_MIN)  # the read models' batches since the archive's last
             while stop_requested is None or not stop_requested.is_set():
                 worked = main.step(limit, 0.1)
                 for query in self.queries[1:]:
-                    # The archive reads no further than the read models did: its batch holds the records of the
-                    # read models' batches since its last, parsed once for both (``shared``); it runs every
-                    # ``archive_every_s`` while the stream flows (``ARCHIVE_EVERY_S``).
-                    if worked and time.monotonic() - archived < self.archive_every_s and \
-                            self._behind(main, query) < PARALLEL_PARSE_MIN:
-                        continue
-                    appended = query.step(archive_limit, 0.0, until=dict(main.reader.next))
-                    if appended:
-                        worked, archived = worked + appended, time.monotonic()
+                    # The archive reads no further than the read models did: in step with them, its batch holds
+                    # the read models' batch's records, parsed once for both (``shared``).
+                    worked += query.step(limit, 0.0, until=dict(main.reader.next))
                 if until_caught_up and not worked and all(q.reader.caught_up(q.partitions) for q in self.queries):
                     break
-            for query in self.queries[1:]:  # stopping: the archive holds what the read models' batches read
-                deadline = time.monotonic() + 3.0
-                while self._behind(main, query) and time.monotonic() < deadline:
-                    query.step(archive_limit, 0.5, until=dict(main.reader.next))
         finally:
             for query in self.queries:
                 query.reader.close()
@@ -1210,11 +1190,6 @@ class PythonProjection:
         run.batches, run.input_rows, run.seconds = main.batches, main.rows, time.monotonic() - started
         return run
 
-    @staticmethod
-    def _behind(main: _Query, query: _Query) -> int:
-        """Records (transaction markers included) the read models' reader has read past ``query``'s."""
-        return sum(max(0, offset - query.reader.next.get(p, offset)) for p, offset in main.reader.next.items())
-
     def run_until_caught_up(self, max_offsets_per_trigger: int | None = None) -> ProjectionRun:
         return self.run(until_caught_up=True, max_offsets_per_trigger=max_offsets_per_trigger)
 
@@ -1223,30 +1198,13 @@ class PythonProjection:
 def _archive_batch(query: _Query, records: _Records, batch: _Batch) -> None:
     engine = query.engine
     with batch.timed("parse"):
-        events, engine.shared = _shared_events(engine.shared, records.span)
-        if events is None:
+        if engine.shared is not None and engine.shared[0] == records.span:
+            events = engine.shared[1]  # the read models' batch: the same records, parsed already
+        else:
             events, _ = engine.parser.parse(records, engine.settings.events_topic)
+        engine.shared = None
     with batch.timed("append"):
         batch.append(events, query.engine.settings.table_path(ARCHIVE_TABLE), ARCHIVE_TABLE)
-
-
-def _shared_events(pieces: list, span: tuple):
-    """The events of the archive's batch of ``span`` from ``pieces`` ((span, events) of the read models' batches,
-    in order), when they are the same records, parsed already: -> (events or None, the pieces after ``span``)."""
-    import pyarrow as pa
-
-    starts, ends = dict(span[0]), dict(span[1])
-    at, chain = starts, []
-    for piece_span, events in pieces:
-        if at == ends:
-            break
-        if dict(piece_span[0]) == at:
-            chain.append(events)
-            at = dict(piece_span[1])
-    later = [piece for piece in pieces if all(o >= ends.get(p, o) for p, o in piece[0][0])]
-    if at != ends or not chain:
-        return None, later
-    return (chain[0] if len(chain) == 1 else pa.concat_tables(chain)), later
 
 
 # -- the read models' batch ------------------------------------------------------------------------------------
@@ -1257,8 +1215,7 @@ def _read_models_batch(query: _Query, records: _Records, batch: _Batch) -> None:
     settings = engine.settings
     with batch.timed("parse"):
         events, bad = engine.parser.parse(records, settings.events_topic)
-        if len(engine.queries) > 1:
-            engine.shared.append((records.span, events))
+        engine.shared = (records.span, events) if len(engine.queries) > 1 else None
     if bad:
         partition, offset, reason = bad[0]
         raise HandOver(f"{len(bad)} record(s) that are not valid events (partition {partition} offset {offset}: "

@@ -297,8 +297,7 @@ def test_the_archive_and_the_ledger_are_compacted_while_the_batches_go_on_and_lo
     models = [read_models.get("account_summary")]
     batch = max(1, len(events) // (2 * COMPACT_EVERY + 20))
     lines = []
-    engine = PythonProjection(settings, models, log=lines.append, archive=True, spark_session=lambda: spark,
-                              archive_every_s=0.0)  # the archive in step with every batch: as many commits
+    engine = PythonProjection(settings, models, log=lines.append, archive=True, spark_session=lambda: spark)
     run = engine.run_until_caught_up(max_offsets_per_trigger=batch)
     assert engine.handed_over == 0, "\n".join(lines)
     assert run.batches >= 2 * COMPACT_EVERY
@@ -315,45 +314,4 @@ def test_the_archive_and_the_ledger_are_compacted_while_the_batches_go_on_and_lo
         sorted(e.event_id for e in events)
     ledger = DeltaTable(str(ledger_path)).to_pyarrow_table(columns=["event_id"]).column("event_id").to_pylist()
     assert len(ledger) == len(set(ledger)) == len(events)
-    assert_matches_oracle(spark, settings, events, models)
-
-
-
-def test_while_the_stream_flows_the_archive_appends_several_batches_at_once_parsed_once_and_all_when_stopped(
-        spark, settings):
-    # A stream that does not pause: the read models' batches go on one after the other, the archive appends what
-    # they read every ``archive_every_s`` (here: not while the stream flows) from the events they parsed; stopped
-    # (by the batch that reads the last event), the engine archives what they read before it ends.
-    import threading
-
-    from deltalake import DeltaTable
-
-    events = events_for(GeneratorConfig(accounts=10, commands=200, seed=12, run_id="pya", late_rate=0.0))
-    publish(settings, [(e.aggregate_id, e.to_json()) for e in events])
-    models = [read_models.get("account_summary")]
-    lines = []
-    engine = PythonProjection(settings, models, log=lines.append, archive=True, spark_session=lambda: spark,
-                              archive_every_s=3600.0)
-    parses = []
-    parse = engine.parser.parse
-    engine.parser.parse = lambda records, topic: (parses.append(len(records.rows)), parse(records, topic))[1]
-    stop = threading.Event()
-    engine.start()
-    main = engine.queries[0]
-    process = main.process
-
-    def the_last_batch_stops(query, records, batch):
-        process(query, records, batch)
-        if query.rows + len(records.rows) >= len(events):
-            stop.set()
-
-    main.process = the_last_batch_stops
-    run = engine.run(stop_requested=stop, max_offsets_per_trigger=20)
-    assert engine.handed_over == 0 and run.input_rows == len(events) and run.batches >= 8, "\n".join(lines)
-    archive_batches = [line for line in lines if line.startswith("projection-event_archive: batch")]
-    assert len(archive_batches) == 1, "\n".join(archive_batches)
-    assert sum(parses) == len(events), f"parsed {parses}: the archive parsed records the read models had parsed"
-    archive = DeltaTable(str(settings.table_path(ARCHIVE_TABLE)))
-    assert sorted(archive.to_pyarrow_table(columns=["event_id"]).column("event_id").to_pylist()) == \
-        sorted(e.event_id for e in events)
     assert_matches_oracle(spark, settings, events, models)
