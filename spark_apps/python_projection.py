@@ -60,8 +60,9 @@ MAX_BATCH_RECORDS = 100_000
 PARALLEL_PARSE_MIN = 20_000
 IDLE_BATCHES = 100  # small batches in a row after which the second parser is stopped (started again when needed)
 COMPACT_EVERY = 50  # commits of this engine to a table between two compactions of its small files
-# The size compaction makes files up to: a file that size is not rewritten again, so compacting a growing table
-# (the archive, the ledger) rewrites at most that much besides the new small files each time, not the whole table.
+# The size compaction makes files up to. A compacted file is 0.55-0.8 of the small files it was made from, so it stays
+# under this size and delta-rs's next compaction (which chooses files by this size alone) takes it again: a table
+# whose files fill up slowly rewrites up to this much each time, the archive (fast-growing) a growing share of itself.
 # A read model's compaction is part of a batch (its key index follows the table's version), so it adds to the
 # freshness of the batches behind it: 32 MiB made some batches seconds slower. (The archive's runs beside them.)
 COMPACT_TARGET_BYTES = 8 * 1024 * 1024
