@@ -66,6 +66,10 @@ COMPACT_EVERY = 50  # commits of this engine to a table between two compactions 
 # A read model's compaction is part of a batch (its key index follows the table's version), so it adds to the
 # freshness of the batches behind it: 32 MiB made some batches seconds slower. (The archive's runs beside them.)
 COMPACT_TARGET_BYTES = 8 * 1024 * 1024
+# The files a compaction takes (``spark_apps.small_files``): those under this size; a merged file this size or more
+# is not read again, so a compaction reads the new small files (and at most one merged file under it), however
+# large the table has grown.
+SMALL_FILE_BYTES = COMPACT_TARGET_BYTES // 2
 # A windowed table (its key holds ``window_start``) is not compacted but clustered: when a MERGE had to copy this
 # many unchanged rows (a MERGE rewrites every file holding a row it changes, and one file can hold every window
 # since January), the table is rewritten sorted by window into files of ``CLUSTER_TARGET_BYTES``, whose window
@@ -1069,22 +1073,28 @@ class PythonProjection:
         thread)."""
         from deltalake import DeltaTable
 
+        from spark_apps.small_files import compact_small_files
+
         started = time.perf_counter()
-        table = DeltaTable(path)
-        before = table.version()
         try:
-            # One thread: the platform's other services (the fraud detector, the handler) keep a core.
-            metrics = table.optimize.compact(target_size=COMPACT_TARGET_BYTES, max_concurrent_tasks=1)
+            metrics = compact_small_files(path, SMALL_FILE_BYTES, COMPACT_TARGET_BYTES)
+            if metrics is None:  # a table of another protocol: delta-rs's compaction (it reads again what it made)
+                table = DeltaTable(path)
+                before = table.version()
+                # One thread: the platform's other services (the fraud detector, the handler) keep a core.
+                metrics = table.optimize.compact(target_size=COMPACT_TARGET_BYTES, max_concurrent_tasks=1)
+                metrics["version"] = table.version() if table.version() != before else None
         except Exception as e:  # noqa: BLE001 -- a race with another writer: the next round compacts
             self.log(f"projection: compacting {path} skipped: {str(e).splitlines()[0][:200]}")
             return
         index = self.known.get(path)
-        if index is not None and table.version() != before:
-            index.written(table.version())  # the same rows in fewer files: what the engine keeps of them holds
+        if index is not None and metrics["version"] is not None:
+            index.written(metrics["version"])  # the same rows in fewer files: what the engine keeps of them holds
         if steps is not None:
             steps[f"compact {Path(path).name}"] = time.perf_counter() - started
         if metrics.get("numFilesRemoved"):
-            self.log(f"projection: compacted {path}: {metrics['numFilesRemoved']} files into "
+            read = f" ({metrics['removedBytes'] / 1e6:.1f} MB)" if "removedBytes" in metrics else ""
+            self.log(f"projection: compacted {path}: {metrics['numFilesRemoved']} files{read} into "
                      f"{metrics['numFilesAdded']} ({time.perf_counter() - started:.2f}s"
                      f"{'' if steps is not None else ', while the batches went on'})")
 
