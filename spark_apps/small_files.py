@@ -9,7 +9,7 @@ compactions read 61-117 MB of a 259 MB archive each after ten minutes of a live 
 reads the new small files only (a merged file under ``small_bytes``, the last of a round, is taken once more).
 
 The merged file is written by delta-rs into a scratch table beside the table's files (so its statistics are
-delta-rs's own, for the table's statistics columns), moved into the table, and committed as the next version of the
+delta-rs's own, for the table's statistics columns; ZSTD as delta-rs's compaction writes), moved into the table, and committed as the next version of the
 Delta log by an atomic create (a hard link: it fails if the version exists, as delta-rs's own local commits do). An
 append committed meanwhile only moves it to the next version; a commit that removed one of its files, or changed
 the table's protocol or metadata, makes it give up (its merged files deleted, the table as it was). Local tables of
@@ -81,14 +81,16 @@ class SmallFilesCompaction:
         the table's files."""
         import pyarrow as pa
         import pyarrow.parquet as pq
-        from deltalake import write_deltalake
+        from deltalake import WriterProperties, write_deltalake
 
+        # As delta-rs's compaction writes its files: ZSTD, level 4 (half the size of an append's Snappy files)
+        properties = WriterProperties(compression="ZSTD", compression_level=4)
         self.scratch.mkdir(parents=True, exist_ok=True)
         for number, files in enumerate(self.bins):
             data = pa.concat_tables([pq.read_table(self.path / f) for f, _ in files], promote_options="default")
             scratch = self.scratch / str(number)
             write_deltalake(str(scratch), data, mode="error", configuration=self.configuration or None,
-                            target_file_size=1 << 40)
+                            target_file_size=1 << 40, writer_properties=properties)
             adds = [json.loads(line)["add"] for line in
                     (scratch / "_delta_log" / f"{0:020d}.json").read_text().splitlines() if '"add"' in line]
             for add in adds:
@@ -108,9 +110,9 @@ class SmallFilesCompaction:
                     "operationParameters": {"predicate": "[]", "targetSize": str(self.target_bytes),
                                             "smallFileBytes": str(self.small_bytes)},
                     "readVersion": self.read_version, "isBlindAppend": False, "engineInfo": "eventlake",
-                    "operationMetrics": {"numFilesRemoved": len(sizes), "numFilesAdded": len(self.added),
-                                         "removedBytes": sum(sizes),
-                                         "addedBytes": sum(a["size"] for a in self.added)}}
+                    "operationMetrics": {"numFilesRemoved": str(len(sizes)), "numFilesAdded": str(len(self.added)),
+                                         "removedBytes": str(sum(sizes)),
+                                         "addedBytes": str(sum(a["size"] for a in self.added))}}
             lines = [{"commitInfo": info}]
             lines += [{"remove": {"path": f, "dataChange": False, "deletionTimestamp": now,
                                   "extendedFileMetadata": True, "partitionValues": {}, "size": s}}
@@ -188,7 +190,10 @@ def compact_small_files(path, small_bytes: int, target_bytes: int) -> dict | Non
             if compaction.committed is None:
                 compaction.discard()
             raise
-        compaction.checkpoint(version)
+        try:
+            compaction.checkpoint(version)
+        except Exception:  # noqa: BLE001 -- committed all the same; the next commit's checkpoint catches up
+            pass
         return {"version": version, "numFilesRemoved": sum(len(b) for b in compaction.bins),
                 "numFilesAdded": len(compaction.added),
                 "removedBytes": sum(s for b in compaction.bins for _, s in b)}
