@@ -61,6 +61,7 @@ class SmallFilesCompaction:
                 protocol.writer_features or table.metadata().partition_columns:
             raise NotImplementedError(f"{self.path}: protocol {protocol}, partitions "
                                       f"{table.metadata().partition_columns}")
+        self._clear_stale_scratch()
         self.read_version = table.version()
         self.configuration = dict(table.metadata().configuration)
         files = pa.table(table.get_add_actions(flatten=True)).select(["path", "size_bytes", "modification_time"])
@@ -75,6 +76,15 @@ class SmallFilesCompaction:
             bins[-1].append((file, size))
         self.bins = [b for b in bins if len(b) > 1]
         return bool(self.bins)
+
+    def _clear_stale_scratch(self) -> None:
+        """Scratch folders an hour old: left by a compaction killed midway (a live one takes seconds)."""
+        try:
+            stale = [d for d in (self.path / _SCRATCH).iterdir() if time.time() - d.stat().st_mtime > 3600]
+        except OSError:
+            return
+        for folder in stale:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def write(self) -> None:
         """Each bin's files read and written as one file by delta-rs, into the scratch folder, then moved beside
