@@ -108,3 +108,30 @@ def test_a_table_with_table_features_is_left_to_delta_rs(tmp_path):
     write_deltalake(str(path), rows(10, 10), mode="append")
     assert compact_small_files(path, 1_000_000, 8_000_000) is None
     assert len(sizes(path)) == 2
+
+
+def test_files_spark_wrote_and_files_delta_rs_wrote_are_merged_in_the_tables_types(tmp_path, spark):
+    # A batch handed to the Spark engine writes its files the Spark way (its own Parquet types, e.g. for times);
+    # the engine's appends around them the delta-rs way: the merged file holds both, in the table's schema.
+    import datetime as dt
+
+    path = tmp_path / "t"
+    when = dt.datetime(2026, 11, 27, 3, 4, 5, 678000, tzinfo=dt.timezone.utc)
+    frame = pa.table({"n": pa.array([0], pa.int64()), "name": ["spark"],
+                      "at": pa.array([when], pa.timestamp("us", tz="UTC"))})
+    write_deltalake(str(path), frame, configuration=STATS)
+    for i in range(1, 4):
+        row = [(i, f"spark-{i}", when + dt.timedelta(seconds=i))]
+        spark.createDataFrame(row, "n long, name string, at timestamp").write.format("delta").mode("append") \
+            .save(str(path))
+        write_deltalake(str(path), pa.table({"n": pa.array([100 + i], pa.int64()), "name": [f"rs-{i}"],
+                                             "at": pa.array([when], pa.timestamp("us", tz="UTC"))}), mode="append")
+    before = DeltaTable(str(path)).to_pyarrow_table().sort_by("n")
+    files = sizes(path)  # Spark's writes compact the table as they go (auto compaction): its file and ours
+    assert len(files) >= 2
+
+    metrics = compact_small_files(path, 1_000_000, 8_000_000)
+
+    assert metrics["numFilesRemoved"] == len(files) and len(sizes(path)) == 1, (metrics, sizes(path))
+    assert DeltaTable(str(path)).to_pyarrow_table().sort_by("n").equals(before)
+    assert spark.read.format("delta").load(str(path)).where("name = 'spark-2'").count() == 1
