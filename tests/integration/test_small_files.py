@@ -71,12 +71,18 @@ def test_the_small_files_are_merged_and_the_large_ones_left_as_they_are(tmp_path
     assert not (path / "_eventlake_compaction").exists()
 
 
-def test_an_append_committed_meanwhile_moves_the_compaction_to_the_next_version(tmp_path):
-    path = tmp_path / "t"
+def written_compaction(path) -> tuple[SmallFilesCompaction, int]:
+    """A table of 21 small files and a compaction of them, planned and written, not committed: -> it, rows."""
     total = table_with(path, 10, [100] * 20)
     compaction = SmallFilesCompaction(path, 1_000_000, 8_000_000)
     assert compaction.plan()
     compaction.write()
+    return compaction, total
+
+
+def test_an_append_committed_meanwhile_moves_the_compaction_to_the_next_version(tmp_path):
+    path = tmp_path / "t"
+    compaction, total = written_compaction(path)
     write_deltalake(str(path), rows(total, 50), mode="append")  # another writer's commit, after the plan
     version = compaction.commit()
     compaction.close()
@@ -87,10 +93,7 @@ def test_an_append_committed_meanwhile_moves_the_compaction_to_the_next_version(
 
 def test_a_commit_that_removed_a_merged_file_makes_the_compaction_give_up_and_leave_nothing(tmp_path):
     path = tmp_path / "t"
-    total = table_with(path, 10, [100] * 20)
-    compaction = SmallFilesCompaction(path, 1_000_000, 8_000_000)
-    assert compaction.plan()
-    compaction.write()
+    compaction, total = written_compaction(path)
     DeltaTable(str(path)).optimize.compact()  # another compaction, of the same files, committed first
     with pytest.raises(Conflict, match="removed"):
         compaction.commit()
