@@ -23,6 +23,7 @@ import time
 from typing import Callable
 
 from lakehouse.settings import Settings
+from spark_apps.arrow_rows import in_schema
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
 __all__ = ["supports", "archive_position", "fold_archive", "arrow_schema"]
@@ -122,10 +123,10 @@ class _Fold:
             reader = self.con.sql(query_or_table).to_arrow_reader(1_000_000)
             # Columns by name, in the schema's order, each cast to its Delta type (DuckDB's own, e.g. a count's
             # BIGINT or a timestamp's time zone, may differ).
-            batches = (_cast(b, schema) for b in reader)
+            batches = (in_schema(b, schema, missing_null=False) for b in reader)
             data = pa.RecordBatchReader.from_batches(schema, batches)
         else:
-            data = _cast(query_or_table, schema)
+            data = in_schema(query_or_table, schema, missing_null=False)
         counted = _Counted(data)
         configuration = {"delta.dataSkippingStatsColumns": ",".join(stats_columns)} if stats_columns else None
         write_deltalake(path, counted, mode="overwrite", schema_mode=None if predicate else "overwrite",
@@ -158,15 +159,6 @@ class _Counted:
 
     def __arrow_c_stream__(self, requested_schema=None):
         return self._reader.__arrow_c_stream__(requested_schema)
-
-
-def _cast(data, schema):
-    import pyarrow as pa
-
-    columns = [data.column(f.name).cast(f.type) for f in schema]
-    if isinstance(data, pa.RecordBatch):
-        return pa.RecordBatch.from_arrays(columns, schema=schema)
-    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def archive_position(settings: Settings) -> dict[int, int]:

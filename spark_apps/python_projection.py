@@ -47,6 +47,7 @@ from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM
 from spark_apps.projection import ARCHIVE_STATS_COLUMNS, ARCHIVE_TABLE, DEAD_LETTER_TABLE, Projection, \
     ProjectionError, ProjectionRun
 from spark_apps import sequence
+from spark_apps.arrow_rows import in_schema
 
 __all__ = ["PythonProjection", "Checkpoint", "event_row_schema", "supports", "default_engine", "HandOver"]
 
@@ -842,10 +843,7 @@ def _cast(data, table):
     """``data``'s columns in the order and types of the Delta ``table``'s schema."""
     import pyarrow as pa
 
-    schema = pa.schema(table.schema().to_arrow())
-    columns = [data.column(f.name).cast(f.type) if f.name in data.column_names else pa.nulls(data.num_rows, f.type)
-               for f in schema]  # a column added since (e.g. late_events' reprocessed_at) is null in new rows
-    return pa.Table.from_arrays(columns, schema=schema)
+    return in_schema(data, pa.schema(table.schema().to_arrow()))
 
 
 def _register(con, name: str, path, table=None) -> None:

@@ -27,6 +27,8 @@ import time
 import uuid
 from pathlib import Path
 
+from spark_apps.arrow_rows import in_schema
+
 __all__ = ["compact_small_files", "SmallFilesCompaction"]
 
 _SCRATCH = "_eventlake_compaction"  # beside the table's files; Delta readers and VACUUM leave ``_`` folders alone
@@ -99,7 +101,7 @@ class SmallFilesCompaction:
         properties = WriterProperties(compression="ZSTD", compression_level=4)
         self.scratch.mkdir(parents=True, exist_ok=True)
         for number, files in enumerate(self.bins):
-            data = pa.concat_tables([self._conformed(pq.read_table(self.path / f)) for f, _ in files])
+            data = pa.concat_tables([in_schema(pq.read_table(self.path / f), self.schema) for f, _ in files])
             scratch = self.scratch / str(number)
             write_deltalake(str(scratch), data, mode="error", configuration=self.configuration or None,
                             target_file_size=1 << 40, writer_properties=properties)
@@ -109,14 +111,6 @@ class SmallFilesCompaction:
                 os.replace(scratch / add["path"], self.path / add["path"])
                 add["dataChange"] = False
                 self.added.append(add)
-
-    def _conformed(self, data):
-        """A file's rows in the table's schema: its columns in that order and type (a file Spark wrote stores
-        some types otherwise), a column added to the table since it was written null."""
-        import pyarrow as pa
-
-        return pa.Table.from_arrays([data.column(f.name).cast(f.type) if f.name in data.column_names
-                                     else pa.nulls(data.num_rows, f.type) for f in self.schema], schema=self.schema)
 
     def commit(self) -> int:
         """The removes of the merged files and the adds of the new ones, as the next version: -> that version."""
