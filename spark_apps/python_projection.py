@@ -64,8 +64,8 @@ COMPACT_EVERY = 50  # commits of this engine to a table between two compactions 
 # The small files a compaction reads into one file, at most (bytes read). delta-rs's own compaction chooses its files
 # by this size alone: a file it made is 0.5-0.8 of the files it read, stays under this size and was read again by
 # every later compaction (the archive's read 12 MB at the start of a ten-minute live stream, 55-60 MB at its end).
-# A read model's compaction is part of a batch (its key index follows the table's version), so it adds to the
-# freshness of the batches behind it: 32 MiB made some batches seconds slower. (The archive's runs beside them.)
+# A compaction of a table MERGEd into is part of a batch, so it adds to the freshness of the batches behind it:
+# 32 MiB made some batches seconds slower. (The appended tables' run beside the batches: ``PythonProjection.compact``.)
 COMPACT_TARGET_BYTES = 8 * 1024 * 1024
 # The files a compaction takes (``spark_apps.small_files``): those under this size. It merges them into files of up
 # to ``COMPACT_TARGET_BYTES`` of what it read, about half that written (ZSTD, where an append writes Snappy); a merged
@@ -784,12 +784,16 @@ class _Batch:
     """The writes of one batch, each carrying the Spark projection's idempotent-write id and metadata."""
 
     def __init__(self, projection: str, app_id: str, batch_id: int, steps: dict[str, float],
-                 tables: dict | None = None):
+                 tables: dict | None = None, settle: Callable[[str], bool] | None = None):
         self.projection, self.app_id, self.batch_id, self.steps = projection, app_id, batch_id, steps
         self.written: set[str] = set()  # the tables this batch committed to
+        self.merged: set[str] = set()  # of those, the tables it MERGEd into (compacted by the batch, not beside it)
+        # Waits for a compaction of the table at a path running beside the batches: -> whether there was one
+        self.settle = settle
         self.windowed: set[str] = set()  # of those, windowed tables (clustered, not compacted)
         self.to_cluster: set[str] = set()  # windowed tables whose MERGE copied too many unchanged rows
         self.tables = {} if tables is None else tables  # path -> DeltaTable, kept between batches
+        self._locks: dict[str, threading.Lock] = {}  # path -> the lock of its DeltaTable, for writes side by side
 
     def table(self, path):
         """The Delta table at ``path`` as of now: loaded once, then brought up to date by reading only the
@@ -797,12 +801,16 @@ class _Batch:
         from deltalake import DeltaTable
 
         key = str(path)
-        table = self.tables.get(key)
-        if table is None:
-            table = self.tables[key] = DeltaTable(key)
-        else:
-            table.update_incremental()
-        return table
+        with self.lock(key):
+            table = self.tables.get(key)
+            if table is None:
+                table = self.tables[key] = DeltaTable(key)
+            else:
+                table.update_incremental()
+            return table
+
+    def lock(self, path) -> threading.Lock:
+        return self._locks.setdefault(str(path), threading.Lock())
 
     @contextmanager
     def timed(self, step: str):
@@ -832,11 +840,12 @@ class _Batch:
 
         txn = txn or f"{self.app_id}/{name}/{writer}"
         table = table if table is not None else self.table(path)
-        if self.done(table, txn) or data.num_rows == 0:
-            return None
-        write_deltalake(table, _cast(data, table), mode="append", commit_properties=self.commit(txn))
-        self.written.add(str(path))
-        return table.version()  # the version of this commit (after any other writer's, resolved by delta-rs)
+        with self.lock(path):
+            if self.done(table, txn) or data.num_rows == 0:
+                return None
+            write_deltalake(table, _cast(data, table), mode="append", commit_properties=self.commit(txn))
+            self.written.add(str(path))
+            return table.version()  # this commit's version (after any other writer's, resolved by delta-rs)
 
 
 def _cast(data, table):
@@ -949,7 +958,7 @@ class _Query:
     def _run(self, records: _Records, ends: dict[int, int]) -> None:
         started = time.perf_counter()
         steps: dict[str, float] = {}
-        batch = _Batch(self.name, self.app_id, self.batch_id, steps, self.engine.delta_tables)
+        batch = _Batch(self.name, self.app_id, self.batch_id, steps, self.engine.delta_tables, self.engine.settle)
         try:
             self.process(self, records, batch)
         except HandOver as reason:
@@ -960,7 +969,7 @@ class _Query:
             self.engine.delta_tables.clear()
             raise
         self.checkpoint.commit(self.batch_id)
-        self.engine.compact(batch.written, steps, batch.windowed)
+        self.engine.compact(batch.written, steps, batch.windowed, batch.merged)
         self.engine.cluster(batch.to_cluster, steps)
         self.rows += len(records.rows)
         self.batches += 1
@@ -1027,17 +1036,21 @@ class PythonProjection:
         self._with_broker(query.resume)
 
     # -- small files ------------------------------------------------------------------------------------------
-    def compact(self, written: set[str], steps: dict[str, float], windowed: set[str] = frozenset()) -> None:
+    def compact(self, written: set[str], steps: dict[str, float], windowed: set[str] = frozenset(),
+                merged: set[str] = frozenset()) -> None:
         """Every ``COMPACT_EVERY`` commits of this engine to a table, its small files are compacted (a live batch
         writes one file per table; left alone, readers and this engine's own reads of the bookkeeping tables
         open thousands); a windowed table is clustered instead, when it holds many more files than that would
         make. Delta log checkpoints are delta-rs's own (every 100 commits).
 
-        The tables this engine only ever appends to, the archive and the sequence ledger, are compacted on a
-        thread of their own while the batches go on: an append and a compaction commit one after the other
-        whichever comes first (the compaction rewrites only files it read), and no live batch waits for them
-        (the ledger's took 0.6-0.8 s of a batch after ten minutes of a live stream). A table MERGEd into is
-        compacted by the batch itself: a MERGE meeting a compaction of the files it read fails."""
+        A table the batch appended to (the archive, the sequence ledger, an insert-once table, a windowed
+        model's applied-ids ledger, ``late_events``) is compacted on a thread of its own while the batches go on:
+        an append and a compaction commit one after the other whichever comes first (the compaction rewrites only
+        files it read), and no live batch waits for it. Inside the batches, the ledger's took 0.6-0.8 s after ten
+        minutes of a live stream, and payments' and fraud_alerts' 0.3-0.8 s each, every 50 batches: the probes
+        of those batches made the freshness's p99. A table the batch MERGEd into is compacted by the batch itself:
+        a MERGE meeting a compaction of the files it read fails, so a MERGE into a table being compacted beside
+        the batches (an insert-once table's key seen before) first waits for that compaction (``settle``)."""
         import pyarrow as pa
         from deltalake import DeltaTable
 
@@ -1049,7 +1062,7 @@ class PythonProjection:
                 if len(sizes) > 2 * (sum(sizes) // CLUSTER_TARGET_BYTES + 1) + 10:
                     self.cluster({path}, steps)
                 continue
-            if path in self._appended_only():
+            if path not in merged:
                 running = self._compacting.get(path)
                 if running is None or running.done():  # else still at it: the next turn
                     if running is not None:
@@ -1060,12 +1073,17 @@ class PythonProjection:
                 continue
             self._compact_table(path, steps)
 
-    def _appended_only(self) -> set[str]:
-        """The tables this engine only appends to (``compact``)."""
-        paths = {str(self.settings.table_path(ARCHIVE_TABLE))}
-        if self.models:
-            paths.add(str(self.settings.table_path(sequence.ledger_table(self.tables.name))))
-        return paths
+    def settle(self, path: str) -> bool:
+        """Wait for the compaction of ``path`` running beside the batches, if any (its failure is logged by
+        ``_finished`` later): -> whether there was one."""
+        running = self._compacting.get(path)
+        if running is None:
+            return False
+        try:
+            running.result()
+        except Exception:  # noqa: BLE001 -- the table is as its last commit left it
+            pass
+        return True
 
     def _compact_table(self, path: str, steps: dict[str, float] | None) -> None:
         """Compact the table at ``path`` (``steps``: a batch's, when the batch runs it; else on the background
@@ -1299,14 +1317,30 @@ def _read_models_batch(query: _Query, records: _Records, batch: _Batch) -> None:
                 index.written(version)
                 index.heads.update((aggregate, last) for aggregate, _, last, _, _ in runs)
                 index.keys.add(ids)
-        for write in writes:
-            write()
+        with batch.timed("the models' writes, side by side"):
+            _side_by_side(writes)
     except HandOver:
         raise
     except Exception as e:  # noqa: BLE001 -- a lost commit race, a table in a shape this engine cannot write ...
         raise HandOver(f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}") from e
     finally:
         con.close()
+
+
+def _side_by_side(writes: list[Callable[[], None]]) -> None:
+    """The models' writes, each on its own thread (delta-rs does its work without Python's lock): a batch commits
+    its tables in the time of its slowest write rather than of all of them. Every write has ended when this
+    returns, whatever happened (a hand-over must not find one still running); then the first failure is raised.
+    Each write touches its own model's tables; a table two of them share (``late_events``) is appended to under
+    ``_Batch``'s lock for its path."""
+    if len(writes) <= 1:
+        for write in writes:
+            write()
+        return
+    with ThreadPoolExecutor(len(writes), thread_name_prefix="projection-write") as pool:
+        futures = [pool.submit(write) for write in writes]
+    for future in futures:
+        future.result()
 
 
 def _load_ledger(con, ledger, path, index: _Known, log) -> None:
@@ -1336,6 +1370,12 @@ def _merge(batch: _Batch, target, path, txn: str, source, on: str, insert: dict,
     if batch.done(target, txn):
         return {}
     batch.written.add(str(path))
+    batch.merged.add(str(path))
+    if batch.settle is not None and batch.settle(str(path)):
+        # A compaction beside the batches removed files this MERGE would read as of the older snapshot: it
+        # fails on such a commit. The rows are the same; the MERGE reads them as the compaction left them.
+        with batch.lock(path):
+            target.update_incremental()
     merger = target.merge(source, predicate=on, source_alias="s", target_alias="t",
                           commit_properties=batch.commit(txn, **metadata))
     if update:
@@ -1385,15 +1425,19 @@ def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation, kno
             keys = ", ".join(model.key)
             con.register(f"folded_{model.name}", _fold(con, model, view))
             source = con.sql(f"SELECT DISTINCT ON ({keys}) * FROM folded_{model.name}").to_arrow_table()
+        own = con.cursor()  # its own DuckDB connection (to the same database): the write runs on its own thread
 
         def write() -> None:
-            if model.merge_insert:  # rows computed by SQL over the source: the MERGE evaluates it
-                with batch.timed(f"{model.name}: merge"):
-                    _merge(batch, target, generation.table, txn, source, on, insert)
-                return
-            with batch.timed(f"{model.name}: insert"):
-                _insert_once(con, batch, model, generation.table, target, txn, source, on, insert,
-                             known.setdefault(str(generation.table), _Known()), log)
+            try:
+                if model.merge_insert:  # rows computed by SQL over the source: the MERGE evaluates it
+                    with batch.timed(f"{model.name}: merge"):
+                        _merge(batch, target, generation.table, txn, source, on, insert)
+                    return
+                with batch.timed(f"{model.name}: insert"):
+                    _insert_once(own, batch, model, generation.table, target, txn, source, on, insert,
+                                 known.setdefault(str(generation.table), _Known()), log)
+            finally:
+                own.close()
         return write
 
     if model.merge_strategy == WINDOWED_SUM:

@@ -199,6 +199,38 @@ def test_kill_9_of_the_python_engine_at_random_points_then_restart_gives_the_ora
     assert delta(spark, settings, ARCHIVE_TABLE).count() == len(events)
 
 
+def test_a_merge_into_a_table_compacted_beside_the_batches_waits_for_it_and_reads_what_it_left(tmp_path):
+    # An insert-once table is compacted beside the batches; a batch whose key was seen before MERGEs into it. The
+    # MERGE's snapshot was loaded before the compaction committed: as it was, delta-rs refuses its commit (the
+    # batch would go to Spark). The engine waits for the compaction and reads the table again first.
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from spark_apps.python_projection import _Batch, _merge
+    from spark_apps.small_files import compact_small_files
+
+    path = str(tmp_path / "payments")
+    for i in range(5):
+        write_deltalake(path, pa.table({"payment_id": [f"p{i}"], "amount": [i]}), mode="append")
+    target = DeltaTable(path)  # as the batch loaded it
+    compacted = []
+
+    def settle(waited_for: str) -> bool:  # the compaction beside the batches ends while the MERGE waits for it
+        compacted.append(compact_small_files(waited_for, 1 << 20, 8 << 20))
+        return True
+
+    batch = _Batch("projection-payments", "app", 7, {}, settle=settle)
+    source = pa.table({"payment_id": ["p1", "p9"], "amount": [100, 9]})
+    _merge(batch, target, path, "app/payments", source, "t.payment_id = s.payment_id",
+           {"payment_id": "s.payment_id", "amount": "s.amount"})
+
+    assert compacted[0]["numFilesRemoved"] == 5
+    table = DeltaTable(path)
+    assert [c["operation"] for c in table.history(2)] == ["MERGE", "OPTIMIZE"]
+    assert sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["payment_id"]) == \
+        [{"payment_id": f"p{i}", "amount": i} for i in (0, 1, 2, 3, 4, 9)]  # p1 keeps its first row
+
+
 def test_a_row_another_writer_put_in_an_insert_once_table_between_live_batches_keeps_its_key(spark, settings):
     """A live engine keeps the sequence ledger's heads and ids and an insert-once table's keys in memory between
     batches, so a batch appends the rows whose keys the table does not hold (no MERGE over a growing table). A row
@@ -282,19 +314,21 @@ def test_windowed_tables_clustered_by_window_after_every_batch_still_equal_the_o
     assert_matches_oracle(spark, settings, events)
 
 
-def test_the_archive_and_the_ledger_are_compacted_while_the_batches_go_on_and_lose_nothing(spark, settings):
-    # Many small batches: the compactions of the archive and of the sequence ledger come due and run on a thread of
-    # their own while the next batches append to those tables; an append and a compaction commit one after the
-    # other, in either order. What the engine keeps of the ledger still holds after each compaction: it is read
-    # once, when the engine starts.
+def test_the_appended_tables_are_compacted_while_the_batches_go_on_and_lose_nothing(spark, settings):
+    # Many small batches: the compactions of the tables they append to (the archive, the sequence ledger, the
+    # insert-once payments) come due and run on a thread of their own while the next batches append to those
+    # tables; an append and a compaction commit one after the other, in either order. What the engine keeps of the
+    # ledger and of payments' keys still holds after each compaction: each is read once, when the engine starts.
+    # account_summary, MERGEd into, is compacted by a batch.
     from deltalake import DeltaTable
 
+    from read_models.catalog import Catalog
     from spark_apps import sequence
     from spark_apps.python_projection import COMPACT_EVERY
 
     events = events_for(GeneratorConfig(accounts=10, commands=300, seed=8, run_id="pyc", late_rate=0.0))
     publish(settings, [(e.aggregate_id, e.to_json()) for e in events])
-    models = [read_models.get("account_summary")]
+    models = [read_models.get("account_summary"), read_models.get("payments")]
     batch = max(1, len(events) // (2 * COMPACT_EVERY + 20))
     lines = []
     engine = PythonProjection(settings, models, log=lines.append, archive=True, spark_session=lambda: spark)
@@ -302,12 +336,16 @@ def test_the_archive_and_the_ledger_are_compacted_while_the_batches_go_on_and_lo
     assert engine.handed_over == 0, "\n".join(lines)
     assert run.batches >= 2 * COMPACT_EVERY
     ledger_path = settings.table_path(sequence.ledger_table(engine.tables.name))
-    for path in (settings.table_path(ARCHIVE_TABLE), ledger_path):
+    payments_path = Catalog(settings).current("payments").table
+    for path in (settings.table_path(ARCHIVE_TABLE), ledger_path, payments_path):
         assert any(line.startswith(f"projection: compacted {path}:")
                    and line.endswith("while the batches went on)") for line in lines), (path, "\n".join(lines))
         assert "OPTIMIZE" in [c["operation"] for c in DeltaTable(str(path)).history()], path
-    assert not any(f"compact {ledger_path.name} " in line for line in lines if " done in " in line)  # no batch's step
+        assert not any(f"compact {path.name} " in line for line in lines if " done in " in line)  # no batch's step
+    assert any("compact account_summary " in line for line in lines if " done in " in line)
     assert sum("read the sequence ledger" in line for line in lines) == 1, \
+        "\n".join(line for line in lines if "read the" in line or "compacted" in line)
+    assert sum(f"read the keys of {payments_path} " in line for line in lines) == 1, \
         "\n".join(line for line in lines if "read the" in line or "compacted" in line)
     archive = DeltaTable(str(settings.table_path(ARCHIVE_TABLE)))
     assert sorted(archive.to_pyarrow_table(columns=["event_id"]).column("event_id").to_pylist()) == \
