@@ -979,6 +979,21 @@ class _Query:
         self.batch_id += 1
 
 
+def _lowest_priority() -> None:
+    """The calling thread at nice 19 (Linux, where a thread has its own): the compactions beside the batches read
+    their small files on it (decoding is most of their work), in whatever CPU the live path leaves. At the default
+    priority, the archive's (30-40 MB read, 3-5 s) made the batches beside it two to three times slower, every
+    50 batches: the freshness's p99."""
+    import os
+    import sys
+
+    if sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:
+            pass
+
+
 def _initial(checkpoint: Checkpoint) -> dict[int, int]:
     """A checkpoint's first offsets (``sources/0/0``)."""
     lines = (checkpoint.path / "sources" / "0" / "0").read_text().lstrip("\0").splitlines()
@@ -1068,7 +1083,8 @@ class PythonProjection:
                     if running is not None:
                         self._finished(path, running)
                     if self._background is None:
-                        self._background = ThreadPoolExecutor(1, thread_name_prefix="projection-compact")
+                        self._background = ThreadPoolExecutor(1, thread_name_prefix="projection-compact",
+                                                              initializer=_lowest_priority)
                     self._compacting[path] = self._background.submit(self._compact_table, path, None)
                 continue
             self._compact_table(path, steps)

@@ -9,7 +9,7 @@ compactions read 12 MB at the start of a ten-minute live stream and 55-60 MB at 
 reads the new small files only (a merged file under ``small_bytes``, the last of a round, is taken once more).
 
 The merged file is written by delta-rs into a scratch table beside the table's files (so its statistics are
-delta-rs's own, for the table's statistics columns; ZSTD, as delta-rs's compaction writes; the rows in the table's
+delta-rs's own, for the table's statistics columns; ZSTD at level 1; the rows in the table's
 schema, whichever writer wrote each file), moved into the table, and committed as the next version of the Delta log
 by an atomic create (a hard link: it fails if the version exists, as delta-rs's own local commits do). An append
 committed meanwhile only moves it to the next version; a commit that removed one of its files, or changed the
@@ -97,11 +97,15 @@ class SmallFilesCompaction:
         import pyarrow.parquet as pq
         from deltalake import WriterProperties, write_deltalake
 
-        # As delta-rs's compaction writes its files: ZSTD, level 4 (half the size of an append's Snappy files)
-        properties = WriterProperties(compression="ZSTD", compression_level=4)
+        # ZSTD (about half the size of an append's Snappy files), level 1: on the archive's files, 4% larger than
+        # delta-rs's compaction's level 4, written in half the time (0.18 s against 0.36 s for 19 MB read).
+        properties = WriterProperties(compression="ZSTD", compression_level=1)
         self.scratch.mkdir(parents=True, exist_ok=True)
         for number, files in enumerate(self.bins):
-            data = pa.concat_tables([in_schema(pq.read_table(self.path / f), self.schema) for f, _ in files])
+            # Read on the calling thread (most of the work: decoding), at its priority: the engine's compactions
+            # beside the batches run on a thread at the lowest (``python_projection._lowest_priority``).
+            data = pa.concat_tables([in_schema(pq.read_table(self.path / f, use_threads=False), self.schema)
+                                     for f, _ in files])
             scratch = self.scratch / str(number)
             write_deltalake(str(scratch), data, mode="error", configuration=self.configuration or None,
                             target_file_size=1 << 40, writer_properties=properties)
