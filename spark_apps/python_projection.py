@@ -1083,13 +1083,14 @@ class PythonProjection:
             if not self._commits.due(path):
                 continue
             if path in windowed:
-                self.expire_logs(path)
-                sizes = pa.table(DeltaTable(path).get_add_actions(flatten=True)).column("size_bytes").to_pylist()
+                table = DeltaTable(path)
+                self.expire_logs(path, table)
+                sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
                 if len(sizes) > 2 * (sum(sizes) // CLUSTER_TARGET_BYTES + 1) + 10:
                     self.cluster({path}, steps)
                 continue
+            running = self._compacting.get(path)
             if path not in merged:
-                running = self._compacting.get(path)
                 if running is None or running.done():  # else still at it: the next turn
                     if running is not None:
                         self._finished(path, running)
@@ -1098,7 +1099,6 @@ class PythonProjection:
                                                               initializer=_lowest_priority)
                     self._compacting[path] = self._background.submit(self._compact_table, path, None)
                 continue
-            running = self._compacting.get(path)
             if running is not None and not running.done():
                 continue  # compacted beside the batches right now: two compactions would race, one giving up
             self._compact_table(path, steps)
@@ -1146,17 +1146,17 @@ class PythonProjection:
                      f"{metrics['numFilesAdded']} ({time.perf_counter() - started:.2f}s"
                      f"{'' if steps is not None else ', while the batches went on'})")
 
-    def expire_logs(self, path: str) -> None:
+    def expire_logs(self, path: str, table=None) -> None:
         """The table's Delta log commits older than its ``delta.logRetentionDuration`` (30 days unless set: time
         travel reaches back that far) and before its last checkpoint, deleted (delta-rs's ``cleanup_metadata``).
         delta-rs does this after every commit unless told not to, listing the whole log each time: 24 ms of a 40 ms
         append once the log holds 4,000 commits (about 45 minutes of a live stream), growing with the log. The
         engine's commits leave it to the table's compaction turns (``_Batch.hooks``), every ``COMPACT_EVERY``
-        commits."""
+        commits. ``table``: the table at ``path``, when the caller loaded it already."""
         from deltalake import DeltaTable
 
         try:
-            DeltaTable(path).cleanup_metadata()
+            (table if table is not None else DeltaTable(path)).cleanup_metadata()
         except Exception as e:  # noqa: BLE001 -- nothing deleted: the next turn tries again
             self.log(f"projection: deleting the expired Delta log of {path} skipped: {str(e).splitlines()[0][:200]}")
 
