@@ -98,7 +98,8 @@ class Domain:
     # The events a command causes on a state (possibly none), or CommandRejected. expected_version is checked
     # before, by the decider; a quarantined state must refuse what the domain's quarantine rules say.
     decide: Callable[[Any, Command], list[NewEvent]]
-    # The state after one event.
+    # The state after one event: a new value, the old one left as it was (states are immutable, so a snapshot
+    # is a cut of them taken by copying references, written while the handler goes on; event_store.snapshots).
     evolve: Callable[[Any, Event], Any]
     # Payload schemas by command type and by event type (each type belongs to exactly one domain).
     commands: Mapping[str, Mapping[str, Field]]

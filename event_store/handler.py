@@ -33,7 +33,7 @@ from event_store.decider import EventTimeLimit, execute_encoded, id_taken
 from event_store.envelope import CommandEnvelope, CommandResult, format_time, utc_now
 from event_store.errors import InvalidRecord
 from event_store.partition_rebuild import PartitionRebuilder, RebuildDeferred, RebuildStats, continue_waiting
-from event_store.snapshots import PartitionState, take_snapshot
+from event_store.snapshots import STEP_BYTES, PartitionState, SnapshotWriter
 from lakehouse.settings import Settings
 
 __all__ = ["CommandHandler", "HandlerStats", "HandlerError"]
@@ -70,6 +70,7 @@ class HandlerStats:
     transactions: int = 0
     aborted: int = 0
     snapshots: int = 0
+    snapshot_steps: int = 0  # transactions written by snapshots (event_store.snapshots.SnapshotWriter)
     too_large: int = 0  # rejected EventTooLarge (counted in rejected too)
     unwritable: int = 0  # rejected NotWritable after transactions of their own failed (counted in rejected too)
     batch_retries: int = 0  # batches redone one command per transaction
@@ -80,8 +81,8 @@ class HandlerStats:
     producers_renewed: int = 0  # producers replaced after a fatal error that was no fence
     consumers_renewed: int = 0  # consumers replaced after not rejoining their group (kafka_clients.RejoinWatch)
     commit_seconds: float = 0.0  # waiting for send_offsets_to_transaction + commit_transaction
-    snapshot_seconds: float = 0.0  # writing snapshots (the loop handles no command meanwhile)
-    longest_snapshot_s: float = 0.0
+    snapshot_seconds: float = 0.0  # writing snapshots' steps (the loop handles no command meanwhile)
+    longest_snapshot_s: float = 0.0  # the longest step
     started: float = field(default_factory=time.monotonic)
 
     def line(self) -> str:
@@ -97,8 +98,8 @@ class HandlerStats:
                 f"{self.duplicates} duplicate, {self.dead_lettered} dead-lettered) -> {self.events} events "
                 f"in {self.transactions} transactions, {self.commands / secs:,.0f} commands/s"
                 + (f", {self.commit_seconds / secs:.0%} of the time committing" if self.transactions else "")
-                + (f", {self.snapshots} partition snapshots written in {self.snapshot_seconds:.1f}s (the longest "
-                   f"{self.longest_snapshot_s:.2f}s)" if self.snapshots else "")
+                + (f", {self.snapshots} partition snapshots written in {self.snapshot_steps} steps, "
+                   f"{self.snapshot_seconds:.1f}s (the longest step {self.longest_snapshot_s:.2f}s)" if self.snapshots else "")
                 + "".join(f"; {n} {what}" for what, n in faults.items() if n))
 
 
@@ -199,6 +200,7 @@ class CommandHandler:
         self.use_snapshots = use_snapshots
         self.max_poll_records = max_poll_records or settings.handler_max_batch
         self.partitions: dict[int, PartitionState] = {}
+        self._writer: SnapshotWriter | None = None  # the snapshot being written, a step after each commit
         self.stats = HandlerStats()
         # Rebuilds partitions on assignment; its skipped records are counted in self.stats.
         self._rebuilder = PartitionRebuilder(settings, instance_id, log, use_snapshots, counts=self.stats,
@@ -286,7 +288,7 @@ class CommandHandler:
         """Snapshot what changed (so the next start is fast), then close the clients. Bounded in time: with the
         broker away nothing is snapshotted (the next start reads more of the log; nothing is lost)."""
         if self._producer is not None and self._consumer is not None and self.settings.snapshot_every_events:
-            self._snapshot([p for p in self.partitions.values() if p.events_since_snapshot], closing=True)
+            self._snapshot_closing([p for p in self.partitions.values() if p.events_since_snapshot])
         if self._consumer is not None:
             self._consumer.close()
         self._rebuilder.close()
@@ -601,14 +603,28 @@ class CommandHandler:
         return None
 
     def _snapshot_next_due(self) -> None:
-        """After a commit: snapshot the partition most behind of those due, if any. One per transaction, since the
-        loop handles no command while a snapshot is written and the partitions of an even load come due together
-        (their pauses would add up); the next is written after the next commit."""
+        """After a commit: one step (``event_store.snapshots.STEP_BYTES``) of the snapshot being written, or the
+        first step of one of the partition most behind of those due. One snapshot at a time, one step per
+        transaction: the loop handles no command while a step is written, and the partitions of an even load
+        come due together (their pauses would add up)."""
         every = self.settings.snapshot_every_events
-        if every:
+        if not every:
+            return
+        writer = self._current_writer()
+        if writer is None:
             due = [part for part in self.partitions.values() if snapshot_due(part, every) and not part.waiting]
-            if due:
-                self._snapshot([max(due, key=lambda part: part.events_since_snapshot)])
+            if not due:
+                return
+            writer = self._writer = SnapshotWriter(max(due, key=lambda part: part.events_since_snapshot))
+        self._snapshot_step(writer, STEP_BYTES)
+
+    def _current_writer(self) -> SnapshotWriter | None:
+        """The snapshot being written, unless its partition was lost or rebuilt meanwhile (what it wrote is then
+        never named by a manifest: event_store.snapshots)."""
+        writer = self._writer
+        if writer is not None and (writer.done or self.partitions.get(writer.partition) is not writer.part):
+            writer = self._writer = None
+        return writer
 
     def _commit(self, offsets: list, moved: Callable[[], bool]) -> None:
         """Send the consumer offsets and commit the open transaction, waiting out retriable errors (e.g. the
@@ -1005,28 +1021,29 @@ class CommandHandler:
                              recorded_at=recorded_at)
 
     # -- snapshots ---------------------------------------------------------------------------------
-    def _snapshot(self, parts: list[PartitionState], closing: bool = False) -> None:
-        """Write a snapshot of each of ``parts`` (their committed state) in one transaction of its own. A
-        snapshot only saves rebuild time: when it cannot be written it is logged and tried again later. A
-        partition with events waiting after a gap is not snapshotted (a snapshot does not keep them)."""
-        parts = [part for part in parts if not part.waiting]
-        if not parts:
-            return
+    def _snapshot_closing(self, parts: list[PartitionState]) -> None:
+        """On close: finish the snapshot being written and snapshot each of ``parts`` (partitions with events
+        waiting after a gap are not: a snapshot does not keep them), each in as few steps as it can."""
+        current = self._current_writer()
+        for part in parts:
+            if part.waiting:
+                continue
+            writer = current if current is not None and current.part is part else SnapshotWriter(part)
+            while not writer.done:
+                if not self._snapshot_step(writer, None, closing=True):
+                    return
+
+    def _snapshot_step(self, writer: SnapshotWriter, budget: int | None, closing: bool = False) -> bool:
+        """Write the next step of ``writer``'s snapshot in a transaction of its own; True when it went through.
+        A snapshot only saves rebuild time: a step that cannot be written is logged and tried again after the
+        next commit (on close: given up, the next start reads more of the log)."""
         topic = self.settings.snapshots_topic
         started = time.monotonic()
-        snapshots = [(part, take_snapshot(part)) for part in parts]
-        manifests: dict[int, int] = {}  # partition -> its manifest's offset, from its delivery report
-
-        def on_manifest(error, message) -> None:
-            if error is None:
-                manifests[message.partition()] = message.offset()
         try:
+            records = writer.step(budget)
             self._producer.begin_transaction()  # may fail when stop() cut a commit short
-            for part, snapshot in snapshots:
-                *body, (manifest_key, manifest) = snapshot.records
-                for key, value in body:
-                    self._produce(topic, key, value, part.partition)
-                self._produce(topic, manifest_key, manifest, part.partition, on_delivery=on_manifest)
+            for key, value in records:
+                self._produce(topic, key, value, writer.partition, on_delivery=writer.on_delivery)
             if closing:  # bounded: a broker that is away gets one call's patience
                 self._producer.commit_transaction(_CALL_TIMEOUT_S)
             else:
@@ -1036,25 +1053,30 @@ class CommandHandler:
             if error.fatal():
                 if closing:  # nothing more is written with this producer: the next start fences it
                     self.log(f"handler {self.instance_id}: no closing snapshot: fatal producer error ({error})")
-                    return
+                    return False
                 self._renew_producer(error)
-                return
-            self.log(f"handler {self.instance_id}: snapshot of partitions {sorted(p.partition for p in parts)} not "
-                     f"written ({error}); the next start reads more of the log")
+                return False
+            self.log(f"handler {self.instance_id}: a step of the snapshot of partition {writer.partition} not "
+                     f"written ({error}); " + ("the next start reads more of the log" if closing else "retried"))
             if closing:
                 self._abort_quietly()
             else:
                 self._abort(error)
-            return
+            return False
         except _Stopping:
             self._abort_quietly()
             raise
-        for part, snapshot in snapshots:
-            if part.partition in manifests:
-                part.snapshot_written(snapshot, manifests[part.partition])
-            else:  # committed, but where its id segment lies is not known: the next snapshot writes its ids again
-                part.events_since_snapshot = 0
-        self.stats.snapshots += len(parts)
-        took = time.monotonic() - started
-        self.stats.snapshot_seconds += took
-        self.stats.longest_snapshot_s = max(self.stats.longest_snapshot_s, took)
+        finally:
+            took = time.monotonic() - started
+            self.stats.snapshot_seconds += took
+            self.stats.longest_snapshot_s = max(self.stats.longest_snapshot_s, took)
+        self.stats.snapshot_steps += 1
+        if not writer.step_written():
+            self.log(f"handler {self.instance_id}: the snapshot of partition {writer.partition} is given up: a "
+                     f"delivery report is missing, so its manifest could not say where it lies; a new one follows")
+            self._writer = None
+            return False
+        if writer.done:
+            writer.part.snapshot_written(writer)
+            self.stats.snapshots += 1
+        return True

@@ -253,10 +253,10 @@ class PartitionRebuilder:
     def _load_snapshot(self, p: int, end: int) -> PartitionState | None:
         """The latest snapshot of partition ``p``, reading only its own records when it can.
 
-        A snapshot's new id segment, chunks and manifest are written contiguously in one transaction and nothing
-        else writes snapshots partition ``p`` in between, so the latest manifest sits just before the end (the
-        commit marker) and the rest of it just before the manifest; its earlier id segments are where the manifest
-        says. If that does not hold, the whole partition is read. A snapshot that cannot be read is ignored: the
+        A snapshot's manifest is the last transaction of its steps and nothing else writes snapshots partition
+        ``p`` while they run, so the latest manifest sits just before the end (the commit marker), the rest of
+        the snapshot between the first offset it names and itself, and its earlier id segments where it says. If
+        that does not hold (e.g. a snapshot was left unfinished by a crash), the whole partition is read. A snapshot that cannot be read is ignored: the
         state is rebuilt from the whole log instead.
         """
         s = self.settings

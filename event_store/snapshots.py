@@ -7,37 +7,49 @@ domain and recorded with its aggregate type), the idempotency window and the eve
 covers; a restart reads the snapshot and only the records after it.
 
 On the snapshots topic (``cleanup.policy=compact``, same partition count, written to partition ``p``) a
-snapshot is a manifest under key ``p`` plus chunks under keys ``p/0``, ``p/1``, ... (a snapshot can be larger
-than one Kafka record). Manifest and chunks are written in one transaction and carry the same
-``snapshot_id``; compaction keeps the latest value per key, so the latest manifest always finds its chunks
-(stale chunks with a higher index are ignored).
+snapshot is a manifest under key ``p`` plus chunks under keys ``p/<slot>/0``, ``p/<slot>/1``, ... (a snapshot can
+be larger than one Kafka record), all carrying the same ``snapshot_id``. A snapshot is written in steps
+(``SnapshotWriter``), each a transaction of its own of about ``STEP_BYTES``, between the handler's command
+transactions, the manifest alone last: a snapshot of a long log is tens of MB, and written at once it held up
+every command for seconds (bench/snapshot_steps.py). What it holds is a cut taken when it starts: the aggregates'
+states (immutable values: copying the references is the cut), the offsets they cover and the ids not yet saved.
+The idempotency window is written as the steps reach it, so it may hold results newer than its offset; a rebuild
+reads the results after that offset again and keeps the first result per command, which is the same window.
+Snapshots alternate between two slots (``a``, ``b``): a snapshot writes the slot its partition's latest manifest
+does not name, so an unfinished one (a crash, a lost partition) never touches the chunks that manifest needs, and
+compaction keeps the latest value per key (stale chunks with a higher index are ignored).
 
 The partition's event ids, which only grow, are not rewritten by every snapshot: a snapshot writes the ids
-added since the one before as an id segment (keys ``p/ids/<segment>/0``, ``/1``, ..., unique, so compaction
-never drops them) in the same transaction, just before its chunks, and its manifest lists every segment of the
-partition with the offset of its first record (the new one's is known once written: it sits just before the
-chunks). With a snapshot due after a quarter of the events a partition holds (``event_store.handler``), a
-snapshot writes a quarter of the ids rather than all of them, and a partition has a few dozen segments.
+added since the one before as id segments of up to ``SEGMENT_IDS`` ids each (keys ``p/ids/<segment>/0``, ``/1``,
+..., unique, so compaction never drops them), each in one step, and its manifest lists every segment of the
+partition with the offset of its first record. With a snapshot due after a quarter of the events a partition
+holds (``event_store.handler``), a snapshot writes a quarter of the ids rather than all of them. The segments of
+a snapshot that never got its manifest stay on the topic unreferenced (a few MB per crash mid-snapshot).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from event_store.domains import DOMAINS
 from event_store.envelope import CommandResult, dumps
 from event_store.errors import InvalidRecord
 
-__all__ = ["PartitionState", "EventIds", "Snapshot", "take_snapshot", "snapshot_records", "load_snapshot",
-           "segment_ranges"]
+__all__ = ["PartitionState", "EventIds", "SnapshotWriter", "snapshot_records", "load_snapshot", "segment_ranges",
+           "STEP_BYTES", "SEGMENT_IDS"]
 
 _CHUNK_BYTES = 512 * 1024  # well under the broker's default max.message.bytes (1 MiB)
 # Snapshots of an older layout (without the partition's event ids, or without aggregate types: 2; every event id
-# in each snapshot: 3) are not loaded: the partition is rebuilt from its log instead, once, and snapshotted anew.
-_FORMAT = 4
+# in each snapshot: 3; written at once, chunks under p/<i>: 4) are not loaded: the partition is rebuilt from its
+# log instead, once, and snapshotted anew.
+_FORMAT = 5
 _IDS_PER_ENTRY = 10_000
+# What one step of a snapshot encodes and commits while the handler takes no command: ~2 MB is tens of ms.
+STEP_BYTES = 2 * 1024 * 1024
+SEGMENT_IDS = 50_000  # event ids per id segment (about 2 MB of JSON: one step)
 
 
 class EventIds(set):
@@ -92,6 +104,8 @@ class PartitionState:
     # The id segments its latest snapshot lists (``{"id", "records", "ids", "offset"}``; offset: of its first record
     # on the snapshots partition), oldest first.
     id_segments: list[dict] = field(default_factory=list)
+    # The slot (``a`` or ``b``) of its latest snapshot's chunks; the next snapshot writes the other one.
+    slot: str | None = None
 
     def state(self, aggregate_type: str, aggregate_id: str) -> Any:
         """The state of an aggregate: as held, or its domain's initial state. KeyError for an unknown type."""
@@ -127,14 +141,13 @@ class PartitionState:
         if len(recent) > self.window:
             del recent[next(iter(recent))]
 
-    def snapshot_written(self, snapshot: "Snapshot", manifest_offset: int) -> None:
-        """``snapshot`` of this partition is committed, its manifest at ``manifest_offset``: its id segment is
-        listed by the next snapshot, and its ids are saved."""
-        if snapshot.segment is not None:
-            offset = manifest_offset - snapshot.chunks - snapshot.segment["records"]
-            self.id_segments.append({**snapshot.segment, "offset": offset})
-            self.event_ids.saved(snapshot.segment["ids"])
-        self.events_since_snapshot = 0
+    def snapshot_written(self, writer: "SnapshotWriter") -> None:
+        """The manifest of ``writer``'s snapshot of this partition is committed: its id segments are listed by
+        the next snapshot, its ids are saved, and the events after its cut count toward the next one."""
+        self.id_segments += writer.segments
+        self.event_ids.saved(writer.ids)
+        self.events_since_snapshot = max(0, self.events_since_snapshot - writer.events_counted)
+        self.slot = writer.slot
 
     def _remember_row(self, aggregate_id: str, row: list) -> None:
         recent = self.results.get(aggregate_id)
@@ -156,86 +169,166 @@ def _result_from_row(aggregate_id: str, row: list) -> CommandResult:
     return CommandResult(command_id, aggregate_id, status, version, tuple(event_ids), error_type, reason, recorded_at)
 
 
-@dataclass
-class Snapshot:
-    """One snapshot of a partition: its records (the new id segment's, the chunks, the manifest last), how many
-    chunks, and the id segment it adds (None when no id was added since the last one)."""
-    records: list[tuple[bytes, bytes]]
-    chunks: int
-    segment: dict | None
-
-
-def _packed(entries: Iterable[bytes]) -> list[list[bytes]]:
-    """``entries`` (encoded JSON values) grouped into records of up to _CHUNK_BYTES each."""
-    chunks: list[list[bytes]] = [[]]
+def _packed(entries: Iterable[bytes], chunk_bytes: int) -> Iterator[list[bytes]]:
+    """``entries`` (encoded JSON values) grouped into lists of up to ``chunk_bytes`` each, as they come."""
+    chunk: list[bytes] = []
     size = 0
     for entry in entries:
-        if size + len(entry) > _CHUNK_BYTES and chunks[-1]:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(entry)
+        if size + len(entry) > chunk_bytes and chunk:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(entry)
         size += len(entry) + 1
-    return chunks
+    if chunk:
+        yield chunk
 
 
-def take_snapshot(part: PartitionState) -> Snapshot:
-    """The records of one snapshot of ``part``: the ids added since its last snapshot as a new id segment, its
-    aggregates' states and recent results as chunks, then the manifest."""
-    snapshot_id = str(uuid.uuid4())
-    p = part.partition
-    records: list[tuple[bytes, bytes]] = []
-    segment = None
-    unsaved = part.event_ids.unsaved
-    if unsaved:
-        head = b'{"segment":' + dumps(snapshot_id) + b',"event_ids":['
-        # Each entry a list of ids; the order of ids never mattered (sorting them cost most of a snapshot's time).
-        pieces = _packed(dumps(unsaved[i:i + _IDS_PER_ENTRY]) for i in range(0, len(unsaved), _IDS_PER_ENTRY))
-        records += [(f"{p}/ids/{snapshot_id}/{i}".encode(), head + b",".join(piece) + b"]}")
-                    for i, piece in enumerate(pieces)]
-        segment = {"id": snapshot_id, "records": len(pieces), "ids": len(unsaved)}
-    # Each entry is encoded once; a chunk is those encodings joined into one JSON document. An aggregate's state
-    # is one entry (its type, its id, its domain's encoding of it); an aggregate id's recent results another.
-    entries = [dumps({"aggregate_type": aggregate_type, "aggregate_id": aggregate_id,
-                      "state": DOMAINS[aggregate_type].encode_state(state)})
-               for (aggregate_type, aggregate_id), state in part.states.items()]
-    entries += [dumps({"aggregate_id": aggregate_id, "results": [_result_row(r) for r in recent.values()]})
-                for aggregate_id, recent in part.results.items()]
-    chunks = _packed(entries)
-    head = b'{"snapshot_id":' + dumps(snapshot_id) + b',"entries":['
-    records += [(f"{p}/{i}".encode(), head + b",".join(chunk) + b"]}") for i, chunk in enumerate(chunks)]
-    segments = [*part.id_segments, {**segment, "offset": None}] if segment else list(part.id_segments)
-    manifest = {"snapshot_id": snapshot_id, "format": _FORMAT, "partition": p, "chunks": len(chunks),
-                "events_offset": part.events_offset, "results_offset": part.results_offset,
-                "aggregates": len(part.states), "event_ids": len(part.event_ids), "id_segments": segments}
-    records.append((str(p).encode(), json.dumps(manifest).encode()))
-    return Snapshot(records, len(chunks), segment)
+class SnapshotWriter:
+    """One snapshot of ``part``, written in steps: ``step(budget)`` gives the records of the next transaction
+    (id segments and chunks, then the manifest alone), ``delivered`` takes each record's offset from its delivery
+    report, ``step_written`` is called once the step is committed; ``done`` when the manifest is. A step that was
+    not committed is given again by the next ``step``. The handler calls ``part.snapshot_written(writer)`` when
+    done. Everything the snapshot holds but the idempotency window is a cut taken here (module docstring)."""
+
+    def __init__(self, part: PartitionState):
+        self.part = part
+        self.partition = part.partition
+        self.snapshot_id = str(uuid.uuid4())
+        self.slot = "b" if part.slot == "a" else "a"
+        self.events_offset, self.results_offset = part.events_offset, part.results_offset
+        self.events_counted = part.events_since_snapshot
+        self.ids = len(part.event_ids.unsaved)  # the first ``ids`` unsaved ids (the list only grows at its end)
+        self.event_ids = len(part.event_ids)
+        self.aggregates = len(part.states)
+        self.segments: list[dict] = []  # the id segments written, with their first record's offset
+        self.chunks = 0
+        self.first_offset: int | None = None  # of this snapshot's first record
+        self.done = False
+        self._units = self._encoded(list(part.states.items()), list(part.results))
+        self._step: list[tuple[bytes, bytes]] | None = None  # the step given and not yet committed
+        self._step_segments: list[dict] = []
+        self._manifest = False
+        self._offsets: dict[bytes, int] = {}
+
+    def _encoded(self, states: list, result_ids: list) -> Iterator[tuple[list[tuple[bytes, bytes]], dict | None]]:
+        """The snapshot's units, each written whole in one step: (records, its id segment or None)."""
+        p, unsaved = self.partition, self.part.event_ids.unsaved
+        for start in range(0, self.ids, SEGMENT_IDS):
+            segment_id = str(uuid.uuid4())
+            stop = min(start + SEGMENT_IDS, self.ids)
+            head = b'{"segment":' + dumps(segment_id) + b',"event_ids":['
+            # Each entry a list of ids; the order of ids never mattered (sorting them cost most of a snapshot).
+            pieces = list(_packed((dumps(unsaved[i:min(i + _IDS_PER_ENTRY, stop)])
+                                   for i in range(start, stop, _IDS_PER_ENTRY)), _CHUNK_BYTES))
+            yield ([(f"{p}/ids/{segment_id}/{i}".encode(), head + b",".join(piece) + b"]}")
+                    for i, piece in enumerate(pieces)], {"id": segment_id, "records": len(pieces), "ids": stop - start})
+        # Each entry is encoded once; a chunk is those encodings joined into one JSON document. An aggregate's state
+        # is one entry (its type, its id, its domain's encoding of it); an aggregate id's recent results another.
+        results = self.part.results
+        entries = itertools.chain(
+            (dumps({"aggregate_type": aggregate_type, "aggregate_id": aggregate_id,
+                    "state": DOMAINS[aggregate_type].encode_state(state)})
+             for (aggregate_type, aggregate_id), state in states),
+            (dumps({"aggregate_id": aggregate_id, "results": [_result_row(r) for r in recent.values()]})
+             for aggregate_id in result_ids if (recent := results.get(aggregate_id))))
+        head = b'{"snapshot_id":' + dumps(self.snapshot_id) + b',"entries":['
+        for chunk in _packed(entries, _CHUNK_BYTES):
+            yield [(f"{p}/{self.slot}/{self.chunks}".encode(), head + b",".join(chunk) + b"]}")], None
+            self.chunks += 1
+
+    def step(self, budget: int | None = STEP_BYTES) -> list[tuple[bytes, bytes]]:
+        """The records of the next step (about ``budget`` bytes; None: everything left), the same again when the
+        last one given was not committed."""
+        if self._step is not None:
+            for key, _ in self._step:
+                self._offsets.pop(key, None)
+            return self._step
+        records: list[tuple[bytes, bytes]] = []
+        self._step_segments = []
+        size = 0
+        while budget is None or size < budget:
+            unit = next(self._units, None)
+            if unit is None:
+                break
+            records += unit[0]
+            size += sum(len(value) for _, value in unit[0])
+            if unit[1] is not None:
+                self._step_segments.append(unit[1])
+        if not records:
+            records = [(str(self.partition).encode(), json.dumps(self._manifest_value()).encode())]
+            self._manifest = True
+        self._step = records
+        return records
+
+    def _manifest_value(self) -> dict:
+        return {"snapshot_id": self.snapshot_id, "format": _FORMAT, "partition": self.partition, "slot": self.slot,
+                "chunks": self.chunks, "first_offset": self.first_offset, "events_offset": self.events_offset,
+                "results_offset": self.results_offset, "aggregates": self.aggregates, "event_ids": self.event_ids,
+                "id_segments": [*self.part.id_segments, *self.segments]}
+
+    def delivered(self, key: bytes, offset: int) -> None:
+        self._offsets[key] = offset
+
+    def on_delivery(self, error, message) -> None:
+        """A delivery report callback (confluent-kafka) for this snapshot's records."""
+        if error is None:
+            self.delivered(message.key(), message.offset())
+
+    def step_written(self) -> bool:
+        """The step given last is committed. False when a record's offset is unknown (no delivery report): the
+        manifest could not say where the snapshot lies, so this snapshot cannot be finished."""
+        offsets = [self._offsets.get(key) for key, _ in self._step]
+        if None in offsets:
+            return False
+        if self.first_offset is None:
+            self.first_offset = min(offsets)
+        for segment in self._step_segments:
+            self.segments.append({**segment, "offset": self._offsets[f"{self.partition}/ids/{segment['id']}/0"
+                                                                    .encode()]})
+        self._step, self._step_segments = None, []
+        self.done = self._manifest
+        return True
 
 
 def snapshot_records(part: PartitionState) -> list[tuple[bytes, bytes]]:
-    """(key, value) records of one snapshot of ``part``: the new id segment's, the chunks, the manifest last."""
-    return take_snapshot(part).records
+    """(key, value) records of one snapshot of ``part`` written at once (the manifest last), numbered from
+    offset 0 as if each step were a transaction of its own; ``part`` is left as it was."""
+    writer = SnapshotWriter(part)
+    records: list[tuple[bytes, bytes]] = []
+    offset = 0
+    while not writer.done:
+        for key, value in writer.step(None):
+            writer.delivered(key, offset)
+            records.append((key, value))
+            offset += 1
+        offset += 1  # the commit marker
+        writer.step_written()
+    return records
 
 
 def segment_ranges(manifest: dict, manifest_offset: int) -> list[tuple[int, int]]:
     """The (start, end) offset ranges of the snapshots partition that hold the snapshot of ``manifest`` (read
-    at ``manifest_offset``): its chunks and new id segment just before it, and each earlier id segment."""
-    newest = sum(seg["records"] for seg in manifest.get("id_segments", []) if seg.get("offset") is None)
-    ranges = [(max(0, manifest_offset - manifest["chunks"] - newest), manifest_offset + 1)]
-    ranges += [(seg["offset"], seg["offset"] + seg["records"]) for seg in manifest.get("id_segments", [])
-               if seg.get("offset") is not None]
-    return ranges
+    at ``manifest_offset``): from its first record to its manifest (nothing else writes the partition meanwhile
+    but its own retried steps), and each earlier id segment; overlapping ranges merged."""
+    first = manifest.get("first_offset")
+    ranges = [(first if first is not None else manifest_offset, manifest_offset + 1)]
+    ranges += [(seg["offset"], seg["offset"] + seg["records"]) for seg in manifest.get("id_segments", [])]
+    merged: list[tuple[int, int]] = []
+    for start, stop in sorted(ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
+        else:
+            merged.append((start, stop))
+    return merged
 
 
 def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionState | None:
     """The latest complete snapshot of ``partition`` among ``records`` (its snapshots partition), or None.
     InvalidRecord when a record the latest manifest names is missing or of another snapshot."""
     latest: dict[str, bytes] = {}
-    offsets: dict[str, int | None] = {}
     for record in records:
         if record.key is not None and record.value is not None:
-            key = record.key.decode()
-            latest[key] = record.value
-            offsets[key] = getattr(record, "offset", None)
+            latest[record.key.decode()] = record.value
     manifest_raw = latest.get(str(partition))
     if manifest_raw is None:
         return None
@@ -254,10 +347,10 @@ def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionSt
                                     f"{segment['id']} is missing; delete the snapshot key to rebuild from the log")
             for ids in piece["event_ids"]:
                 part.event_ids.load(ids)
-        first = offsets.get(f"{partition}/ids/{segment['id']}/0")
-        part.id_segments.append({**segment, "offset": first if first is not None else segment["offset"]})
+        part.id_segments.append(segment)
+    part.slot = manifest["slot"]
     for i in range(manifest["chunks"]):
-        chunk = json.loads(latest.get(f"{partition}/{i}", b"{}"))
+        chunk = json.loads(latest.get(f"{partition}/{part.slot}/{i}", b"{}"))
         if chunk.get("snapshot_id") != snapshot_id:
             raise InvalidRecord(f"snapshot {snapshot_id} of partition {partition}: chunk {i} is "
                                 f"missing or from another snapshot; delete the snapshot key to rebuild from the log")

@@ -135,6 +135,36 @@ def test_a_restart_from_a_snapshot_reads_only_the_tail_and_gets_the_same_state(s
         assert {p: set(part.event_ids) for p, part in full.partitions.items()} == snap_ids
 
 
+def test_snapshots_written_in_steps_between_command_batches_restore_the_state(settings, monkeypatch):
+    import event_store.handler as handler_module
+    import event_store.snapshots as snapshots
+
+    # Tiny steps and chunks: each snapshot takes several steps, one after each batch of 50 commands, while the
+    # partitions go on changing; the handler then stops without its closing snapshot (as if killed).
+    monkeypatch.setattr(handler_module, "STEP_BYTES", 20_000)
+    monkeypatch.setattr(snapshots, "_CHUNK_BYTES", 2000)
+    settings = settings.replace(snapshot_every_events=300, handler_max_batch=50)
+    with EventStore(settings) as store:
+        store.send_raw(generate_commands(GeneratorConfig(accounts=40, commands=3000, seed=7, run_id="steps")))
+    with monkeypatch.context() as m:
+        m.setattr(CommandHandler, "_snapshot_closing", lambda self, parts: None)
+        with CommandHandler(settings, **QUIET) as handler:
+            handler.run(until_caught_up=True, max_seconds=120)
+            print(handler.stats.line())
+            assert handler.stats.snapshots >= 3 and handler.stats.snapshot_steps >= 3 * handler.stats.snapshots
+            assert all(part.slot for part in handler.partitions.values())  # each partition has one
+            assert handler.stats.longest_snapshot_s > 0
+    total_events = len(events_of(settings))
+    with CommandHandler(settings, **QUIET) as from_snapshot:
+        from_snapshot.run(until_caught_up=True, max_seconds=60)
+        assert all(r.from_snapshot for r in from_snapshot.rebuilds)
+        assert sum(r.events_read for r in from_snapshot.rebuilds) < total_events / 2
+        snap = {p: (part.states, set(part.event_ids)) for p, part in from_snapshot.partitions.items()}
+    with CommandHandler(settings, use_snapshots=False, **QUIET) as full:
+        full.run(until_caught_up=True, max_seconds=60)
+        assert {p: (part.states, set(part.event_ids)) for p, part in full.partitions.items()} == snap
+
+
 def test_two_instances_share_the_partitions_and_keep_versions_gap_free(settings):
     cfg = GeneratorConfig(accounts=60, commands=3000, seed=9, run_id="two")
     commands = list(generate_commands(cfg))

@@ -1,4 +1,5 @@
 """Pure parts of the write side: snapshot records, the idempotency window, the policy's commands, CLI input."""
+import json
 from collections import namedtuple
 
 import pytest
@@ -7,7 +8,7 @@ from event_store.account import AccountState
 from event_store.envelope import CommandResult
 from event_store.decider import event_id_for, execute
 from event_store.account.policy import commands_for
-from event_store.snapshots import PartitionState, load_snapshot, snapshot_records, take_snapshot
+from event_store.snapshots import PartitionState, SnapshotWriter, load_snapshot, snapshot_records
 from eventlake.cli import _read_commands
 from tests.unit.test_account import cmd, open_cmd
 
@@ -52,22 +53,31 @@ def test_a_snapshot_round_trips_through_its_records_even_in_several_chunks(monke
 
 
 class SnapshotsPartition:
-    """A snapshots partition as the handler writes it: each snapshot one transaction (its records, then a commit
-    marker taking an offset)."""
+    """A snapshots partition as the handler writes it: each step of a snapshot one transaction (its records,
+    then a commit marker taking an offset)."""
 
     def __init__(self):
         self.records: list = []
         self.next = 0
 
-    def write(self, part: PartitionState) -> list:
-        snapshot = take_snapshot(part)
+    def write_step(self, writer: SnapshotWriter, budget=None, commit=True) -> list:
         written = []
-        for key, value in snapshot.records:
+        for key, value in writer.step(budget):
             written.append(Logged(key, value, self.next))
+            writer.delivered(key, self.next)
             self.next += 1
-        self.next += 1  # the commit marker
-        self.records += written
-        part.snapshot_written(snapshot, written[-1].offset)
+        self.next += 1  # the commit (or abort) marker
+        if commit:
+            self.records += written
+            writer.step_written()
+        return written
+
+    def write(self, part: PartitionState, budget=None) -> list:
+        writer = SnapshotWriter(part)
+        written = []
+        while not writer.done:
+            written += self.write_step(writer, budget)
+        part.snapshot_written(writer)
         return written
 
     def read(self, ranges) -> list:
@@ -135,6 +145,81 @@ def test_a_snapshot_with_an_id_segment_missing_is_refused_not_loaded_short(monke
                              r.key.decode().split("/")[2] != part.id_segments[0]["id"]]
     with pytest.raises(InvalidRecord, match="id segment .* is missing"):
         load_snapshot(without_first_segment, 1, window=3)
+
+
+def _result(aid, n):
+    return CommandResult(f"later-{aid}-{n}", aid, "accepted", 100 + n, (f"e-later-{aid}-{n}",),
+                         recorded_at="2026-01-01T00:00:01.000Z")
+
+
+def test_a_snapshot_written_in_steps_while_the_partition_goes_on_holds_the_cut_it_started_from(monkeypatch):
+    import event_store.snapshots as snapshots
+
+    monkeypatch.setattr(snapshots, "_CHUNK_BYTES", 1000)
+    monkeypatch.setattr(snapshots, "SEGMENT_IDS", 40)
+    log = SnapshotsPartition()
+    part = a_partition()  # 50 accounts, 250 ids not yet saved
+    part.events_since_snapshot = 250
+    at_cut = (dict(part.states), set(part.event_ids), part.events_offset, part.results_offset)
+    writer = SnapshotWriter(part)
+    steps, later = [], []
+    while not writer.done:
+        steps.append(log.write_step(writer, budget=3000))
+        # Between steps the handler goes on: states change, new results and ids arrive, offsets move.
+        n = len(steps)
+        aid = f"acc-{n % 50}"
+        part.states[("account", aid)] = AccountState(aid, version=1000 + n, opened=True, currency="USD")
+        part.states[("account", f"new-{n}")] = AccountState(f"new-{n}", version=1, opened=True)
+        result = _result(aid, n)
+        later.append(result)
+        part.remember(result)
+        part.event_ids.add(f"e-later-{aid}-{n}")
+        part.events_offset += 2
+        part.results_offset += 1
+        part.events_since_snapshot += 2
+    # Many steps, each of about the budget (a unit of up to one chunk or one id segment more), the manifest alone.
+    assert len(steps) > 10 and steps[-1] == [steps[-1][0]] and steps[-1][0].key == b"1"
+    assert all(sum(len(r.value) for r in step) < 3000 + 3000 for step in steps[:-1])
+    assert [seg["ids"] for seg in writer.segments] == [40] * 6 + [10]
+    part.snapshot_written(writer)
+    assert part.events_since_snapshot == 2 * (len(steps) - 1) + 2  # the events after the cut count on
+    assert set(part.event_ids.unsaved) == {f"e-later-acc-{n % 50}-{n}" for n in range(1, len(steps) + 1)}
+
+    manifest = json.loads(steps[-1][0].value)
+    for records in (log.read(snapshots.segment_ranges(manifest, steps[-1][0].offset)), log.records):
+        back = load_snapshot(records, 1, window=3)
+        assert back.states == at_cut[0] and back.event_ids == at_cut[1]
+        assert (back.events_offset, back.results_offset) == at_cut[2:]
+        # The window may hold results newer than its offset; the rebuild reads those again: the same window.
+        for result in later:
+            back.remember(result)
+        assert {a: [back.first_result(a, c) for c in r] for a, r in back.results.items()} == \
+            {a: [part.first_result(a, c) for c in r] for a, r in part.results.items()}
+
+
+def test_an_unfinished_snapshot_leaves_the_one_before_whole_and_a_retried_step_is_written_again(monkeypatch):
+    import event_store.snapshots as snapshots
+
+    monkeypatch.setattr(snapshots, "_CHUNK_BYTES", 1000)
+    log = SnapshotsPartition()
+    part = a_partition()
+    log.write(part)
+    assert part.slot == "a"
+    first_states = dict(part.states)
+    part.states[("account", "acc-0")] = AccountState("acc-0", version=99, opened=True)
+    writer = SnapshotWriter(part)
+    assert writer.slot == "b"
+    aborted = log.write_step(writer, budget=2000, commit=False)
+    again = log.write_step(writer, budget=2000)
+    assert [r.key for r in again] == [r.key for r in aborted]  # a step that was not committed is given again
+    log.write_step(writer, budget=2000)  # ... and then the writer dies: no manifest
+    assert not writer.done
+    back = load_snapshot(log.records, 1, window=3)  # the whole partition: the latest manifest, its own slot
+    assert back.states == first_states and back.slot == "a"
+    writer = SnapshotWriter(back)  # the next start writes the other slot again
+    assert writer.slot == "b"
+    log.write(back)
+    assert load_snapshot(log.records, 1, window=3).slot == "b"
 
 
 def test_the_policy_freezes_on_fraud_with_an_id_derived_from_the_event():
