@@ -113,7 +113,8 @@ def main() -> int:
             size = sum(len(k) + len(v) for k, v in snapshot_records(part)) / 1e6
             payment_ids = sum(len(s.payment_ids) for s in part.states.values())
             print(f"{minutes:7.0f} {payment_ids:11,} {len(part.event_ids):9,} {size:5.0f} | "
-                  f"{statistics.median(at_once):13.2f}s | {statistics.median(stepped):16.3f}s {statistics.median(every_step):6.3f}s "
+                  f"{statistics.median(at_once):13.2f}s | {statistics.median(stepped):16.3f}s "
+                  f"{statistics.median(every_step):6.3f}s "
                   f"{statistics.median(counts):5.0f} {statistics.median(totals):5.2f}s | "
                   f"{statistics.median(at_once) / statistics.median(stepped):5.1f}x")
     finally:

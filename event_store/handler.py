@@ -99,7 +99,8 @@ class HandlerStats:
                 f"in {self.transactions} transactions, {self.commands / secs:,.0f} commands/s"
                 + (f", {self.commit_seconds / secs:.0%} of the time committing" if self.transactions else "")
                 + (f", {self.snapshots} partition snapshots written in {self.snapshot_steps} steps, "
-                   f"{self.snapshot_seconds:.1f}s (the longest step {self.longest_snapshot_s:.2f}s)" if self.snapshots else "")
+                   f"{self.snapshot_seconds:.1f}s (the longest step {self.longest_snapshot_s:.2f}s)"
+                   if self.snapshots else "")
                 + "".join(f"; {n} {what}" for what, n in faults.items() if n))
 
 

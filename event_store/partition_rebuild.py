@@ -254,10 +254,11 @@ class PartitionRebuilder:
         """The latest snapshot of partition ``p``, reading only its own records when it can.
 
         A snapshot's manifest is the last transaction of its steps and nothing else writes snapshots partition
-        ``p`` while they run, so the latest manifest sits just before the end (the commit marker), the rest of
-        the snapshot between the first offset it names and itself, and its earlier id segments where it says. If
-        that does not hold (e.g. a snapshot was left unfinished by a crash), the whole partition is read. A snapshot that cannot be read is ignored: the
-        state is rebuilt from the whole log instead.
+        ``p`` while they run, so the latest manifest sits just before the end (the commit marker), or, while the
+        next snapshot was being written (a crash mid-snapshot), where the record ending its last step says; the
+        rest of the snapshot lies between the first offset the manifest names and itself, its earlier id segments
+        where it says. If that does not hold, the whole partition is read. A snapshot that cannot be read is
+        ignored: the state is rebuilt from the whole log instead.
         """
         s = self.settings
         tp = TopicPartition(s.snapshots_topic, p)
@@ -267,6 +268,11 @@ class PartitionRebuilder:
         try:
             tail = list(kafka_log.read_partition(self.reader, tp, max(0, end - 3), end, tick=tick))
             manifests = [r for r in tail if r.key == str(p).encode()]
+            pointers = [r for r in tail if r.key == f"{p}/latest".encode()]
+            if not manifests and pointers:  # a snapshot was being written: its steps say where the latest is
+                at = json.loads(pointers[-1].value)["manifest_offset"]
+                manifests = [r for r in kafka_log.read_partition(self.reader, tp, at, at + 1, tick=tick)
+                             if r.key == str(p).encode()]
             if manifests:
                 manifest = manifests[-1]
                 try:

@@ -106,6 +106,8 @@ class PartitionState:
     id_segments: list[dict] = field(default_factory=list)
     # The slot (``a`` or ``b``) of its latest snapshot's chunks; the next snapshot writes the other one.
     slot: str | None = None
+    # The offset of its latest snapshot's manifest on the snapshots partition, when known.
+    manifest_offset: int | None = None
 
     def state(self, aggregate_type: str, aggregate_id: str) -> Any:
         """The state of an aggregate: as held, or its domain's initial state. KeyError for an unknown type."""
@@ -148,6 +150,7 @@ class PartitionState:
         self.event_ids.saved(writer.ids)
         self.events_since_snapshot = max(0, self.events_since_snapshot - writer.events_counted)
         self.slot = writer.slot
+        self.manifest_offset = writer.manifest_offset
 
     def _remember_row(self, aggregate_id: str, row: list) -> None:
         recent = self.results.get(aggregate_id)
@@ -203,6 +206,7 @@ class SnapshotWriter:
         self.segments: list[dict] = []  # the id segments written, with their first record's offset
         self.chunks = 0
         self.first_offset: int | None = None  # of this snapshot's first record
+        self.manifest_offset: int | None = None  # of its manifest, once written
         self.done = False
         self._units = self._encoded(list(part.states.items()), list(part.results))
         self._step: list[tuple[bytes, bytes]] | None = None  # the step given and not yet committed
@@ -257,6 +261,11 @@ class SnapshotWriter:
         if not records:
             records = [(str(self.partition).encode(), json.dumps(self._manifest_value()).encode())]
             self._manifest = True
+        elif self.part.manifest_offset is not None:
+            # Last in every other step: where the partition's latest manifest is, so a restart after a crash
+            # mid-snapshot finds it from the end of the partition as when no snapshot was being written.
+            records.append((f"{self.partition}/latest".encode(),
+                            json.dumps({"manifest_offset": self.part.manifest_offset}).encode()))
         self._step = records
         return records
 
@@ -282,6 +291,8 @@ class SnapshotWriter:
             return False
         if self.first_offset is None:
             self.first_offset = min(offsets)
+        if self._manifest:
+            self.manifest_offset = offsets[0]
         for segment in self._step_segments:
             self.segments.append({**segment, "offset": self._offsets[f"{self.partition}/ids/{segment['id']}/0"
                                                                     .encode()]})
@@ -326,9 +337,13 @@ def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionSt
     """The latest complete snapshot of ``partition`` among ``records`` (its snapshots partition), or None.
     InvalidRecord when a record the latest manifest names is missing or of another snapshot."""
     latest: dict[str, bytes] = {}
+    manifest_offset = None
     for record in records:
         if record.key is not None and record.value is not None:
-            latest[record.key.decode()] = record.value
+            key = record.key.decode()
+            latest[key] = record.value
+            if key == str(partition):
+                manifest_offset = getattr(record, "offset", None)
     manifest_raw = latest.get(str(partition))
     if manifest_raw is None:
         return None
@@ -348,7 +363,7 @@ def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionSt
             for ids in piece["event_ids"]:
                 part.event_ids.load(ids)
         part.id_segments.append(segment)
-    part.slot = manifest["slot"]
+    part.slot, part.manifest_offset = manifest["slot"], manifest_offset
     for i in range(manifest["chunks"]):
         chunk = json.loads(latest.get(f"{partition}/{part.slot}/{i}", b"{}"))
         if chunk.get("snapshot_id") != snapshot_id:

@@ -150,14 +150,17 @@ def test_snapshots_written_in_steps_between_command_batches_restore_the_state(se
         m.setattr(CommandHandler, "_snapshot_closing", lambda self, parts: None)
         with CommandHandler(settings, **QUIET) as handler:
             handler.run(until_caught_up=True, max_seconds=120)
-            print(handler.stats.line())
             assert handler.stats.snapshots >= 3 and handler.stats.snapshot_steps >= 3 * handler.stats.snapshots
             assert all(part.slot for part in handler.partitions.values())  # each partition has one
+            # ... and one has the first steps of its next snapshot written when the handler stops.
+            unfinished = snapshots.SnapshotWriter(handler.partitions[0])
+            assert handler._snapshot_step(unfinished, 20_000) and not unfinished.done
             assert handler.stats.longest_snapshot_s > 0
     total_events = len(events_of(settings))
     with CommandHandler(settings, **QUIET) as from_snapshot:
         from_snapshot.run(until_caught_up=True, max_seconds=60)
         assert all(r.from_snapshot for r in from_snapshot.rebuilds)
+        assert not any(r.whole_snapshots_partition for r in from_snapshot.rebuilds)
         assert sum(r.events_read for r in from_snapshot.rebuilds) < total_events / 2
         snap = {p: (part.states, set(part.event_ids)) for p, part in from_snapshot.partitions.items()}
     with CommandHandler(settings, use_snapshots=False, **QUIET) as full:

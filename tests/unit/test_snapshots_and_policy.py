@@ -212,10 +212,17 @@ def test_an_unfinished_snapshot_leaves_the_one_before_whole_and_a_retried_step_i
     aborted = log.write_step(writer, budget=2000, commit=False)
     again = log.write_step(writer, budget=2000)
     assert [r.key for r in again] == [r.key for r in aborted]  # a step that was not committed is given again
-    log.write_step(writer, budget=2000)  # ... and then the writer dies: no manifest
+    last = log.write_step(writer, budget=2000)  # ... and then the writer dies: no manifest
     assert not writer.done
-    back = load_snapshot(log.records, 1, window=3)  # the whole partition: the latest manifest, its own slot
-    assert back.states == first_states and back.slot == "a"
+    # Its last record says where the latest manifest is: a restart reads that snapshot's own records only.
+    manifest_at = json.loads(last[-1].value)["manifest_offset"]
+    assert last[-1].key == b"1/latest" and manifest_at == part.manifest_offset
+    (manifest,) = log.read([(manifest_at, manifest_at + 1)])
+    ranges = snapshots.segment_ranges(json.loads(manifest.value), manifest.offset)
+    assert manifest.key == b"1" and len(log.read(ranges)) < len(log.records)
+    for records in (log.read(ranges), log.records):  # the same from the whole partition
+        back = load_snapshot(records, 1, window=3)
+        assert back.states == first_states and back.slot == "a" and back.manifest_offset == manifest_at
     writer = SnapshotWriter(back)  # the next start writes the other slot again
     assert writer.slot == "b"
     log.write(back)
