@@ -7,8 +7,9 @@ partition's event ids (a quarter of them new since the snapshot before). For eac
 of the freshness benchmark's load at its defaults, as its handler logged it over thirty minutes: 6.9M events and
 3.5M payments over 2,000 accounts and three partitions in 30.6 minutes, the FlagFraud commands of its detector
 included) one partition's state of that size is built in memory and snapshotted to a fresh topic on the
-configured broker (the local one, started if needed), alternately two ways: at once (the whole snapshot in one transaction, then its manifest:
-how the handler wrote it before, and how it still writes its closing snapshots) and in steps of
+configured broker (the local one, started if needed), alternately two ways: at once (the whole snapshot in one
+transaction, then its manifest: how the handler wrote it before, and how it still writes its closing snapshots)
+and in steps of
 ``event_store.snapshots.STEP_BYTES`` (how it writes them while running). Each time is the loop's pause: the
 records encoded, produced and committed.
 
