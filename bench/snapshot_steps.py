@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import confluent_kafka  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
-from pyrsistent import pset  # noqa: E402
+from immutables import Map  # noqa: E402
 
 from event_store.account.aggregate import AccountState  # noqa: E402
 from event_store.envelope import CommandResult  # noqa: E402
@@ -49,7 +49,7 @@ def partition_after(minutes: float) -> PartitionState:
         aid = f"acct-{a:06d}"
         part.states[("account", aid)] = AccountState(
             aid, version=payments + 1, opened=True, customer_id=f"cust-{a}", currency="EUR",
-            credit_limit_minor=10 ** 9, payment_ids=pset(str(uuid.uuid4()) for _ in range(payments)))
+            credit_limit_minor=10 ** 9, payment_ids=Map((str(uuid.uuid4()), None) for _ in range(payments)))
         for i in range(100):
             part.remember(CommandResult(str(uuid.uuid4()), aid, "accepted", i + 1, (str(uuid.uuid4()),),
                                         recorded_at="2026-11-27T10:00:00.000000Z"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from pyrsistent import PSet, pset
+from immutables import Map
 
 from event_store.account.schemas import country_of
 from event_store.domain import Command, CommandRejected, Event, NewEvent, decide_quarantine
@@ -34,10 +34,13 @@ class AccountState:
     payments_authorized: int = 0
     payments_declined: int = 0
     last_device_location: str | None = None
-    # Every payment id this account has seen (authorized or declined): a payment id is used once per account.
-    # A persistent set: adding one id shares the rest (O(log n)), where a frozenset would copy every id on every
-    # payment and make folding a long-lived account quadratic (bench/payment_ids.py).
-    payment_ids: PSet = pset()
+    # Every payment id this account has seen (authorized or declined), as the keys of a persistent map (values
+    # None): a payment id is used once per account. Adding one id shares the rest (O(log n)), where a frozenset
+    # would copy every id on every payment and make folding a long-lived account quadratic (bench/payment_ids.py).
+    # A HAMT (immutables) rather than pyrsistent's pset: each version of a pset is a new C vector whose garbage-
+    # collector traversal visits every id it holds, so the handler's young-generation collections grew with its
+    # accounts to seconds (bench/payment_ids.py --collector); a HAMT version's new nodes hold ~32 references each.
+    payment_ids: Map = Map()
     # (record, reason) when the events topic holds a record of this account that cannot be read (record is
     # "topic/partition/offset"): the account takes no command but ResolveQuarantine until an operator decides.
     quarantine: tuple[str, str] | None = None
@@ -126,10 +129,10 @@ def evolve_fields(state: AccountState, kind: str, p: Mapping[str, Any], version:
     elif kind == "PaymentAuthorized":
         changes.update(authorized_total_minor=state.authorized_total_minor + p["amount_minor"],
                        payments_authorized=state.payments_authorized + 1,
-                       payment_ids=state.payment_ids.add(p["payment_id"]))
+                       payment_ids=state.payment_ids.set(p["payment_id"], None))
     elif kind == "PaymentDeclined":
         changes.update(payments_declined=state.payments_declined + 1,
-                       payment_ids=state.payment_ids.add(p["payment_id"]))
+                       payment_ids=state.payment_ids.set(p["payment_id"], None))
     elif kind == "DeviceLocationReported":
         changes.update(last_device_location=p["location"])
     elif kind == "AccountFrozen":
@@ -168,6 +171,6 @@ def encode_state(state: AccountState) -> dict:
 def decode_state(fields: dict) -> AccountState:
     """The state ``encode_state`` wrote."""
     fields = dict(fields)
-    fields["payment_ids"] = pset(fields.get("payment_ids") or ())
+    fields["payment_ids"] = Map(dict.fromkeys(fields.get("payment_ids") or ()))
     fields["quarantine"] = tuple(fields["quarantine"]) if fields.get("quarantine") else None
     return AccountState(**fields)

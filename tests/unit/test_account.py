@@ -135,7 +135,7 @@ def test_a_payment_id_already_attempted_on_the_account_is_rejected_whatever_its_
     assert [r.error_type for r in results] == [None, None, "DuplicatePayment", None]
     assert "p1" in results[2].reason and "acc-1" in results[2].reason
     assert [e.event_type for e in events] == ["AccountOpened", "PaymentDeclined", "PaymentAuthorized"]
-    assert (state.payments_declined, state.payments_authorized, state.payment_ids) == (1, 1, {"p1", "p2"})
+    assert (state.payments_declined, state.payments_authorized, set(state.payment_ids)) == (1, 1, {"p1", "p2"})
 
 
 def test_payment_ids_survive_a_snapshot():
