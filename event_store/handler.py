@@ -16,7 +16,6 @@ instance is fenced. Its Kafka clients come from ``event_store.kafka_clients``. S
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import threading
 import time
@@ -29,6 +28,7 @@ from kafka import TopicPartition
 from kafka.errors import KafkaError
 
 from event_store import kafka_clients, kafka_log
+from event_store.collector import rare_collections
 from event_store.decider import EventTimeLimit, execute_encoded, id_taken
 from event_store.envelope import CommandEnvelope, CommandResult, format_time, utc_now
 from event_store.errors import InvalidRecord
@@ -40,11 +40,6 @@ __all__ = ["CommandHandler", "HandlerStats", "HandlerError"]
 
 # An open transaction of a dead instance blocks a partition's readers until the broker aborts it.
 _TRANSACTION_TIMEOUT_MS = 20_000
-# The cyclic garbage collector while the loop runs. The handler keeps hundreds of thousands of live objects
-# (states, the idempotency window) and allocates several per command; with Python's default thresholds
-# (700, 10, 10) the collector's passes over them took about a third of the loop's time (bench/commands.py).
-# The hot path makes no reference cycles, so collecting rarely loses nothing.
-_GC_THRESHOLDS = (100_000, 50, 100)
 
 
 def snapshot_due(part: PartitionState, every: int) -> bool:
@@ -409,16 +404,13 @@ class CommandHandler:
             self.start()
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         self._stopping.clear()
-        thresholds = gc.get_threshold()
-        gc.set_threshold(*_GC_THRESHOLDS)
         try:
-            return self._loop(until_caught_up, deadline, progress_every_s)
+            with rare_collections():  # event_store.collector: the hot path makes no reference cycles
+                return self._loop(until_caught_up, deadline, progress_every_s)
         except _Stopping:
             self.log(f"handler {self.instance_id}: stopped while waiting; nothing uncommitted is kept (the "
                      f"commands of an unfinished transaction are handled on the next start)")
             return self.stats
-        finally:
-            gc.set_threshold(*thresholds)
 
     def _loop(self, until_caught_up: bool, deadline: float | None, progress_every_s: float) -> HandlerStats:
         last_progress = time.monotonic()

@@ -138,6 +138,41 @@ def test_a_payment_id_already_attempted_on_the_account_is_rejected_whatever_its_
     assert (state.payments_declined, state.payments_authorized, set(state.payment_ids)) == (1, 1, {"p1", "p2"})
 
 
+def _reachable(root) -> dict[int, object]:
+    """Every object the garbage collector reaches from ``root`` (through ``gc.get_referents``), by id."""
+    import gc
+
+    seen, todo = {}, [root]
+    while todo:
+        o = todo.pop()
+        if id(o) not in seen:
+            seen[id(o)] = o
+            todo += gc.get_referents(o)
+    return seen
+
+
+def test_a_new_payment_costs_the_collector_a_few_references_however_many_ids_the_account_holds():
+    # Each payment makes a new version of the account's payment ids: young objects, visited by every collection
+    # of the youngest generation (the handler's, every few seconds). The new objects a payment makes must hold a
+    # few references, not one per id the account has seen (pyrsistent's pset did: its C vector's traversal visits
+    # every id, and the handler's young collections grew with the log to seconds; bench/payment_ids.py
+    # --collector).
+    import gc
+
+    from event_store.account import evolve_fields
+
+    state = evolve_fields(AccountState("acc-1"), "AccountOpened",
+                          {"customer_id": "c", "credit_limit_minor": 10 ** 12, "currency": "USD"}, 1)
+    for i in range(20_000):
+        state = evolve_fields(state, "PaymentAuthorized", {"payment_id": f"p-{i}", "amount_minor": 1}, i + 2)
+    after = evolve_fields(state, "PaymentAuthorized", {"payment_id": "p-new", "amount_minor": 1}, 20_002)
+    before = _reachable(state.payment_ids)
+    new = [o for i, o in _reachable(after.payment_ids).items() if i not in before and gc.is_tracked(o)]
+    visited = sum(len(gc.get_referents(o)) for o in new)
+    assert "p-new" in after.payment_ids and "p-new" not in state.payment_ids and len(after.payment_ids) == 20_001
+    assert visited < 500, f"one payment's new objects hold {visited} references for 20,001 ids"
+
+
 def test_payment_ids_survive_a_snapshot():
     from event_store.snapshots import PartitionState, load_snapshot, snapshot_records
 
