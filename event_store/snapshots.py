@@ -147,7 +147,7 @@ class PartitionState:
         """The manifest of ``writer``'s snapshot of this partition is committed: its id segments are listed by
         the next snapshot, its ids are saved, and the events after its cut count toward the next one."""
         self.id_segments += writer.segments
-        self.event_ids.saved(writer.ids)
+        self.event_ids.saved(writer.unsaved_ids)
         self.events_since_snapshot = max(0, self.events_since_snapshot - writer.events_counted)
         self.slot = writer.slot
         self.manifest_offset = writer.manifest_offset
@@ -200,9 +200,10 @@ class SnapshotWriter:
         self.slot = "b" if part.slot == "a" else "a"
         self.events_offset, self.results_offset = part.events_offset, part.results_offset
         self.events_counted = part.events_since_snapshot
-        self.ids = len(part.event_ids.unsaved)  # the first ``ids`` unsaved ids (the list only grows at its end)
-        self.event_ids = len(part.event_ids)
-        self.aggregates = len(part.states)
+        # The first ``unsaved_ids`` unsaved ids (the list only grows at its end) go in this snapshot's segments.
+        self.unsaved_ids = len(part.event_ids.unsaved)
+        self.event_id_count = len(part.event_ids)
+        self.aggregate_count = len(part.states)
         self.segments: list[dict] = []  # the id segments written, with their first record's offset
         self.chunks = 0
         self.first_offset: int | None = None  # of this snapshot's first record
@@ -217,9 +218,9 @@ class SnapshotWriter:
     def _encoded(self, states: list, result_ids: list) -> Iterator[tuple[list[tuple[bytes, bytes]], dict | None]]:
         """The snapshot's units, each written whole in one step: (records, its id segment or None)."""
         p, unsaved = self.partition, self.part.event_ids.unsaved
-        for start in range(0, self.ids, SEGMENT_IDS):
+        for start in range(0, self.unsaved_ids, SEGMENT_IDS):
             segment_id = str(uuid.uuid4())
-            stop = min(start + SEGMENT_IDS, self.ids)
+            stop = min(start + SEGMENT_IDS, self.unsaved_ids)
             head = b'{"segment":' + dumps(segment_id) + b',"event_ids":['
             # Each entry a list of ids; the order of ids never mattered (sorting them cost most of a snapshot).
             pieces = list(_packed((dumps(unsaved[i:min(i + _IDS_PER_ENTRY, stop)])
@@ -272,8 +273,8 @@ class SnapshotWriter:
     def _manifest_value(self) -> dict:
         return {"snapshot_id": self.snapshot_id, "format": _FORMAT, "partition": self.partition, "slot": self.slot,
                 "chunks": self.chunks, "first_offset": self.first_offset, "events_offset": self.events_offset,
-                "results_offset": self.results_offset, "aggregates": self.aggregates, "event_ids": self.event_ids,
-                "id_segments": [*self.part.id_segments, *self.segments]}
+                "results_offset": self.results_offset, "aggregates": self.aggregate_count,
+                "event_ids": self.event_id_count, "id_segments": [*self.part.id_segments, *self.segments]}
 
     def delivered(self, key: bytes, offset: int) -> None:
         self._offsets[key] = offset
