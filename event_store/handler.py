@@ -28,7 +28,7 @@ from kafka import TopicPartition
 from kafka.errors import KafkaError
 
 from event_store import kafka_clients, kafka_log
-from event_store.collector import rare_collections
+from event_store.collector import CollectorPaced
 from event_store.decider import EventTimeLimit, execute_encoded, id_taken
 from event_store.envelope import CommandEnvelope, CommandResult, format_time, utc_now
 from event_store.errors import InvalidRecord
@@ -78,6 +78,9 @@ class HandlerStats:
     commit_seconds: float = 0.0  # waiting for send_offsets_to_transaction + commit_transaction
     snapshot_seconds: float = 0.0  # writing snapshots' steps (the loop handles no command meanwhile)
     longest_snapshot_s: float = 0.0  # the longest step
+    collections: int = 0  # the loop's paced garbage collections (event_store.collector)
+    collector_seconds: float = 0.0
+    longest_collection_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
 
     def line(self) -> str:
@@ -96,6 +99,8 @@ class HandlerStats:
                 + (f", {self.snapshots} partition snapshots written in {self.snapshot_steps} steps, "
                    f"{self.snapshot_seconds:.1f}s (the longest step {self.longest_snapshot_s:.2f}s)"
                    if self.snapshots else "")
+                + (f", {self.collections} garbage collections {self.collector_seconds:.1f}s (the longest "
+                   f"{self.longest_collection_s:.2f}s)" if self.collections else "")
                 + "".join(f"; {n} {what}" for what, n in faults.items() if n))
 
 
@@ -405,14 +410,15 @@ class CommandHandler:
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         self._stopping.clear()
         try:
-            with rare_collections():  # event_store.collector: the hot path makes no reference cycles
-                return self._loop(until_caught_up, deadline, progress_every_s)
+            with CollectorPaced() as collector:  # event_store.collector: short collections between batches
+                return self._loop(until_caught_up, deadline, progress_every_s, collector)
         except _Stopping:
             self.log(f"handler {self.instance_id}: stopped while waiting; nothing uncommitted is kept (the "
                      f"commands of an unfinished transaction are handled on the next start)")
             return self.stats
 
-    def _loop(self, until_caught_up: bool, deadline: float | None, progress_every_s: float) -> HandlerStats:
+    def _loop(self, until_caught_up: bool, deadline: float | None, progress_every_s: float,
+              collector: CollectorPaced) -> HandlerStats:
         last_progress = time.monotonic()
         while (deadline is None or time.monotonic() < deadline) and not self._stopping.is_set():
             batch = self._poll()
@@ -423,6 +429,9 @@ class CommandHandler:
                 self.process(batch)
             elif until_caught_up and self._caught_up():
                 break
+            collector.tick()
+            self.stats.collections, self.stats.collector_seconds = collector.collections, collector.seconds
+            self.stats.longest_collection_s = collector.longest_s
             if time.monotonic() - last_progress >= progress_every_s:
                 self.log(f"handler {self.instance_id}: {self.stats.line()}")
                 last_progress = time.monotonic()

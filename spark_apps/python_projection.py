@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
+from event_store.collector import CollectorPaced
 from event_store.errors import InvalidRecord
 from event_store.fields import ISO_TIME
 from lakehouse.settings import Settings
@@ -1246,14 +1247,17 @@ class PythonProjection:
         run = ProjectionRun()
         try:
             main = self.queries[0]
-            while stop_requested is None or not stop_requested.is_set():
-                worked = main.step(limit, 0.1)
-                for query in self.queries[1:]:
-                    # The archive reads no further than the read models did: in step with them, its batch holds
-                    # the read models' batch's records, parsed once for both (``shared``).
-                    worked += query.step(limit, 0.0, until=dict(main.reader.next))
-                if until_caught_up and not worked and all(q.reader.caught_up(q.partitions) for q in self.queries):
-                    break
+            with CollectorPaced() as collector:  # event_store.collector: short collections between batches
+                while stop_requested is None or not stop_requested.is_set():
+                    worked = main.step(limit, 0.1)
+                    for query in self.queries[1:]:
+                        # The archive reads no further than the read models did: in step with them, its batch
+                        # holds the read models' batch's records, parsed once for both (``shared``).
+                        worked += query.step(limit, 0.0, until=dict(main.reader.next))
+                    if until_caught_up and not worked and all(q.reader.caught_up(q.partitions)
+                                                              for q in self.queries):
+                        break
+                    collector.tick()
         finally:
             for query in self.queries:
                 query.reader.close()

@@ -37,7 +37,7 @@ from typing import Callable, Iterable
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from event_store import kafka_clients, kafka_log
-from event_store.collector import rare_collections
+from event_store.collector import CollectorPaced
 from event_store.account import AGGREGATE_TYPE
 from event_store.account.fraud_rules import FraudState, Observation, detect, flag_command_id
 from event_store.envelope import CommandEnvelope, EventEnvelope, dumps, format_time, parse_time, utc_now
@@ -271,10 +271,10 @@ class FraudConsumer:
 
     # -- the loop --------------------------------------------------------------------------------------------
     def run(self, until_caught_up: bool = False, max_seconds: float | None = None) -> FraudStats:
-        with rare_collections():  # event_store.collector: the hot path makes no reference cycles
-            return self._run(until_caught_up, max_seconds)
+        with CollectorPaced() as collector:  # event_store.collector: short collections between batches
+            return self._run(until_caught_up, max_seconds, collector)
 
-    def _run(self, until_caught_up: bool, max_seconds: float | None) -> FraudStats:
+    def _run(self, until_caught_up: bool, max_seconds: float | None, collector: CollectorPaced) -> FraudStats:
         s = self.settings
         kafka_log.ensure_topics(s, log=self.log)
         self._consumer = consumer = self._subscribed()
@@ -310,6 +310,7 @@ class FraudConsumer:
                     turn = (turn + 1) % len(self._partitions)
                     self._save_all([sorted(self._partitions)[turn]])
                     last_snapshot = time.monotonic()
+                collector.tick()
             if not stopped:
                 self._save_all()
         finally:
