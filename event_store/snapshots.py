@@ -87,7 +87,8 @@ class PartitionState:
     # Every aggregate's state by (aggregate type, aggregate id): ids are unique per aggregate type only.
     states: dict[tuple[str, str], Any] = field(default_factory=dict)
     # Per aggregate id, the FIRST result of its most recent commands, oldest first (bounded by ``window``); a plain
-    # dict keeps insertion order and costs less than an OrderedDict.
+    # dict keeps insertion order and costs less than an OrderedDict. Each by command id as its snapshot row
+    # (encoded when remembered, a list when loaded from a snapshot) until ``first_result`` asks for it.
     results: dict[str, dict] = field(default_factory=dict)
     events_offset: int = 0   # next offset of events partition p not folded into ``states``
     results_offset: int = 0  # next offset of results partition p not folded into ``results``
@@ -126,7 +127,9 @@ class PartitionState:
     def first_result(self, aggregate_id: str, command_id: str) -> CommandResult | None:
         recent = self.results.get(aggregate_id)
         found = recent.get(command_id) if recent else None
-        if isinstance(found, list):  # still the snapshot's row: made into a result on first use
+        if isinstance(found, bytes):  # still its row, encoded: made into a result on first use
+            found = recent[command_id] = _result_from_row(aggregate_id, json.loads(found))
+        elif isinstance(found, list):  # still the snapshot's row
             found = recent[command_id] = _result_from_row(aggregate_id, found)
         return found
 
@@ -137,9 +140,12 @@ class PartitionState:
             recent = self.results[result.aggregate_id] = {}
         elif result.command_id in recent:
             return
-        # Kept as its snapshot row: most are never asked for again, and every snapshot writes them all.
-        recent[result.command_id] = [result.command_id, result.status, result.version, list(result.event_ids),
-                                     result.error_type, result.reason, result.recorded_at]
+        # Kept as its snapshot row, encoded: most are never asked for again, every snapshot writes them all, and
+        # bytes are no work for the garbage collector (two lists per command were most of the handler's young
+        # objects: event_store.collector).
+        recent[result.command_id] = dumps([result.command_id, result.status, result.version,
+                                           list(result.event_ids), result.error_type, result.reason,
+                                           result.recorded_at])
         if len(recent) > self.window:
             del recent[next(iter(recent))]
 
@@ -161,10 +167,13 @@ class PartitionState:
             del recent[next(iter(recent))]
 
 
-def _result_row(r: CommandResult | list) -> list:
-    if isinstance(r, list):
+def _result_row(r: CommandResult | list | bytes) -> bytes:
+    """A kept result as its snapshot row, encoded."""
+    if isinstance(r, bytes):
         return r
-    return [r.command_id, r.status, r.version, list(r.event_ids), r.error_type, r.reason, r.recorded_at]
+    if isinstance(r, list):
+        return dumps(r)
+    return dumps([r.command_id, r.status, r.version, list(r.event_ids), r.error_type, r.reason, r.recorded_at])
 
 
 def _result_from_row(aggregate_id: str, row: list) -> CommandResult:
@@ -234,7 +243,8 @@ class SnapshotWriter:
             (dumps({"aggregate_type": aggregate_type, "aggregate_id": aggregate_id,
                     "state": DOMAINS[aggregate_type].encode_state(state)})
              for (aggregate_type, aggregate_id), state in states),
-            (dumps({"aggregate_id": aggregate_id, "results": [_result_row(r) for r in recent.values()]})
+            (b'{"aggregate_id":' + dumps(aggregate_id) + b',"results":['
+             + b",".join([_result_row(r) for r in recent.values()]) + b"]}"
              for aggregate_id in result_ids if (recent := results.get(aggregate_id))))
         head = b'{"snapshot_id":' + dumps(self.snapshot_id) + b',"entries":['
         for chunk in _packed(entries, _CHUNK_BYTES):
