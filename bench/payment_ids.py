@@ -5,9 +5,10 @@ growing N, side by side: a cost per event that grows with N makes rebuilding a l
 
 With ``--collector``: the garbage collector's share of the handler's state updates as its accounts grow. One
 partition's accounts (667, the freshness benchmark's share) each hold N payment ids; 200,000 payments are folded
-into accounts picked at random, with the collector set as the command handler sets it, and every collection is
-timed. Each version of an account's payment ids is a young object; if the collector's traversal of one visits
-every id it holds (pyrsistent's C vector did), each young-generation collection grows with the accounts.
+into accounts picked at random, with the collector's thresholds as the services set them between their paced
+collections (``event_store.collector.THRESHOLDS``), and every collection is timed. Each version of an account's
+payment ids is a young object; if the collector's traversal of one visits every id it holds (pyrsistent's C
+vector did), each young-generation collection grows with the accounts.
 
     .venv/bin/python bench/payment_ids.py [N ...]
     .venv/bin/python bench/payment_ids.py --collector [N ...]
@@ -36,7 +37,7 @@ def fold_payments(n: int) -> tuple[AccountState, float]:
 def collector(sizes: list[int], accounts: int = 667, payments: int = 200_000) -> int:
     from event_store.collector import THRESHOLDS
 
-    print(f"collector thresholds {THRESHOLDS} (the handler's); {accounts} accounts, {payments:,} payments "
+    print(f"collector thresholds {THRESHOLDS} (the services'); {accounts} accounts, {payments:,} payments "
           f"folded at random")
     print(f"{'ids/account':>11} {'fold s':>7} {'collections':>11} {'collector s':>11} {'longest s':>9} {'share':>6}")
     rng = random.Random(7)

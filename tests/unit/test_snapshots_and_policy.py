@@ -35,6 +35,18 @@ def test_the_window_keeps_the_first_result_of_the_most_recent_commands():
     assert part.first_result("acc-0", "c-0-0") is None
 
 
+def test_the_window_holds_no_objects_for_the_garbage_collector_until_a_result_is_asked_for():
+    # Every command adds a result to the window and (once it is full) drops one: what it keeps is young, and each
+    # of the handler's collections visits what is young (event_store.collector); results are kept encoded.
+    import gc
+
+    part = a_partition(accounts=20, results_per_account=50, window=30)
+    kept = [row for recent in part.results.values() for row in recent.values()]
+    assert len(kept) == 20 * 30 and not any(gc.is_tracked(row) for row in kept)
+    first = part.first_result("acc-3", "c-3-40")
+    assert (first.command_id, first.status, first.version, len(first.event_ids)) == ("c-3-40", "accepted", 41, 1)
+
+
 def test_a_snapshot_round_trips_through_its_records_even_in_several_chunks(monkeypatch):
     import event_store.snapshots as snapshots
 
