@@ -1247,7 +1247,9 @@ class PythonProjection:
         run = ProjectionRun()
         try:
             main = self.queries[0]
-            with CollectorPaced() as collector:  # event_store.collector: short collections between batches
+            # event_store.collector: short collections between batches; everything every 10 minutes, as the
+            # libraries of this loop make reference cycles.
+            with CollectorPaced(whole_every_s=600) as collector:
                 while stop_requested is None or not stop_requested.is_set():
                     worked = main.step(limit, 0.1)
                     for query in self.queries[1:]:
