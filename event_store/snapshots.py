@@ -144,9 +144,7 @@ class PartitionState:
         # bytes are no work for the garbage collector (two lists per command were most of the handler's young
         # objects: event_store.collector). Copied into bytes of their own size: orjson's output is its buffer
         # shrunk in place, and kept for long each pinned ~4 KB of the heap (66,700 rows: 266 MiB, 11 copied).
-        recent[result.command_id] = bytes(memoryview(dumps([
-            result.command_id, result.status, result.version, list(result.event_ids), result.error_type,
-            result.reason, result.recorded_at])))
+        recent[result.command_id] = bytes(memoryview(_result_row(result)))
         if len(recent) > self.window:
             del recent[next(iter(recent))]
 
