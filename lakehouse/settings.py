@@ -109,6 +109,19 @@ class Settings:
     rebuild_engine: str = "duckdb"
     sql_server_host: str = "127.0.0.1"
     sql_server_port: int = 10000
+    # How `eventlake sql-server` checks a login: "password" (the users file below, managed with `eventlake
+    # sql-server users`), "ldap" (Hive's LDAP provider: sql_server_ldap_url, sql_server_ldap_base_dn) or "none"
+    # (any user name, no password: only for a server no one else can reach).
+    sql_server_auth: str = "password"
+    # The users file (hashed passwords and per-user table grants; mode 0600); default: <home>/sql-server/users.
+    sql_server_users_file: Path | None = None
+    sql_server_ldap_url: str | None = None
+    sql_server_ldap_base_dn: str | None = None
+    # "on": the Thrift port speaks TLS only, with the certificate of the Kafka TLS mode (trusted through
+    # ``ssl_cafile``) unless sql_server_keystore (PKCS12 or JKS) and its password name another.
+    sql_server_tls: str = "off"
+    sql_server_keystore: Path | None = None
+    sql_server_keystore_password: str | None = field(default=None, repr=False)
     # Free-form extras, e.g. {"projection_id": "..."} from tests; not read from the environment.
     extra: Mapping[str, str] = field(default_factory=dict)
 
@@ -210,7 +223,7 @@ class Settings:
         each process its own credentials in its environment."""
         if self.kafka_security == "none" or self.kafka_username is not None:
             return self
-        from lakehouse.kafka_security import role_credentials
+        from lakehouse.kafka_credentials import role_credentials
 
         found = role_credentials(self, role)
         if found is None:
