@@ -1,47 +1,7 @@
-"""Background processes the CLI starts and stops by a pid file (the local broker, the SQL server)."""
+"""Background processes the CLI starts and stops by a pid file: ``lakehouse.processes``, named here too for the
+modules of the top that import it from here."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from lakehouse.processes import pid_alive, read_pid, terminate
 
 __all__ = ["pid_alive", "read_pid", "terminate"]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (our own exited child) is not alive.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return True
-
-
-def read_pid(pid_file: Path) -> int | None:
-    """The pid in ``pid_file`` when that process is alive, else None."""
-    try:
-        pid = int(pid_file.read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if pid_alive(pid) else None
-
-
-def terminate(pid: int, timeout: float, group: bool = False) -> bool:
-    """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL (the whole process group with ``group``: a service
-    started in a session of its own, with its JVM) -> whether it had to be killed."""
-    import signal
-    import time
-
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and pid_alive(pid):
-        time.sleep(0.2)
-    if not pid_alive(pid):
-        return False
-    (os.killpg if group else os.kill)(pid, signal.SIGKILL)
-    return True

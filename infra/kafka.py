@@ -31,12 +31,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from eventlake.processes import pid_alive, read_pid, terminate
 from infra.maven import copy_dependencies
 from lakehouse.kafka_security import kafka_python_config, write_credentials
+from lakehouse.processes import pid_alive, read_pid, terminate
 from lakehouse.settings import SASL_MECHANISMS, Settings
 
-__all__ = ["BrokerStatus", "NodeStatus", "KafkaError", "resolve_libs", "up", "down", "status"]
+__all__ = ["BrokerStatus", "NodeStatus", "KafkaError", "resolve_libs", "up", "down", "status", "tls_material"]
 
 POM = Path(__file__).resolve().parent / "kafka" / "pom.xml"
 
@@ -225,6 +225,13 @@ def _tls_material(settings: Settings) -> tuple[Path, str]:
             raise KafkaError(f"keytool {args[0]} failed: {(proc.stdout + proc.stderr).replace(password, '***')}")
     os.chmod(keystore, 0o600)
     return keystore, password
+
+
+def tls_material(settings: Settings) -> tuple[Path, str]:
+    """The local cluster's TLS keystore (PKCS12) and its password, made once (``_tls_material``); clients trust
+    it through ``Settings.ssl_cafile``. `eventlake sql-server` serves its Thrift port with it too, so one ca.pem
+    trusts both."""
+    return _tls_material(settings)
 
 
 def _scram_arguments(settings: Settings) -> list[str]:

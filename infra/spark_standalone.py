@@ -19,7 +19,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from eventlake.processes import pid_alive, read_pid
+from lakehouse.processes import pid_alive, read_pid
 from lakehouse.settings import Settings
 
 __all__ = ["ClusterStatus", "SparkClusterError", "up", "down", "status", "master_url", "spark_home"]

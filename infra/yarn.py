@@ -29,8 +29,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from eventlake.processes import read_pid, terminate
 from infra.maven import copy_dependencies
+from lakehouse.processes import read_pid, terminate
 from lakehouse.settings import Settings
 
 __all__ = ["YarnStatus", "YarnError", "resolve_libs", "up", "down", "status", "spark_conf", "SPARK_CONF_FILE"]
