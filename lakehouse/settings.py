@@ -77,6 +77,9 @@ class Settings:
     snapshot_every_events: int = 10_000
     # Per account, the handler remembers the first result of this many most recent commands (idempotency).
     idempotency_window: int = 100
+    # The handler's in-memory cache of each partition's state store (event_store.state_store: aggregate states,
+    # idempotency windows, log positions on disk under <home>/handler-state), in MB.
+    handler_state_cache_mb: int = 64
     # The handler rejects a command whose event time (occurred_at) lies more than this many seconds ahead of
     # its clock: one event dated far ahead would move every event-time watermark past all later events.
     max_event_time_ahead_s: int = 900
