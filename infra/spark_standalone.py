@@ -4,7 +4,7 @@ own (``org.apache.spark.deploy.master.Master`` / ``...worker.Worker`` through py
 ``up`` starts what is not running and waits until every worker has registered; ``down`` stops them all. The
 apps run on it by configuration only: ``EVENTLAKE_SPARK_MASTER=spark://127.0.0.1:<port>`` (what ``up`` prints).
 Executors run this checkout's Python (``PYSPARK_PYTHON``, set by ``spark_apps.session``), so on this machine the
-code needs no shipping; on other machines see the README (``--py-files``).
+code needs no shipping; on other machines see docs/deployment.md (``--py-files``).
 """
 from __future__ import annotations
 

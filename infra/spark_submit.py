@@ -15,7 +15,7 @@ options, and in cluster deploy mode (the driver runs in the cluster, not in this
 
 The third-party Python packages the apps import (pyspark's own, orjson, msgspec, deltalake, great_expectations,
 ...) must be in the Python the cluster runs (``PYSPARK_PYTHON``): an image built from ``pyproject.toml`` and
-``constraints.txt``, or a packed virtualenv shipped with ``--archives`` (README, "Running on a cluster").
+``constraints.txt``, or a packed virtualenv shipped with ``--archives`` (docs/deployment.md, "Deployment").
 """
 from __future__ import annotations
 

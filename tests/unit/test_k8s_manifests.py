@@ -520,7 +520,7 @@ def test_the_entrypoint_starts_spark_pods_as_spark_on_kubernetes_does_and_runs_a
 @pytest.mark.slow
 def test_what_kustomize_renders_is_valid_in_the_namespace_with_the_image_it_is_told(tmp_path):
     """``kubectl apply -k`` applies kustomize's rendering, not the files: render it (a copy of infra/k8s whose image
-    is renamed as the README says) and check every object again. Needs the kustomize binary (skipped without)."""
+    is renamed as docs/deployment.md says) and check every object again. Needs the kustomize binary (skipped without)."""
     import shutil
     import subprocess
 
