@@ -1,0 +1,179 @@
+"""One partition's command-handler state on disk (LMDB), with a bounded in-memory cache.
+
+What Kafka Streams and Flink keep in RocksDB (issue 42): per owned partition, the aggregates' states, their
+idempotency windows, the event ids the repeat rule still needs (``event_store.partition_rebuild.apply_logged``:
+only the ids a record's own fields do not derive) and the log positions (``events_offset``, ``results_offset``)
+they cover. ``write`` puts a batch's changes and the positions in ONE LMDB transaction, so whoever opens the store
+sees a state together with the position it covers, never one without the other: a restart on the same machine
+opens the store and replays only the log after its positions (``PartitionRebuilder``'s tail), whatever the
+log's length. Kafka stays the source of truth: the store is written after the handler's Kafka transaction
+commits, without an fsync per batch (a kill -9 loses nothing LMDB committed; an OS crash may lose the last
+batches, which the replay from the older positions reads again, never the store's consistency). A batch written
+twice leaves the store as written once (every write is a put of the key's whole value).
+
+Values are bytes encoded by the caller (a domain's ``encode_state``, the window's rows). The cache keeps the most
+recently used values up to ``cache_bytes`` (counted as the encoded size plus a fixed overhead per entry), so the
+handler's memory follows the cache, not the number of aggregates; LMDB's own pages live in the OS page cache.
+
+The snapshots topic (``event_store.snapshots``) stays what a handler that never held the partition restores from;
+incremental snapshots (only what changed since the previous one) are a later step.
+
+Chosen over SQLite in WAL mode by bench/state_store.py (1M aggregates: 1.6x the batch rate, ~30x the random reads).
+"""
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from pathlib import Path
+from typing import Iterable, Iterator, Mapping
+
+import lmdb
+
+__all__ = ["StateStore", "store_path", "ENTRY_OVERHEAD"]
+
+# Keys: one byte of kind, then the key's text. The positions' key sorts before all of them.
+_POSITIONS = b"\x00positions"
+_STATE, _RESULTS, _EVENT_ID = b"s", b"r", b"i"
+_SEP = b"\x00"
+# What a cached entry costs beyond its encoded value (the dict slot, the key, the bytes object's header).
+ENTRY_OVERHEAD = 200
+# The largest the memory map may grow to (address space only: the file grows with its content).
+_MAP_SIZE = 1 << 40
+
+
+def store_path(home: Path, events_topic: str, partition: int) -> Path:
+    """Where the state store of ``partition`` of ``events_topic`` lives under the handler's ``home``."""
+    return Path(home) / "handler-state" / f"{events_topic}-{partition}"
+
+
+def _state_key(aggregate_type: str, aggregate_id: str) -> bytes:
+    return _STATE + aggregate_type.encode() + _SEP + aggregate_id.encode()
+
+
+def _results_key(aggregate_id: str) -> bytes:
+    return _RESULTS + aggregate_id.encode()
+
+
+def _event_id_key(event_id: str) -> bytes:
+    return _EVENT_ID + event_id.encode()
+
+
+class StateStore:
+    """A partition's state store at ``path`` (created if missing), caching up to ``cache_bytes`` of values."""
+
+    def __init__(self, path: Path | str, cache_bytes: int = 64 << 20):
+        if cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be >= 0, not {cache_bytes}")
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        # sync/metasync off: durable against a killed process (the OS holds the pages); Kafka is the source of
+        # truth for what an OS crash would lose (module docstring).
+        self._env = lmdb.open(str(self.path), map_size=_MAP_SIZE, sync=False, metasync=False, readahead=False,
+                              max_dbs=0)
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[bytes, bytes | None] = OrderedDict()
+        self._cached = 0
+
+    # Reading --------------------------------------------------------------------------------------------------
+    def positions(self) -> tuple[int, int] | None:
+        """(events_offset, results_offset) the stored state covers, or None for a store never written."""
+        with self._env.begin() as txn:
+            raw = txn.get(_POSITIONS)
+        return None if raw is None else struct.unpack(">qq", raw)
+
+    def state(self, aggregate_type: str, aggregate_id: str) -> bytes | None:
+        """The encoded state of an aggregate, or None."""
+        return self._get(_state_key(aggregate_type, aggregate_id))
+
+    def results(self, aggregate_id: str) -> bytes | None:
+        """The encoded idempotency window of an aggregate id, or None."""
+        return self._get(_results_key(aggregate_id))
+
+    def has_event_id(self, event_id: str) -> bool:
+        """Whether ``event_id`` is in the store's event-id index."""
+        return self._get(_event_id_key(event_id)) is not None
+
+    def states(self) -> Iterator[tuple[str, str, bytes]]:
+        """Every stored (aggregate type, aggregate id, encoded state), in key order (for a snapshot), read past
+        the cache."""
+        with self._env.begin() as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(_STATE):
+                for key, value in cursor:
+                    if not key.startswith(_STATE):
+                        break
+                    aggregate_type, _, aggregate_id = key[1:].partition(_SEP)
+                    yield aggregate_type.decode(), aggregate_id.decode(), bytes(value)
+
+    def _get(self, key: bytes) -> bytes | None:
+        cache = self._cache
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+        with self._env.begin() as txn:
+            value = txn.get(key)
+        self._cache_put(key, value)
+        return value
+
+    # Writing --------------------------------------------------------------------------------------------------
+    def write(self, events_offset: int, results_offset: int, states: Mapping[tuple[str, str], bytes] = {},
+              results: Mapping[str, bytes] = {}, event_ids: Iterable[str] = ()) -> None:
+        """Put a batch's changed states, windows and event ids, and the positions they cover, in one
+        transaction: all of it is visible after, or none of it (an exception or a killed process)."""
+        puts = [(_state_key(*key), value) for key, value in states.items()]
+        puts += [(_results_key(aggregate_id), value) for aggregate_id, value in results.items()]
+        puts += [(_event_id_key(event_id), b"") for event_id in event_ids]
+        with self._env.begin(write=True) as txn:
+            for key, value in puts:
+                txn.put(key, value)
+            txn.put(_POSITIONS, struct.pack(">qq", events_offset, results_offset))
+        for key, value in puts:  # only once committed
+            self._cache_put(key, value)
+
+    def _cache_put(self, key: bytes, value: bytes | None) -> None:
+        cache = self._cache
+        old = cache.pop(key, 0)
+        if old != 0:
+            self._cached -= _cost(key, old)
+        cost = _cost(key, value)
+        if cost > self.cache_bytes:
+            return
+        cache[key] = value
+        self._cached += cost
+        while self._cached > self.cache_bytes:
+            old_key, old_value = cache.popitem(last=False)
+            self._cached -= _cost(old_key, old_value)
+
+    # What it holds ------------------------------------------------------------------------------------------
+    def cached_bytes(self) -> int:
+        """What the cache holds, as counted against ``cache_bytes``."""
+        return self._cached
+
+    def cached_entries(self) -> int:
+        return len(self._cache)
+
+    def entries(self) -> int:
+        """How many keys the store holds (the positions included)."""
+        return self._env.stat()["entries"]
+
+    def size_on_disk(self) -> int:
+        """Bytes of the store's files on disk."""
+        return sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
+
+    def drop_cache(self) -> None:
+        self._cache.clear()
+        self._cached = 0
+
+    def close(self) -> None:
+        self.drop_cache()
+        self._env.close()
+
+    def __enter__(self) -> "StateStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _cost(key: bytes, value: bytes | None) -> int:
+    return len(key) + (len(value) if value else 0) + ENTRY_OVERHEAD
