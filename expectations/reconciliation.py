@@ -29,10 +29,9 @@ from event_store.schemas import EVENTS
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
 from lakehouse.tables import read_table
-from read_models.catalog import Catalog, Generation
+from read_models.catalog import ARCHIVE_TABLE, Catalog, Generation
 from read_models.sequence import sequence
 from read_models.spec import WINDOWED_SUM
-from spark_apps.projection import ARCHIVE_TABLE
 
 __all__ = ["Reconciliation", "reconcile"]
 

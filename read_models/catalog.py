@@ -41,7 +41,9 @@ registered (a ``created`` row) on the first change of that name, in the same com
 API: ``Catalog(settings)``; ``.current(name)``, ``.current_all()``, ``.generation(name, n)``, ``.generations(name)``,
 ``.history(name)``; ``.create_next(name, by, reason)``, ``.record_position(name, n, position, by)``,
 ``.switch(name, n, expected_current, by, reason)``, ``.rollback(name, by, reason)``, ``.drop(name, n, by, reason)``.
-Non-model tables (the archive, the dead letters, the catalog itself) stay at ``settings.table_path(name)``.
+Non-model tables (the archive, the dead letters, a projection's sequence ledger and held events, the catalog
+itself) stay at ``settings.table_path(name)``; their names are here too (``ARCHIVE_TABLE``, ``DEAD_LETTER_TABLE``,
+``ledger_table``, ``held_table``, ``SHARED_LATE_EVENTS_TABLE``), so that every table's identity has one owner.
 
 It lives in ``read_models`` rather than in the bottom layer (``lakehouse``) because it knows the read models: the
 registry's names (the names it accepts, the live projection's checkpoint) and each model's merge strategy (which
@@ -61,15 +63,32 @@ from lakehouse.storage import Location, delta_table, remove_tree, storage_option
 
 __all__ = ["Catalog", "CatalogError", "CatalogEntry", "CatalogRefused", "Generation", "ModelState",
            "CATALOG_TABLE", "GENERATIONS_FOLDER", "SHARED_LATE_EVENTS_TABLE", "late_events_sources",
-           "legacy_generation"]
+           "legacy_generation", "ARCHIVE_TABLE", "DEAD_LETTER_TABLE", "REPROCESSED_AT", "ledger_table", "held_table"]
 
 CATALOG_TABLE = "_catalog"
 GENERATIONS_FOLDER = "_generations"
 # The late events of every generation-1 windowed model, told apart by ``read_model`` (the layout before generations).
 SHARED_LATE_EVENTS_TABLE = "late_events"
+# A late-events row folded back in by ``eventlake reprocess`` carries the time it was, in this column.
+REPROCESSED_AT = "reprocessed_at"
+# Every valid event with its topic/partition/offset: read models can be rebuilt from it after Kafka
+# retention has removed old segments.
+ARCHIVE_TABLE = "event_archive"
+# The events records that are no valid event, and the version conflicts, with the reason and the original bytes.
+DEAD_LETTER_TABLE = "_dead_letters/events"
 _TXN_APP_ID = "eventlake-catalog"
 _ACTIONS = ("created", "positioned", "ready", "abandoned", "switched", "dropped")
 _RETRIES = 8
+
+
+def ledger_table(projection: str) -> str:
+    """The sequence ledger of ``projection`` (the query's name): each aggregate's versions admitted so far."""
+    return f"_sequence/{projection}"
+
+
+def held_table(projection: str) -> str:
+    """The events ``projection`` holds back until the versions before them arrive."""
+    return f"_sequence_held/{projection}"
 
 
 class CatalogError(RuntimeError):

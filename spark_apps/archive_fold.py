@@ -23,8 +23,9 @@ import time
 from typing import Callable
 
 from lakehouse.settings import Settings
-from spark_apps.arrow_rows import in_schema
+from read_models.catalog import ARCHIVE_TABLE
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
+from spark_apps.arrow_rows import in_schema
 
 __all__ = ["supports", "archive_position", "fold_archive", "arrow_schema"]
 
@@ -76,8 +77,6 @@ class _Fold:
         import duckdb
         import pyarrow as pa
         from deltalake import DeltaTable
-
-        from spark_apps.projection import ARCHIVE_TABLE
 
         self.metadata = metadata
         self.path = str(settings.table_path(ARCHIVE_TABLE))

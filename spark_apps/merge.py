@@ -37,7 +37,7 @@ from read_models.catalog import SHARED_LATE_EVENTS_TABLE, Generation, legacy_gen
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
 __all__ = ["BatchContext", "apply", "commit_conflict", "post_commit_hook_failure", "COMMIT_ATTEMPTS", "ensure_table",
-           "bookkeeping_tables", "LATE_EVENTS_TABLE", "watermark_delay", "windowed_watermark", "newest_event_time_on_clock"]
+           "bookkeeping_tables", "watermark_delay", "windowed_watermark", "newest_event_time_on_clock"]
 
 # How often a model's part of a batch is run when its commits keep losing races, and the pause before each retry.
 COMMIT_ATTEMPTS = 6
@@ -48,9 +48,6 @@ RETRY_PAUSE_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 RETRIED_CONFLICTS = ("ConcurrentAppendException", "ConcurrentDeleteReadException",
                      "ConcurrentDeleteDeleteException", "ConcurrentWriteException", "MetadataChangedException",
                      "DeltaConcurrentModificationException")
-
-# The logical name readers query (the union of the current generations' late events); generation 1's table.
-LATE_EVENTS_TABLE = SHARED_LATE_EVENTS_TABLE
 
 
 def ensure_table(spark, path: Path, schema, stats_columns: tuple[str, ...] | None = None) -> None:
@@ -405,7 +402,7 @@ def _windowed_sum(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]
                 F.lit(model.name).alias("read_model"), "event_id", "event_type", "aggregate_id",
                 F.col(model.event_time).alias("event_time"), F.lit(watermark).alias("watermark"),
                 F.to_json(F.struct(*[c for c in fresh.columns if not c.startswith("_")])).alias("event"),
-                F.current_timestamp().alias("recorded_at")), LATE_EVENTS_TABLE, writer=model.name,
+                F.current_timestamp().alias("recorded_at")), SHARED_LATE_EVENTS_TABLE, writer=model.name,
                 path=generation.late_events)
         if on_time or late_count:
             with ctx.timed(f"{model.name}: applied ledger"):

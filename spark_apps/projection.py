@@ -28,18 +28,14 @@ from typing import Callable, Mapping
 
 import read_models
 from lakehouse.settings import Settings
-from read_models.catalog import Catalog, Generation
+from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Catalog, Generation, held_table, ledger_table
 from read_models.spec import ReadModel
 from spark_apps.events import check_records, parse_events, read_event_records, split_checked
 from spark_apps.merge import EVENT_TIME_FORMAT, BatchContext, apply, bookkeeping_tables, ensure_table
 from spark_apps import sequence
 
-__all__ = ["Projection", "ProjectionError", "ProjectionRun", "DEAD_LETTER_TABLE", "ARCHIVE_TABLE", "main"]
+__all__ = ["Projection", "ProjectionError", "ProjectionRun", "ARCHIVE_STATS_COLUMNS", "dead_letter_schema", "main"]
 
-DEAD_LETTER_TABLE = "_dead_letters/events"
-# Every valid event with its topic/partition/offset: read models can be rebuilt from it after Kafka
-# retention has removed old segments.
-ARCHIVE_TABLE = "event_archive"
 ARCHIVE_STATS_COLUMNS = ("event_type", "aggregate_id", "occurred_at", "kafka_partition", "kafka_offset")
 
 
@@ -96,12 +92,12 @@ class Projection:
     def ensure_tables(self) -> None:
         """Create every table this projection writes, empty, if missing (readers never see a missing table)."""
         event_rows = _event_row_schema(self.spark)
-        tables = {DEAD_LETTER_TABLE: (_dead_letter_schema(), None)}
+        tables = {DEAD_LETTER_TABLE: (dead_letter_schema(), None)}
         if self.archive:
             tables[ARCHIVE_TABLE] = (event_rows, ARCHIVE_STATS_COLUMNS)
         if self.models:
-            tables[sequence.ledger_table(self.name)] = (sequence.ledger_schema(), ("aggregate_id",))
-            tables[sequence.held_table(self.name)] = (event_rows, None)
+            tables[ledger_table(self.name)] = (sequence.ledger_schema(), ("aggregate_id",))
+            tables[held_table(self.name)] = (event_rows, None)
         _upgrade_dead_letter_table(self.spark, self.settings.table_path(DEAD_LETTER_TABLE), self.log)
         for name, (schema, stats_columns) in tables.items():
             ensure_table(self.spark, self.settings.table_path(name), schema, stats_columns)
@@ -416,7 +412,7 @@ def _event_row_schema(spark):
     return parse_events(empty)[0].schema
 
 
-def _dead_letter_schema():
+def dead_letter_schema():
     """The event dead letters (``spark_apps.events.DEAD_LETTER_COLUMNS``): ``raw_bytes`` holds the record's exact
     bytes, ``raw_value`` the same as valid UTF-8 text (U+FFFD where they are not), ``raw_value_base64`` as base64."""
     from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType, \

@@ -43,10 +43,11 @@ from event_store.collector import CollectorPaced
 from event_store.errors import InvalidRecord
 from event_store.fields import ISO_TIME
 from lakehouse.settings import Settings
-from read_models.catalog import Generation
+from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, SHARED_LATE_EVENTS_TABLE, Generation, held_table, \
+    ledger_table
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
-from spark_apps.projection import ARCHIVE_STATS_COLUMNS, ARCHIVE_TABLE, DEAD_LETTER_TABLE, Projection, \
-    ProjectionError, ProjectionRun
+from spark_apps.projection import ARCHIVE_STATS_COLUMNS, Projection, ProjectionError, ProjectionRun, \
+    dead_letter_schema
 from spark_apps import sequence
 from spark_apps.arrow_rows import in_schema
 
@@ -740,15 +741,14 @@ class _Tables(Projection):
 
     def ensure_tables(self) -> None:
         from spark_apps.archive_fold import arrow_schema
-        from spark_apps.projection import _dead_letter_schema
 
         rows = event_row_schema()
-        tables = {DEAD_LETTER_TABLE: (arrow_schema(_dead_letter_schema()), None)}
+        tables = {DEAD_LETTER_TABLE: (arrow_schema(dead_letter_schema()), None)}
         if self.archive:
             tables[ARCHIVE_TABLE] = (rows, ARCHIVE_STATS_COLUMNS)
         if self.models:
-            tables[sequence.ledger_table(self.name)] = (arrow_schema(sequence.ledger_schema()), ("aggregate_id",))
-            tables[sequence.held_table(self.name)] = (rows, None)
+            tables[ledger_table(self.name)] = (arrow_schema(sequence.ledger_schema()), ("aggregate_id",))
+            tables[held_table(self.name)] = (rows, None)
         for name, (schema, stats) in tables.items():
             _ensure(self.settings.table_path(name), schema, stats)
         if self.models:
@@ -1305,11 +1305,11 @@ def _read_models_batch(query: _Query, records: _Records, batch: _Batch) -> None:
         con.execute("SET TimeZone = 'UTC'")
         con.register("batch", events)
         with batch.timed("sequence: check"):
-            ledger_name = sequence.ledger_table(query.name)
+            ledger_name = ledger_table(query.name)
             ledger_path = settings.table_path(ledger_name)
             ledger = batch.table(ledger_path)
             rerun = batch.done(ledger, f"{query.app_id}/{ledger_name}/")
-            held_path = settings.table_path(sequence.held_table(query.name))
+            held_path = settings.table_path(held_table(query.name))
             _register(con, "held", held_path, batch.table(held_path))
             held = con.execute("SELECT count(*) FROM held WHERE aggregate_id IN (SELECT aggregate_id FROM batch)"
                                ).fetchall()[0][0]
@@ -1566,8 +1566,7 @@ def _plan_windowed(con, batch: _Batch, model: ReadModel, generation: Generation,
                    txn: str, on: str, insert: dict) -> Callable[[], None]:
     import datetime as dt
 
-    from spark_apps.merge import LATE_EVENTS_TABLE, _utc, newest_event_time_on_clock, watermark_delay, \
-        windowed_watermark
+    from spark_apps.merge import _utc, newest_event_time_on_clock, watermark_delay, windowed_watermark
 
     with batch.timed(f"{model.name}: watermark"):
         metadata = [json.loads(c["userMetadata"]) for c in target.history(5) if c.get("userMetadata")]
@@ -1626,7 +1625,7 @@ def _plan_windowed(con, batch: _Batch, model: ReadModel, generation: Generation,
                     batch.to_cluster.add(str(generation.table))
         if late.num_rows:
             with batch.timed(f"{model.name}: late events"):
-                batch.append(late, generation.late_events, LATE_EVENTS_TABLE, writer=model.name)
+                batch.append(late, generation.late_events, SHARED_LATE_EVENTS_TABLE, writer=model.name)
         if ledger.num_rows:
             with batch.timed(f"{model.name}: applied ledger"):
                 batch.append(ledger, generation.applied, f"_applied/{model.name}")

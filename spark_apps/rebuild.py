@@ -26,6 +26,7 @@ from typing import Callable
 
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
+from read_models.catalog import ARCHIVE_TABLE, SHARED_LATE_EVENTS_TABLE, held_table, ledger_table
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
 __all__ = ["FoldTargets", "FoldStep", "FoldResult", "RebuildError", "RebuildFailed", "RebuildRefused", "RebuildOutcome",
@@ -85,21 +86,16 @@ def warehouse_targets(settings: Settings, models: list[ReadModel], projection: s
         -> dict[str, FoldTargets]:
     """The targets where a ``Projection`` of ``models`` with ``settings`` keeps its tables (its ledger is named
     after the projection: ``projection-<model>+<model>...``)."""
-    from spark_apps import sequence
-    from spark_apps.merge import LATE_EVENTS_TABLE
-
     projection = projection or "projection-" + "+".join(m.name for m in models)
     path = lambda name: str(settings.table_path(name))  # noqa: E731
     return {m.name: FoldTargets(
-        table=path(m.name), ledger=path(sequence.ledger_table(projection)), held=path(sequence.held_table(projection)),
+        table=path(m.name), ledger=path(ledger_table(projection)), held=path(held_table(projection)),
         pending=path(f"_pending/{m.name}") if m.merge_strategy == CURRENT_STATE_BY_VERSION else None,
         applied=path(f"_applied/{m.name}") if m.merge_strategy == WINDOWED_SUM else None,
-        late=path(LATE_EVENTS_TABLE) if m.merge_strategy == WINDOWED_SUM else None) for m in models}
+        late=path(SHARED_LATE_EVENTS_TABLE) if m.merge_strategy == WINDOWED_SUM else None) for m in models}
 
 
 def _archive(spark, settings: Settings):
-    from spark_apps.projection import ARCHIVE_TABLE
-
     path = str(settings.table_path(ARCHIVE_TABLE))
     try:
         return spark.read.format("delta").load(path)
@@ -149,8 +145,6 @@ def fold_archive(spark, settings: Settings, models: list[ReadModel], targets: di
     if engine not in REBUILD_ENGINES:
         raise RebuildError(f"unknown rebuild engine {engine!r}; known: {', '.join(REBUILD_ENGINES)}")
     if engine == "duckdb":
-        from spark_apps.projection import ARCHIVE_TABLE
-
         paths = [str(settings.table_path(ARCHIVE_TABLE))] + [p for t in targets.values() for p in
                                                                (t.table, t.ledger, t.held, t.pending, t.applied, t.late)
                                                                if p]
@@ -236,8 +230,6 @@ def _folded(result: FoldResult, models: list[ReadModel], started: float, log: Ca
 
 def _archived_events(settings: Settings) -> int:
     """How many events the archive holds, from its Delta statistics (no Spark job): for progress only."""
-    from spark_apps.projection import ARCHIVE_TABLE
-
     try:
         actions = delta_table(settings.table_path(ARCHIVE_TABLE)).get_add_actions(flatten=True)
         return int(sum(n or 0 for n in actions.column("num_records").to_pylist()))
@@ -664,7 +656,6 @@ def build_generation(spark, settings: Settings, name: str, number: int, by: str,
     done of the total and an ETA. An error abandons the generation (readers never saw it) and is raised."""
     import read_models
     from read_models.catalog import Catalog
-    from spark_apps import sequence
     from spark_apps.projection import Projection
 
     model = read_models.get(name)
@@ -673,8 +664,8 @@ def build_generation(spark, settings: Settings, name: str, number: int, by: str,
     started = time.monotonic()
     catch_up_name = str(generation.checkpoint.relative_to(settings.checkpoints))
     targets = {name: FoldTargets(
-        table=str(generation.table), ledger=str(settings.table_path(sequence.ledger_table(catch_up_name))),
-        held=str(settings.table_path(sequence.held_table(catch_up_name))),
+        table=str(generation.table), ledger=str(settings.table_path(ledger_table(catch_up_name))),
+        held=str(settings.table_path(held_table(catch_up_name))),
         pending=str(generation.pending) if model.merge_strategy == CURRENT_STATE_BY_VERSION else None,
         applied=str(generation.applied) if model.merge_strategy == WINDOWED_SUM else None,
         late=str(generation.late_events) if model.merge_strategy == WINDOWED_SUM else None)}

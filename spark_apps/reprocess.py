@@ -32,15 +32,15 @@ from dataclasses import dataclass
 from typing import Callable
 
 from lakehouse.settings import Settings
+from read_models.catalog import REPROCESSED_AT
 from read_models.spec import WINDOWED_SUM, ReadModel
 
 __all__ = ["ReprocessError", "ReprocessRefused", "ReprocessOutcome", "WINDOW", "parse_bound", "validate",
-           "late_events_waiting", "reprocess", "REPROCESSED_AT"]
+           "late_events_waiting", "reprocess"]
 
 # The windows of a windowed model are event-time minutes (its fold: date_trunc('minute'), window_end = +1 minute).
 WINDOW = dt.timedelta(minutes=1)
 # The column of late_events that marks a late event folded into its window by a reprocess (null: not yet).
-REPROCESSED_AT = "reprocessed_at"
 _RETRIES = 3
 
 

@@ -17,19 +17,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["ledger_table", "held_table", "ledger_schema", "admit", "Admission", "VERSION_CONFLICT"]
+from read_models.catalog import DEAD_LETTER_TABLE, held_table, ledger_table
+
+__all__ = ["ledger_schema", "admit", "Admission", "VERSION_CONFLICT"]
 
 # How the reason of a version conflict's dead letter starts (a conflict quarantines nothing: the first event
 # at a version counts, on both sides).
 VERSION_CONFLICT = "version conflict"
-
-
-def ledger_table(projection: str) -> str:
-    return f"_sequence/{projection}"
-
-
-def held_table(projection: str) -> str:
-    return f"_sequence_held/{projection}"
 
 
 def ledger_schema():
@@ -156,7 +150,6 @@ def _ledger_rows(events, admitted_by: str, F):
 def _dead_letter_conflicts(ctx, conflicts, columns, F) -> None:
     """Version conflicts to the projection's dead letters, with the event as JSON and both event ids."""
     from spark_apps.events import split_checked
-    from spark_apps.projection import DEAD_LETTER_TABLE
 
     checked = conflicts.select(
         *columns,

@@ -20,8 +20,8 @@ from typing import NamedTuple
 import read_models
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
-from read_models.catalog import Catalog, Generation, late_events_sources
-from spark_apps.merge import LATE_EVENTS_TABLE
+from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, REPROCESSED_AT, SHARED_LATE_EVENTS_TABLE, Catalog, \
+    Generation, held_table, late_events_sources
 
 __all__ = ["ProjectionStatus", "TableStatus", "WatermarkStatus", "projection_statuses", "table_statuses",
            "watermark_statuses", "render"]
@@ -103,7 +103,6 @@ def _reprocessed(generation: Generation, name: str) -> int:
     import pyarrow.dataset as ds
 
     from lakehouse.tables import dataset
-    from spark_apps.reprocess import REPROCESSED_AT
 
     path = generation.late_events
     if not (path / "_delta_log").is_dir():
@@ -239,7 +238,7 @@ def render(settings: Settings) -> str:
                      f"{_iso(w.newest_on_clock)}, its minute's end - {w.delay}); newest event time applied "
                      f"{_iso(w.newest_event_time)}; {ahead} ahead of the clock ({_iso(w.clock)}: counted in their "
                      f"windows, they move the watermark only to their recording time); {w.late:,} late (in "
-                     f"{LATE_EVENTS_TABLE}" + (f"; {w.reprocessed:,} of them since folded back in by eventlake "
+                     f"{SHARED_LATE_EVENTS_TABLE}" + (f"; {w.reprocessed:,} of them since folded back in by eventlake "
                                                f"reprocess" if w.reprocessed else "") + ")")
     lines.extend(quarantine_lines(settings))
     lines.append("read models (eventlake catalog lists every generation; eventlake rollback NAME goes one back):")
@@ -267,7 +266,6 @@ def quarantined_accounts(settings: Settings) -> list[Quarantined]:
     are the accounts whose commands it rejects (AccountQuarantined)."""
     from event_store.domains import DOMAINS
     from lakehouse.tables import TableNotFound, read_table
-    from spark_apps.projection import ARCHIVE_TABLE, DEAD_LETTER_TABLE
     from spark_apps.sequence import VERSION_CONFLICT
 
     try:
@@ -297,7 +295,6 @@ def quarantined_accounts(settings: Settings) -> list[Quarantined]:
 def waiting_events(settings: Settings) -> dict[str, int]:
     """Per account, the events the read models hold back because an earlier version is missing."""
     from lakehouse.tables import TableNotFound, read_table
-    from spark_apps.sequence import held_table
 
     counts: dict[str, int] = {}
     for path in sorted(settings.table_path(held_table("x")).parent.glob("*")):

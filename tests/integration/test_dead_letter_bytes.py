@@ -13,8 +13,9 @@ from eventlake.generator import GeneratorConfig
 from eventlake.query import query_duckdb, query_spark
 from lakehouse.tables import read_table
 from read_models.account.account_summary import MODEL as ACCOUNT_SUMMARY
+from read_models.catalog import DEAD_LETTER_TABLE
 from spark_apps.merge import ensure_table
-from spark_apps.projection import DEAD_LETTER_TABLE, Projection
+from spark_apps.projection import Projection
 from tests.domain_helpers import events_for
 from tests.integration.test_projection import publish
 

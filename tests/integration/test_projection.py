@@ -12,7 +12,8 @@ from event_store import kafka_log
 from eventlake.generator import GeneratorConfig
 from expectations.reconciliation import reconcile
 from read_models.account.account_summary import MODEL as ACCOUNT_SUMMARY
-from spark_apps.projection import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Projection
+from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE
+from spark_apps.projection import Projection
 from tests.domain_helpers import events_for
 from tests.oracle import assert_matches_oracle, late_count, table_rows
 
@@ -143,7 +144,7 @@ def test_a_different_event_at_a_taken_version_or_after_a_gap_counts_in_no_read_m
 
     from event_store.envelope import EventEnvelope
     from read_models.sequence import sequence
-    from spark_apps.sequence import held_table
+    from read_models.catalog import held_table
 
     events = events_for(GeneratorConfig(accounts=6, commands=80, seed=21, run_id="conflict"), flag_every=7)
     payment = next(e for e in events if e.event_type == "PaymentAuthorized")

@@ -10,7 +10,8 @@ import pytest
 import read_models
 from eventlake.generator import GeneratorConfig
 from eventlake.query import query_duckdb
-from spark_apps.projection import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Projection
+from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, ledger_table
+from spark_apps.projection import Projection
 from spark_apps.python_projection import PythonProjection, event_row_schema
 from tests.domain_helpers import events_for
 from tests.integration.test_projection import delta, publish
@@ -323,7 +324,6 @@ def test_the_appended_tables_are_compacted_while_the_batches_go_on_and_lose_noth
     from deltalake import DeltaTable
 
     from read_models.catalog import Catalog
-    from spark_apps import sequence
     from spark_apps.python_projection import COMPACT_EVERY
 
     events = events_for(GeneratorConfig(accounts=10, commands=300, seed=8, run_id="pyc", late_rate=0.0))
@@ -335,7 +335,7 @@ def test_the_appended_tables_are_compacted_while_the_batches_go_on_and_lose_noth
     run = engine.run_until_caught_up(max_offsets_per_trigger=batch)
     assert engine.handed_over == 0, "\n".join(lines)
     assert run.batches >= 2 * COMPACT_EVERY
-    ledger_path = settings.table_path(sequence.ledger_table(engine.tables.name))
+    ledger_path = settings.table_path(ledger_table(engine.tables.name))
     payments_path = Catalog(settings).current("payments").table
     for path in (settings.table_path(ARCHIVE_TABLE), ledger_path, payments_path):
         assert any(line.startswith(f"projection: compacted {path}:")

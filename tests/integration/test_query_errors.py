@@ -11,8 +11,8 @@ from eventlake import cli
 from eventlake.generator import GeneratorConfig
 from eventlake.query import QueryError, query_duckdb
 from lakehouse.settings import Settings
+from read_models.catalog import DEAD_LETTER_TABLE
 from spark_apps.merge import ensure_table
-from spark_apps.projection import DEAD_LETTER_TABLE
 from tests.domain_helpers import events_for
 from tests.integration.test_checks import write_folded
 

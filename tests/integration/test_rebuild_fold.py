@@ -10,10 +10,10 @@ import read_models
 from event_store import kafka_log
 from event_store.envelope import EventEnvelope
 from eventlake.generator import GeneratorConfig
+from read_models.catalog import ARCHIVE_TABLE, held_table, ledger_table
 from read_models.sequence import sequence
 from read_models.spec import WINDOWED_SUM
-from spark_apps import sequence as spark_sequence
-from spark_apps.projection import ARCHIVE_TABLE, Projection
+from spark_apps.projection import Projection
 from spark_apps.rebuild import archive_position, catch_up_offsets, fold_archive, warehouse_targets
 from tests.domain_helpers import events_for
 from tests.oracle import assert_matches_oracle, late_count, table_rows
@@ -92,10 +92,10 @@ def test_the_fold_of_the_archive_equals_the_stream_and_a_catch_up_from_its_midpo
         if model.merge_strategy != WINDOWED_SUM:
             assert table_rows(spark, full, model) == table_rows(spark, settings, model), model.name
     ledger = ("aggregate_id", "aggregate_version", "event_id")
-    assert delta_rows(spark, full.table_path(spark_sequence.ledger_table(PROJECTION)), *ledger) == \
-        delta_rows(spark, settings.table_path(spark_sequence.ledger_table(PROJECTION)), *ledger)
-    held = delta_rows(spark, full.table_path(spark_sequence.held_table(PROJECTION)), "event_id")
-    assert held == delta_rows(spark, settings.table_path(spark_sequence.held_table(PROJECTION)), "event_id") \
+    assert delta_rows(spark, full.table_path(ledger_table(PROJECTION)), *ledger) == \
+        delta_rows(spark, settings.table_path(ledger_table(PROJECTION)), *ledger)
+    held = delta_rows(spark, full.table_path(held_table(PROJECTION)), "event_id")
+    assert held == delta_rows(spark, settings.table_path(held_table(PROJECTION)), "event_id") \
         == {("forged-gap",)}
     assert delta_rows(spark, full.table_path("_applied/merchant_minute_volume"), "event_id") == \
         delta_rows(spark, settings.table_path("_applied/merchant_minute_volume"), "event_id")
@@ -106,7 +106,7 @@ def test_the_fold_of_the_archive_equals_the_stream_and_a_catch_up_from_its_midpo
     spark_lines = []
     fold_archive(spark, settings, MODELS, warehouse_targets(in_spark, MODELS), log=spark_lines.append, engine="spark")
     assert_same_tables(spark, in_spark, full, log)
-    for bookkeeping in (spark_sequence.ledger_table(PROJECTION), spark_sequence.held_table(PROJECTION),
+    for bookkeeping in (ledger_table(PROJECTION), held_table(PROJECTION),
                         "_applied/merchant_minute_volume", "_pending/account_summary"):
         assert delta_rows(spark, in_spark.table_path(bookkeeping), "event_id") == \
             delta_rows(spark, full.table_path(bookkeeping), "event_id"), bookkeeping
@@ -122,9 +122,9 @@ def test_the_fold_of_the_archive_equals_the_stream_and_a_catch_up_from_its_midpo
               if r["kafka_offset"] <= midpoint[r["kafka_partition"]]]
     expected = sequence(prefix)
     assert len(expected.waiting) > 1  # events wait at the midpoint for versions that come after it
-    assert delta_rows(spark, half.table_path(spark_sequence.ledger_table(PROJECTION)), "event_id") == \
+    assert delta_rows(spark, half.table_path(ledger_table(PROJECTION)), "event_id") == \
         {(e.event_id,) for e in expected.admitted}
-    assert delta_rows(spark, half.table_path(spark_sequence.held_table(PROJECTION)), "event_id") == \
+    assert delta_rows(spark, half.table_path(held_table(PROJECTION)), "event_id") == \
         {(e.event_id,) for e in expected.waiting}
     assert_matches_oracle(spark, half, prefix)
 
@@ -134,4 +134,4 @@ def test_the_fold_of_the_archive_equals_the_stream_and_a_catch_up_from_its_midpo
     caught_up = catch_up.run_until_caught_up(max_offsets_per_trigger=300)
     assert caught_up.input_rows == sum(r["kafka_offset"] > midpoint[r["kafka_partition"]] for r in archived)
     assert_same_tables(spark, half, full, log)
-    assert delta_rows(spark, half.table_path(spark_sequence.held_table(PROJECTION)), "event_id") == held
+    assert delta_rows(spark, half.table_path(held_table(PROJECTION)), "event_id") == held

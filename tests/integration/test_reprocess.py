@@ -16,11 +16,11 @@ from event_store import kafka_log
 from eventlake.generator import GeneratorConfig
 from expectations.reconciliation import reconcile
 from lakehouse.settings import Settings
-from read_models.catalog import Catalog
+from read_models.catalog import REPROCESSED_AT, Catalog
 from read_models.sequence import sequence
 from spark_apps.projection import Projection
 from spark_apps.status import render, watermark_statuses
-from spark_apps.reprocess import (REPROCESSED_AT, ReprocessError, ReprocessRefused, late_events_waiting, reprocess,
+from spark_apps.reprocess import (ReprocessError, ReprocessRefused, late_events_waiting, reprocess,
                                   validate)
 from tests.domain_helpers import events_for
 
