@@ -92,3 +92,28 @@ def _spark_forgets_each_tests_tables(request):
         query.stop()
     spark.catalog.clearCache()
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+
+
+# Markers by dependency (pyproject.toml): `-m kafka`, `-m spark`, `-m airflow` run the part a developer touches;
+# `-m "not slow"` (make test-fast) needs none of them: a test marked by one is slow too. A test is marked by the fixtures it uses (the shared broker,
+# the shared Spark session); the modules below start their own Spark JVMs or Airflow in subprocesses, which no
+# fixture shows.
+_STARTS_SPARK = {"test_sql_server", "test_sql_functions", "test_sql_literals", "test_spark_standalone", "test_yarn",
+                 "test_rebuild_faults", "test_dags", "test_airflow_ui", "test_cli"}
+_STARTS_KAFKA = {"test_kafka_security", "test_kafka_cluster", "test_handler_broker_restart",
+                 "test_services_broker_restart"}
+_STARTS_AIRFLOW = {"test_dags", "test_airflow_ui", "test_maintenance"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        names = set(getattr(item, "fixturenames", ()))
+        if "bootstrap_servers" in names or module in _STARTS_KAFKA:
+            item.add_marker(pytest.mark.kafka)
+        if "spark" in names or module in _STARTS_SPARK:
+            item.add_marker(pytest.mark.spark)
+        if module in _STARTS_AIRFLOW:
+            item.add_marker(pytest.mark.airflow)
+        if any(item.get_closest_marker(m) for m in ("kafka", "spark", "airflow")) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)  # `make test-fast` needs no broker, no Spark, no Airflow
