@@ -26,6 +26,7 @@ from lakehouse.settings import Settings
 from read_models.catalog import ARCHIVE_TABLE
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 from spark_apps.arrow_rows import in_schema
+from spark_apps.rebuild_errors import RebuildError
 
 __all__ = ["supports", "archive_position", "fold_archive", "arrow_schema"]
 
@@ -83,8 +84,6 @@ class _Fold:
         try:
             self.archive = DeltaTable(self.path)
         except Exception as e:  # noqa: BLE001 -- TableNotFoundError and the like: not a Delta table
-            from spark_apps.rebuild import RebuildError
-
             raise RebuildError(f"cannot rebuild from {self.path}: no event archive there "
                                f"({str(e).splitlines()[0][:200]}); run `eventlake project` (its event_archive query) "
                                f"first") from None
@@ -247,7 +246,6 @@ def _fold(fold: _Fold, models: list[ReadModel], targets: dict, position: dict[in
 
 def _fold_model(fold: _Fold, model: ReadModel, targets, rows_schema) -> int:
     from spark_apps.merge import applied_schema, late_events_schema
-    from spark_apps.rebuild import RebuildError, _required
 
     types = ", ".join("'" + t.replace("'", "''") + "'" for t in model.event_types)
     fold.con.execute(f"CREATE OR REPLACE VIEW events AS SELECT * FROM admitted WHERE event_type IN ({types})")
@@ -265,7 +263,7 @@ def _fold_model(fold: _Fold, model: ReadModel, targets, rows_schema) -> int:
         stuck = fold.one("SELECT count(*) FROM folded WHERE NOT _continues")[0]
         pending = "SELECT * FROM events WHERE false" if not stuck else \
             f"SELECT * FROM events WHERE aggregate_id IN (SELECT {key} FROM folded WHERE NOT _continues)"
-        fold.write(pending, _required(targets.pending, model, "pending"), rows_schema)
+        fold.write(pending, targets.required("pending", model), rows_schema)
         fold.con.execute("DROP TABLE folded")
         return rows
     if model.merge_strategy == INSERT_ONCE:
@@ -284,12 +282,12 @@ def _fold_model(fold: _Fold, model: ReadModel, targets, rows_schema) -> int:
         rows = fold.write(f"SELECT {select} FROM ({model.fold_sql}) s", targets.table, schema, stats,
                           metadata=metadata)
         fold.write(f"SELECT event_id, {model.event_time} AS event_time, false AS _late FROM events",
-                   _required(targets.applied, model, "applied"), arrow_schema(applied_schema()))
+                   targets.required("applied", model), arrow_schema(applied_schema()))
         # Every late event is in its window now: the generation's late_events holds none of this model's.
         import pyarrow as pa
 
         late = arrow_schema(late_events_schema())
-        fold.write(pa.Table.from_pylist([], schema=late), _required(targets.late, model, "late"), late,
+        fold.write(pa.Table.from_pylist([], schema=late), targets.required("late", model), late,
                    predicate=f"read_model = '{model.name}'")
         return rows
     raise RebuildError(f"read model {model.name}: no rebuild for merge strategy {model.merge_strategy!r}")

@@ -28,6 +28,7 @@ from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
 from read_models.catalog import ARCHIVE_TABLE, SHARED_LATE_EVENTS_TABLE, held_table, ledger_table
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
+from spark_apps.rebuild_errors import RebuildError, RebuildFailed, RebuildRefused
 
 __all__ = ["FoldTargets", "FoldStep", "FoldResult", "RebuildError", "RebuildFailed", "RebuildRefused", "RebuildOutcome",
            "BuildResult", "RebuildLock", "rebuild", "start_generation", "build_generation", "check_generation",
@@ -38,10 +39,6 @@ __all__ = ["FoldTargets", "FoldStep", "FoldResult", "RebuildError", "RebuildFail
 REBUILD_ENGINES = ("duckdb", "spark")
 # Aggregates whose events need the ranked (window) path are joined by broadcast below this many.
 _BROADCAST_KEYS = 100_000
-
-
-class RebuildError(ValueError):
-    """A rebuild cannot be done as asked (e.g. a position the archive has not reached)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +52,13 @@ class FoldTargets:
     pending: str | None = None  # CURRENT_STATE_BY_VERSION: events waiting for an earlier version
     applied: str | None = None  # WINDOWED_SUM: the event ids folded in
     late: str | None = None  # WINDOWED_SUM: late events (the model's rows only are replaced)
+
+    def required(self, what: str, model: ReadModel) -> str:
+        """The ``what`` target (``pending``, ``applied``, ``late``) that ``model``'s merge strategy writes."""
+        path = getattr(self, what)
+        if not path:
+            raise RebuildError(f"read model {model.name} ({model.merge_strategy}) needs a {what} target")
+        return path
 
 
 @dataclass(frozen=True)
@@ -363,7 +367,7 @@ def _fold_model(spark, model: ReadModel, admitted, targets: FoldTargets, metadat
             stuck = folded.filter("not _continues").select(F.col(model.key[0]).alias("aggregate_id"))
             pending = mine.limit(0) if stuck.isEmpty() else mine.join(stuck, "aggregate_id", "left_semi")
             rows = _write(_insert_rows(model, folded.filter("_continues")), targets.table, metadata, stats)
-            _write(pending, _required(targets.pending, model, "pending"), metadata)
+            _write(pending, targets.required("pending", model), metadata)
         finally:
             folded.unpersist()
         return rows
@@ -386,19 +390,13 @@ def _fold_model(spark, model: ReadModel, admitted, targets: FoldTargets, metadat
             table_metadata.pop("watermark_newest_event_time")
         rows = _write(_insert_rows(model, model.fold(mine)), targets.table, table_metadata, stats)
         _write(mine.select("event_id", F.col(model.event_time).alias("event_time"), F.lit(False).alias("_late")),
-               _required(targets.applied, model, "applied"), metadata)
+               targets.required("applied", model), metadata)
         # Every late event is in its window now: the generation's late_events holds none of this model's.
         late = spark.createDataFrame([], late_events_schema())
-        _write(late, _required(targets.late, model, "late"), metadata,
+        _write(late, targets.required("late", model), metadata,
                replace_where=f"read_model = '{model.name}'")
         return rows
     raise RebuildError(f"read model {model.name}: no rebuild for merge strategy {model.merge_strategy!r}")
-
-
-def _required(path: str | None, model: ReadModel, what: str) -> str:
-    if not path:
-        raise RebuildError(f"read model {model.name} ({model.merge_strategy}) needs a {what} target")
-    return path
 
 
 # -- the whole rebuild: fold, catch up, check, switch ------------------------------------------------------------
@@ -406,18 +404,6 @@ def _required(path: str | None, model: ReadModel, what: str) -> str:
 # Four steps, each a function the CLI's ``rebuild()`` calls in one process and the ``rebuild_read_model`` DAG
 # calls as its own task (``start_generation`` + ``build_generation`` in ``build``, ``check_generation`` in
 # ``check``, ``switch_generation`` in ``switch``). Between them only (name, generation, previous) travels.
-
-class RebuildRefused(RebuildError):
-    """A rebuild that must not start (another one of the same read model is running)."""
-
-
-class RebuildFailed(RebuildError):
-    """The new generation failed its checks: readers stay on the current one. ``lines`` say why."""
-
-    def __init__(self, message: str, lines: list[str]):
-        super().__init__(message)
-        self.lines = lines
-
 
 @dataclass
 class RebuildOutcome:
