@@ -13,8 +13,8 @@ from event_store.schemas import EVENT_ENVELOPE, EVENT_SCHEMA_VERSIONS, EVENT_TIM
 from lakehouse.kafka_security import spark_kafka_options
 
 __all__ = ["envelope_schema", "read_event_records", "parse_events", "check_records", "split_checked", "upcast_rows",
-           "missing_spark_upcasters", "payload_columns", "event_columns", "PayloadColumnError", "DEAD_LETTER_COLUMNS",
-           "ENVELOPE_COLUMNS", "KAFKA_COLUMNS"]
+           "missing_spark_upcasters", "payload_columns", "payload_layout", "event_columns", "PayloadColumnError",
+           "DEAD_LETTER_COLUMNS", "ENVELOPE_COLUMNS", "KAFKA_COLUMNS"]
 
 ENVELOPE_COLUMNS = ("event_id", "event_type", "schema_version", "aggregate_type", "aggregate_id", "aggregate_version",
                     "occurred_at", "recorded_at", "command_id", "correlation_id", "causation_id")
@@ -115,6 +115,11 @@ def _derive_not_a_string() -> str:
 def payload_columns() -> tuple[str, ...]:
     """The flattened payload columns of the event rows, in table order (the registered domains' event fields)."""
     return tuple(name for name, _ in _layout().payload)
+
+
+def payload_layout() -> tuple[tuple[str, type], ...]:
+    """``payload_columns`` with each column's Python type (``str`` or ``int``), for schemas built without Spark."""
+    return tuple(_layout().payload)
 
 
 def event_columns() -> tuple[str, ...]:

@@ -4,7 +4,7 @@ Python engine parses the rest (``python_projection.ParseWorker``), so a catch-up
 It reads requests from its stdin and answers on its stdout (stray prints go to stderr), each a length (8 bytes,
 little-endian) and its bytes: a request is a pickle of (topic, [(partition, offset, key, value)]); an answer is a
 pickle of ("ok", [(partition, offset, reason)] of the records that are not valid events) followed by a message of
-the event rows as an Arrow IPC stream, or a pickle of ("error", text). It parses with ``python_projection._parse``,
+the event rows as an Arrow IPC stream, or a pickle of ("error", text). It parses with ``event_rows.parse_records``,
 the engine's own parser, so either process gives the same verdicts and rows.
 It ends when its stdin ends (the engine stopped, or was killed).
 
@@ -57,9 +57,10 @@ def main() -> int:
 
     import pyarrow as pa
 
-    from spark_apps.python_projection import _large_blocks_off_the_heap, _parse, _Records
+    from spark_apps.event_rows import Records, parse_records
+    from spark_apps.memory import large_blocks_off_the_heap
 
-    _large_blocks_off_the_heap()
+    large_blocks_off_the_heap()
 
     for module in ("pyarrow.compute", "event_store.envelope"):  # imported before the first batch, not during it
         importlib.import_module(module)
@@ -74,7 +75,7 @@ def main() -> int:
             try:
                 topic, rows = pickle.loads(body)
                 del body
-                table, bad = _parse(_Records(rows=rows), topic)
+                table, bad = parse_records(Records(rows=rows), topic)
                 del rows
                 sink = pa.BufferOutputStream()
                 with pa.ipc.new_stream(sink, table.schema) as writer:

@@ -35,13 +35,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
 from event_store.collector import CollectorPaced
-from event_store.errors import InvalidRecord
-from event_store.fields import ISO_TIME
 from lakehouse.settings import Settings
 from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, SHARED_LATE_EVENTS_TABLE, Generation, held_table, \
     ledger_table
@@ -50,6 +47,8 @@ from spark_apps.projection import ARCHIVE_STATS_COLUMNS, Projection, ProjectionE
     dead_letter_schema
 from spark_apps import sequence
 from spark_apps.arrow_rows import in_schema
+from spark_apps.event_rows import Records, event_row_schema, parse_records
+from spark_apps.memory import large_blocks_off_the_heap
 
 __all__ = ["PythonProjection", "Checkpoint", "event_row_schema", "supports", "default_engine", "HandOver"]
 
@@ -80,8 +79,6 @@ SMALL_FILE_BYTES = COMPACT_TARGET_BYTES // 4
 # ranges do not overlap: the next MERGEs, which name their windows, touch the newest file only.
 CLUSTER_AFTER_COPIED_ROWS = 50_000
 CLUSTER_TARGET_BYTES = 256 * 1024
-# Blocks this large or larger come from mappings of their own, returned when freed (_large_blocks_off_the_heap).
-MMAP_THRESHOLD_BYTES = 4 * 1024 * 1024
 # The session settings Spark 4.2 records with every planned batch and reads back on a restart (a checkpoint this
 # engine started has no Spark-written batch to copy them from): Spark's defaults, as its own offsets/N hold them.
 _SPARK_OFFSET_CONF = {
@@ -126,42 +123,8 @@ def default_engine(settings: Settings) -> tuple[str, str]:
                       "queries)")
 
 
-def _large_blocks_off_the_heap() -> None:
-    """glibc's malloc raises its mmap threshold each time a mapped block is freed (up to 32 MiB), after which the
-    engine's large short-lived blocks (a batch's hash arrays, record lists, the merges of the id index) come from
-    the heap, whose freed space fragments and is seldom given back: the process grew with the log. A fixed
-    threshold keeps them in mappings of their own. (Not glibc: nothing to do.)"""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, MMAP_THRESHOLD_BYTES)  # M_MMAP_THRESHOLD (fixed from now on)
-    except (OSError, AttributeError):
-        pass
-
-
 class HandOver(Exception):
     """This batch is not on the common path: the Spark query runs it (the message says why)."""
-
-
-def event_row_schema():
-    """The event rows' Arrow schema (``event_archive``'s columns, a ``_pending`` / held table's), as Spark's
-    ``parse_events`` makes them: the envelope, the registered domains' payload columns, the Kafka position."""
-    import pyarrow as pa
-
-    from spark_apps.events import ENVELOPE_COLUMNS, _layout
-
-    kinds = {str: pa.string(), int: pa.int64()}
-    fields = []
-    for name in ENVELOPE_COLUMNS:
-        kind = (pa.int64() if name in ("schema_version", "aggregate_version")
-                else pa.timestamp("us", tz="UTC") if name in ("occurred_at", "recorded_at") else pa.string())
-        fields.append(pa.field(name, kind))
-    fields += [pa.field(name, kinds[kind]) for name, kind in _layout().payload]
-    fields += [pa.field("kafka_topic", pa.string()), pa.field("kafka_partition", pa.int32()),
-               pa.field("kafka_offset", pa.int64())]
-    return pa.schema(fields)
 
 
 class Checkpoint:
@@ -238,20 +201,6 @@ class Checkpoint:
                 (self.path / folder / str(old)).unlink(missing_ok=True)
 
 
-@dataclass
-class _Records:
-    """One batch's Kafka records: (partition, offset, key, value) in log order per partition."""
-    rows: list = field(default_factory=list)
-    ends: dict = field(default_factory=dict)
-    starts: dict = field(default_factory=dict)
-
-    @property
-    def span(self) -> tuple:
-        """Where the batch starts and ends in every partition: two readers' batches of one span hold the same
-        records."""
-        return tuple(sorted(self.starts.items())), tuple(sorted(self.ends.items()))
-
-
 class _Reader:
     """Reads the events topic from a checkpoint's position, ``read_committed``, by partition assignment (no
     group): a batch is what has arrived, up to ``limit`` records."""
@@ -290,14 +239,14 @@ class _Reader:
         self.consumer.assign([TopicPartition(self.settings.events_topic, p, o) for p, o in sorted(starts.items())])
         self.next, self.at_end, self.buffered = dict(starts), set(), []
 
-    def read(self, limit: int, wait_s: float, until: Mapping[int, int] | None = None) -> _Records:
+    def read(self, limit: int, wait_s: float, until: Mapping[int, int] | None = None) -> Records:
         """What has arrived since the last batch (at most ``limit`` records), waiting up to ``wait_s`` for the
         first record; with ``until`` (partition -> offset), no record at or past it."""
         from confluent_kafka import KafkaError
 
         from event_store import kafka_clients
 
-        batch = _Records(ends=dict(self.next), starts=dict(self.next))
+        batch = Records(ends=dict(self.next), starts=dict(self.next))
         messages, self.buffered = self.buffered, []
         held: list = []  # past ``until``: the next batch's
         held_partitions: set[int] = set()
@@ -372,65 +321,11 @@ def _data_loss(settings: Settings, name: str, partition: int, offset: int) -> st
             f"current start.")
 
 
-def _parse(records: _Records, topic: str):
-    """(event rows as an Arrow table, [(partition, offset, reason)] of the records that are not valid events).
-
-    The ordinary valid event is decoded by ``plain_event_parts`` (compiled msgspec decoders, every check but the
-    envelope's two times); such events are turned into columns an event type at a time, and their times are
-    checked for the whole batch at once (``_times_hold``) and read by Arrow. Anything else, and any record whose
-    times are in doubt, takes ``EventEnvelope.from_json``: the same verdict either way
-    (tests/unit/test_event_parser.py). The rows keep the records' order."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from event_store.envelope import _in_range, plain_event_parts
-
-    schema = event_row_schema()
-    by_type: dict[str, list] = {}
-    rows, bad = [], []
-    for position, (partition, offset, _, value) in enumerate(records.rows):
-        parts = plain_event_parts(value) if value is not None else None
-        if parts is not None:  # the usual case
-            group = by_type.get(parts[0].event_type)
-            if group is None:
-                group = by_type[parts[0].event_type] = []
-            group.append((*parts, partition, offset, position))
-            continue
-        kind, found = _reference_verdict(value, topic, partition, offset)
-        if kind == "bad":
-            bad.append((partition, offset, found))
-        else:
-            rows.append((*found, position))
-    times = ("occurred_at", "recorded_at")
-    tables = [_plain_columns(event_type, group, schema, topic) for event_type, group in by_type.items()]
-    table = pa.concat_tables(tables) if tables else None
-    if table is not None and not all(_times_hold(table.column(name)) for name in times):
-        # Some time is not what the fast check admits: each row's times are checked as the reference path does,
-        # and the rows that fail go to it for their verdict.
-        keep = [_in_range(o) and _in_range(r) for o, r in zip(*(table.column(n).to_pylist() for n in times))]
-        if not all(keep):
-            values = {(p, o): v for p, o, _, v in records.rows}
-            failed = table.filter(pc.invert(pa.array(keep, pa.bool_())))
-            for partition, offset, position in zip(*(failed.column(n).to_pylist()
-                                                     for n in ("kafka_partition", "kafka_offset", "_position"))):
-                kind, found = _reference_verdict(values[(partition, offset)], topic, partition, offset)
-                (bad.append((partition, offset, found)) if kind == "bad" else rows.append((*found, position)))
-            table = table.filter(pa.array(keep, pa.bool_()))
-    if table is not None:
-        table = _timed(table, schema, times)
-    if rows or table is None:
-        ordinary = _table(rows, schema.append(pa.field("_position", pa.int64())))
-        table = ordinary if table is None else pa.concat_tables([table, ordinary])
-    if len(tables) + bool(rows) > 1:  # rows from more than one list: back in the records' order
-        table = table.take(pc.sort_indices(table.column("_position")))
-    return table.drop_columns(["_position"]), bad
-
-
 class ParseWorker:
     """A second process parsing (``spark_apps.parse_worker``): ``parse`` gives it the first half of a large batch's
-    records (``PARALLEL_PARSE_MIN`` or more) while this process parses the rest, with the same parser, so both cores
-    parse and the rows and verdicts are those of ``_parse`` on the whole batch. It is started when the engine starts
-    that far behind (``prepare``), else on the first large batch, and used once it is up; live batches (a few
+    records (``PARALLEL_PARSE_MIN`` or more) while this process parses the rest, with the same parser
+    (``spark_apps.event_rows``), so both cores parse and the rows and verdicts are those of ``parse_records`` on the
+    whole batch. It is started when the engine starts that far behind (``prepare``), else on the first large batch, and used once it is up; live batches (a few
     thousand records) never start it, and ``IDLE_BATCHES`` of them in a row stop it (its memory back). If it fails or
     ends, this process parses its part itself, and every batch after that (said once in the log)."""
 
@@ -482,8 +377,9 @@ class ParseWorker:
                  f"batch alone from now on")
         self.close()
 
-    def parse(self, records: _Records, topic: str):
-        """``_parse(records, topic)``, the first part parsed by the worker when the batch is large and it is up."""
+    def parse(self, records: Records, topic: str):
+        """``parse_records(records, topic)``, the first part parsed by the worker when the batch is large and it is
+        up."""
         import pickle
 
         import pyarrow as pa
@@ -495,10 +391,10 @@ class ParseWorker:
             self.small += 1
             if self.small == IDLE_BATCHES and self.process is not None:  # caught up, live: its memory back
                 self.close()
-            return _parse(records, topic)
+            return parse_records(records, topic)
         self.small = 0
         if not self._up():
-            return _parse(records, topic)
+            return parse_records(records, topic)
         cut = len(rows) // 2
         request = pickle.dumps((topic, rows[:cut]), protocol=pickle.HIGHEST_PROTOCOL)
         sent: list[BaseException] = []
@@ -511,7 +407,7 @@ class ParseWorker:
 
         sending = threading.Thread(target=send, name="projection-parse-request", daemon=True)
         sending.start()
-        mine, my_bad = _parse(_Records(rows=rows[cut:]), topic)
+        mine, my_bad = parse_records(Records(rows=rows[cut:]), topic)
         sending.join()
         try:
             if sent:
@@ -527,7 +423,7 @@ class ParseWorker:
         if answer[0] != "ok":
             exit_code = self.process.poll()
             self._fail(f"{answer[1]}{'' if exit_code is None else f' (exit code {exit_code})'}")
-            theirs, their_bad = _parse(_Records(rows=rows[:cut]), topic)
+            theirs, their_bad = parse_records(Records(rows=rows[:cut]), topic)
         else:
             theirs, their_bad = pa.ipc.open_stream(body).read_all(), answer[1]
             self.batches += 1
@@ -550,108 +446,6 @@ class ParseWorker:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-def _plain_columns(event_type: str, group: list[tuple], schema, topic: str):
-    """The event rows (``schema`` and a _position column, the times as text) of ``group``: (envelope, payload,
-    partition, offset, position) of events of ``event_type`` that ``plain_event_parts`` decoded."""
-    from operator import attrgetter, itemgetter
-
-    import msgspec
-    import pyarrow as pa
-
-    from event_store import schemas
-    from spark_apps.events import ENVELOPE_COLUMNS
-
-    fields = schemas.EVENTS[event_type]
-    optional = set(schemas.payload_decoder(fields)[1])
-    heads, payloads = list(map(itemgetter(0), group)), list(map(itemgetter(1), group))
-    n = len(group)
-    columns = []
-    for column in schema:
-        name = column.name
-        if name in ("occurred_at", "recorded_at"):
-            columns.append(pa.array(list(map(attrgetter(name), heads)), pa.string()))
-        elif name == "kafka_topic":
-            columns.append(pa.array([topic] * n, pa.string()))
-        elif name == "kafka_partition":
-            columns.append(pa.array(list(map(itemgetter(2), group)), column.type))
-        elif name == "kafka_offset":
-            columns.append(pa.array(list(map(itemgetter(3), group)), column.type))
-        elif name in fields:
-            values = list(map(attrgetter(name), payloads))
-            if name in optional:
-                values = [None if v is msgspec.UNSET else v for v in values]
-            columns.append(pa.array(values, column.type))
-        elif name in ENVELOPE_COLUMNS:
-            columns.append(pa.array(list(map(attrgetter(name), heads)), column.type))
-        else:
-            columns.append(pa.nulls(n, column.type))
-    columns.append(pa.array(list(map(itemgetter(4), group)), pa.int64()))
-    return pa.Table.from_arrays(columns, names=[*schema.names, "_position"])
-
-
-def _reference_verdict(value, topic: str, partition: int, offset: int):
-    """("ok", event row) or ("bad", reason) of one record, by ``EventEnvelope.from_json``."""
-    from event_store.envelope import EventEnvelope, parse_time
-    from spark_apps.events import ENVELOPE_COLUMNS, payload_columns
-
-    try:
-        e = EventEnvelope.from_json(value if value is not None else b"")
-    except InvalidRecord as error:
-        return "bad", str(error)
-    return "ok", (*(getattr(e, name) for name in ENVELOPE_COLUMNS[:6]), parse_time(e.occurred_at, "occurred_at"),
-                  parse_time(e.recorded_at, "recorded_at"), *(getattr(e, name) for name in ENVELOPE_COLUMNS[8:]),
-                  *map(e.payload.get, payload_columns()), topic, partition, offset)
-
-
-def _table(rows: list[tuple], schema):
-    """Rows (tuples in ``schema``'s order) as an Arrow table of ``schema``."""
-    import pyarrow as pa
-
-    columns = list(zip(*rows)) if rows else [[] for _ in schema]
-    return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
-
-
-# fields.ISO_TIME for RE2 (Arrow's regular expressions), whose end of input is \z. RE2's \d and \s are ASCII only, so
-# it admits no more than Python's; what it refuses goes to the row-by-row check.
-_ISO_TIME_RE2 = ISO_TIME.replace("\\Z", "\\z")
-
-
-def _times_hold(texts) -> bool:
-    """Whether every time in the Arrow text column ``texts`` is one ``field_problem`` passes (the pattern, a real
-    date, the event time range), decided for the whole column; False when any is in doubt."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from event_store import schemas
-
-    if texts.null_count or not pc.all(pc.match_substring_regex(texts, _ISO_TIME_RE2)).as_py():
-        return False
-    try:
-        instants = texts.cast(pa.timestamp("us", tz="UTC"))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return False  # e.g. February 30th
-    low = pa.scalar(schemas.EVENT_TIME_MIN, pa.timestamp("us", tz="UTC"))
-    high = pa.scalar(schemas.EVENT_TIME_MAX, pa.timestamp("us", tz="UTC"))
-    return bool(pc.all(pc.and_(pc.greater_equal(instants, low), pc.less(instants, high))).as_py())
-
-
-def _timed(table, schema, times: tuple[str, ...]):
-    """``table`` with its text time columns (all valid) as ``schema``'s timestamps: cast by Arrow, or by
-    ``parse_time`` a value at a time when Arrow's reader refuses one (Python's reader is the reference)."""
-    import pyarrow as pa
-
-    from event_store.envelope import parse_time
-
-    for name in times:
-        field, i = schema.field(name), table.schema.get_field_index(name)
-        try:
-            column = table.column(i).cast(field.type)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            column = pa.array([parse_time(t, name) for t in table.column(i).to_pylist()], field.type)
-        table = table.set_column(i, field, column)
-    return table
 
 
 class _Hashes:
@@ -943,7 +737,7 @@ class _Query:
             ends = self.checkpoint.ends(planned)
             self.engine.log(f"{self.name}: batch {planned} was planned but not committed; running it again")
             self.reader.seek({p: starts.get(p, 0) for p in ends})
-            records = _Records()
+            records = Records()
             while any(self.reader.next.get(p, 0) < e and p not in self.reader.at_end for p, e in ends.items()):
                 more = self.reader.read(max(1, sum(e - starts.get(p, 0) for p, e in ends.items())), 1.0)
                 records.rows += [r for r in more.rows if r[1] < ends[r[0]]]
@@ -965,7 +759,7 @@ class _Query:
         self._run(records, records.ends)
         return len(records.rows)
 
-    def _run(self, records: _Records, ends: dict[int, int]) -> None:
+    def _run(self, records: Records, ends: dict[int, int]) -> None:
         started = time.perf_counter()
         steps: dict[str, float] = {}
         batch = _Batch(self.name, self.app_id, self.batch_id, steps, self.engine.delta_tables, self.engine.settle)
@@ -1022,7 +816,7 @@ class PythonProjection:
         if why:
             raise ProjectionError(f"projection (engine python): {why}")
         self.settings, self.log = settings, log
-        _large_blocks_off_the_heap()
+        large_blocks_off_the_heap()
         self.tables = _Tables(None, settings, models, log=log, archive=archive, generations=generations,
                               checkpoint=checkpoint, starting_offsets=starting_offsets)
         self.models, self.archive = self.tables.models, self.tables.archive
@@ -1274,7 +1068,7 @@ class PythonProjection:
 
 
 # -- the archive's batch ---------------------------------------------------------------------------------------
-def _archive_batch(query: _Query, records: _Records, batch: _Batch) -> None:
+def _archive_batch(query: _Query, records: Records, batch: _Batch) -> None:
     engine = query.engine
     with batch.timed("parse"):
         if engine.shared is not None and engine.shared[0] == records.span:
@@ -1287,7 +1081,7 @@ def _archive_batch(query: _Query, records: _Records, batch: _Batch) -> None:
 
 
 # -- the read models' batch ------------------------------------------------------------------------------------
-def _read_models_batch(query: _Query, records: _Records, batch: _Batch) -> None:
+def _read_models_batch(query: _Query, records: Records, batch: _Batch) -> None:
     import duckdb
 
     engine = query.engine

@@ -125,7 +125,7 @@ def reference_rows(records):
     """The event rows and rejections of ``records`` by the reference path, a record at a time."""
     from event_store.envelope import parse_time
     from spark_apps.events import ENVELOPE_COLUMNS, payload_columns
-    from spark_apps.python_projection import _table, event_row_schema
+    from spark_apps.event_rows import event_row_schema, rows_table
 
     rows, bad = [], []
     for partition, offset, _, value in records:
@@ -137,17 +137,17 @@ def reference_rows(records):
         row = {name: getattr(e, name) for name in ENVELOPE_COLUMNS}
         row.update(occurred_at=parse_time(e.occurred_at, "o"), recorded_at=parse_time(e.recorded_at, "r"))
         rows.append((*row.values(), *map(e.payload.get, payload_columns()), "events", partition, offset))
-    return _table(rows, event_row_schema()), bad
+    return rows_table(rows, event_row_schema()), bad
 
 
 @pytest.mark.parametrize("cut", [None, 1, 40])
 def test_the_projections_batch_parser_gives_the_reference_rows_in_the_records_order(cut):
-    from spark_apps.python_projection import _parse
+    from spark_apps.event_rows import parse_records
 
     class Records:
         rows = batch_records()[:cut] if cut else batch_records()
 
-    table, bad = _parse(Records, "events")
+    table, bad = parse_records(Records, "events")
     expected, expected_bad = reference_rows(Records.rows)
     assert table.schema == expected.schema
     assert table.to_pylist() == expected.to_pylist()
@@ -162,7 +162,7 @@ def test_the_projections_batch_parser_gives_the_reference_rows_in_the_records_or
 @pytest.mark.parametrize("odd", ODD_TIMES)
 def test_one_odd_time_among_ordinary_events_gets_the_reference_verdict(odd, name):
     # Alone in its batch, so that the batch check (pattern, date and range for a whole column) decides it.
-    from spark_apps.python_projection import _parse
+    from spark_apps.event_rows import parse_records
 
     values = [e.to_json() for e in sample_events()[:30]]
     obj = json.loads(values[11])
@@ -172,13 +172,13 @@ def test_one_odd_time_among_ordinary_events_gets_the_reference_verdict(odd, name
     class Records:
         rows = [(0, i, None, value) for i, value in enumerate(values)]
 
-    table, bad = _parse(Records, "events")
+    table, bad = parse_records(Records, "events")
     expected, expected_bad = reference_rows(Records.rows)
     assert (table.to_pylist(), bad) == (expected.to_pylist(), expected_bad)
 
 
 def test_a_batch_with_no_ordinary_event_gets_the_reference_rows():
-    from spark_apps.python_projection import _parse
+    from spark_apps.event_rows import parse_records
     from tests.unit.test_upcasting import v1_payment_authorized
 
     old = json.dumps(v1_payment_authorized()).encode()
@@ -186,7 +186,7 @@ def test_a_batch_with_no_ordinary_event_gets_the_reference_rows():
     class Records:
         rows = [(0, 1, None, old), (0, 2, None, b"{nope"), (1, 3, None, None)]
 
-    table, bad = _parse(Records, "events")
+    table, bad = parse_records(Records, "events")
     expected, expected_bad = reference_rows(Records.rows)
     assert (table.to_pylist(), bad) == (expected.to_pylist(), expected_bad)
     assert table.num_rows == 1 and len(bad) == 2
@@ -198,10 +198,11 @@ def test_a_large_batch_parsed_by_two_processes_gives_the_reference_rows_and_surv
     import time
 
     from spark_apps import python_projection
-    from spark_apps.python_projection import ParseWorker, _Records
+    from spark_apps.event_rows import Records
+    from spark_apps.python_projection import ParseWorker
 
     monkeypatch.setattr(python_projection, "PARALLEL_PARSE_MIN", 10)  # batch_records() is a large batch
-    records = _Records(rows=batch_records())
+    records = Records(rows=batch_records())
     expected, expected_bad = reference_rows(records.rows)
     said: list[str] = []
     worker = ParseWorker(said.append)
@@ -232,11 +233,12 @@ def test_a_large_batch_parsed_by_two_processes_gives_the_reference_rows_and_surv
 
 
 def test_a_small_batch_never_starts_the_second_parser():
-    from spark_apps.python_projection import ParseWorker, _Records
+    from spark_apps.event_rows import Records
+    from spark_apps.python_projection import ParseWorker
 
     worker = ParseWorker(print)
     records = batch_records()[:50]  # (its ids differ from one call to the next)
-    table, bad = worker.parse(_Records(rows=records), "events")
+    table, bad = worker.parse(Records(rows=records), "events")
     expected, expected_bad = reference_rows(records)
     assert (table.to_pylist(), sorted(bad)) == (expected.to_pylist(), sorted(expected_bad))
     assert worker.process is None
@@ -244,7 +246,8 @@ def test_a_small_batch_never_starts_the_second_parser():
 
 def test_the_second_parser_is_stopped_after_a_run_of_small_batches_and_started_again_by_a_large_one(monkeypatch):
     from spark_apps import python_projection
-    from spark_apps.python_projection import ParseWorker, _Records
+    from spark_apps.event_rows import Records
+    from spark_apps.python_projection import ParseWorker
 
     monkeypatch.setattr(python_projection, "PARALLEL_PARSE_MIN", 10)
     monkeypatch.setattr(python_projection, "IDLE_BATCHES", 3)
@@ -254,11 +257,11 @@ def test_the_second_parser_is_stopped_after_a_run_of_small_batches_and_started_a
         worker.prepare()
         assert worker.process is not None
         for _ in range(2):
-            worker.parse(_Records(rows=records[:5]), "events")
+            worker.parse(Records(rows=records[:5]), "events")
         assert worker.process is not None
-        worker.parse(_Records(rows=records[:5]), "events")
+        worker.parse(Records(rows=records[:5]), "events")
         assert worker.process is None and not worker.failed
-        worker.parse(_Records(rows=records), "events")
+        worker.parse(Records(rows=records), "events")
         assert worker.process is not None
     finally:
         worker.close()
