@@ -625,9 +625,49 @@ def _cmd_history(settings: Settings, args) -> int:
     return 0
 
 
+def _read_new_password(name: str, from_stdin: bool) -> str:
+    """A password from one line of stdin, or typed twice at a prompt that does not echo it."""
+    if from_stdin:
+        return sys.stdin.readline().rstrip("\r\n")
+    import getpass
+
+    password = getpass.getpass(f"password for {name}: ")
+    if getpass.getpass(f"password for {name} (again): ") != password:
+        raise ValueError(f"the two passwords typed for user {name} differ; nothing changed")
+    return password
+
+
+def _cmd_sql_users(settings: Settings, args) -> int:
+    from eventlake import sql_users
+
+    try:
+        if args.users_action == "list":
+            users = sql_users.list_users(settings)
+            for user in users:
+                print(user.describe())
+            if not users:
+                print(f"no users yet ({sql_users.users_file(settings)}); `eventlake sql-server start` makes one")
+        elif args.users_action == "add":
+            tables = None if args.tables is None else args.tables.split(",")
+            password = _read_new_password(args.name, args.password_stdin)
+            existed = sql_users.add_user(settings, args.name, password, tables)
+            grant = "every table" if tables is None else ", ".join(t.strip() for t in tables if t.strip())
+            print(f"sql-server: user {args.name} {'changed' if existed else 'added'} (may read {grant}); "
+                  f"takes effect at their next login")
+        else:
+            sql_users.remove_user(settings, args.name)
+            print(f"sql-server: user {args.name} removed; new logins as {args.name} are refused")
+    except ValueError as e:  # SqlUsersError, or passwords typed differently
+        print(f"eventlake sql-server users: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _cmd_sql_server(settings: Settings, args) -> int:
     from eventlake import sql_server
 
+    if args.action == "users":
+        return _cmd_sql_users(settings, args)
     try:
         if args.action == "start":
             sql_server.start(settings)
@@ -864,8 +904,28 @@ def build_parser() -> argparse.ArgumentParser:
                                    "127.0.0.1; EVENTLAKE_SQL_SERVER_PORT, default 10000); stop: SIGTERM; status: "
                                    "exit 0 when running, 3 when not; serve: the server in the foreground (what start "
                                    "runs). Every read model, late_events, event_archive and event_dead_letters is a "
-                                   "table of that name, following the catalog's switches without a restart.")
-    p.add_argument("action", choices=("start", "stop", "status", "serve"))
+                                   "table of that name, following the catalog's switches without a restart. "
+                                   "Logins need a user and password (users: manage them; the first start makes "
+                                   "the user eventlake and prints its password once); docs/sql-security.md says "
+                                   "how a BI tool connects, with TLS (EVENTLAKE_SQL_SERVER_TLS=on).")
+    actions = p.add_subparsers(dest="action", required=True, metavar="{start,stop,status,serve,users}")
+    for action in ("start", "stop", "status", "serve"):
+        actions.add_parser(action)
+    users = actions.add_parser("users", help="who may log in, and which tables each may read",
+                               description="Users of the SQL server, their hashed passwords and grants, in the "
+                                           "users file (EVENTLAKE_SQL_SERVER_USERS_FILE, default "
+                                           "<home>/sql-server/users). Changes count from the next login, without "
+                                           "a restart.")
+    user_actions = users.add_subparsers(dest="users_action", required=True)
+    add = user_actions.add_parser("add", help="add a user, or change their password and grant",
+                                  description="Prompts for the password twice (not echoed), or reads one line of "
+                                              "stdin with --password-stdin.")
+    add.add_argument("name")
+    add.add_argument("--tables", metavar="A,B", help="the only tables (read models) this user may read; "
+                                                     "default: every table")
+    add.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    user_actions.add_parser("remove", help="remove a user").add_argument("name")
+    user_actions.add_parser("list", help="the users and what each may read")
     p.set_defaults(run=_cmd_sql_server)
 
     p = sub.add_parser("history", help="a table's commits (version, time, operation, rows, by whom), newest first",

@@ -16,12 +16,27 @@ JDK's ``javac`` against pyspark's jars on first use, cached under ``.cache/sql-g
 before anything executes: a plan holding a command (INSERT, UPDATE, DELETE, MERGE, CREATE, DROP, ALTER, OPTIMIZE,
 VACUUM, SET key=value, CACHE ...) is refused unless it only describes (EXPLAIN, DESCRIBE, SHOW, USE), and a table
 named by path (``delta.`/path```) is refused. Only the service's own thread, registering the views, is trusted.
+
+**Logins** (``Settings.sql_server_auth``): "password" (the default) is Hive's CUSTOM authentication with
+``eventlake.sql.PasswordFileAuthenticator`` over the users file of ``eventlake.sql_users`` (salted PBKDF2 hashes;
+on a fresh machine ``start`` makes the user ``eventlake`` with a generated password and prints it once); "ldap"
+is Hive's own LDAP provider (``sql_server_ldap_url``, ``sql_server_ldap_base_dn``); "none" accepts any name and
+is allowed on a loopback host only. A refused login is logged with the user name, and every statement with its
+user (``eventlake.sql.QueryLog``), in the server's log. A user granted some tables only is refused any other
+(``eventlake.sql.GrantsExtension``). The settings reach Hive as system properties of the server's JVM, not Spark
+settings, so `SET` cannot show the keystore's password.
+
+**TLS** (``sql_server_tls = "on"``): the Thrift port speaks TLS only, with the certificate of the Kafka TLS mode
+(``infra.kafka.tls_material``; one ``ca.pem`` trusts both) or ``sql_server_keystore``; ``jdbc_url`` says the URL a
+JDBC client uses, with a PKCS12 trust store made from that ``ca.pem``.
 """
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -33,10 +48,15 @@ from pathlib import Path
 from eventlake.processes import read_pid, terminate
 from lakehouse.settings import PROJECT_ROOT, Settings
 
-__all__ = ["SqlServerError", "SqlServerStatus", "guard_jar", "serve", "start", "stop", "status", "jdbc_url"]
+__all__ = ["SqlServerError", "SqlServerStatus", "guard_jar", "serve", "start", "stop", "status", "jdbc_url",
+           "tls_enabled", "trust_store"]
 
-GUARD_SOURCE = PROJECT_ROOT / "infra" / "sql_guard" / "src" / "eventlake" / "sql" / "ReadOnlyExtension.java"
+GUARD_SOURCES = PROJECT_ROOT / "infra" / "sql_guard" / "src" / "eventlake" / "sql"
+GUARD_SOURCE = GUARD_SOURCES / "ReadOnlyExtension.java"
 GUARD_CLASS = "eventlake.sql.ReadOnlyExtension"
+GRANTS_CLASS = "eventlake.sql.GrantsExtension"
+AUTHENTICATOR_CLASS = "eventlake.sql.PasswordFileAuthenticator"
+AUTH_MODES = {"password": "CUSTOM", "ldap": "LDAP", "none": "NONE"}
 THRIFT_SERVER = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
 
 
@@ -51,29 +71,139 @@ class SqlServerStatus:
     url: str
     log_file: Path
     views: tuple[str, ...] = ()
+    audit_log: Path | None = None
 
     def describe(self) -> str:
         state = f"running (pid {self.pid})" if self.running else "stopped"
         views = f"\n  tables: {', '.join(self.views)}" if self.running and self.views else ""
-        return f"sql-server: {state} at {self.url}{views}\n  log: {self.log_file}"
+        audit = f"\n  audit log (logins, statements by user): {self.audit_log}" if self.audit_log else ""
+        return f"sql-server: {state} at {self.url}{views}\n  log: {self.log_file}{audit}"
 
 
 def jdbc_url(settings: Settings) -> str:
-    return f"jdbc:hive2://{settings.sql_server_host}:{settings.sql_server_port}/default"
+    """The URL a JDBC client (a BI tool, beeline) connects with; with TLS on, the trust store it needs."""
+    url = f"jdbc:hive2://{settings.sql_server_host}:{settings.sql_server_port}/default"
+    if tls_enabled(settings):
+        store, password_file = _trust_store_paths(settings)
+        password = password_file.read_text().strip() if password_file.exists() else "(made by `sql-server start`)"
+        url += f";ssl=true;sslTrustStore={store};trustStorePassword={password}"
+    return url
+
+
+def tls_enabled(settings: Settings) -> bool:
+    value = settings.sql_server_tls.strip().lower()
+    if value in ("on", "true", "1", "yes"):
+        return True
+    if value in ("off", "false", "0", "no", ""):
+        return False
+    raise SqlServerError(f"setting sql_server_tls={settings.sql_server_tls!r}: expected on or off")
+
+
+def _check_auth(settings: Settings) -> str:
+    """The Hive authentication mode of ``sql_server_auth``, refusing what would open the door to anyone."""
+    if settings.sql_server_auth not in AUTH_MODES:
+        raise SqlServerError(f"setting sql_server_auth={settings.sql_server_auth!r}: expected one of "
+                             f"{', '.join(AUTH_MODES)}")
+    if settings.sql_server_auth == "ldap" and not settings.sql_server_ldap_url:
+        raise SqlServerError("sql_server_auth=ldap needs sql_server_ldap_url (EVENTLAKE_SQL_SERVER_LDAP_URL, e.g. "
+                             "ldaps://ldap.example.com:636) and usually sql_server_ldap_base_dn")
+    if settings.sql_server_auth == "none" and not _loopback(settings.sql_server_host):
+        raise SqlServerError(f"sql_server_auth=none accepts any user without a password: it is refused on "
+                             f"{settings.sql_server_host}, which is not a loopback address; use password or ldap")
+    return AUTH_MODES[settings.sql_server_auth]
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _keystore(settings: Settings) -> tuple[Path, str]:
+    """The Thrift port's key and certificate: ``sql_server_keystore``, or the Kafka TLS mode's (made once)."""
+    if settings.sql_server_keystore is not None:
+        if settings.sql_server_keystore_password is None:
+            raise SqlServerError("sql_server_keystore is set but sql_server_keystore_password is not "
+                                 "(EVENTLAKE_SQL_SERVER_KEYSTORE_PASSWORD): give both")
+        return settings.sql_server_keystore, settings.sql_server_keystore_password
+    from infra.kafka import KafkaError, tls_material
+
+    try:
+        return tls_material(settings)
+    except KafkaError as e:
+        raise SqlServerError(f"the TLS certificate could not be made: {e}") from None
+
+
+def _trust_store_paths(settings: Settings) -> tuple[Path, Path]:
+    d = _paths(settings)["dir"]
+    return d / "truststore.p12", d / "truststore-password"
+
+
+def trust_store(settings: Settings) -> tuple[Path, str]:
+    """A PKCS12 trust store holding ``Settings.ssl_cafile`` (what JDBC's ``sslTrustStore`` takes; Python and ODBC
+    clients take the PEM file itself), made with keytool when missing or older than the PEM file; and its
+    password (it guards the store's integrity, not a secret: the store holds only a public certificate)."""
+    store, password_file = _trust_store_paths(settings)
+    cafile = settings.ssl_cafile
+    if store.exists() and password_file.exists() and store.stat().st_mtime >= cafile.stat().st_mtime:
+        return store, password_file.read_text().strip()
+    keytool = shutil.which("keytool")
+    if keytool is None:
+        raise SqlServerError("keytool (from the JDK) is not on PATH; it makes the JDBC trust store")
+    store.parent.mkdir(parents=True, exist_ok=True)
+    store.unlink(missing_ok=True)
+    password = secrets.token_urlsafe(12)
+    proc = subprocess.run([keytool, "-importcert", "-noprompt", "-alias", "eventlake-ca", "-file", str(cafile),
+                           "-storetype", "PKCS12", "-keystore", str(store), "-storepass", password],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SqlServerError(f"keytool -importcert {cafile} failed: {proc.stdout}{proc.stderr}")
+    password_file.write_text(password)
+    return store, password
+
+
+def _hive_properties(settings: Settings) -> dict[str, str]:
+    """What the Thrift server's Hive configuration needs for logins and TLS, as JVM system properties (Hive reads
+    them into every HiveConf, including the one its login providers make for themselves)."""
+    from eventlake.sql_users import users_file
+
+    props = {"hive.server2.authentication": _check_auth(settings),
+             "eventlake.sql.audit.log": str(_paths(settings)["audit"])}
+    if settings.sql_server_auth != "none":
+        props["eventlake.sql.users.file"] = str(users_file(settings))
+    if settings.sql_server_auth == "password":
+        props["hive.server2.custom.authentication.class"] = AUTHENTICATOR_CLASS
+    if settings.sql_server_auth == "ldap":
+        props["hive.server2.authentication.ldap.url"] = settings.sql_server_ldap_url or ""
+        if settings.sql_server_ldap_base_dn:
+            props["hive.server2.authentication.ldap.baseDN"] = settings.sql_server_ldap_base_dn
+    if tls_enabled(settings):
+        keystore, password = _keystore(settings)
+        props.update({"hive.server2.use.SSL": "true", "hive.server2.keystore.path": str(keystore),
+                      "hive.server2.keystore.password": password})
+    return props
 
 
 def _paths(settings: Settings) -> dict[str, Path]:
     d = settings.home / "sql-server"
-    return {"dir": d, "pid": d / "server.pid", "state": d / "state.json", "log": d / "server.log"}
+    return {"dir": d, "pid": d / "server.pid", "state": d / "state.json", "log": d / "server.log",
+            "audit": d / "audit.log"}
 
 
 # -- the guard's jar ------------------------------------------------------------------------------------------------
 
 def guard_jar(settings: Settings, log=print) -> Path:
-    """The read-only check rule as a jar, compiled from ``infra/sql_guard`` against pyspark's jars (once per
-    version of its source; a few seconds)."""
-    source = GUARD_SOURCE.read_bytes()
-    digest = hashlib.sha1(source).hexdigest()[:12]
+    """The read-only check rule, the grants' rule, the login check and the query log as a jar, compiled from
+    every ``.java`` of ``infra/sql_guard`` against pyspark's jars (once per version of those sources; a few
+    seconds)."""
+    sources = sorted(GUARD_SOURCES.glob("*.java"))
+    hashed = hashlib.sha1()
+    for source in sources:
+        hashed.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
+    digest = hashed.hexdigest()[:12]
     jar = settings.cache_dir / "sql-guard" / f"eventlake-sql-guard-{digest}.jar"
     if jar.exists():
         return jar
@@ -87,11 +217,11 @@ def guard_jar(settings: Settings, log=print) -> Path:
     build = jar.parent / f"build-{digest}"
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir(parents=True)
-    log(f"sql-server: compiling the read-only guard ({GUARD_SOURCE.relative_to(PROJECT_ROOT)}) into {jar} (once)")
-    compiled = subprocess.run([javac, "-nowarn", "-d", str(build), "-cp", f"{spark_jars}/*", str(GUARD_SOURCE)],
+    log(f"sql-server: compiling the read-only guard ({GUARD_SOURCES.relative_to(PROJECT_ROOT)}) into {jar} (once)")
+    compiled = subprocess.run([javac, "-nowarn", "-d", str(build), "-cp", f"{spark_jars}/*", *map(str, sources)],
                               capture_output=True, text=True)
     if compiled.returncode != 0:
-        raise SqlServerError(f"compiling {GUARD_SOURCE} failed:\n{compiled.stdout[-3000:]}{compiled.stderr[-3000:]}")
+        raise SqlServerError(f"compiling {GUARD_SOURCES} failed:\n{compiled.stdout[-3000:]}{compiled.stderr[-3000:]}")
     packed = subprocess.run([jar_tool, "cf", str(jar.with_suffix(".tmp")), "-C", str(build), "."],
                             capture_output=True, text=True)
     if packed.returncode != 0:
@@ -111,6 +241,8 @@ def serve(settings: Settings, log=print, stop_event=None) -> None:
     stop_event = stop_event or stop_requested_on_sigterm()
     p = _paths(settings)
     p["dir"].mkdir(parents=True, exist_ok=True)
+    _show_generated_password(settings, log)
+    hive_properties = _hive_properties(settings)
     jar = guard_jar(settings, log)
     # Delta's classes on the driver's own class path: the Thrift server runs each statement with a class loader
     # that does not see jars added at run time (spark.jars.packages), and Spark's closure cleaner then cannot
@@ -119,7 +251,7 @@ def serve(settings: Settings, log=print, stop_event=None) -> None:
     if not delta_jars:
         raise SqlServerError(f"Delta's jars are not under {settings.cache_dir / 'ivy' / 'jars'} yet; run `make setup`")
     spark = build_session(settings, app_name="eventlake-sql-server", log=log, extra_conf={
-        "spark.jars": str(jar), "spark.sql.extensions": GUARD_CLASS,
+        "spark.jars": str(jar), "spark.sql.extensions": f"{GUARD_CLASS},{GRANTS_CLASS}",
         "spark.driver.extraClassPath": os.pathsep.join(str(j) for j in [*delta_jars, jar]),
         # Each JDBC session opens Hive's session state on an in-memory Derby metastore: with a Derby system home
         # set (as other eventlake sessions do, to keep derby.log out of the working folder) its creation fails and
@@ -132,13 +264,17 @@ def serve(settings: Settings, log=print, stop_event=None) -> None:
     if spark.conf.get("spark.sql.extensions", "").find(GUARD_CLASS) < 0:
         raise SqlServerError("this process already had a Spark session without the read-only guard; run "
                              "`eventlake sql-server serve` in a process of its own")
+    jvm = spark._jvm
+    for key, value in hive_properties.items():
+        jvm.java.lang.System.setProperty(key, value)
+    spark.sparkContext._jsc.sc().addSparkListener(jvm.eventlake.sql.QueryLog())
     views = _Views(spark, settings, log)
     views.refresh()
-    jvm = spark._jvm
     server = jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
         spark._jsparkSession.sqlContext())
     _write_state(p, views.names)
-    log(f"sql-server: serving {jdbc_url(settings)} (read-only): {', '.join(views.names) or 'no table yet'}")
+    log(f"sql-server: serving {jdbc_url(settings)} (read-only; logins: {settings.sql_server_auth}; TLS: "
+        f"{'on' if tls_enabled(settings) else 'off'}): {', '.join(views.names) or 'no table yet'}")
     try:
         while not stop_event.wait(1.0):
             if views.refresh():
@@ -187,6 +323,18 @@ class _Views:
         return True
 
 
+def _show_generated_password(settings: Settings, log) -> None:
+    """On a fresh machine: the default user and its generated password, shown this once (as `airflow
+    standalone` does); it is stored only hashed."""
+    from eventlake.sql_users import DEFAULT_USER, ensure_default_user, users_file
+
+    password = ensure_default_user(settings)
+    if password is not None:
+        log(f"sql-server: logins need a password; created the user {DEFAULT_USER} with the password {password}\n"
+            f"  (shown this once, stored hashed in {users_file(settings)}; `eventlake sql-server users add NAME` "
+            f"adds users or changes a password)")
+
+
 def _write_state(p: dict[str, Path], names: list[str]) -> None:
     tmp = p["state"].with_suffix(".tmp")
     tmp.write_text(json.dumps({"pid": os.getpid(), "views": names}))
@@ -212,7 +360,8 @@ def status(settings: Settings) -> SqlServerStatus:
             views = tuple(json.loads(p["state"].read_text())["views"])
         except (OSError, ValueError, KeyError):
             views = ()
-    return SqlServerStatus(pid is not None and p["state"].exists(), pid, jdbc_url(settings), p["log"], views)
+    return SqlServerStatus(pid is not None and p["state"].exists(), pid, jdbc_url(settings), p["log"], views,
+                           p["audit"])
 
 
 def start(settings: Settings, log=print, timeout: float = 240.0) -> SqlServerStatus:
@@ -230,11 +379,17 @@ def start(settings: Settings, log=print, timeout: float = 240.0) -> SqlServerSta
                              f"process; choose another with EVENTLAKE_SQL_SERVER_PORT")
     guard_jar(settings, log)  # a compile error is said here, not in the log
     p["dir"].mkdir(parents=True, exist_ok=True)
+    _show_generated_password(settings, log)
+    _hive_properties(settings)  # a bad setting, or a certificate that cannot be made, is said here too
+    if tls_enabled(settings):
+        trust_store(settings)
     p["state"].unlink(missing_ok=True)
     # The service reads its settings from the environment: these are the caller's (whatever their source).
     env = {**os.environ, **{f"EVENTLAKE_{name.upper()}": str(getattr(settings, name)) for name in (
         "home", "cache_dir", "sql_server_host", "sql_server_port", "spark_master", "spark_driver_memory",
-        "spark_shuffle_partitions")}}
+        "spark_shuffle_partitions", "sql_server_auth", "sql_server_users_file", "sql_server_ldap_url",
+        "sql_server_ldap_base_dn", "sql_server_tls", "sql_server_keystore", "sql_server_keystore_password",
+        "kafka_credentials_file", "kafka_ssl_cafile") if getattr(settings, name) is not None}}
     with open(p["log"], "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "eventlake.cli", "sql-server", "serve"], stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=str(PROJECT_ROOT),
