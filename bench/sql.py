@@ -331,10 +331,18 @@ def main() -> None:
         if "embedded" in args.engines:
             engines["embedded (DuckDB over delta-rs)"] = lambda sql: query_duckdb(settings, sql)
         if "thrift" in args.engines:
+            import secrets
+
             from pyhive import hive
 
+            from eventlake.sql_users import add_user
+
+            # Logins need a password (as on any machine): a user of the bench's own, made before the server starts.
+            password = secrets.token_urlsafe(16)
+            add_user(settings, "bench", password)
             sql_server.start(settings, log=lambda *_: None)
-            conn = hive.connect(host="127.0.0.1", port=settings.sql_server_port, username="bench")
+            conn = hive.connect(host="127.0.0.1", port=settings.sql_server_port, username="bench", auth="CUSTOM",
+                                password=password)
 
             def thrift(sql: str):
                 cursor = conn.cursor()
