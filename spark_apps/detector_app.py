@@ -13,7 +13,7 @@ from typing import Callable
 from lakehouse.kafka_security import spark_kafka_options
 from lakehouse.settings import Settings
 from spark_apps.events import read_event_records
-from spark_apps.projection import bound_query_stop
+from spark_apps.spark_projection import bound_query_stop
 
 __all__ = ["STATE_STORE_CONF", "start_findings_query", "run_service"]
 
@@ -57,7 +57,7 @@ def run_service(argv: list[str] | None, prog: str, description: str, label: str,
     import argparse
 
     from lakehouse.signals import stop_requested_on_sigterm
-    from spark_apps.projection import stop_query
+    from spark_apps.spark_projection import stop_query
     from spark_apps.session import build_session
 
     parser = argparse.ArgumentParser(prog=prog, description=description)

@@ -43,7 +43,7 @@ from lakehouse.settings import Settings
 from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, SHARED_LATE_EVENTS_TABLE, Generation, held_table, \
     ledger_table
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
-from spark_apps.projection import ARCHIVE_STATS_COLUMNS, Projection, ProjectionError, ProjectionRun, \
+from spark_apps.spark_projection import ARCHIVE_STATS_COLUMNS, Projection, ProjectionError, ProjectionRun, \
     dead_letter_schema
 from spark_apps import sequence
 from spark_apps.arrow_rows import in_schema
@@ -805,7 +805,7 @@ def _initial(checkpoint: Checkpoint) -> dict[int, int]:
 
 
 class PythonProjection:
-    """The projection (``spark_apps.projection.Projection``'s queries, checkpoints and tables) run in this process
+    """The projection (``spark_apps.spark_projection.Projection``'s queries, checkpoints and tables) run in this process
     on its common path, handing other batches to the Spark query (module docstring)."""
 
     def __init__(self, settings: Settings, models: list[ReadModel] | None = None,

@@ -642,7 +642,7 @@ def build_generation(spark, settings: Settings, name: str, number: int, by: str,
     done of the total and an ETA. An error abandons the generation (readers never saw it) and is raised."""
     import read_models
     from read_models.catalog import Catalog
-    from spark_apps.projection import Projection
+    from spark_apps.spark_projection import Projection
 
     model = read_models.get(name)
     catalog = Catalog(settings)

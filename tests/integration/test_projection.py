@@ -113,7 +113,7 @@ def test_a_gap_in_the_log_stops_the_projection_with_a_message_that_says_what_to_
     import confluent_kafka
     from confluent_kafka.admin import AdminClient
 
-    from spark_apps.projection import ProjectionError
+    from spark_apps.spark_projection import ProjectionError
 
     events = events_for(GeneratorConfig(accounts=5, commands=60, seed=3, run_id="gap"))
     first, rest = events[:30], events[30:]

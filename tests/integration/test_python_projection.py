@@ -66,10 +66,10 @@ def test_a_reader_holding_records_back_still_sees_the_end_after_reading_them(set
 
 def test_the_event_row_schema_is_the_spark_parsers(spark):
     from spark_apps.archive_fold import arrow_schema
-    from spark_apps.projection import _event_row_schema
+    from spark_apps.spark_projection import spark_event_row_schema
 
     assert [(f.name, f.type) for f in event_row_schema()] == \
-        [(f.name, f.type) for f in arrow_schema(_event_row_schema(spark))]
+        [(f.name, f.type) for f in arrow_schema(spark_event_row_schema(spark))]
 
 
 def test_a_clean_log_with_late_events_is_projected_without_spark_and_equals_the_oracle(spark, settings, monkeypatch):
