@@ -43,11 +43,10 @@ _TRANSACTION_TIMEOUT_MS = 20_000
 
 
 def snapshot_due(part: PartitionState, every: int) -> bool:
-    """Whether ``part`` is due a snapshot. A snapshot holds the partition's whole state, the id of each of its
-    events included, so it costs more as the log grows: taken after ``every`` new events or a quarter of the
-    events it holds, whichever is more, its cost per event stays flat (and a restart reads at most that many
-    events after it)."""
-    return part.events_since_snapshot >= max(every, len(part.event_ids) // 4)
+    """Whether ``part`` is due a snapshot. A snapshot holds the partition's whole state, which costs more as the
+    log grows (each account's payment ids): taken after ``every`` new events or a quarter of the events it holds,
+    whichever is more, its cost per event stays flat (and a restart reads at most that many events after it)."""
+    return part.events_since_snapshot >= max(every, part.events_held // 4)
 
 
 class HandlerError(RuntimeError):
@@ -587,6 +586,7 @@ class CommandHandler:
         # Only a committed transaction changes what the handler believes.
         for tp, (part, part_events) in owned.items():
             part.events_since_snapshot += part_events
+            part.events_held += part_events
             if tp.partition in self._delivered_events:
                 part.events_offset = self._delivered_events[tp.partition] + 1
             if tp.partition in self._delivered_results:
@@ -595,9 +595,7 @@ class CommandHandler:
             part.states[key] = state
         for part, result in staged_results.values():
             if result.aggregate_id and result.error_type != "InvalidCommand":
-                part.remember(result)
-                if result.event_ids:
-                    part.event_ids.update(result.event_ids)
+                part.remember(result)  # its events' ids are derived (decider.event_id_for): not kept
         for name in ("commands", "accepted", "rejected", "duplicates", "dead_lettered", "events", "too_large"):
             setattr(self.stats, name, getattr(self.stats, name) + getattr(stats, name))
         self.stats.transactions += 1

@@ -9,6 +9,7 @@ See docs/DESIGN.md ("Guarantees").
 """
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from kafka import TopicPartition
 from kafka.errors import KafkaError
 
 from event_store import kafka_log
+from event_store.decider import event_id_for
 from event_store.domains import DOMAINS, EVENT_TYPES
 from event_store.envelope import CommandResult, EventEnvelope
 from event_store.errors import InvalidRecord
@@ -77,6 +79,29 @@ def _aggregate_of(record) -> tuple[list[str], str | None]:
             pass
     aggregate_id = obj.get("aggregate_id")
     return types, aggregate_id if isinstance(aggregate_id, str) and aggregate_id else None
+
+
+def _repeats_a_derived_id(part: PartitionState, key: tuple[str, str], state: Any, event: EventEnvelope) -> bool:
+    """Whether ``event`` (a record whose id is not the derivation of its own fields, not in ``part.event_ids``)
+    repeats the id of an event seen before: its id is the derivation of another version ``v`` of its own
+    aggregate and command (a record copied under another version), and ``v`` is taken (the aggregate is at ``v``
+    or later) or waits with that id. Only ids that look like a derived one (a UUID of version 5) are tried, each
+    version of the aggregate once: records of this kind come from forgers, never from the handler.
+
+    What the rule of the read models would decide otherwise: a record whose id is the derivation of a taken
+    version that no record of the log ever carried (a forger computing ids of commands never run) counts here as
+    a repeat; an id copied from another aggregate or another command is not recognised (its record counts as
+    new, as an id never seen)."""
+    event_id = event.event_id
+    if len(event_id) != 36 or event_id[14] != "5":
+        return False
+    aggregate_type, aggregate_id = key
+    command_id = event.command_id
+    waiting = part.waiting.get(key) or {}
+    for v in itertools.chain(range(1, state.version + 1), waiting):
+        if event_id_for(aggregate_type, aggregate_id, v, command_id) == event_id:
+            return v <= state.version or waiting[v].event_id == event_id
+    return False
 
 
 def continue_waiting(part: PartitionState, key: tuple[str, str], state: Any) -> Any:
@@ -204,20 +229,34 @@ class PartitionRebuilder:
         aggregate's versions once and in order; an event id seen before counts once, wherever its repeat claims to
         be; the first event at a version takes it (a different event at a taken version counts nowhere); an event
         after a gap waits until the gap is filled. An event of an aggregate type that is not registered, or
-        that does not own its event type, raises ValueError (the rebuild quarantines its aggregate)."""
+        that does not own its event type, raises ValueError (the rebuild quarantines its aggregate).
+
+        Without keeping every event id (issue 42): an event id derives from the event's own fields
+        (``decider.event_id_for``: aggregate, version, command), so a record whose id is that derivation
+        ("derived") can only repeat an id seen before at the same version of the same aggregate, which the version
+        rule already refuses, or an id a record of another kind carried first, which ``part.event_ids`` holds.
+        ``part.event_ids`` keeps only the ids that are not the derivation of their record's fields (forged
+        records, records of releases that derived ids otherwise) and derived ids that took no version: what the
+        log's writers other than this handler add, not what the log's length adds (``_repeats_a_derived_id``)."""
         aggregate_type = event.aggregate_type
         domain = DOMAINS.get(aggregate_type)
         if domain is None or EVENT_TYPES.get(event.event_type) != aggregate_type:
             raise ValueError(f"event {event.event_id}: {event.event_type} is not an event of aggregate type "
                              f"{aggregate_type!r} (registered: "
                              f"{', '.join(f'{t}: {sorted(d.events)}' for t, d in DOMAINS.items())})")
-        if event.event_id in part.event_ids:
+        event_id, odd = event.event_id, part.event_ids
+        if event_id in odd:
             self.stats.repeated_events += 1
             return
-        part.event_ids.add(event.event_id)
         key = (aggregate_type, event.aggregate_id)
         state = part.state(*key)
         version = event.aggregate_version
+        derived = event_id == event_id_for(aggregate_type, event.aggregate_id, version, event.command_id)
+        if not derived:
+            if _repeats_a_derived_id(part, key, state, event):
+                self.stats.repeated_events += 1
+                return
+            odd.add(event_id)
         if version <= state.version:
             self.stats.repeated_events += 1
             return
@@ -228,8 +267,11 @@ class PartitionRebuilder:
                 self.log(f"handler {self.instance_id}: events record {record.topic}/{part.partition}/{record.offset}: "
                          f"version {version} of {aggregate_type} {event.aggregate_id} follows version {state.version}; it "
                          f"waits for the versions in between, as in the read models")
+            elif derived and waiting[version].event_id != event_id:
+                odd.add(event_id)  # took no version: a later record carrying its id must find it
             return
         part.states[key] = continue_waiting(part, key, domain.evolve(state, event))
+        part.events_held += 1
 
     def _unreadable_event(self, part: PartitionState, record, reason: str) -> None:
         """An events record the rebuild cannot read or fold: its aggregate (the record's key, which every writer

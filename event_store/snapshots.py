@@ -19,7 +19,8 @@ Snapshots alternate between two slots (``a``, ``b``): a snapshot writes the slot
 does not name, so an unfinished one (a crash, a lost partition) never touches the chunks that manifest needs, and
 compaction keeps the latest value per key (stale chunks with a higher index are ignored).
 
-The partition's event ids, which only grow, are not rewritten by every snapshot: a snapshot writes the ids
+The partition's event ids its records' fields do not derive (``PartitionState.event_ids``: forged records and
+the like, rare), which only grow, are not rewritten by every snapshot: a snapshot writes the ids
 added since the one before as id segments of up to ``SEGMENT_IDS`` ids each (keys ``p/ids/<segment>/0``, ``/1``,
 ..., unique, so compaction never drops them), each in one step, and its manifest lists every segment of the
 partition with the offset of its first record. With a snapshot due after a quarter of the events a partition
@@ -45,7 +46,8 @@ _CHUNK_BYTES = 512 * 1024  # well under the broker's default max.message.bytes (
 # Snapshots of an older layout (without the partition's event ids, or without aggregate types: 2; every event id
 # in each snapshot: 3; written at once, chunks under p/<i>: 4) are not loaded: the partition is rebuilt from its
 # log instead, once, and snapshotted anew.
-_FORMAT = 5
+# 5: every event id; its snapshots would load them all again, so they are not loaded either.
+_FORMAT = 6
 _IDS_PER_ENTRY = 10_000
 # What one step of a snapshot encodes and commits while the handler takes no command: ~2 MB is tens of ms.
 STEP_BYTES = 2 * 1024 * 1024
@@ -98,10 +100,15 @@ class PartitionState:
     # the gap is filled (read_models.sequence). Only records written around the handler make gaps; not kept in
     # snapshots.
     waiting: dict[tuple[str, str], dict] = field(default_factory=dict)
-    # The id of every event of this partition the log holds (read back or written by this handler): a record
-    # repeating one of them counts once, wherever its repeat claims to be (read_models.sequence); an aggregate's
-    # records all live in its partition. Kept in snapshots, so a repeat of an id from before one is caught too.
+    # The event ids of this partition's log that its records' own fields do not derive (forged records, records of
+    # releases that derived ids otherwise) and derived ids that took no version: with the version rule, what a
+    # record repeating an id is recognised by (event_store.partition_rebuild.apply_logged). The ids this handler
+    # writes are derived and never kept: the set grows with what other writers add, not with the log (issue 42).
+    # Kept in snapshots, so a repeat of an id from before one is caught too.
     event_ids: EventIds = field(default_factory=EventIds)
+    # How many events of the partition's log its states hold (each version folded once): what a snapshot's cost
+    # is measured against (event_store.handler.snapshot_due).
+    events_held: int = 0
     # The id segments its latest snapshot lists (``{"id", "records", "ids", "offset"}``; offset: of its first record
     # on the snapshots partition), oldest first.
     id_segments: list[dict] = field(default_factory=list)
@@ -212,6 +219,7 @@ class SnapshotWriter:
         self.unsaved_ids = len(part.event_ids.unsaved)
         self.event_id_count = len(part.event_ids)
         self.aggregate_count = len(part.states)
+        self.events_held = part.events_held
         self.segments: list[dict] = []  # the id segments written, with their first record's offset
         self.chunks = 0
         self.first_offset: int | None = None  # of this snapshot's first record
@@ -283,7 +291,7 @@ class SnapshotWriter:
         return {"snapshot_id": self.snapshot_id, "format": _FORMAT, "partition": self.partition, "slot": self.slot,
                 "chunks": self.chunks, "first_offset": self.first_offset, "events_offset": self.events_offset,
                 "results_offset": self.results_offset, "aggregates": self.aggregate_count,
-                "event_ids": self.event_id_count, "id_segments": [*self.part.id_segments, *self.segments]}
+                "event_ids": self.event_id_count, "events_held": self.events_held, "id_segments": [*self.part.id_segments, *self.segments]}
 
     def delivered(self, key: bytes, offset: int) -> None:
         self._offsets[key] = offset
@@ -362,7 +370,8 @@ def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionSt
         return None
     snapshot_id = manifest["snapshot_id"]
     part = PartitionState(partition, events_offset=manifest["events_offset"],
-                          results_offset=manifest["results_offset"], window=window)
+                          results_offset=manifest["results_offset"], window=window,
+                          events_held=manifest.get("events_held", 0))
     for segment in manifest["id_segments"]:
         for i in range(segment["records"]):
             key = f"{partition}/ids/{segment['id']}/{i}"

@@ -154,3 +154,113 @@ def test_a_command_id_reused_on_another_aggregate_or_later_makes_events_with_ids
 def test_dumps_writes_what_orjson_refuses():
     assert json.loads(dumps({"amount_minor": 10**25, "b": "é"})) == {"amount_minor": 10**25, "b": "é"}
     assert dumps({"a": None, "b": [1, "x"]}) == b'{"a":null,"b":[1,"x"]}'
+
+
+# The rebuild's repeat rule without every event id (issue 42) ---------------------------------------------------
+def _rebuilt(log):
+    """The handler's rebuild of one partition's ``log`` (envelopes in log order), without Kafka."""
+    from types import SimpleNamespace
+
+    from event_store.partition_rebuild import PartitionRebuilder
+    from event_store.snapshots import PartitionState
+    from lakehouse.settings import Settings
+
+    rebuilder = PartitionRebuilder(Settings.load({}), log=lambda *_: None)
+    part = PartitionState(0)
+    for offset, e in enumerate(log):
+        rebuilder.apply_logged(part, e, SimpleNamespace(topic="events", offset=offset))
+    return part
+
+
+def _read_side(log):
+    """What the read models admit of ``log`` (read_models.sequence), as each account's last version's event id."""
+    from read_models.sequence import sequence
+
+    return {e.aggregate_id: e for e in sequence(log).admitted}
+
+
+def _clean_log():
+    from tests.domain_helpers import events_for
+
+    return events_for(GeneratorConfig(accounts=1, commands=8, seed=3, run_id="ids"))
+
+
+def test_the_events_the_handler_derives_are_not_kept_and_forged_ids_are():
+    import dataclasses
+
+    from tests.log_strategies import forged
+
+    clean = _clean_log()
+    assert all(e.event_id == event_id_for(e.aggregate_type, e.aggregate_id, e.aggregate_version, e.command_id)
+               for e in clean)
+    part = _rebuilt(clean + clean[2:5])  # a replay: counted once by the version rule
+    assert part.event_ids == set() and part.events_held == len(clean)
+    last = clean[-1].aggregate_version
+    log = clean + [forged(clean[-1], "forged-next", aggregate_version=last + 1),
+                   dataclasses.replace(clean[1], aggregate_version=last + 2)]
+    part = _rebuilt(log)
+    assert part.event_ids == {"forged-next"}
+    assert part.states[("account", clean[0].aggregate_id)].version == last + 1 == \
+        _read_side(log)[clean[0].aggregate_id].aggregate_version
+
+
+def test_a_derived_record_after_a_forged_record_carrying_its_id_counts_nowhere_as_in_the_read_models():
+    from tests.log_strategies import forged
+
+    clean = _clean_log()
+    last = clean[-1].aggregate_version
+    # A forged record takes the next version under the id the handler's next event will derive: the real event
+    # that follows repeats an id seen before.
+    real = forged(clean[-1], "x", aggregate_version=last + 1)
+    real = EventEnvelope_from(real, event_id=event_id_for("account", real.aggregate_id, last + 1, real.command_id))
+    thief = EventEnvelope_from(forged(clean[-1], real.event_id, aggregate_version=last + 1), command_id="other")
+    log = clean + [thief, real]
+    part = _rebuilt(log)
+    held = part.states[("account", clean[0].aggregate_id)]
+    assert held.version == last + 1 == _read_side(log)[clean[0].aggregate_id].aggregate_version
+    assert set(held.payment_ids.keys()) - {e.payload.get("payment_id") for e in clean} == \
+        {thief.payload["payment_id"]}
+
+
+def test_a_derived_event_that_lost_its_waiting_version_then_repeated_under_the_next_counts_nowhere():
+    import dataclasses
+
+    from tests.log_strategies import forged
+
+    clean = _clean_log()
+    head, tail = clean[:4], clean[5:]  # version 5 missing: versions 6.. wait
+    gap_holder = forged(clean[5], "forged-6")  # takes the waiting slot of version 6 first
+    repeat = dataclasses.replace(clean[5], aggregate_version=len(clean) + 1)
+    log = head + [gap_holder] + tail + [clean[4], repeat]
+    part = _rebuilt(log)
+    aid = clean[0].aggregate_id
+    assert part.states[("account", aid)].version == _read_side(log)[aid].aggregate_version == len(clean)
+    assert clean[5].event_id in part.event_ids  # took no version: kept, so its repeat is recognised
+
+
+def EventEnvelope_from(event, **changes):
+    """``event`` with envelope ``changes`` (its payload kept)."""
+    from event_store.envelope import EventEnvelope
+
+    return EventEnvelope.from_dict({**json.loads(event.to_json()), **changes})
+
+
+def test_a_forged_id_from_before_a_snapshot_is_still_caught_after_a_restart_from_it():
+    from collections import namedtuple
+    from types import SimpleNamespace
+
+    from event_store.partition_rebuild import PartitionRebuilder
+    from event_store.snapshots import load_snapshot, snapshot_records
+    from lakehouse.settings import Settings
+    from tests.log_strategies import forged
+
+    clean = _clean_log()
+    last = clean[-1].aggregate_version
+    part = _rebuilt(clean + [forged(clean[-1], "forged-next", aggregate_version=last + 1)])
+    Record = namedtuple("Record", "key value")
+    restored = load_snapshot([Record(k, v) for k, v in snapshot_records(part)], 0, 100)
+    assert restored.event_ids == {"forged-next"} and restored.events_held == part.events_held == len(clean) + 1
+    again = forged(clean[-1], "forged-next", aggregate_version=last + 2)
+    PartitionRebuilder(Settings.load({}), log=lambda *_: None).apply_logged(
+        restored, again, SimpleNamespace(topic="events", offset=len(clean) + 1))
+    assert restored.states == part.states
