@@ -5,7 +5,9 @@ JVM, answers in well under a second. ``engine="spark"`` runs the same SQL on Spa
 Every read model is a view named after it; so are ``late_events`` and ``event_archive``; the event dead
 letters are ``event_dead_letters``. A read model's name resolves through the catalog (read_models/catalog.py) to
 its current generation's table, and ``late_events`` is the union of the current generations' late events.
-Both engines only read (eventlake/read_only.py): a statement that would change a table is refused.
+Both engines only read (eventlake/read_only.py): a statement that would change a table is refused, and so is a
+function that runs code (reflection, user-defined functions). Both read a string literal alike: DuckDB's way,
+a backslash is a character and ``''`` a quote (Spark's statements are rewritten to that effect).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import NamedTuple, Union
 
 import read_models
-from eventlake.read_only import WriteRefused, check_duckdb, check_spark, lock_duckdb
+from eventlake.read_only import WriteRefused, check_duckdb, check_spark, lock_duckdb, spark_guard
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
 from read_models.catalog import Catalog, late_events_sources
@@ -207,14 +209,24 @@ def query_spark(settings: Settings, sql: str, as_of: AsOf | None = None) -> tupl
     tables = _existing_tables(settings, as_of)  # before starting a JVM for nothing
     from spark_apps.session import build_session
 
+    from eventlake.sql_server import SqlServerError
+
     spark = build_session(settings, app_name="eventlake-query")
     _quiet_spark_error_logs()
     try:
+        # The SQL server's guard (eventlake/read_only.py): literals as DuckDB reads them, then no command, no
+        # path, and no function that runs code, checked on the parsed statement and again once analyzed.
+        guard = spark_guard(spark, settings)
+        sql = guard.standard_literals(sql)
         check_spark(spark, sql)
+        guard.check_parsed(sql)
         for name, parts in tables.items():
             _spark_frame(spark, parts).createOrReplaceTempView(name)
         df = spark.sql(sql)
+        guard.check_analyzed(df)
         return df.columns, [tuple(r) for r in df.collect()]
+    except SqlServerError as e:  # no JDK to compile the guard with
+        raise QueryError(f"Spark SQL cannot run a query without its read-only guard: {e}") from None
     except WriteRefused as e:
         raise _read_only(e, tables) from None
     except _engine_errors() as e:  # AnalysisException, ParseException, a failed job: Spark's own message

@@ -11,10 +11,16 @@ parser says what a statement is, and only reads pass:
   refused until it is known to read), or be one of a few commands that only describe (EXPLAIN, DESCRIBE, SHOW);
   a table is named by its one-part name, so ``delta.`/path```, ``parquet.`/path``` and catalog-qualified names
   are refused, and so are file-reading table functions.
+- Spark SQL, both paths (``eventlake query --engine spark`` and the Thrift server): no code runs from SQL, and
+  string literals read as DuckDB reads them. That rule is the Thrift server's guard (``infra/sql_guard``:
+  ``eventlake.sql.ReadOnlyExtension``): an allowlist of Spark's built-in function classes minus those that invoke
+  code (``java_method``, ``reflect``, ``try_reflect``, every kind of user-defined function), and single-quoted
+  literals rewritten so that a backslash is a character and ``''`` a quote. The query path loads the same class
+  into its session's JVM (``SparkGuard``) and calls it on the statement before and after analysis.
 """
 from __future__ import annotations
 
-__all__ = ["WriteRefused", "check_duckdb", "lock_duckdb", "check_spark"]
+__all__ = ["WriteRefused", "check_duckdb", "lock_duckdb", "check_spark", "SparkGuard", "spark_guard"]
 
 WHY = ("every read path is read-only: the read models change only through their projections, "
        "`eventlake rebuild` and `eventlake reprocess`")
@@ -73,6 +79,9 @@ _STATEMENTS = {
     "VacuumTableCommand": "VACUUM", "RestoreTableStatement": "RESTORE", "CacheTable": "CACHE TABLE",
     "CacheTableAsSelect": "CACHE TABLE", "SetCommand": "SET", "ResetCommand": "RESET",
     "AddJarsCommand": "ADD JAR", "LoadData": "LOAD DATA", "RepairTable": "MSCK REPAIR",
+    "CreateFunction": "CREATE FUNCTION", "CreateFunctionCommand": "CREATE FUNCTION",
+    "CreateUserDefinedFunction": "CREATE FUNCTION", "CreateSQLFunctionCommand": "CREATE FUNCTION",
+    "DropFunction": "DROP FUNCTION", "DropFunctionCommand": "DROP FUNCTION", "RefreshFunction": "REFRESH FUNCTION",
 }
 _FILE_FUNCTIONS = ("read_",)  # table functions that read files by path (read_files and the like)
 
@@ -121,3 +130,72 @@ def _scala_list(seq) -> list:
     while it.hasNext():
         out.append(it.next())
     return out
+
+
+# -- the Thrift server's guard, in the query path's session --------------------------------------------------------
+
+_GUARD_CLASS = "eventlake.sql.ReadOnlyExtension"
+_REFUSED_PREFIX = "eventlake: read-only: "
+
+
+class SparkGuard:
+    """The SQL server's guard class (``infra/sql_guard``) loaded into a running session's JVM: the session need
+    not have been built with the extension (``eventlake query --engine spark`` uses the process's session), so
+    the class is loaded from its jar by a class loader of its own, its parent Spark's, and called by reflection."""
+
+    def __init__(self, spark, jar):
+        jvm, gateway = spark._jvm, spark.sparkContext._gateway
+        self._spark, self._gateway, self._jvm = spark, gateway, jvm
+        urls = gateway.new_array(jvm.java.net.URL, 1)
+        urls[0] = jvm.java.io.File(str(jar)).toURI().toURL()
+        loader = jvm.java.net.URLClassLoader(urls, spark._jsparkSession.getClass().getClassLoader())
+        guard = loader.loadClass(_GUARD_CLASS)
+        self._methods = {m.getName(): m for m in guard.getMethods()}
+
+    def _call(self, name: str, *args):
+        from py4j.protocol import Py4JJavaError
+
+        array = self._gateway.new_array(self._jvm.java.lang.Object, len(args))
+        for i, arg in enumerate(args):
+            array[i] = arg
+        try:
+            return self._methods[name].invoke(None, array)
+        except Py4JJavaError as e:
+            cause = e.java_exception.getCause()  # the InvocationTargetException's
+            message = cause.getMessage() if cause is not None else None
+            if message and message.startswith(_REFUSED_PREFIX):
+                raise WriteRefused(message[len(_REFUSED_PREFIX):]) from None
+            raise
+
+    def standard_literals(self, sql: str) -> str:
+        """``sql`` with its single-quoted literals as DuckDB reads them, in the form Spark's parser reads so."""
+        return str(self._call("standardLiterals", sql))
+
+    def check_parsed(self, sql: str) -> None:
+        """Raise ``WriteRefused`` when the statement calls a function off the allowlist (or names a table by
+        path); a statement Spark cannot parse is left to Spark."""
+        try:
+            plan = self._spark._jsparkSession.sessionState().sqlParser().parsePlan(sql)
+        except Exception:  # noqa: BLE001 -- a ParseException: running it gives Spark's own message
+            return
+        self._call("refusePaths", plan)
+
+    def check_analyzed(self, df) -> None:
+        """Raise ``WriteRefused`` when the analyzed plan of ``df`` holds a command or a code-invoking expression
+        (a UDF this process registered under a built-in's name)."""
+        analyzed = df._jdf.queryExecution().analyzed()
+        self._call("check", analyzed)
+        self._call("refuseCode", analyzed)
+
+
+def spark_guard(spark, settings) -> SparkGuard:
+    """The guard of this session's JVM (loaded once per Spark context; its jar is compiled once per version of
+    its source, by ``eventlake.sql_server.guard_jar``)."""
+    from eventlake.sql_server import guard_jar
+
+    jar = guard_jar(settings, log=lambda *_: None)
+    context = spark.sparkContext
+    guards = context.__dict__.setdefault("_eventlake_guards", {})
+    if str(jar) not in guards:
+        guards[str(jar)] = SparkGuard(spark, jar)
+    return guards[str(jar)]
