@@ -21,7 +21,37 @@ __all__ = ["EventStore", "as_command"]
 
 
 def as_command(command: CommandEnvelope | Mapping[str, Any]) -> CommandEnvelope:
-    """A validated command from an envelope or a JSON-like dict (``command_id`` is generated when missing)."""
+    """A validated command from an envelope or a JSON-like dict (``command_id`` is generated when missing), whose
+    every text can be sent (encoded as UTF-8: the record's key is its aggregate id's bytes)."""
+    command = _as_command(command)
+    _refuse_unencodable(command.to_dict())
+    return command
+
+
+def _refuse_unencodable(value: Any, path: tuple = ()) -> None:
+    """InvalidRecord naming the field, when a text in ``value`` (a value or a field name, at any depth) cannot be
+    encoded as UTF-8: a lone surrogate (U+D800..U+DFFF), which valid JSON can spell (``"\\ud800"``) but no UTF-8
+    byte sequence holds."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            where = ".".join(map(str, path))
+            code = ord(value[e.start])
+            raise InvalidRecord(
+                f"command: field '{where}' = {value[:40]!r} cannot be sent: it holds a lone surrogate U+{code:04X} "
+                f"at character {e.start + 1} (one half of a UTF-16 pair, e.g. a JSON \\u{code:04x} escape without "
+                f"its other half), which UTF-8 cannot encode") from None
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _refuse_unencodable(key, (*path, "(a field name)"))
+            _refuse_unencodable(item, (*path, key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _refuse_unencodable(item, (*path, i))
+
+
+def _as_command(command: CommandEnvelope | Mapping[str, Any]) -> CommandEnvelope:
     if isinstance(command, CommandEnvelope):
         return command
     if not isinstance(command, Mapping):
