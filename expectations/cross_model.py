@@ -95,7 +95,7 @@ def _last_projection_write(path: Path, version: int, look_back: int = 500) -> tu
 def _snapshots(settings: Settings, names: tuple[str, ...], optional: tuple[str, ...] = ()):
     """({name: DeltaTable at one version}, position in words, None) when the tables stand at the same log
     position, else ({}, "", why not). ``optional`` tables may be missing (read as empty)."""
-    from expectations.reconciliation import _last_batch, _offsets
+    from expectations.reconciliation import batch_offsets, last_committed_batch
 
     paths = _physical_paths(settings, (*names, *optional))
     missing = [n for n in names if not (paths[n] / "_delta_log").is_dir()]
@@ -117,7 +117,7 @@ def _snapshots(settings: Settings, names: tuple[str, ...], optional: tuple[str, 
         tables = {n: delta_table(paths[n]) for n in present}
         return tables, "tables not written by a projection, compared as they stand", None
     # The checkpoints first, then the tables: every batch a checkpoint has committed is in the tables read after.
-    committed = {p: _last_batch(settings.checkpoints / p) for p in projections}
+    committed = {p: last_committed_batch(settings.checkpoints / p) for p in projections}
     tables = {n: delta_table(paths[n]) for n in present}
     positions: dict[str, tuple[str, int]] = {}
     for n, table in tables.items():
@@ -138,7 +138,7 @@ def _snapshots(settings: Settings, names: tuple[str, ...], optional: tuple[str, 
         projection, batch = next(iter(positions.values()))
         return tables, f"each at batch {batch} of {projection}", None
     # Different projections may still stand at the same place in the log.
-    offsets = {n: _offsets(settings.checkpoints / p, b, settings.events_topic) for n, (p, b) in positions.items()}
+    offsets = {n: batch_offsets(settings.checkpoints / p, b, settings.events_topic) for n, (p, b) in positions.items()}
     if None not in offsets.values() and len({tuple(sorted(o.items())) for o in offsets.values()}) == 1:
         at = ", ".join(f"p{p}<{o}" for p, o in sorted(next(iter(offsets.values())).items()))
         return tables, f"each at offsets {at}", None

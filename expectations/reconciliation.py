@@ -33,7 +33,7 @@ from read_models.catalog import ARCHIVE_TABLE, Catalog, Generation
 from read_models.sequence import sequence
 from read_models.spec import WINDOWED_SUM
 
-__all__ = ["Reconciliation", "reconcile"]
+__all__ = ["Reconciliation", "reconcile", "table_position", "archive_end", "last_committed_batch", "batch_offsets"]
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def _table_rows(path: Path, filters=None) -> list[dict]:
     return [{k: _plain(v) for k, v in row.items()} for row in read_table(path, filters=filters).to_pylist()]
 
 
-def _offsets(checkpoint: Path, batch: int, topic: str) -> dict[int, int] | None:
+def batch_offsets(checkpoint: Path, batch: int, topic: str) -> dict[int, int] | None:
     """Partition -> end offset of ``batch`` in a Structured Streaming checkpoint (None when not recorded)."""
     path = checkpoint / "offsets" / str(batch)
     if not path.exists():
@@ -94,13 +94,13 @@ def _offsets(checkpoint: Path, batch: int, topic: str) -> dict[int, int] | None:
     return None
 
 
-def _last_batch(checkpoint: Path) -> int | None:
+def last_committed_batch(checkpoint: Path) -> int | None:
     commits = checkpoint / "commits"
     batches = [int(p.name) for p in commits.glob("*") if p.name.isdigit()] if commits.is_dir() else []
     return max(batches) if batches else None
 
 
-def _position(settings: Settings, generation: Generation) -> tuple[dict[int, int] | None, str]:
+def table_position(settings: Settings, generation: Generation) -> tuple[dict[int, int] | None, str]:
     """The end offsets of the last batch reflected in the generation's table, or (None, why not)."""
     name = generation.name
     history = delta_table(generation.table).history()
@@ -109,8 +109,9 @@ def _position(settings: Settings, generation: Generation) -> tuple[dict[int, int
     if not written:
         # Written whole by a rebuild's fold (complete up to the recorded position: the last offset folded per
         # partition), then perhaps caught up by batches that brought none of its events: the newest of the two.
-        last_batch = _last_batch(generation.checkpoint)
-        offsets = None if last_batch is None else _offsets(generation.checkpoint, last_batch, settings.events_topic)
+        last_batch = last_committed_batch(generation.checkpoint)
+        offsets = None if last_batch is None else batch_offsets(generation.checkpoint, last_batch,
+                                                                settings.events_topic)
         if offsets is not None:
             return offsets, ""
         if generation.position is not None:
@@ -119,8 +120,8 @@ def _position(settings: Settings, generation: Generation) -> tuple[dict[int, int
     last = written[0]  # newest first
     checkpoint = settings.checkpoints / last["projection"]
     # Batches after the table's last write that are committed wrote nothing to it: it stands at the newest.
-    batch = max(last["batch_id"], _last_batch(checkpoint) or 0)
-    offsets = _offsets(checkpoint, batch, settings.events_topic)
+    batch = max(last["batch_id"], last_committed_batch(checkpoint) or 0)
+    offsets = batch_offsets(checkpoint, batch, settings.events_topic)
     if offsets is None:
         return None, f"the checkpoint {checkpoint} has no offsets for batch {batch}"
     return offsets, ""
@@ -161,10 +162,10 @@ def _read_archive(settings: Settings, position: dict[int, int]) -> list[EventEnv
     return events
 
 
-def _archive_end(settings: Settings) -> dict[int, int]:
+def archive_end(settings: Settings) -> dict[int, int]:
     checkpoint = settings.checkpoints / f"projection-{ARCHIVE_TABLE}"
-    batch = _last_batch(checkpoint)
-    return {} if batch is None else (_offsets(checkpoint, batch, settings.events_topic) or {})
+    batch = last_committed_batch(checkpoint)
+    return {} if batch is None else (batch_offsets(checkpoint, batch, settings.events_topic) or {})
 
 
 def _late_not_reprocessed(generation: Generation) -> set[str]:
@@ -185,10 +186,10 @@ def reconcile(settings: Settings, name: str, examples: int = 3,
     label = name if generation.number == 1 else f"{name} (generation {generation.number})"
     if not (generation.table / "_delta_log").is_dir():
         return Reconciliation(label, False, {}, reason=f"no Delta table at {generation.table} yet")
-    position, why = _position(settings, generation)
+    position, why = table_position(settings, generation)
     if position is None:
         return Reconciliation(label, False, {}, reason=why)
-    archived = _archive_end(settings)
+    archived = archive_end(settings)
     behind = {p: o for p, o in position.items() if archived.get(p, 0) < o}
     if behind:
         return Reconciliation(label, False, position, reason=(

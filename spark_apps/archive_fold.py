@@ -8,7 +8,7 @@ the columns and rows a step needs), each model's fold is its ``fold_sql`` (the S
 model's own schema (the Spark ``StructType``, as Arrow) with the rebuild's ``userMetadata`` on the commit.
 The tables are plain Delta tables (protocol 1/2) the streaming projection goes on MERGE-ing into.
 
-The sequence rule as in ``spark_apps.rebuild._admit``: cheap checks (per aggregate: first and last version and
+The sequence rule as in ``spark_apps.rebuild.admit_archived``: cheap checks (per aggregate: first and last version and
 the count; 64-bit hashes of (aggregate, version) and of event ids that come twice) find the aggregates whose
 events are exactly versions 1..n, once each, with no event id repeated (nearly all); their events are admitted
 as they are. Only the others are ranked: dedup by event id (first in log order), the first event at a version

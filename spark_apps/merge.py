@@ -37,7 +37,8 @@ from read_models.catalog import SHARED_LATE_EVENTS_TABLE, Generation, legacy_gen
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
 __all__ = ["BatchContext", "apply", "commit_conflict", "post_commit_hook_failure", "COMMIT_ATTEMPTS", "ensure_table",
-           "bookkeeping_tables", "watermark_delay", "windowed_watermark", "newest_event_time_on_clock"]
+           "bookkeeping_tables", "watermark_delay", "windowed_watermark", "newest_event_time_on_clock", "may_repeat",
+           "rows_or_none", "utc_time"]
 
 # How often a model's part of a batch is run when its commits keep losing races, and the pause before each retry.
 COMMIT_ATTEMPTS = 6
@@ -260,7 +261,7 @@ def _insert_once(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]:
     rows = model.fold(events)
     key = list(model.key)
     with ctx.timed(f"{model.name}: repeated keys"):
-        repeated = _may_repeat(rows, *key)
+        repeated = may_repeat(rows, *key)
     if repeated:
         rows = rows.dropDuplicates(key)
     with ctx.timed(f"{model.name}: merge"):
@@ -278,10 +279,10 @@ def _current_state(ctx: BatchContext, model: ReadModel, events) -> dict[str, int
     key = model.key[0]
     generation = ctx.generation(model.name)
     with ctx.timed(f"{model.name}: repeated versions"):
-        pending = _rows_or_none(spark, str(generation.pending))
+        pending = rows_or_none(spark, str(generation.pending))
         # A version that comes twice in the batch (a replayed or duplicated record) is rare; only then is the
         # batch deduplicated (which sorts it).
-        if _may_repeat(events, "aggregate_id", "aggregate_version"):
+        if may_repeat(events, "aggregate_id", "aggregate_version"):
             events = events.dropDuplicates(["aggregate_id", "aggregate_version"])
     current = (spark.read.format("delta").load(str(generation.table))
                .select(F.col(key), F.col("version").alias("_current")))
@@ -349,7 +350,7 @@ def _ranked(ctx: BatchContext, model: ReadModel, events, pending):
     return ranked, applied, waiting
 
 
-def _may_repeat(df, *columns: str) -> bool:
+def may_repeat(df, *columns: str) -> bool:
     """Whether some value of ``columns`` may occur twice in ``df``: counts of a 64-bit hash of them, one long
     per row through the shuffle. Equal values have equal hashes, so a repeat is never missed; a hash collision
     (about 1 in 10^7 for a million rows) only costs an unneeded dedup."""
@@ -358,7 +359,7 @@ def _may_repeat(df, *columns: str) -> bool:
     return bool(df.groupBy(F.xxhash64(*columns).alias("_h")).count().filter("count > 1").limit(1).collect())
 
 
-def _rows_or_none(spark, path: str):
+def rows_or_none(spark, path: str):
     """The Delta table at ``path`` as a DataFrame, or None when it holds no rows (known from its file list, so
     an empty table costs no Spark job)."""
     df = spark.read.format("delta").load(path)
@@ -463,7 +464,7 @@ def newest_event_time_on_clock(history_metadata: list[dict]) -> tuple[bool, dt.d
     (``history_metadata``: the commits' userMetadata, newest first)."""
     for meta in history_metadata:
         if "watermark_newest_event_time" in meta:
-            return True, _utc(meta["watermark_newest_event_time"])
+            return True, utc_time(meta["watermark_newest_event_time"])
     return False, None
 
 
@@ -478,7 +479,7 @@ def _watermark_before_batch(ctx: BatchContext, model: ReadModel) -> tuple[dt.dat
                 if r["userMetadata"]]
     found, newest = newest_event_time_on_clock(metadata)
     if metadata and metadata[0].get("app_id") == ctx.app_id and metadata[0].get("batch_id") == ctx.batch_id:
-        return _utc(metadata[0].get("watermark_before")), newest
+        return utc_time(metadata[0].get("watermark_before")), newest
     if not found:
         # A table written before the newest event time was recorded: its newest window, capped by the clock.
         # As epoch microseconds: no time zone conversion on the way out of the JVM.
@@ -491,7 +492,7 @@ def _watermark_before_batch(ctx: BatchContext, model: ReadModel) -> tuple[dt.dat
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
-def _utc(text: str | None) -> dt.datetime | None:
+def utc_time(text: str | None) -> dt.datetime | None:
     """An ISO time from commit metadata as an aware UTC datetime (earlier versions wrote naive local times)."""
     if text is None:
         return None

@@ -1360,7 +1360,7 @@ def _plan_windowed(con, batch: _Batch, model: ReadModel, generation: Generation,
                    txn: str, on: str, insert: dict) -> Callable[[], None]:
     import datetime as dt
 
-    from spark_apps.merge import _utc, newest_event_time_on_clock, watermark_delay, windowed_watermark
+    from spark_apps.merge import newest_event_time_on_clock, utc_time, watermark_delay, windowed_watermark
 
     with batch.timed(f"{model.name}: watermark"):
         metadata = [json.loads(c["userMetadata"]) for c in target.history(5) if c.get("userMetadata")]
@@ -1373,7 +1373,7 @@ def _plan_windowed(con, batch: _Batch, model: ReadModel, generation: Generation,
             if newest_start is not None:
                 newest = min(newest_start.astimezone(dt.timezone.utc), dt.datetime.now(dt.timezone.utc))
         # A batch run again whose MERGE committed: its events are split by the watermark that commit recorded.
-        watermark = _utc(metadata[0].get("watermark_before")) if again else \
+        watermark = utc_time(metadata[0].get("watermark_before")) if again else \
             windowed_watermark(newest, watermark_delay(model))
     with batch.timed(f"{model.name}: not yet applied"):
         _register(con, f"applied_{model.name}", generation.applied, batch.table(generation.applied))

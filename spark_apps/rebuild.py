@@ -33,7 +33,7 @@ from spark_apps.rebuild_errors import RebuildError, RebuildFailed, RebuildRefuse
 __all__ = ["FoldTargets", "FoldStep", "FoldResult", "RebuildError", "RebuildFailed", "RebuildRefused", "RebuildOutcome",
            "BuildResult", "RebuildLock", "rebuild", "start_generation", "build_generation", "check_generation",
            "switch_generation", "airflow_owner", "lock_path", "warehouse_targets", "archive_position",
-           "catch_up_offsets", "fold_archive"]
+           "catch_up_offsets", "fold_archive", "admit_archived", "read_archive", "insert_rows"]
 
 # How a rebuild folds the archive (``fold_archive``'s ``engine``).
 REBUILD_ENGINES = ("duckdb", "spark")
@@ -99,7 +99,7 @@ def warehouse_targets(settings: Settings, models: list[ReadModel], projection: s
         late=path(SHARED_LATE_EVENTS_TABLE) if m.merge_strategy == WINDOWED_SUM else None) for m in models}
 
 
-def _archive(spark, settings: Settings):
+def read_archive(spark, settings: Settings):
     path = str(settings.table_path(ARCHIVE_TABLE))
     try:
         return spark.read.format("delta").load(path)
@@ -113,7 +113,7 @@ def archive_position(spark, settings: Settings) -> dict[int, int]:
     in offset order, so every valid event at or before it is archived."""
     from pyspark.sql import functions as F
 
-    rows = _archive(spark, settings).groupBy("kafka_partition").agg(F.max("kafka_offset").alias("o")).collect()
+    rows = read_archive(spark, settings).groupBy("kafka_partition").agg(F.max("kafka_offset").alias("o")).collect()
     return {int(r["kafka_partition"]): int(r["o"]) for r in rows}
 
 
@@ -191,7 +191,7 @@ def fold_archive(spark, settings: Settings, models: list[ReadModel], targets: di
         return _folded(result, models, started, log)
     from pyspark.sql import functions as F
 
-    archive = _archive(spark, settings)
+    archive = read_archive(spark, settings)
     within = F.lit(False)
     for p, o in sorted(position.items()):
         within = within | ((F.col("kafka_partition") == p) & (F.col("kafka_offset") <= o))
@@ -200,7 +200,7 @@ def fold_archive(spark, settings: Settings, models: list[ReadModel], targets: di
 
     # 2. the sequence rule, once for every model; its ledger and held events as they stand at the position.
     t0 = time.monotonic()
-    admission = _admit(spark, events)
+    admission = admit_archived(spark, events)
     result.events, result.conflicts, result.held = admission.events, admission.conflicts, admission.held
     metadata = {"projection": "rebuild", "position": {str(p): o for p, o in sorted(position.items())}}
     ledger_rows = admission.admitted.select("aggregate_id", "aggregate_version", "event_id", "kafka_partition",
@@ -260,7 +260,7 @@ class _Admission:
             df.unpersist()
 
 
-def _admit(spark, events) -> _Admission:
+def admit_archived(spark, events) -> _Admission:
     """The sequence rule over the whole set. Cheap checks find the aggregates whose events are exactly versions
     1..n, each once, with no event id seen twice (nearly all): their events are admitted as they are. Only the
     others go through the ranked path: dedup by event id (first in log order), the first event at a version
@@ -338,7 +338,7 @@ def _write(df, path: str, metadata: dict, stats_columns: tuple[str, ...] | None 
         return -1
 
 
-def _insert_rows(model: ReadModel, folded):
+def insert_rows(model: ReadModel, folded):
     """The table's columns from folded rows, as the MERGE's insert clause makes them (``merge_insert``)."""
     from pyspark.sql import functions as F
 
@@ -366,18 +366,18 @@ def _fold_model(spark, model: ReadModel, admitted, targets: FoldTargets, metadat
         try:
             stuck = folded.filter("not _continues").select(F.col(model.key[0]).alias("aggregate_id"))
             pending = mine.limit(0) if stuck.isEmpty() else mine.join(stuck, "aggregate_id", "left_semi")
-            rows = _write(_insert_rows(model, folded.filter("_continues")), targets.table, metadata, stats)
+            rows = _write(insert_rows(model, folded.filter("_continues")), targets.table, metadata, stats)
             _write(pending, targets.required("pending", model), metadata)
         finally:
             folded.unpersist()
         return rows
     if model.merge_strategy == INSERT_ONCE:
-        from spark_apps.merge import _may_repeat
+        from spark_apps.merge import may_repeat
 
         folded = model.fold(mine)
-        if _may_repeat(folded, *model.key):  # as the stream's MERGE: one row per key
+        if may_repeat(folded, *model.key):  # as the stream's MERGE: one row per key
             folded = folded.dropDuplicates(list(model.key))
-        return _write(_insert_rows(model, folded), targets.table, metadata, stats)
+        return _write(insert_rows(model, folded), targets.table, metadata, stats)
     if model.merge_strategy == WINDOWED_SUM:
         # Where the catch-up's watermark goes on: the newest event time on the clock (capped by its recording
         # and by now), as the stream records it with each MERGE (spark_apps.merge.windowed_watermark).
@@ -388,7 +388,7 @@ def _fold_model(spark, model: ReadModel, admitted, targets: FoldTargets, metadat
         table_metadata = {**metadata, "watermark_newest_event_time": None if newest is None else newest.isoformat()}
         if newest is None:
             table_metadata.pop("watermark_newest_event_time")
-        rows = _write(_insert_rows(model, model.fold(mine)), targets.table, table_metadata, stats)
+        rows = _write(insert_rows(model, model.fold(mine)), targets.table, table_metadata, stats)
         _write(mine.select("event_id", F.col(model.event_time).alias("event_time"), F.lit(False).alias("_late")),
                targets.required("applied", model), metadata)
         # Every late event is in its window now: the generation's late_events holds none of this model's.

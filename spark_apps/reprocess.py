@@ -9,7 +9,7 @@ How, for the current generation (read_models/catalog.py) and windows ``T1 <= win
 
 1. the log position P the table stands at (as the reconciliation finds it); the archive must have reached it;
 2. the archive's events before P of the aggregates that have a model event in the range (whole aggregates, so
-   the sequence rule (``rebuild._admit``) admits exactly what it admits over the whole log), folded with the
+   the sequence rule (``rebuild.admit_archived``) admits exactly what it admits over the whole log), folded with the
    model's own vectorised ``fold`` (``rebuild._fold_model``'s columns): the range's rows as the log has them;
 3. if they differ from the table's rows in the range: one Delta commit, ``replaceWhere`` on the range;
 4. the model's late events in the range that went into that fold get ``reprocessed_at`` (a column added to the
@@ -175,9 +175,9 @@ def reprocess(spark, settings: Settings, name: str, start, end, by: str = "",
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from expectations.reconciliation import _archive_end, _position
+    from expectations.reconciliation import archive_end, table_position
     from read_models.catalog import Catalog
-    from spark_apps.rebuild import RebuildError, _admit, _archive, _insert_rows
+    from spark_apps.rebuild import RebuildError, admit_archived, insert_rows, read_archive
 
     model, t1, t2 = validate(name, start, end)
     started = time.monotonic()
@@ -204,10 +204,10 @@ def reprocess(spark, settings: Settings, name: str, start, end, by: str = "",
             f"; reprocess --from {_iso(t1)} --to {_iso(watermark.replace(second=0, microsecond=0))} for the closed part"
         raise ReprocessRefused(f"{name}: windows {_iso(t1)} .. {_iso(t2)} are not all closed: {open_from} may still "
                                f"change in the live projection; wait until the watermark passes {_iso(t2)}{closed}")
-    position, why = _position(settings, generation)
+    position, why = table_position(settings, generation)
     if position is None:
         raise ReprocessRefused(f"{name}: cannot tell the log position of {generation.table}: {why}")
-    archived = _archive_end(settings)
+    archived = archive_end(settings)
     behind = {p: o for p, o in position.items() if archived.get(p, 0) < o}
     if behind:
         raise ReprocessRefused(f"{name}: the event archive has not reached the table's log position yet (partition: "
@@ -220,7 +220,7 @@ def reprocess(spark, settings: Settings, name: str, start, end, by: str = "",
 
     # 2. The archive's events before the table's position, of the aggregates with a model event in the range.
     try:
-        archive = _archive(spark, settings)
+        archive = read_archive(spark, settings)
     except RebuildError as e:
         raise ReprocessRefused(f"{name}: {e}") from None
     before = F.lit(False)
@@ -235,7 +235,7 @@ def reprocess(spark, settings: Settings, name: str, start, end, by: str = "",
     aggregates = hits.select("aggregate_id").unionByName(
         events.join(hits.select("event_id").distinct(), "event_id", "left_semi").select("aggregate_id")).distinct()
     subset = events.join(aggregates, "aggregate_id", "left_semi")
-    admission = _admit(spark, subset)
+    admission = admit_archived(spark, subset)
     try:
         mine = admission.admitted.filter(in_range).persist(StorageLevel.MEMORY_AND_DISK)
         admission.cached.append(mine)
@@ -245,7 +245,7 @@ def reprocess(spark, settings: Settings, name: str, start, end, by: str = "",
                 f"{admission.conflicts:,} version conflict(s))")
 
         # 3. The range's rows as the log has them, against the table's.
-        rows = _insert_rows(model, model.fold(mine)).persist(StorageLevel.MEMORY_AND_DISK)
+        rows = insert_rows(model, model.fold(mine)).persist(StorageLevel.MEMORY_AND_DISK)
         admission.cached.append(rows)
         window_filter = f"window_start >= {_sql_time(t1)} AND window_start < {_sql_time(t2)}"
         current = spark.read.format("delta").load(table_path).filter(window_filter).select(*rows.columns)

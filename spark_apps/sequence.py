@@ -46,15 +46,15 @@ def admit(ctx, events, projection: str) -> Admission:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from spark_apps.merge import _may_repeat, _rows_or_none
+    from spark_apps.merge import may_repeat, rows_or_none
 
     spark = ctx.spark
     admitted_by = f"{ctx.app_id}/{ctx.batch_id}"
     ledger = spark.read.format("delta").load(ctx.path(ledger_table(projection)))
-    held = _rows_or_none(spark, ctx.path(held_table(projection)))
+    held = rows_or_none(spark, ctx.path(held_table(projection)))
     candidates = events if held is None else events.unionByName(held)
     with ctx.timed("sequence: check"):
-        if held is not None or _may_repeat(candidates, "event_id"):
+        if held is not None or may_repeat(candidates, "event_id"):
             # The first record with an id in log order counts (a repeat under another version is no new event).
             first = Window.partitionBy("event_id").orderBy("kafka_partition", "kafka_offset")
             candidates = (candidates.withColumn("_once", F.row_number().over(first))
