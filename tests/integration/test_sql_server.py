@@ -308,8 +308,11 @@ def test_users_added_by_the_cli_log_in_and_read_only_the_tables_granted(server, 
                      "--password-stdin"]) == 0
     sql = "SELECT count(*) FROM payments"
     assert thrift_rows(server, sql, "carol", password) == query_duckdb(server, sql)[1]
-    # Removed: her next login is refused.
-    assert cli.main(["sql-server", "users", "remove", "carol"]) == 0
+    # Removed: her next login is refused, and so is the next statement of a session she still holds.
+    with connect(server, "carol", password) as held:
+        assert cli.main(["sql-server", "users", "remove", "carol"]) == 0
+        with pytest.raises(OperationalError, match="user carol is no longer a user of the SQL server"):
+            held.cursor().execute("SELECT count(*) FROM account_summary")
     with pytest.raises(TTransportException, match="Error validating the login"):
         connect(server, "carol", password).close()
     # A password too short, or a user not there: refused by the CLI with the reason, nothing changed.

@@ -18,7 +18,8 @@ import scala.runtime.BoxedUnit;
  * read only those. A check rule on every analyzed plan of a JDBC statement (the Thrift server sets the statement's
  * user in {@code CurrentUserContext}) refuses a plan that reads any other of the server's views; the name of a
  * view cannot be forged by an alias (it is the view's own, not the query's). Statements without a user (the
- * service's own thread registering the views) and users with "*" are not limited. Enabled with
+ * service's own thread registering the views) and users with "*" are not limited; with logins by password file, a
+ * user no longer in the file (removed while a session stayed open) is refused every statement. Enabled with
  * spark.sql.extensions=...,eventlake.sql.GrantsExtension and the users file's system property.
  */
 public final class GrantsExtension extends AbstractFunction1<SparkSessionExtensions, BoxedUnit> {
@@ -53,8 +54,17 @@ public final class GrantsExtension extends AbstractFunction1<SparkSessionExtensi
             throw new UnsupportedOperationException("eventlake: the grants of user " + user + " cannot be read from "
                     + SqlUsers.file() + ": " + e.getMessage());
         }
-        if (entry == null || entry.tables == null) {
-            return; // every table (a user not in the file logged in some other way, e.g. LDAP)
+        if (entry == null) {
+            if ("CUSTOM".equalsIgnoreCase(System.getProperty("hive.server2.authentication"))) {
+                // Logins by password file: a user no longer in it (removed while their session stayed open) reads
+                // nothing more.
+                throw new UnsupportedOperationException("eventlake: user " + user + " is no longer a user of the SQL "
+                        + "server (" + SqlUsers.file() + "): statement refused");
+            }
+            return; // a user who logged in some other way (LDAP) and has no grant in the file: every table
+        }
+        if (entry.tables == null) {
+            return; // every table
         }
         walk(plan, user, entry.tables);
     }
