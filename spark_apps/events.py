@@ -13,8 +13,8 @@ from event_store.schemas import EVENT_ENVELOPE, EVENT_SCHEMA_VERSIONS, EVENT_TIM
 from lakehouse.kafka_security import spark_kafka_options
 
 __all__ = ["envelope_schema", "read_event_records", "parse_events", "check_records", "split_checked", "upcast_rows",
-           "missing_spark_upcasters", "payload_columns", "payload_layout", "event_columns", "PayloadColumnError",
-           "DEAD_LETTER_COLUMNS", "ENVELOPE_COLUMNS", "KAFKA_COLUMNS"]
+           "spark_upcasters", "missing_spark_upcasters", "payload_columns", "payload_layout", "event_columns",
+           "PayloadColumnError", "DEAD_LETTER_COLUMNS", "ENVELOPE_COLUMNS", "KAFKA_COLUMNS"]
 
 ENVELOPE_COLUMNS = ("event_id", "event_type", "schema_version", "aggregate_type", "aggregate_id", "aggregate_version",
                     "occurred_at", "recorded_at", "command_id", "correlation_id", "causation_id")
@@ -127,7 +127,7 @@ def event_columns() -> tuple[str, ...]:
     return (*ENVELOPE_COLUMNS, *payload_columns(), *KAFKA_COLUMNS)
 
 
-def _spark_upcasters():
+def spark_upcasters():
     """(event type, from version) -> {column: F -> expression} bringing the flattened row to from version + 1:
     every registered domain's ``spark_upcasters``, the vectorised twin of event_store.upcasting.UPCASTERS (a test
     keeps the two in step)."""
@@ -135,7 +135,7 @@ def _spark_upcasters():
 
 
 def missing_spark_upcasters() -> list[tuple[str, int]]:
-    upcasters = _spark_upcasters()
+    upcasters = spark_upcasters()
     return [(name, v) for name, current in EVENT_SCHEMA_VERSIONS.items() for v in range(1, current)
             if (name, v) not in upcasters]
 
@@ -144,7 +144,7 @@ def upcast_rows(events):
     """Old schema versions -> the current one, on read (the log is never rewritten)."""
     from pyspark.sql import functions as F
 
-    for (event_type, version), columns in sorted(_spark_upcasters().items(), key=lambda kv: kv[0][1]):
+    for (event_type, version), columns in sorted(spark_upcasters().items(), key=lambda kv: kv[0][1]):
         at_version = (F.col("event_type") == event_type) & (F.col("schema_version") == version)
         events = events.withColumns({name: F.when(at_version, expr(F)).otherwise(F.col(name))
                                      for name, expr in columns.items()})

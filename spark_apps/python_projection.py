@@ -50,7 +50,8 @@ from spark_apps.arrow_rows import in_schema
 from spark_apps.event_rows import Records, event_row_schema, parse_records
 from spark_apps.memory import large_blocks_off_the_heap
 
-__all__ = ["PythonProjection", "Checkpoint", "event_row_schema", "supports", "default_engine", "HandOver"]
+__all__ = ["PythonProjection", "Checkpoint", "event_row_schema", "supports", "default_engine", "HandOver", "Reader",
+           "Batch", "Hashes", "Known", "CompactionTurns", "side_by_side", "merge_into"]
 
 # Spark's metadata log format version (offsets/N, commits/N, sources/0/0).
 _LOG_VERSION = "v1"
@@ -201,7 +202,7 @@ class Checkpoint:
                 (self.path / folder / str(old)).unlink(missing_ok=True)
 
 
-class _Reader:
+class Reader:
     """Reads the events topic from a checkpoint's position, ``read_committed``, by partition assignment (no
     group): a batch is what has arrived, up to ``limit`` records."""
 
@@ -325,9 +326,10 @@ class ParseWorker:
     """A second process parsing (``spark_apps.parse_worker``): ``parse`` gives it the first half of a large batch's
     records (``PARALLEL_PARSE_MIN`` or more) while this process parses the rest, with the same parser
     (``spark_apps.event_rows``), so both cores parse and the rows and verdicts are those of ``parse_records`` on the
-    whole batch. It is started when the engine starts that far behind (``prepare``), else on the first large batch, and used once it is up; live batches (a few
-    thousand records) never start it, and ``IDLE_BATCHES`` of them in a row stop it (its memory back). If it fails or
-    ends, this process parses its part itself, and every batch after that (said once in the log)."""
+    whole batch. It is started when the engine starts that far behind (``prepare``), else on the first large batch,
+    and used once it is up; live batches (a few thousand records) never start it, and ``IDLE_BATCHES`` of them in a
+    row stop it (its memory back). If it fails or ends, this process parses its part itself, and every batch after
+    that (said once in the log)."""
 
     def __init__(self, log: Callable[[str], None]):
         self.log = log
@@ -448,7 +450,7 @@ class ParseWorker:
             process.wait()
 
 
-class _Hashes:
+class Hashes:
     """A set of 64-bit hashes (DuckDB's ``hash`` of a key) in sorted NumPy chunks, merged as they grow (8 bytes a
     key, a lookup is a binary search per chunk). A hit is only a maybe (two keys can share a hash); a miss is
     certain. A hash added twice is kept twice (harmless: only membership is asked; ``len`` is for the log)."""
@@ -487,7 +489,7 @@ def _hashes(con, relation: str, columns) -> "object":
     return con.sql(f"SELECT hash({expression}) AS h FROM {relation}").to_arrow_table().column("h").to_numpy()
 
 
-class _Known:
+class Known:
     """What the engine keeps in memory between batches about a table it writes, so a live batch reads no more of
     the table than its own keys: the sequence ledger's heads (aggregate -> last admitted version) and event ids,
     an insert-once table's keys. Valid while every commit to the table since it was read is this engine's own:
@@ -498,7 +500,7 @@ class _Known:
     def __init__(self):
         self.version: int | None = None  # the table's version this holds (None: to be read)
         self.heads: dict[str, int] = {}
-        self.keys = _Hashes()
+        self.keys = Hashes()
         self._mine: set[int] = set()  # versions after ``version`` committed by this engine
         self._lock = threading.Lock()  # a compaction on the background thread tells its version
 
@@ -575,7 +577,7 @@ def _ensure(path, schema, stats_columns) -> None:
     DeltaTable.create(str(path), schema, mode="ignore", configuration=configuration)
 
 
-class _Batch:
+class Batch:
     """The writes of one batch, each carrying the Spark projection's idempotent-write id and metadata."""
 
     def __init__(self, projection: str, app_id: str, batch_id: int, steps: dict[str, float],
@@ -652,6 +654,9 @@ class _Batch:
             return table.version()  # this commit's version (after any other writer's, resolved by delta-rs)
 
 
+_Batch = Batch  # bench/delta_log.py names it so
+
+
 def _cast(data, table):
     """``data``'s columns in the order and types of the Delta ``table``'s schema."""
     import pyarrow as pa
@@ -686,7 +691,7 @@ def _sql_text(values) -> str:
     return ", ".join("'" + str(v).replace("'", "''") + "'" for v in values)
 
 
-class _CompactionTurns:
+class CompactionTurns:
     """When each table is compacted: every ``every`` commits of this engine to it, the tables' turns spread over
     those commits (the n-th table seen starts n golden-ratio steps of ``every`` along). A batch commits to most
     tables; counted from zero, they all came due in the same batch, which then took the sum of their compactions
@@ -713,7 +718,7 @@ class _Query:
         settings = engine.settings
         self.checkpoint = Checkpoint(checkpoint, settings.events_topic, settings.spark_shuffle_partitions)
         self.app_id = Projection._app_id(checkpoint, name)
-        self.reader = _Reader(settings, name)
+        self.reader = Reader(settings, name)
         self.partitions: list[int] = []
         self.batch_id = 0
         self.rows = 0
@@ -762,7 +767,7 @@ class _Query:
     def _run(self, records: Records, ends: dict[int, int]) -> None:
         started = time.perf_counter()
         steps: dict[str, float] = {}
-        batch = _Batch(self.name, self.app_id, self.batch_id, steps, self.engine.delta_tables, self.engine.settle)
+        batch = Batch(self.name, self.app_id, self.batch_id, steps, self.engine.delta_tables, self.engine.settle)
         try:
             self.process(self, records, batch)
         except HandOver as reason:
@@ -825,11 +830,11 @@ class PythonProjection:
         self.handed_over = 0
         self.stop_requested = None
         self.shared: tuple | None = None  # (span, event rows) of the read models' last batch, for the archive's
-        self._commits = _CompactionTurns(COMPACT_EVERY)
+        self._commits = CompactionTurns(COMPACT_EVERY)
         self._background: ThreadPoolExecutor | None = None  # compactions of the appended-only tables (``compact``)
         self._compacting: dict = {}  # table -> its compaction on that thread (a Future)
-        self.known: dict[str, _Known] = {}  # table -> what this engine keeps of it between batches
-        self.delta_tables: dict = {}  # table -> its DeltaTable, brought up to date by each batch (_Batch.table)
+        self.known: dict[str, Known] = {}  # table -> what this engine keeps of it between batches
+        self.delta_tables: dict = {}  # table -> its DeltaTable, brought up to date by each batch (Batch.table)
         self.limit = settings.max_offsets_per_trigger  # records per batch at most (Spark's maxOffsetsPerTrigger)
         self.queries: list[_Query] = []
         self.parser = ParseWorker(log)  # a second process parsing large batches with this one
@@ -946,7 +951,7 @@ class PythonProjection:
         travel reaches back that far) and before its last checkpoint, deleted (delta-rs's ``cleanup_metadata``).
         delta-rs does this after every commit unless told not to, listing the whole log each time: 24 ms of a 40 ms
         append once the log holds 4,000 commits (about 45 minutes of a live stream), growing with the log. The
-        engine's commits leave it to the table's compaction turns (``_Batch.hooks``), every ``COMPACT_EVERY``
+        engine's commits leave it to the table's compaction turns (``Batch.hooks``), every ``COMPACT_EVERY``
         commits. ``table``: the table at ``path``, when the caller loaded it already."""
         from deltalake import DeltaTable
 
@@ -1068,7 +1073,7 @@ class PythonProjection:
 
 
 # -- the archive's batch ---------------------------------------------------------------------------------------
-def _archive_batch(query: _Query, records: Records, batch: _Batch) -> None:
+def _archive_batch(query: _Query, records: Records, batch: Batch) -> None:
     engine = query.engine
     with batch.timed("parse"):
         if engine.shared is not None and engine.shared[0] == records.span:
@@ -1081,7 +1086,7 @@ def _archive_batch(query: _Query, records: Records, batch: _Batch) -> None:
 
 
 # -- the read models' batch ------------------------------------------------------------------------------------
-def _read_models_batch(query: _Query, records: Records, batch: _Batch) -> None:
+def _read_models_batch(query: _Query, records: Records, batch: Batch) -> None:
     import duckdb
 
     engine = query.engine
@@ -1127,7 +1132,7 @@ def _read_models_batch(query: _Query, records: Records, batch: _Batch) -> None:
             else:
                 # Against what the engine keeps of the ledger (its heads and event ids, read again whenever another
                 # writer changed it): the batch's own aggregates and ids only, however long the ledger.
-                index = engine.known.setdefault(str(ledger_path), _Known())
+                index = engine.known.setdefault(str(ledger_path), Known())
                 if not index.current(ledger):
                     _load_ledger(con, ledger, ledger_path, index, engine.log)
                 runs = con.execute("SELECT aggregate_id, min(aggregate_version), max(aggregate_version), count(*), "
@@ -1163,7 +1168,7 @@ def _read_models_batch(query: _Query, records: Records, batch: _Batch) -> None:
                 index.heads.update((aggregate, last) for aggregate, _, last, _, _ in runs)
                 index.keys.add(ids)
         with batch.timed("the models' writes, side by side"):
-            _side_by_side(writes)
+            side_by_side(writes)
     except HandOver:
         raise
     except Exception as e:  # noqa: BLE001 -- a lost commit race, a table in a shape this engine cannot write ...
@@ -1172,12 +1177,12 @@ def _read_models_batch(query: _Query, records: Records, batch: _Batch) -> None:
         con.close()
 
 
-def _side_by_side(writes: list[Callable[[], None]]) -> None:
+def side_by_side(writes: list[Callable[[], None]]) -> None:
     """The models' writes, each on its own thread (delta-rs does its work without Python's lock): a batch commits
     its tables in the time of its slowest write rather than of all of them. Every write has ended when this
     returns, whatever happened (a hand-over must not find one still running); then the first failure is raised.
     Each write touches its own model's tables; a table two of them share (``late_events``) is appended to under
-    ``_Batch``'s lock for its path."""
+    ``Batch``'s lock for its path."""
     if len(writes) <= 1:
         for write in writes:
             write()
@@ -1188,13 +1193,13 @@ def _side_by_side(writes: list[Callable[[], None]]) -> None:
         future.result()
 
 
-def _load_ledger(con, ledger, path, index: _Known, log) -> None:
+def _load_ledger(con, ledger, path, index: Known, log) -> None:
     """``index`` := the sequence ledger's heads and event ids, read from ``ledger`` (a loaded DeltaTable)."""
     started = time.perf_counter()
     index.loaded(ledger.version())
     _register(con, "ledger", path, ledger)
     index.heads = dict(con.execute("SELECT aggregate_id, max(aggregate_version) FROM ledger GROUP BY 1").fetchall())
-    index.keys = _Hashes()
+    index.keys = Hashes()
     index.keys.add(_hashes(con, "ledger", ["event_id"]))
     log(f"projection: read the sequence ledger {path} (version {index.version}): {len(index.heads)} aggregates, "
         f"{len(index.keys)} event ids ({time.perf_counter() - started:.2f}s)")
@@ -1206,7 +1211,7 @@ def _fold(con, model: ReadModel, relation: str):
     return con.sql(model.fold_sql).to_arrow_table()
 
 
-def _merge(batch: _Batch, target, path, txn: str, source, on: str, insert: dict, update: dict | None = None,
+def merge_into(batch: Batch, target, path, txn: str, source, on: str, insert: dict, update: dict | None = None,
            guard: bool = False, **metadata) -> dict:
     """``source`` MERGEd into ``target`` with the model's own update and insert expressions (the write of
     ``spark_apps.merge._merge``), once per batch: skipped when the table holds this batch's transaction id.
@@ -1231,7 +1236,7 @@ def _merge(batch: _Batch, target, path, txn: str, source, on: str, insert: dict,
                                           ).execute()
 
 
-def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation, known: dict[str, _Known],
+def _plan_unit(con, batch: Batch, model: ReadModel, generation: Generation, known: dict[str, Known],
                log: Callable[[str], None]) -> Callable[[], None]:
     """Check that ``model``'s part of the batch is on the common path (HandOver if not) and return its writes."""
     if not model.fold_sql:
@@ -1262,7 +1267,7 @@ def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation, kno
 
         def write() -> None:
             with batch.timed(f"{model.name}: merge"):
-                _merge(batch, target, generation.table, txn, source, on, insert, dict(model.merge_update),
+                merge_into(batch, target, generation.table, txn, source, on, insert, dict(model.merge_update),
                        guard=True)
         return write
 
@@ -1277,11 +1282,11 @@ def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation, kno
             try:
                 if model.merge_insert:  # rows computed by SQL over the source: the MERGE evaluates it
                     with batch.timed(f"{model.name}: merge"):
-                        _merge(batch, target, generation.table, txn, source, on, insert)
+                        merge_into(batch, target, generation.table, txn, source, on, insert)
                     return
                 with batch.timed(f"{model.name}: insert"):
                     _insert_once(own, batch, model, generation.table, target, txn, source, on, insert,
-                                 known.setdefault(str(generation.table), _Known()), log)
+                                 known.setdefault(str(generation.table), Known()), log)
             finally:
                 own.close()
         return write
@@ -1291,8 +1296,8 @@ def _plan_unit(con, batch: _Batch, model: ReadModel, generation: Generation, kno
     raise HandOver(f"{model.name}: merge strategy {model.merge_strategy!r} is not on this engine's path")
 
 
-def _insert_once(con, batch: _Batch, model: ReadModel, path, target, txn: str, source, on: str, insert: dict,
-                 index: _Known, log: Callable[[str], None]) -> None:
+def _insert_once(con, batch: Batch, model: ReadModel, path, target, txn: str, source, on: str, insert: dict,
+                 index: Known, log: Callable[[str], None]) -> None:
     """An insert-once model's write: when none of the batch's keys is in the table (checked against the keys the
     engine keeps of it, read again whenever another writer changed the table), a plain append, whose cost does not
     grow with the table as a MERGE's does; else the MERGE (a key seen before keeps its first row). Either way once
@@ -1303,7 +1308,7 @@ def _insert_once(con, batch: _Batch, model: ReadModel, path, target, txn: str, s
         started = time.perf_counter()
         index.loaded(target.version())
         _register(con, f"keys_{model.name}", path, target)
-        index.keys = _Hashes()
+        index.keys = Hashes()
         index.keys.add(_hashes(con, f"keys_{model.name}", model.key))
         log(f"projection: read the keys of {path} (version {index.version}): {len(index.keys)} "
             f"({time.perf_counter() - started:.2f}s)")
@@ -1312,7 +1317,7 @@ def _insert_once(con, batch: _Batch, model: ReadModel, path, target, txn: str, s
     hashes = _hashes(con, f"new_{model.name}", model.key)
     if index.keys.hits(hashes):
         index.forget()  # read again after the MERGE
-        _merge(batch, target, path, txn, source, on, insert)
+        merge_into(batch, target, path, txn, source, on, insert)
         return
     version = batch.append(rows, path, model.name, txn=txn, table=target)
     if version is not None:
@@ -1356,7 +1361,7 @@ def _spark_json_value(value):
     return value
 
 
-def _plan_windowed(con, batch: _Batch, model: ReadModel, generation: Generation, target, view: str,
+def _plan_windowed(con, batch: Batch, model: ReadModel, generation: Generation, target, view: str,
                    txn: str, on: str, insert: dict) -> Callable[[], None]:
     import datetime as dt
 
@@ -1411,7 +1416,7 @@ def _plan_windowed(con, batch: _Batch, model: ReadModel, generation: Generation,
     def write() -> None:
         if source.num_rows:
             with batch.timed(f"{model.name}: merge"):
-                metrics = _merge(batch, target, generation.table, txn, source, on, insert, dict(model.merge_update),
+                metrics = merge_into(batch, target, generation.table, txn, source, on, insert, dict(model.merge_update),
                                  **extra)
             if clustered:
                 batch.windowed.add(str(generation.table))

@@ -1,7 +1,7 @@
 """The Python engine's Delta logs stay bounded by their retention (``PythonProjection.expire_logs``): its commits
 leave the expired log to the table's compaction turn (delta-rs's per-commit cleanup lists the whole log on every
 commit), and that turn deletes what expired, as of the table's ``delta.logRetentionDuration`` (30 days by default).
-Real Delta tables on disk, written by the engine's own ``_Batch``; no broker."""
+Real Delta tables on disk, written by the engine's own ``Batch``; no broker."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from lakehouse.settings import Settings
-from spark_apps.python_projection import COMPACT_EVERY, PythonProjection, _Batch
+from spark_apps.python_projection import COMPACT_EVERY, PythonProjection, Batch
 
 DAY = 24 * 3600
 
@@ -42,13 +42,13 @@ def test_the_expired_log_is_deleted_on_the_compaction_turn_not_by_each_commit(en
     path = tmp_path / "ledger"
     write_deltalake(str(path), pa.table({"n": pa.array([0], pa.int64())}))
     for batch_id in range(1, 131):  # a checkpoint at version 99
-        _Batch("projection-t", "app", batch_id, {}).append(pa.table({"n": pa.array([batch_id], pa.int64())}),
+        Batch("projection-t", "app", batch_id, {}).append(pa.table({"n": pa.array([batch_id], pa.int64())}),
                                                           path, "ledger")
     assert (path / "_delta_log" / f"{99:020d}.checkpoint.parquet").exists()
     age(path, range(0, 100), days=31)  # older than the default retention: 30 days
     age(path, range(100, 131), days=1)
 
-    _Batch("projection-t", "app", 131, {}).append(pa.table({"n": pa.array([131], pa.int64())}), path, "ledger")
+    Batch("projection-t", "app", 131, {}).append(pa.table({"n": pa.array([131], pa.int64())}), path, "ledger")
     assert commits(path)[0] == 0  # a commit leaves the expired log alone
 
     steps: dict[str, float] = {}
@@ -69,7 +69,7 @@ def test_a_table_keeps_its_log_for_its_own_retention(engine, tmp_path):
     write_deltalake(str(path), pa.table({"n": pa.array([0], pa.int64())}),
                     configuration={"delta.logRetentionDuration": "interval 60 days"})
     for batch_id in range(1, 111):
-        _Batch("projection-t", "app", batch_id, {}).append(pa.table({"n": pa.array([batch_id], pa.int64())}),
+        Batch("projection-t", "app", batch_id, {}).append(pa.table({"n": pa.array([batch_id], pa.int64())}),
                                                           path, "account_summary")
     age(path, range(0, 100), days=31)
     for _ in range(COMPACT_EVERY):

@@ -9,8 +9,8 @@ from spark_apps.events import missing_spark_upcasters, parse_events
 
 def test_every_old_schema_version_has_a_spark_upcaster_too():
     assert missing_spark_upcasters() == []
-    from spark_apps.events import _spark_upcasters
-    assert set(_spark_upcasters()) == set(UPCASTERS)
+    from spark_apps.events import spark_upcasters
+    assert set(spark_upcasters()) == set(UPCASTERS)
 
 
 def _event(version, payload, event_type="PaymentAuthorized", **extra):

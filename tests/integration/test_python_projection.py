@@ -34,10 +34,10 @@ def test_a_reader_holding_records_back_still_sees_the_end_after_reading_them(set
     # The archive's reader reads no further than the read models' (``until``): records it fetched past that are
     # held for its next batch. librdkafka tells of a partition's end once; an end that came with held records
     # must count once they are read, or ``--until-caught-up`` never ends (it hung a test run).
-    from spark_apps.python_projection import _Reader
+    from spark_apps.python_projection import Reader
 
     publish(settings, [(f"acc-{i % 7}", json.dumps({"n": i}).encode()) for i in range(60)])
-    reader = _Reader(settings, "test-held-reader")
+    reader = Reader(settings, "test-held-reader")
     try:
         partitions = reader.partitions()
         # A read returns what has arrived (it waits for the first record only): let the consumer fetch every
@@ -207,7 +207,7 @@ def test_a_merge_into_a_table_compacted_beside_the_batches_waits_for_it_and_read
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
-    from spark_apps.python_projection import _Batch, _merge
+    from spark_apps.python_projection import Batch, merge_into
     from spark_apps.small_files import compact_small_files
 
     path = str(tmp_path / "payments")
@@ -220,9 +220,9 @@ def test_a_merge_into_a_table_compacted_beside_the_batches_waits_for_it_and_read
         compacted.append(compact_small_files(waited_for, 1 << 20, 8 << 20))
         return True
 
-    batch = _Batch("projection-payments", "app", 7, {}, settle=settle)
+    batch = Batch("projection-payments", "app", 7, {}, settle=settle)
     source = pa.table({"payment_id": ["p1", "p9"], "amount": [100, 9]})
-    _merge(batch, target, path, "app/payments", source, "t.payment_id = s.payment_id",
+    merge_into(batch, target, path, "app/payments", source, "t.payment_id = s.payment_id",
            {"payment_id": "s.payment_id", "amount": "s.amount"})
 
     assert compacted[0]["numFilesRemoved"] == 5

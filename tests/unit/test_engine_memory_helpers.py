@@ -1,5 +1,5 @@
 """What the memory benchmark's longer logs are made of (bench/projection.py ``continued_copies``,
-``relabeled_copies``) and the Python engine's index of keys (``_Hashes``), pure."""
+``relabeled_copies``) and the Python engine's index of keys (``Hashes``), pure."""
 from __future__ import annotations
 
 from collections import Counter
@@ -9,7 +9,7 @@ import pytest
 
 from bench.projection import continued_copies, generated_events, relabeled_copies
 from event_store.envelope import EventEnvelope
-from spark_apps.python_projection import _Hashes
+from spark_apps.python_projection import Hashes
 
 
 @pytest.mark.parametrize("made, accounts", [(continued_copies, 60), (relabeled_copies, 180)])
@@ -34,7 +34,7 @@ def test_copies_make_a_longer_log_of_gap_free_versions_and_ids_of_their_own(tmp_
 def test_the_key_index_finds_every_key_added_and_misses_the_others():
     rng = np.random.default_rng(7)
     keys = rng.integers(0, 2**63, size=50_000, dtype=np.uint64)
-    index = _Hashes()
+    index = Hashes()
     for part in np.array_split(keys, 37):  # chunks of unequal sizes, merged as they grow
         index.add(part)
     assert len(index) == len(keys) and len(index.chunks) < 10

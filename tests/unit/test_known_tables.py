@@ -1,7 +1,7 @@
-"""What the projection's Python engine keeps of a table between batches (``_Known``), pure: it holds while every
+"""What the projection's Python engine keeps of a table between batches (``Known``), pure: it holds while every
 commit since it was read is the engine's own (its writes and its compactions, committed in either order, a
 compaction told from the background thread), and is read again after any other writer's commit."""
-from spark_apps.python_projection import _Known
+from spark_apps.python_projection import Known
 
 
 class _Table:
@@ -13,7 +13,7 @@ class _Table:
 
 
 def test_own_writes_and_compactions_in_either_order_keep_it_current():
-    known, table = _Known(), _Table(7)
+    known, table = Known(), _Table(7)
     assert not known.current(table)  # never read
     known.loaded(7)
     assert known.current(table)
@@ -30,7 +30,7 @@ def test_own_writes_and_compactions_in_either_order_keep_it_current():
 
 
 def test_another_writers_commit_makes_it_read_again():
-    known, table = _Known(), _Table(3)
+    known, table = Known(), _Table(3)
     known.loaded(3)
     known.written(5)  # the engine's append, committed after another writer's version 4
     table.at = 5
@@ -41,7 +41,7 @@ def test_another_writers_commit_makes_it_read_again():
 
 
 def test_a_compaction_committed_while_the_table_was_read_is_kept():
-    known, table = _Known(), _Table(12)
+    known, table = Known(), _Table(12)
     known.written(13)  # the background compaction's commit, told while the batch read version 12
     known.loaded(12)
     table.at = 13
@@ -49,7 +49,7 @@ def test_a_compaction_committed_while_the_table_was_read_is_kept():
 
 
 def test_forgotten_or_a_table_behind_it_is_not_current():
-    known = _Known()
+    known = Known()
     known.loaded(4)
     assert not known.current(_Table(3))  # a table recreated at an older version
     known.forget()

@@ -1,4 +1,4 @@
-"""The Python engine's models' writes, side by side (``_side_by_side``): a failure is raised only once every other
+"""The Python engine's models' writes, side by side (``side_by_side``): a failure is raised only once every other
 write has ended, so the hand-over that follows never finds one still committing; pure (threads, no tables)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from spark_apps.python_projection import _side_by_side
+from spark_apps.python_projection import side_by_side
 
 
 def test_every_write_runs_and_they_overlap():
@@ -20,7 +20,7 @@ def test_every_write_runs_and_they_overlap():
             ended.append(name)
         return run
 
-    _side_by_side([write("account_summary"), write("payments")])
+    side_by_side([write("account_summary"), write("payments")])
 
     assert sorted(ended) == ["account_summary", "payments"]
 
@@ -36,7 +36,7 @@ def test_a_failing_write_is_raised_after_the_slower_ones_have_ended():
         ended.append("slow")
 
     with pytest.raises(RuntimeError, match="lost a race"):
-        _side_by_side([fails, slow])
+        side_by_side([fails, slow])
     assert ended == ["slow"]  # ended before the failure reached the caller
 
 
@@ -49,4 +49,4 @@ def test_the_first_failure_in_the_writes_order_is_raised():
         raise KeyError("second")
 
     with pytest.raises(ValueError, match="first"):
-        _side_by_side([first, second])
+        side_by_side([first, second])
