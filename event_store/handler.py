@@ -596,6 +596,10 @@ class CommandHandler:
         for part, result in staged_results.values():
             if result.aggregate_id and result.error_type != "InvalidCommand":
                 part.remember(result)  # its events' ids are derived (decider.event_id_for): not kept
+        # Then the state store: the batch's changes with the positions, in one LMDB transaction (an aborted batch
+        # never gets here; a kill -9 before it only leaves the store behind, and the next start reads the tail).
+        for part, _ in owned.values():
+            part.flush()
         for name in ("commands", "accepted", "rejected", "duplicates", "dead_lettered", "events", "too_large"):
             setattr(self.stats, name, getattr(self.stats, name) + getattr(stats, name))
         self.stats.transactions += 1
@@ -866,6 +870,7 @@ class CommandHandler:
             if with_answer and result is not None:
                 if result.aggregate_id:
                     part.remember(result)
+                    part.flush()
                 self.log(f"handler {self.instance_id}: command {result.command_id} ({where}) rejected NotWritable "
                          f"and skipped: {failure}")
             else:

@@ -1,8 +1,11 @@
 """The partition rebuild: one partition of the events topic read back into aggregate states.
 
 Commands partition ``p`` maps to events partition ``p``, so the handler instance that is assigned ``p`` rebuilds
-exactly that partition's aggregates: from the latest snapshot (``event_store.snapshots``) plus the events and
-command results after it. Every event is folded by the rule the read models apply (``read_models.sequence``); a
+exactly that partition's aggregates: from its state store on this machine's disk (``event_store.state_store``,
+under the handler's home) when there is one covering at least the latest snapshot, else from the latest snapshot
+(``event_store.snapshots``), plus the events and command results after it. Either way the result is read
+through the store (``PartitionState.stored``): what the replay changes is written to it with the positions
+reached, every ``FLUSH_EVERY`` records and at the end. Every event is folded by the rule the read models apply (``read_models.sequence``); a
 record that cannot be read or folded quarantines its aggregate and nothing else. No transaction is written here:
 the transaction loop (``event_store.handler``) asks for a rebuild and gives the partition's state its commands.
 See docs/DESIGN.md ("Guarantees").
@@ -24,9 +27,15 @@ from event_store.domains import DOMAINS, EVENT_TYPES
 from event_store.envelope import CommandResult, EventEnvelope
 from event_store.errors import InvalidRecord
 from event_store.snapshots import PartitionState, load_snapshot, segment_ranges
+from event_store.state_store import StateStore, store_path
 from lakehouse.settings import Settings
 
-__all__ = ["PartitionRebuilder", "RebuildStats", "RebuildCounts", "RebuildDeferred", "continue_waiting"]
+__all__ = ["PartitionRebuilder", "RebuildStats", "RebuildCounts", "RebuildDeferred", "continue_waiting",
+           "FLUSH_EVERY"]
+
+# During a long replay, what changed is written to the state store every so many records (with the positions
+# reached), so a rebuild's memory follows the cache rather than the log.
+FLUSH_EVERY = 20_000
 
 
 @dataclass
@@ -40,6 +49,7 @@ class RebuildStats:
     seconds: float
     snapshot_records: int = 0  # records of the snapshots partition read for its snapshot
     whole_snapshots_partition: bool = False  # read whole: the latest snapshot was not where its manifest said
+    from_store: bool = False  # started from the state store on this machine's disk (event_store.state_store)
 
 
 
@@ -140,6 +150,7 @@ class PartitionRebuilder:
         self.reader = None  # read_committed, no group
         self.watermarks = None  # read_uncommitted, no group: the high watermark, to see open transactions
         self._snapshot_read = [0, False]  # the current rebuild's RebuildStats.snapshot_records and whole_...
+        self._stores: dict[int, StateStore] = {}  # per partition, opened on its first rebuild
 
     def open(self) -> None:
         # Short request timeouts: a rebuild that waits for an absent broker gives way to stop() and keepalives.
@@ -152,6 +163,19 @@ class PartitionRebuilder:
             if client is not None:
                 client.close()
         self.reader = self.watermarks = None
+        for store in self._stores.values():
+            store.close()
+        self._stores.clear()
+
+    def store(self, p: int) -> StateStore:
+        """Partition ``p``'s state store under the handler's home (event_store.state_store); its cache is the
+        PartitionState's (``PartitionState.stored``), so a store shared with another owner never serves a
+        value cached before that owner wrote."""
+        store = self._stores.get(p)
+        if store is None:
+            store = self._stores[p] = StateStore(store_path(self.settings.home, self.settings.events_topic, p),
+                                                 cache_bytes=0)
+        return store
 
     def renew(self) -> None:
         """New rebuild readers: after a broker restart kafka-python's consumers may keep a stale fetch state and
@@ -177,13 +201,39 @@ class PartitionRebuilder:
         # One offsets request for all three (each costs a round trip): where the committed log ends now.
         ends = self._wait_until_stable([events_tp, results_tp, snapshots_tp])
         self._snapshot_read = [0, False]
-        part = self._load_snapshot(p, ends[snapshots_tp]) if self.use_snapshots else None
-        from_snapshot = part is not None
-        part = part or PartitionState(p, window=s.idempotency_window)
+        store = self.store(p)
+        cache_bytes = s.handler_state_cache_mb << 20
+        # The store on this machine's disk first: it covers the log up to its positions, and only the log after
+        # them is read. Unless it covers more than the log holds (the topics were made anew), or less than the
+        # latest snapshot (this machine held the partition long ago: the log after the store may be gone with
+        # retention): then it is emptied and the partition comes from the snapshots topic and the log, as on a
+        # machine that never held it.
+        positions = store.positions() if self.use_snapshots else None
+        from_store = positions is not None and positions[0] <= ends[events_tp] and positions[1] <= ends[results_tp]
+        if positions is not None and not from_store:
+            self.log(f"handler {self.instance_id}: partition {p}: the state store covers the log up to {positions}, "
+                     f"more than it holds ({ends[events_tp]}, {ends[results_tp]}): not used")
+        elif from_store:
+            snapshot_at = self._snapshot_positions(p, ends[snapshots_tp])
+            if snapshot_at is not None and snapshot_at[0] > positions[0]:
+                from_store = False
+                self.log(f"handler {self.instance_id}: partition {p}: the state store covers the log up to "
+                         f"{positions}, the latest snapshot more ({snapshot_at}): restored from the snapshot")
+        if from_store:
+            part = PartitionState.stored(p, store, s.idempotency_window, cache_bytes)
+            from_snapshot = False
+        else:
+            loaded = self._load_snapshot(p, ends[snapshots_tp]) if self.use_snapshots else None
+            from_snapshot = loaded is not None
+            part = PartitionState.stored(p, store, s.idempotency_window, cache_bytes,
+                                         loaded=loaded or PartitionState(p, window=s.idempotency_window))
         end = ends[events_tp]
         events_read = 0
         tick = self._keepalive
         for record in kafka_log.read_partition(self.reader, events_tp, part.events_offset, end, tick=tick):
+            if events_read and events_read % FLUSH_EVERY == 0 and not part.waiting:
+                part.events_offset = record.offset
+                part.flush()
             # No record may stop the handler: whatever fails to parse or to fold quarantines its aggregate
             # (logged and counted); every other aggregate goes on.
             try:
@@ -205,6 +255,9 @@ class PartitionRebuilder:
         end = ends[results_tp]
         results_read = 0
         for record in kafka_log.read_partition(self.reader, results_tp, part.results_offset, end, tick=tick):
+            if results_read and results_read % FLUSH_EVERY == 0:
+                part.results_offset = record.offset
+                part.flush()
             try:
                 result = CommandResult.from_json(record.value)
                 if result.aggregate_id and result.error_type != "InvalidCommand":
@@ -216,12 +269,13 @@ class PartitionRebuilder:
                 continue
             results_read += 1
         part.results_offset = max(part.results_offset, end)
+        part.flush()
         stats = RebuildStats(p, from_snapshot, len(part.states), events_read, results_read,
-                             time.monotonic() - started, *self._snapshot_read)
+                             time.monotonic() - started, *self._snapshot_read, from_store=from_store)
         self.rebuilds.append(stats)
         self.log(f"handler {self.instance_id}: partition {p}: {len(part.states)} aggregates from "
-                 f"{'a snapshot + ' if from_snapshot else ''}{events_read} events and {results_read} results "
-                 f"in {stats.seconds:.2f}s")
+                 f"{'a snapshot + ' if from_snapshot else 'the state store + ' if from_store else ''}"
+                 f"{events_read} events and {results_read} results in {stats.seconds:.2f}s")
         return part
 
     def apply_logged(self, part: PartitionState, event: EventEnvelope, record) -> None:
@@ -291,6 +345,28 @@ class PartitionRebuilder:
         self.log(f"handler {self.instance_id}: unreadable events record {where}: {' or '.join(types)} "
                  f"{aggregate_id} quarantined until resolved (eventlake resolve-quarantine {aggregate_id} --record "
                  f"{where} --reason ...): {reason}")
+
+    def _snapshot_positions(self, p: int, end: int) -> tuple[int, int] | None:
+        """The (events, results) offsets the latest snapshot of partition ``p`` covers, from its manifest alone
+        (where ``_load_snapshot`` looks first), or None when it is not found there."""
+        if end == 0:
+            return None
+        tp = TopicPartition(self.settings.snapshots_topic, p)
+        tick = self._keepalive
+        try:
+            tail = list(kafka_log.read_partition(self.reader, tp, max(0, end - 3), end, tick=tick))
+            manifests = [r for r in tail if r.key == str(p).encode()]
+            pointers = [r for r in tail if r.key == f"{p}/latest".encode()]
+            if not manifests and pointers:
+                at = json.loads(pointers[-1].value)["manifest_offset"]
+                manifests = [r for r in kafka_log.read_partition(self.reader, tp, at, at + 1, tick=tick)
+                             if r.key == str(p).encode()]
+            if not manifests:
+                return None
+            manifest = json.loads(manifests[-1].value)
+            return manifest["events_offset"], manifest["results_offset"]
+        except (ValueError, KeyError, TypeError):
+            return None
 
     def _load_snapshot(self, p: int, end: int) -> PartitionState | None:
         """The latest snapshot of partition ``p``, reading only its own records when it can.

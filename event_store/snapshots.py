@@ -26,18 +26,29 @@ added since the one before as id segments of up to ``SEGMENT_IDS`` ids each (key
 partition with the offset of its first record. With a snapshot due after a quarter of the events a partition
 holds (``event_store.handler``), a snapshot writes a quarter of the ids rather than all of them. The segments of
 a snapshot that never got its manifest stay on the topic unreferenced (a few MB per crash mid-snapshot).
+
+With a state store (``PartitionState.stored``, issue 42; the handler always has one, under its home), the states
+and windows live on disk (event_store.state_store) and only the hot ones in memory, in a cache bounded by
+``Settings.handler_state_cache_mb``: ``states`` and ``results`` read through it (what changed since the last
+flush, the cache, LMDB) with the same methods, and ``flush`` writes what a committed batch changed together with
+the positions in one LMDB transaction. A snapshot then reads the store's cut (one LMDB read transaction taken
+when it starts: the states and windows at its offsets exactly, encoded already) instead of the dicts.
 """
 from __future__ import annotations
 
 import itertools
 import json
+import struct
 import uuid
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from event_store.domains import DOMAINS
 from event_store.envelope import CommandResult, dumps
 from event_store.errors import InvalidRecord
+from event_store.state_store import ENTRY_OVERHEAD
 
 __all__ = ["PartitionState", "EventIds", "SnapshotWriter", "snapshot_records", "load_snapshot", "segment_ranges",
            "STEP_BYTES", "SEGMENT_IDS"]
@@ -48,6 +59,11 @@ _CHUNK_BYTES = 512 * 1024  # well under the broker's default max.message.bytes (
 # log instead, once, and snapshotted anew.
 # 5: every event id; its snapshots would load them all again, so they are not loaded either.
 _FORMAT = 6
+_MISSING = object()
+# What a decoded value held in the cache costs beyond its encoded size, as a multiple of it (states: dataclasses
+# of a few fields) and per row of a window (its command id and its bytes object); measured with tracemalloc.
+_STATE_DECODED = 2
+_ROW_DECODED = 120
 _IDS_PER_ENTRY = 10_000
 # What one step of a snapshot encodes and commits while the handler takes no command: ~2 MB is tens of ms.
 STEP_BYTES = 2 * 1024 * 1024
@@ -62,12 +78,14 @@ class EventIds(set):
     def __init__(self, ids: Iterable[str] = ()):
         super().__init__()
         self.unsaved: list[str] = []
+        self.unstored: list[str] = []  # added since the state store (event_store.state_store) was last written
         self.update(ids)
 
     def add(self, event_id: str) -> None:
         if event_id not in self:
             set.add(self, event_id)
             self.unsaved.append(event_id)
+            self.unstored.append(event_id)
 
     def update(self, *iterables: Iterable[str]) -> None:
         for ids in iterables:
@@ -84,7 +102,7 @@ class EventIds(set):
 
 @dataclass
 class PartitionState:
-    """The handler's in-memory state for one owned partition."""
+    """The handler's state for one owned partition: in dicts, or read through its state store (``stored``)."""
     partition: int
     # Every aggregate's state by (aggregate type, aggregate id): ids are unique per aggregate type only.
     states: dict[tuple[str, str], Any] = field(default_factory=dict)
@@ -116,6 +134,67 @@ class PartitionState:
     slot: str | None = None
     # The offset of its latest snapshot's manifest on the snapshots partition, when known.
     manifest_offset: int | None = None
+    # The partition's state store (event_store.state_store) when ``states`` and ``results`` are read through it
+    # (``stored``), else None (everything in the dicts above).
+    store: Any = None
+
+    @classmethod
+    def stored(cls, partition: int, store, window: int, cache_bytes: int,
+               loaded: "PartitionState | None" = None) -> "PartitionState":
+        """A partition's state read through ``store`` (its states and windows on disk, the hot ones in a cache of
+        about ``cache_bytes``): what the store holds when ``loaded`` is None, else ``loaded`` (a snapshot's state
+        or one rebuilt in memory) written into it (the store emptied first) with its positions."""
+        part = cls(partition, window=window, store=store)
+        cache = _Cache(cache_bytes)
+        part.states = StoredStates(store, cache)
+        part.results = StoredWindows(store, cache)
+        if loaded is None:
+            events_offset, results_offset = store.positions() or (0, 0)
+            meta = json.loads(store.meta() or b"{}")
+            part.events_offset, part.results_offset = events_offset, results_offset
+            part.events_since_snapshot = meta.get("events_since_snapshot", 0)
+            part.events_held = meta.get("events_held", 0)
+            part.slot, part.manifest_offset = meta.get("slot"), meta.get("manifest_offset")
+            part.states.count = meta.get("aggregates", 0)
+            # Every id again in the next snapshot: its manifest then lists one segment holding them all.
+            part.event_ids.update(store.event_ids())
+            part.event_ids.unstored.clear()
+            return part
+        store.clear()
+        for name in ("events_offset", "results_offset", "events_since_snapshot", "events_held", "slot",
+                     "manifest_offset"):
+            setattr(part, name, getattr(loaded, name))
+        part.event_ids.update(loaded.event_ids)
+        for key, state in loaded.states.items():
+            part.states[key] = state
+        for aggregate_id, recent in loaded.results.items():
+            part.results[aggregate_id] = recent
+        part.waiting = loaded.waiting
+        part.flush()
+        return part
+
+    def flush(self) -> bool:
+        """Write what changed since the last flush (states, windows, event ids) with the positions into the store
+        in one transaction; called once the handler's Kafka transaction is committed (Kafka is the source of
+        truth: an aborted batch never reaches here). Not while events wait after a gap (the store would cover
+        a position they are not folded at; they are not stored): what changed stays in memory until they are
+        folded. False when nothing was written (no store, events waiting, or a newer owner wrote the store)."""
+        store = self.store
+        if store is None or self.waiting:
+            return False
+        states, results = self.states, self.results
+        meta = json.dumps({"events_since_snapshot": self.events_since_snapshot, "events_held": self.events_held,
+                           "slot": self.slot, "manifest_offset": self.manifest_offset,
+                           "aggregates": states.count}).encode()
+        encoded_states = {key: dumps(DOMAINS[key[0]].encode_state(state)) for key, state in states.dirty.items()}
+        encoded_results = {aggregate_id: _window_stored(recent) for aggregate_id, recent in results.dirty.items()}
+        if not store.write(self.events_offset, self.results_offset, encoded_states, encoded_results,
+                           self.event_ids.unstored, meta=meta):
+            return False  # kept: written with the next flush (when this instance still owns the partition)
+        states.written(encoded_states)
+        results.written(encoded_results)
+        self.event_ids.unstored.clear()
+        return True
 
     def state(self, aggregate_type: str, aggregate_id: str) -> Any:
         """The state of an aggregate: as held, or its domain's initial state. KeyError for an unknown type."""
@@ -142,11 +221,13 @@ class PartitionState:
 
     def remember(self, result: CommandResult) -> None:
         """Keep ``result`` as the answer to its command_id, unless an earlier one is already kept."""
-        recent = self.results.get(result.aggregate_id)
+        results = self.results
+        recent = results.get(result.aggregate_id)
         if recent is None:
-            recent = self.results[result.aggregate_id] = {}
+            recent = {}
         elif result.command_id in recent:
             return
+        results[result.aggregate_id] = recent  # (with a store: changed, written by the next flush)
         # Kept as its snapshot row, encoded: most are never asked for again, every snapshot writes them all, and
         # bytes are no work for the garbage collector (two lists per command were most of the handler's young
         # objects: event_store.collector). Copied into bytes of their own size: orjson's output is its buffer
@@ -163,11 +244,13 @@ class PartitionState:
         self.events_since_snapshot = max(0, self.events_since_snapshot - writer.events_counted)
         self.slot = writer.slot
         self.manifest_offset = writer.manifest_offset
+        self.flush()  # the store's bookkeeping names the slot the next snapshot must not write
 
     def _remember_row(self, aggregate_id: str, row: list) -> None:
         recent = self.results.get(aggregate_id)
         if recent is None:
-            recent = self.results[aggregate_id] = {}
+            recent = {}
+        self.results[aggregate_id] = recent
         recent.setdefault(row[0], row)
         if len(recent) > self.window:
             del recent[next(iter(recent))]
@@ -180,6 +263,162 @@ def _result_row(r: CommandResult | list | bytes) -> bytes:
     if isinstance(r, list):
         return dumps(r)
     return dumps([r.command_id, r.status, r.version, list(r.event_ids), r.error_type, r.reason, r.recorded_at])
+
+
+def _window_bytes(recent: dict) -> bytes:
+    """An idempotency window as a snapshot writes it: the JSON array of its rows, oldest first."""
+    return b"[" + b",".join([_result_row(r) for r in recent.values()]) + b"]"
+
+
+_ROW_HEAD = struct.Struct(">HI")  # a stored window's row: the lengths of its command id and of its row
+
+
+def _window_stored(recent: dict) -> bytes:
+    """An idempotency window as the state store keeps it: per row, oldest first, its command id and its encoded
+    row, each length-prefixed, so a window read back needs no JSON parsing and keeps its rows encoded (what
+    ``first_result`` expects) until one is asked for."""
+    parts = []
+    for command_id, r in recent.items():
+        key, row = command_id.encode(), _result_row(r)
+        parts += (_ROW_HEAD.pack(len(key), len(row)), key, row)
+    return b"".join(parts)
+
+
+def _window_rows(raw: bytes) -> Iterator[tuple[str, bytes]]:
+    """(command id, encoded row) of a stored window, oldest first."""
+    view, at, end = memoryview(raw), 0, len(raw)
+    while at < end:
+        key_len, row_len = _ROW_HEAD.unpack_from(view, at)
+        at += _ROW_HEAD.size
+        command_id = str(view[at:at + key_len], "utf-8")
+        at += key_len
+        yield command_id, bytes(view[at:at + row_len])
+        at += row_len
+
+
+class _Cache:
+    """The decoded values a partition's state store serves most recently, up to about ``cache_bytes`` (each
+    counted as its encoded size plus ``ENTRY_OVERHEAD``: decoded it takes a few times that; the bound is the
+    setting handler_state_cache_mb). Shared by a partition's states and windows."""
+
+    def __init__(self, cache_bytes: int):
+        self.cache_bytes = cache_bytes
+        self.entries: OrderedDict[tuple, tuple[Any, int]] = OrderedDict()
+        self.held = 0
+
+    def get(self, key: tuple, default=None):
+        found = self.entries.get(key)
+        if found is None:
+            return default
+        self.entries.move_to_end(key)
+        return found[0]
+
+    def put(self, key: tuple, value: Any, size: int) -> None:
+        cost = size + ENTRY_OVERHEAD
+        old = self.entries.pop(key, None)
+        if old is not None:
+            self.held -= old[1]
+        if cost > self.cache_bytes:
+            return
+        self.entries[key] = (value, cost)
+        self.held += cost
+        while self.held > self.cache_bytes:
+            _, (_, old_cost) = self.entries.popitem(last=False)
+            self.held -= old_cost
+
+
+class _Stored(Mapping):
+    """A mapping read through a partition's state store: what changed since the last flush (``dirty``), then
+    the cache, then LMDB. Setting a key marks it changed; ``PartitionState.flush`` writes the changes. Iterating
+    it (and comparing it, as a Mapping) reads every key of the store: for tests and tools, never the handler's
+    path."""
+    kind = ""
+    cut_kind = ""
+
+    def __init__(self, store, cache: _Cache):
+        self.store, self.cache = store, cache
+        self.dirty: dict = {}
+        self.count = 0  # how many keys the store and ``dirty`` hold together
+
+    def _load(self, key):  # -> (decoded value or None, what it costs the cache)
+        raise NotImplementedError
+
+    def cost(self, raw: bytes, value) -> int:
+        """What ``value`` (decoded from ``raw``) costs the cache, about its size in memory."""
+        raise NotImplementedError
+
+    def get(self, key, default=None):
+        found = self.dirty.get(key, _MISSING)
+        if found is not _MISSING:
+            return found
+        cached = self.cache.get((self.kind, key), _MISSING)
+        if cached is _MISSING:
+            cached, size = self._load(key)
+            self.cache.put((self.kind, key), cached, size)
+        return default if cached is None else cached
+
+    def __contains__(self, key) -> bool:
+        return self.get(key) is not None
+
+    def __getitem__(self, key):
+        found = self.get(key)
+        if found is None:
+            raise KeyError(key)
+        return found
+
+    def __setitem__(self, key, value) -> None:
+        if key not in self.dirty and self.get(key) is None:
+            self.count += 1
+        self.dirty[key] = value
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator:
+        dirty = self.dirty
+        yield from list(dirty)
+        for kind, aggregate_type, aggregate_id, _ in self.store.cut():
+            if kind == self.cut_kind:
+                key = (aggregate_type, aggregate_id) if aggregate_type is not None else aggregate_id
+                if key not in dirty:
+                    yield key
+
+    def written(self, encoded: dict) -> None:
+        """The changes are in the store: cached as written."""
+        dirty, put, kind, cost = self.dirty, self.cache.put, self.kind, self.cost
+        for key, raw in encoded.items():
+            value = dirty[key]
+            put((kind, key), value, cost(raw, value))
+        dirty.clear()
+
+
+class StoredStates(_Stored):
+    """Aggregate states by (aggregate type, aggregate id), read through the store."""
+    kind, cut_kind = "s", "state"
+
+    def _load(self, key):
+        raw = self.store.state(*key)
+        if raw is None:
+            return None, 0
+        return DOMAINS[key[0]].decode_state(json.loads(raw)), len(raw) * _STATE_DECODED
+
+    def cost(self, raw: bytes, value) -> int:
+        return len(raw) * _STATE_DECODED
+
+
+class StoredWindows(_Stored):
+    """Idempotency windows by aggregate id (command id -> row), read through the store."""
+    kind, cut_kind = "r", "results"
+
+    def _load(self, key):
+        raw = self.store.results(key)
+        if raw is None:
+            return None, 0
+        recent = dict(_window_rows(raw))
+        return recent, self.cost(raw, recent)
+
+    def cost(self, raw: bytes, value) -> int:
+        return len(raw) + _ROW_DECODED * len(value)
 
 
 def _result_from_row(aggregate_id: str, row: list) -> CommandResult:
@@ -225,13 +464,16 @@ class SnapshotWriter:
         self.first_offset: int | None = None  # of this snapshot's first record
         self.manifest_offset: int | None = None  # of its manifest, once written
         self.done = False
-        self._units = self._encoded(list(part.states.items()), list(part.results))
+        if part.store is not None:  # the store's cut: states and windows as they are now, already encoded
+            self._units = self._encoded(_entries_of_cut(part.store.cut()))
+        else:
+            self._units = self._encoded(_entries_of(list(part.states.items()), list(part.results), part.results))
         self._step: list[tuple[bytes, bytes]] | None = None  # the step given and not yet committed
         self._step_segments: list[dict] = []
         self._manifest = False
         self._offsets: dict[bytes, int] = {}
 
-    def _encoded(self, states: list, result_ids: list) -> Iterator[tuple[list[tuple[bytes, bytes]], dict | None]]:
+    def _encoded(self, entries: Iterator[bytes]) -> Iterator[tuple[list[tuple[bytes, bytes]], dict | None]]:
         """The snapshot's units, each written whole in one step: (records, its id segment or None)."""
         p, unsaved = self.partition, self.part.event_ids.unsaved
         for start in range(0, self.unsaved_ids, SEGMENT_IDS):
@@ -243,16 +485,6 @@ class SnapshotWriter:
                                    for i in range(start, stop, _IDS_PER_ENTRY)), _CHUNK_BYTES))
             yield ([(f"{p}/ids/{segment_id}/{i}".encode(), head + b",".join(piece) + b"]}")
                     for i, piece in enumerate(pieces)], {"id": segment_id, "records": len(pieces), "ids": stop - start})
-        # Each entry is encoded once; a chunk is those encodings joined into one JSON document. An aggregate's state
-        # is one entry (its type, its id, its domain's encoding of it); an aggregate id's recent results another.
-        results = self.part.results
-        entries = itertools.chain(
-            (dumps({"aggregate_type": aggregate_type, "aggregate_id": aggregate_id,
-                    "state": DOMAINS[aggregate_type].encode_state(state)})
-             for (aggregate_type, aggregate_id), state in states),
-            (b'{"aggregate_id":' + dumps(aggregate_id) + b',"results":['
-             + b",".join([_result_row(r) for r in recent.values()]) + b"]}"
-             for aggregate_id in result_ids if (recent := results.get(aggregate_id))))
         head = b'{"snapshot_id":' + dumps(self.snapshot_id) + b',"entries":['
         for chunk in _packed(entries, _CHUNK_BYTES):
             yield [(f"{p}/{self.slot}/{self.chunks}".encode(), head + b",".join(chunk) + b"]}")], None
@@ -317,6 +549,29 @@ class SnapshotWriter:
         self._step, self._step_segments = None, []
         self.done = self._manifest
         return True
+
+
+def _entries_of(states: list, result_ids: list, results) -> Iterator[bytes]:
+    """A snapshot's entries, each encoded once (a chunk is those encodings joined into one JSON document): an
+    aggregate's state is one entry (its type, its id, its domain's encoding of it); an aggregate id's recent
+    results another."""
+    return itertools.chain(
+        (dumps({"aggregate_type": aggregate_type, "aggregate_id": aggregate_id,
+                "state": DOMAINS[aggregate_type].encode_state(state)})
+         for (aggregate_type, aggregate_id), state in states),
+        (b'{"aggregate_id":' + dumps(aggregate_id) + b',"results":' + _window_bytes(recent) + b"}"
+         for aggregate_id in result_ids if (recent := results.get(aggregate_id))))
+
+
+def _entries_of_cut(cut: Iterator[tuple[str, str | None, str, bytes]]) -> Iterator[bytes]:
+    """The same entries from a state store's cut (event_store.state_store.StateStore.cut), stored encoded."""
+    for kind, aggregate_type, aggregate_id, raw in cut:
+        if kind == "state":
+            yield (b'{"aggregate_type":' + dumps(aggregate_type) + b',"aggregate_id":' + dumps(aggregate_id)
+                   + b',"state":' + raw + b"}")
+        elif raw:
+            yield (b'{"aggregate_id":' + dumps(aggregate_id) + b',"results":['
+                   + b",".join([row for _, row in _window_rows(raw)]) + b"]}")
 
 
 def snapshot_records(part: PartitionState) -> list[tuple[bytes, bytes]]:

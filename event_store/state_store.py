@@ -15,14 +15,21 @@ Values are bytes encoded by the caller (a domain's ``encode_state``, the window'
 recently used values up to ``cache_bytes`` (counted as the encoded size plus a fixed overhead per entry), so the
 handler's memory follows the cache, not the number of aggregates; LMDB's own pages live in the OS page cache.
 
-The snapshots topic (``event_store.snapshots``) stays what a handler that never held the partition restores from;
-incremental snapshots (only what changed since the previous one) are a later step.
+``event_store.snapshots.PartitionState.stored`` reads the handler's states and windows through a store (its own
+cache of decoded values; the store's byte cache is then off) and writes each committed batch's changes with
+``write``; ``event_store.partition_rebuild`` starts a partition from its store when the store's positions are
+within the log. Several handler instances may share a home (and so a partition's store, one after the other):
+``write`` never moves the positions back, so an instance that lost the partition cannot overwrite a newer owner's
+state. The snapshots topic (``event_store.snapshots``, written from the store's ``cut``) stays what a handler that
+never held the partition restores from; incremental snapshots (only what changed since the previous one) are a
+later step.
 
 Chosen over SQLite in WAL mode by bench/state_store.py (1M aggregates: 1.6x the batch rate, ~30x the random reads).
 """
 from __future__ import annotations
 
 import struct
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
@@ -33,12 +40,42 @@ __all__ = ["StateStore", "store_path", "ENTRY_OVERHEAD"]
 
 # Keys: one byte of kind, then the key's text. The positions' key sorts before all of them.
 _POSITIONS = b"\x00positions"
+_META = b"\x00meta"  # the caller's bookkeeping (JSON), written with the positions
 _STATE, _RESULTS, _EVENT_ID = b"s", b"r", b"i"
 _SEP = b"\x00"
 # What a cached entry costs beyond its encoded value (the dict slot, the key, the bytes object's header).
 ENTRY_OVERHEAD = 200
 # The largest the memory map may grow to (address space only: the file grows with its content).
 _MAP_SIZE = 1 << 40
+# LMDB must not be opened twice in one process (closing either breaks the other's locks): every StateStore of
+# one path in this process shares one environment, closed with the last of them.
+_ENVS: dict[str, list] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def _open_env(path: Path) -> lmdb.Environment:
+    key = str(path.resolve())
+    with _ENVS_LOCK:
+        held = _ENVS.get(key)
+        if held is None:
+            # sync/metasync off: durable against a killed process (the OS holds the pages); Kafka is the source of
+            # truth for what an OS crash would lose (module docstring).
+            held = _ENVS[key] = [lmdb.open(key, map_size=_MAP_SIZE, sync=False, metasync=False, readahead=False,
+                                           max_dbs=0), 0]
+            held[0].reader_check()  # read slots of killed processes (a snapshot's cut) freed
+        held[1] += 1
+        return held[0]
+
+
+def _close_env(path: Path) -> None:
+    key = str(path.resolve())
+    with _ENVS_LOCK:
+        held = _ENVS.get(key)
+        if held is not None:
+            held[1] -= 1
+            if held[1] <= 0:
+                del _ENVS[key]
+                held[0].close()
 
 
 def store_path(home: Path, events_topic: str, partition: int) -> Path:
@@ -66,10 +103,8 @@ class StateStore:
             raise ValueError(f"cache_bytes must be >= 0, not {cache_bytes}")
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        # sync/metasync off: durable against a killed process (the OS holds the pages); Kafka is the source of
-        # truth for what an OS crash would lose (module docstring).
-        self._env = lmdb.open(str(self.path), map_size=_MAP_SIZE, sync=False, metasync=False, readahead=False,
-                              max_dbs=0)
+        self._env = _open_env(self.path)
+        self._closed = False
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[bytes, bytes | None] = OrderedDict()
         self._cached = 0
@@ -80,6 +115,12 @@ class StateStore:
         with self._env.begin() as txn:
             raw = txn.get(_POSITIONS)
         return None if raw is None else struct.unpack(">qq", raw)
+
+    def meta(self) -> bytes | None:
+        """The bookkeeping last written with the positions (``write(meta=...)``), or None."""
+        with self._env.begin() as txn:
+            raw = txn.get(_META)
+        return None if raw is None else bytes(raw)
 
     def state(self, aggregate_type: str, aggregate_id: str) -> bytes | None:
         """The encoded state of an aggregate, or None."""
@@ -105,6 +146,45 @@ class StateStore:
                     aggregate_type, _, aggregate_id = key[1:].partition(_SEP)
                     yield aggregate_type.decode(), aggregate_id.decode(), bytes(value)
 
+    def event_ids(self) -> Iterator[str]:
+        """Every id of the event-id index."""
+        with self._env.begin() as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(_EVENT_ID):
+                for key in cursor.iternext(keys=True, values=False):
+                    if not key.startswith(_EVENT_ID):
+                        break
+                    yield bytes(key[1:]).decode()
+
+    def cut(self) -> Iterator[tuple[str, str | None, str, bytes]]:
+        """A consistent cut of the store as it is now, for a snapshot: a read transaction begun here (LMDB keeps
+        what it sees unchanged while later batches are written) iterated as every (``"state"``, aggregate type,
+        aggregate id, encoded state), then every (``"results"``, None, aggregate id, encoded window), past the
+        cache. The transaction ends with the iteration (or when the iterator is dropped)."""
+        return self._cut(self._env.begin())
+
+    @staticmethod
+    def _cut(txn) -> Iterator[tuple[str, str | None, str, bytes]]:
+        try:
+            cursor = txn.cursor()
+            if cursor.set_range(_STATE):
+                for key, value in cursor:
+                    if not key.startswith(_STATE):
+                        break
+                    aggregate_type, _, aggregate_id = bytes(key[1:]).partition(_SEP)
+                    yield "state", aggregate_type.decode(), aggregate_id.decode(), bytes(value)
+            cursor = txn.cursor()
+            if cursor.set_range(_RESULTS):
+                for key, value in cursor:
+                    if not key.startswith(_RESULTS):
+                        break
+                    yield "results", None, bytes(key[1:]).decode(), bytes(value)
+        finally:
+            try:
+                txn.abort()
+            except lmdb.Error:  # the environment was closed first (the handler closed mid-snapshot)
+                pass
+
     def _get(self, key: bytes) -> bytes | None:
         cache = self._cache
         if key in cache:
@@ -117,18 +197,38 @@ class StateStore:
 
     # Writing --------------------------------------------------------------------------------------------------
     def write(self, events_offset: int, results_offset: int, states: Mapping[tuple[str, str], bytes] = {},
-              results: Mapping[str, bytes] = {}, event_ids: Iterable[str] = ()) -> None:
-        """Put a batch's changed states, windows and event ids, and the positions they cover, in one
-        transaction: all of it is visible after, or none of it (an exception or a killed process)."""
+              results: Mapping[str, bytes] = {}, event_ids: Iterable[str] = (), meta: bytes | None = None) -> bool:
+        """Put a batch's changed states, windows and event ids, and the positions they cover (and ``meta``, the
+        caller's bookkeeping), in one transaction: all of it is visible after, or none of it (an exception or a
+        killed process). Positions never go backwards: when the store already covers more of either log (a
+        newer owner of the partition wrote it; several instances may share a home), nothing is written and
+        False is returned."""
         puts = [(_state_key(*key), value) for key, value in states.items()]
         puts += [(_results_key(aggregate_id), value) for aggregate_id, value in results.items()]
         puts += [(_event_id_key(event_id), b"") for event_id in event_ids]
         with self._env.begin(write=True) as txn:
+            raw = txn.get(_POSITIONS)
+            if raw is not None:
+                stored_events, stored_results = struct.unpack(">qq", raw)
+                if stored_events > events_offset or stored_results > results_offset:
+                    return False
             for key, value in puts:
                 txn.put(key, value)
             txn.put(_POSITIONS, struct.pack(">qq", events_offset, results_offset))
+            if meta is not None:
+                txn.put(_META, meta)
         for key, value in puts:  # only once committed
             self._cache_put(key, value)
+        return True
+
+    def clear(self) -> None:
+        """Empty the store (positions included): it covers a log that is not there any more."""
+        with self._env.begin(write=True) as txn:
+            cursor = txn.cursor()
+            if cursor.first():
+                while cursor.delete():
+                    pass
+        self.drop_cache()
 
     def _cache_put(self, key: bytes, value: bytes | None) -> None:
         cache = self._cache
@@ -166,7 +266,9 @@ class StateStore:
 
     def close(self) -> None:
         self.drop_cache()
-        self._env.close()
+        if not self._closed:
+            self._closed = True
+            _close_env(self.path)
 
     def __enter__(self) -> "StateStore":
         return self

@@ -118,9 +118,11 @@ def test_a_restart_from_a_snapshot_reads_only_the_tail_and_gets_the_same_state(s
     with CommandHandler(settings, **QUIET) as handler:
         handler.run(until_caught_up=True, max_seconds=120)
     total_events = len(events_of(settings))
-    with CommandHandler(settings, **QUIET) as from_snapshot:
+    # On a machine that never held the partitions (its own home: on this one the handler starts from its state
+    # store, event_store.state_store): restored from the snapshots topic.
+    with CommandHandler(settings.replace(home=settings.home.parent / "elsewhere"), **QUIET) as from_snapshot:
         from_snapshot.run(until_caught_up=True, max_seconds=60)
-        snap_state = {p: part.states for p, part in from_snapshot.partitions.items()}
+        snap_state = {p: dict(part.states) for p, part in from_snapshot.partitions.items()}
         snap_ids = {p: set(part.event_ids) for p, part in from_snapshot.partitions.items()}
         assert all(r.from_snapshot for r in from_snapshot.rebuilds)
         assert sum(r.events_read for r in from_snapshot.rebuilds) < total_events / 10
@@ -131,7 +133,7 @@ def test_a_restart_from_a_snapshot_reads_only_the_tail_and_gets_the_same_state(s
     with CommandHandler(settings, use_snapshots=False, **QUIET) as full:
         full.run(until_caught_up=True, max_seconds=60)
         assert sum(r.events_read for r in full.rebuilds) == total_events
-        assert {p: part.states for p, part in full.partitions.items()} == snap_state
+        assert {p: dict(part.states) for p, part in full.partitions.items()} == snap_state
         assert {p: set(part.event_ids) for p, part in full.partitions.items()} == snap_ids
 
 
@@ -157,15 +159,16 @@ def test_snapshots_written_in_steps_between_command_batches_restore_the_state(se
             assert handler._snapshot_step(unfinished, 20_000) and not unfinished.done
             assert handler.stats.longest_snapshot_s > 0
     total_events = len(events_of(settings))
-    with CommandHandler(settings, **QUIET) as from_snapshot:
+    # On a machine that never held the partitions (its own home: this one's state store is not there).
+    with CommandHandler(settings.replace(home=settings.home.parent / "elsewhere"), **QUIET) as from_snapshot:
         from_snapshot.run(until_caught_up=True, max_seconds=60)
         assert all(r.from_snapshot for r in from_snapshot.rebuilds)
         assert not any(r.whole_snapshots_partition for r in from_snapshot.rebuilds)
         assert sum(r.events_read for r in from_snapshot.rebuilds) < total_events / 2
-        snap = {p: (part.states, set(part.event_ids)) for p, part in from_snapshot.partitions.items()}
+        snap = {p: (dict(part.states), set(part.event_ids)) for p, part in from_snapshot.partitions.items()}
     with CommandHandler(settings, use_snapshots=False, **QUIET) as full:
         full.run(until_caught_up=True, max_seconds=60)
-        assert {p: (part.states, set(part.event_ids)) for p, part in full.partitions.items()} == snap
+        assert {p: (dict(part.states), set(part.event_ids)) for p, part in full.partitions.items()} == snap
 
 
 def test_two_instances_share_the_partitions_and_keep_versions_gap_free(settings):

@@ -1,5 +1,6 @@
 """The handler's per-partition state store (event_store.state_store): batches idempotent, state and log positions
 committed together, a bounded cache."""
+import json
 import subprocess
 import sys
 import textwrap
@@ -97,3 +98,110 @@ def test_each_partition_has_its_own_store_under_the_home(tmp_path):
     with StateStore(store_path(tmp_path, "t", 0)) as a, StateStore(store_path(tmp_path, "t", 1)) as b:
         a.write(5, 5, _batch(1))
         assert b.positions() is None and a.size_on_disk() > 0
+
+
+# PartitionState read through the store (event_store.snapshots.PartitionState.stored) -----------------------------
+def _fill(part, accounts: int, results_per_account: int = 4) -> None:
+    """The same changes for an in-memory and a stored partition, as the handler makes them after a commit."""
+    from event_store.account import AccountState
+    from event_store.decider import event_id_for
+    from event_store.envelope import CommandResult
+
+    for i in range(accounts):
+        aid = f"acc-{i}"
+        part.states[("account", aid)] = AccountState(aid, version=i + 1, opened=True, currency="USD",
+                                                     credit_limit_minor=10 * i)
+        for j in range(results_per_account):
+            part.remember(CommandResult(f"c-{i}-{j}", aid, "accepted", j + 1,
+                                        (event_id_for("account", aid, j + 1, f"c-{i}-{j}"),),
+                                        recorded_at="2026-01-01T00:00:00.000Z"))
+    part.event_ids.add("forged-1")
+    part.events_offset, part.results_offset = 500, 900
+
+
+def _answers(part, accounts: int, results_per_account: int = 4) -> list:
+    return [(part.state("account", f"acc-{i}"), part.owner_of("device", f"acc-{i}"),
+             [part.first_result(f"acc-{i}", f"c-{i}-{j}") for j in range(results_per_account)])
+            for i in range(accounts)] + [part.state("account", "never"), part.first_result("never", "c")]
+
+
+def test_states_beyond_the_cache_bound_are_served_from_disk_with_the_same_answers(tmp_path):
+    from event_store.snapshots import PartitionState
+
+    memory = PartitionState(0, window=3)
+    _fill(memory, 300)
+    bound = 20_000  # a few dozen entries of the 300 accounts' states and windows
+    with StateStore(tmp_path / "s", cache_bytes=0) as store:
+        part = PartitionState.stored(0, store, window=3, cache_bytes=bound, loaded=PartitionState(0, window=3))
+        _fill(part, 300)
+        assert part.flush() and not part.states.dirty and not part.results.dirty
+        assert store.positions() == (500, 900) and len(part.states) == 300
+        assert _answers(part, 300) == _answers(memory, 300)
+        assert part.states.cache.held <= bound
+        # A restart on the same home: the store as it was written, nothing of the log read.
+        again = PartitionState.stored(0, store, window=3, cache_bytes=bound)
+        assert (again.events_offset, again.results_offset, len(again.states)) == (500, 900, 300)
+        assert again.event_ids == {"forged-1"} and again.event_ids.unsaved == ["forged-1"]
+        assert _answers(again, 300) == _answers(memory, 300)
+        assert again.states.cache.held <= bound
+
+
+def test_changes_reach_the_store_only_when_flushed_and_positions_never_go_back(tmp_path):
+    from event_store.account import AccountState
+    from event_store.snapshots import PartitionState
+
+    with StateStore(tmp_path / "s", cache_bytes=0) as store:
+        part = PartitionState.stored(0, store, window=3, cache_bytes=1 << 20, loaded=PartitionState(0, window=3))
+        _fill(part, 5)
+        part.flush()
+        # A batch staged but not flushed (its Kafka transaction aborted, or the process killed): not in the store.
+        part.states[("account", "acc-1")] = AccountState("acc-1", version=99, opened=True)
+        assert PartitionState.stored(0, store, window=3, cache_bytes=0).state("account", "acc-1").version == 2
+        # A newer owner of the partition wrote the store: this (stale) one's flush writes nothing, keeps its changes.
+        store.write(600, 900)
+        assert not part.flush() and part.states.dirty
+        assert PartitionState.stored(0, store, window=3, cache_bytes=0).state("account", "acc-1").version == 2
+        # While events wait after a gap, nothing is written (the store would cover a position they are not folded at).
+        part.events_offset = 700
+        part.waiting[("account", "acc-2")] = {9: object()}
+        assert not part.flush()
+        part.waiting.clear()
+        assert part.flush() and store.positions() == (700, 900)
+        assert PartitionState.stored(0, store, window=3, cache_bytes=0).state("account", "acc-1").version == 99
+
+
+def test_a_snapshot_of_a_stored_partition_is_the_cut_taken_when_it_starts(tmp_path):
+    from event_store.account import AccountState
+    from event_store.snapshots import PartitionState, SnapshotWriter, load_snapshot
+
+    memory = PartitionState(0, window=3)
+    _fill(memory, 40)
+    with StateStore(tmp_path / "s", cache_bytes=0) as store:
+        part = PartitionState.stored(0, store, window=3, cache_bytes=4_000, loaded=PartitionState(0, window=3))
+        _fill(part, 40)
+        part.flush()
+        writer = SnapshotWriter(part)
+        # The handler goes on while the snapshot is written: later batches are not in it.
+        part.states[("account", "acc-3")] = AccountState("acc-3", version=1000, opened=True)
+        part.states[("account", "late")] = AccountState("late", version=1, opened=True)
+        part.events_offset += 10
+        part.flush()
+        records, offset = [], 0
+        while not writer.done:
+            for key, value in writer.step(3000):
+                writer.delivered(key, offset)
+                records.append(_Record(key, value, offset))
+                offset += 1
+            offset += 1
+            assert writer.step_written()
+        back = load_snapshot(records, 0, window=3)
+        assert (back.events_offset, back.results_offset) == (500, 900)
+        assert back.states == memory.states and back.event_ids == {"forged-1"}
+        assert _answers(back, 40) == _answers(memory, 40)
+        part.snapshot_written(writer)
+        assert json.loads(store.meta())["slot"] == writer.slot  # the next start knows which slot not to write
+
+
+class _Record:
+    def __init__(self, key, value, offset):
+        self.key, self.value, self.offset = key, value, offset
