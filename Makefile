@@ -11,7 +11,9 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum
 demo: setup
 	$(BIN)/eventlake demo
 
+# ruff (pyproject.toml: pyflakes' checks) first: a seconds' look before the suite's minutes.
 test: setup
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -m "not heavy"
 
 # Also the heavy tests: Airflow's real services driven through its REST API, the maintenance DAG, kill -9 of a
@@ -19,8 +21,9 @@ test: setup
 test-all: setup
 	$(BIN)/python -m pytest
 
-# Unit tests only: no broker, no Spark.
+# Unit tests only: no broker, no Spark, no Airflow (a minute). The part a developer touches: pytest -m kafka|spark|airflow.
 test-fast: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -m "not slow"
 
 # Python packages (pinned by constraints.txt), then the JVM artifacts: the Kafka broker's jars and

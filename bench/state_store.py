@@ -178,8 +178,8 @@ def main() -> None:
                   f"batches/s  {r['aggregates_per_s']:10,.0f} aggregates/s (read+write)  {r['reads_per_s']:10,.0f} "
                   f"reads/s (read only)  {r['mib']:7.0f} MiB on disk", flush=True)
     print()
-    print(f"| store | mode | batches/s | aggregates/s read+written | reads/s | MiB on disk |")
-    print(f"|---|---|---:|---:|---:|---:|")
+    print("| store | mode | batches/s | aggregates/s read+written | reads/s | MiB on disk |")
+    print("|---|---|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['store']} | {r['mode']} | {r['batches_per_s']:.1f} | {r['aggregates_per_s']:,.0f} | "
               f"{r['reads_per_s']:,.0f} | {r['mib']:.0f} |")

@@ -17,7 +17,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple, Union
 
-import read_models
 from eventlake.read_only import WriteRefused, check_duckdb, check_spark, lock_duckdb, spark_guard
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table

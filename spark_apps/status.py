@@ -320,7 +320,7 @@ def quarantine_lines(settings: Settings) -> list[str]:
         lines.append(f"  {q.account_id}  {q.record}: {reason}{held}")
     others = {a: n for a, n in waiting.items() if a not in {q.account_id for q in quarantined}}
     if others:
-        lines.append(f"  events waiting after a gap in their account's versions: "
+        lines.append("  events waiting after a gap in their account's versions: "
                      + ", ".join(f"{a} ({n})" for a, n in sorted(others.items())[:20])
                      + (" ..." if len(others) > 20 else ""))
     return lines

@@ -4,7 +4,6 @@ engines; `eventlake history NAME` lists the commits (the versions --as-of takes)
 import time
 from datetime import datetime, timezone
 
-import pandas as pd
 import pytest
 from deltalake import DeltaTable, write_deltalake
 

@@ -227,7 +227,7 @@ def test_status_start_and_stop_behave_as_a_service(server, monkeypatch, capsys):
     use_server_settings(server, monkeypatch)
     assert cli.main(["sql-server", "status"]) == 0
     out = capsys.readouterr().out
-    assert f"running" in out and f"jdbc:hive2://127.0.0.1:{server.sql_server_port}/default" in out
+    assert "running" in out and f"jdbc:hive2://127.0.0.1:{server.sql_server_port}/default" in out
     assert "payments" in out and str(server.home / "sql-server" / "audit.log") in out
     assert cli.main(["sql-server", "start"]) == 0  # already running: says so, starts nothing
     out = capsys.readouterr().out

@@ -204,7 +204,7 @@ def test_old_v1_events_in_the_log_are_upcast_when_the_handler_rebuilds(settings)
                   partition=kafka_log.read_all(settings, settings.events_topic).__next__().partition)
     producer.flush()
     producer.close()
-    with EventStore(settings) as store, running_handler(settings) as handler:
+    with EventStore(settings) as store, running_handler(settings):
         result = store.submit(payment(amount=500, expected_version=2))
         assert (result.status, result.version) == ("accepted", 3)
     events = events_of(settings)

@@ -422,7 +422,7 @@ def test_the_airflow_values_hold_valid_kubernetes_objects_and_the_images_dags():
                                   "CeleryKubernetesExecutor")
     dags_folder = values["config"]["core"]["dags_folder"]
     assert dags_folder == _dockerfile_env()["AIRFLOW__CORE__DAGS_FOLDER"]
-    assert f"COPY dags ./dags" in (K8S / "Dockerfile").read_text() and dags_folder == "/opt/eventlake/dags"
+    assert "COPY dags ./dags" in (K8S / "Dockerfile").read_text() and dags_folder == "/opt/eventlake/dags"
     assert not values["dags"]["gitSync"]["enabled"] and not values["dags"]["persistence"]["enabled"]
 
 
