@@ -120,6 +120,8 @@ def test_query_refuses_user_defined_functions_and_creating_them(spark, server):
         "CREATE TEMPORARY FUNCTION plus_two(x INT) RETURNS INT RETURN x + 2": "CREATE FUNCTION is refused",
         "DROP TEMPORARY FUNCTION plus_one_py": "DROP FUNCTION is refused",
         "DROP FUNCTION IF EXISTS default.some_udf": "DROP FUNCTION is refused",
+        "SELECT IDENTIFIER('java_method')('java.lang.System', 'getProperty', 'user.home')":
+            "function IDENTIFIER('java_method') is refused",
     }
     try:
         for sql, expected in refused.items():
@@ -172,6 +174,8 @@ def test_the_thrift_server_refuses_every_code_invoking_function_and_stays_up(spa
         "DROP TEMPORARY FUNCTION IF EXISTS upper": "DROP FUNCTION is refused",
         "DROP FUNCTION IF EXISTS default.some_udf": "DROP FUNCTION is refused",
         "SELECT default.some_udf(1)": "function default.some_udf is refused",
+        "SELECT IDENTIFIER('java_' || 'method')('java.lang.System', 'getProperty', 'user.home')":
+            "function IDENTIFIER(",
     }
     for sql, expected in statements.items():
         with pytest.raises(OperationalError) as refused:

@@ -9,7 +9,9 @@ import org.apache.spark.sql.catalyst.plans.logical.Command;
 import org.apache.spark.sql.catalyst.AliasIdentifier;
 import org.apache.spark.sql.catalyst.FunctionIdentifier;
 import org.apache.spark.sql.catalyst.TableIdentifier;
+import org.apache.spark.sql.catalyst.analysis.ExpressionWithUnresolvedIdentifier;
 import org.apache.spark.sql.catalyst.analysis.FunctionRegistry;
+import org.apache.spark.sql.catalyst.analysis.PlanWithUnresolvedIdentifier;
 import org.apache.spark.sql.catalyst.analysis.SQLFunctionExpression;
 import org.apache.spark.sql.catalyst.analysis.TableFunctionRegistry;
 import org.apache.spark.sql.catalyst.analysis.UnresolvedFunction;
@@ -221,6 +223,9 @@ public final class ReadOnlyExtension extends AbstractFunction1<SparkSessionExten
         if (node instanceof UnresolvedTableValuedFunction) {
             refuseUnlessBuiltin(((UnresolvedTableValuedFunction) node).name(), true);
         }
+        if (node instanceof PlanWithUnresolvedIdentifier) {
+            throw refusedIdentifier(((PlanWithUnresolvedIdentifier) node).identifierExpr());
+        }
         scala.collection.Iterator<Expression> expressions = node.expressions().iterator();
         while (expressions.hasNext()) {
             refuseCallsIn(expressions.next());
@@ -303,6 +308,8 @@ public final class ReadOnlyExtension extends AbstractFunction1<SparkSessionExten
         } else if (e instanceof UnresolvedGenerator) {
             FunctionIdentifier id = ((UnresolvedGenerator) e).name();
             refuseUnlessBuiltin(id.nameParts(), false);
+        } else if (e instanceof ExpressionWithUnresolvedIdentifier) {
+            throw refusedIdentifier(((ExpressionWithUnresolvedIdentifier) e).identifierExpr());
         } else if (e instanceof PlanExpression) {
             Object plan = ((PlanExpression<?>) e).plan();
             if (plan instanceof LogicalPlan) {
@@ -333,6 +340,13 @@ public final class ReadOnlyExtension extends AbstractFunction1<SparkSessionExten
             String why = refusal(className);
             throw refused(shown, why != null ? why : "its class " + className + " is not on the allowlist");
         }
+    }
+
+    /** IDENTIFIER(expr) names a function (or a table or column) that the analyzer works out after this check:
+     * what it calls cannot be checked by name, so it is refused. */
+    private static UnsupportedOperationException refusedIdentifier(Expression identifier) {
+        return refused("IDENTIFIER(" + identifier.sql() + ")", "a name given through IDENTIFIER(...) is known only "
+                + "after the guard checked the functions a statement calls; write the name itself");
     }
 
     private static UnsupportedOperationException refused(String function, String why) {
