@@ -87,6 +87,8 @@ def calls(name: str) -> list[str]:
             f"WITH t AS (SELECT {call} AS r) SELECT * FROM t",
             f"SELECT * FROM payments WHERE payment_id IN (SELECT {call})",
             f"SELECT transform(array('a'), x -> {call})",
+            f"SELECT count(*) OVER w FROM payments WINDOW w AS (ORDER BY {call})",
+            f"SELECT count(*) FILTER (WHERE {call} = 'x') FROM payments GROUP BY GROUPING SETS ((status), ({call}))",
             f"SELECT system.builtin.{call}"]
 
 

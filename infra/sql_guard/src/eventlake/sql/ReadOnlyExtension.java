@@ -226,9 +226,10 @@ public final class ReadOnlyExtension extends AbstractFunction1<SparkSessionExten
         if (node instanceof PlanWithUnresolvedIdentifier) {
             throw refusedIdentifier(((PlanWithUnresolvedIdentifier) node).identifierExpr());
         }
-        scala.collection.Iterator<Expression> expressions = node.expressions().iterator();
-        while (expressions.hasNext()) {
-            refuseCallsIn(expressions.next());
+        // Every field, not only expressions(): a WINDOW clause's definitions are a map it does not list.
+        scala.collection.Iterator<Object> fields = node.productIterator();
+        while (fields.hasNext()) {
+            refuseCallsInField(fields.next());
         }
         scala.collection.Iterator<LogicalPlan> children = node.children().iterator();
         while (children.hasNext()) {
@@ -299,6 +300,34 @@ public final class ReadOnlyExtension extends AbstractFunction1<SparkSessionExten
             return codeInvoking(Class.forName(className, false, ReadOnlyExtension.class.getClassLoader()));
         } catch (ClassNotFoundException | LinkageError e) {
             return "its class " + className + " cannot be checked";
+        }
+    }
+
+    /** The expressions in a plan's field, however held (a sequence, a map, an option, a tuple); plans in fields
+     * are its children, walked as such. */
+    private static void refuseCallsInField(Object field) {
+        if (field instanceof Expression) {
+            refuseCallsIn((Expression) field);
+        } else if (field instanceof scala.collection.Map) {
+            scala.collection.Iterator<?> entries = ((scala.collection.Map<?, ?>) field).iterator();
+            while (entries.hasNext()) {
+                refuseCallsInField(entries.next());
+            }
+        } else if (field instanceof scala.collection.Iterable) {
+            scala.collection.Iterator<?> items = ((scala.collection.Iterable<?>) field).iterator();
+            while (items.hasNext()) {
+                refuseCallsInField(items.next());
+            }
+        } else if (field instanceof scala.Option) {
+            scala.Option<?> option = (scala.Option<?>) field;
+            if (option.isDefined()) {
+                refuseCallsInField(option.get());
+            }
+        } else if (field instanceof scala.Product && field.getClass().getName().startsWith("scala.Tuple")) {
+            scala.collection.Iterator<Object> items = ((scala.Product) field).productIterator();
+            while (items.hasNext()) {
+                refuseCallsInField(items.next());
+            }
         }
     }
 
