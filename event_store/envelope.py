@@ -21,7 +21,7 @@ from event_store.errors import InvalidRecord
 from event_store.fields import ISO_TIME
 from event_store.upcasting import UnknownSchemaVersion, upcast
 
-__all__ = ["EventEnvelope", "CommandEnvelope", "CommandResult", "utc_now", "parse_time", "format_time", "new_id",
+__all__ = ["EventEnvelope", "CommandEnvelope", "CommandResult", "utc_now", "parse_time", "format_time", "new_id", "in_range",
            "dumps", "built"]
 
 
@@ -368,7 +368,7 @@ def _event_head():
 
 _EVENT_HEAD = msgspec.json.Decoder(_event_head())
 EVENT_TIMES = ("occurred_at", "recorded_at")
-# The envelope's times are checked whole (pattern, date, range) by _in_range, or a batch at a time by the caller of
+# The envelope's times are checked whole (pattern, date, range) by in_range, or a batch at a time by the caller of
 # plain_event_parts.
 _event_head_patterns_hold = schemas.pattern_checker(schemas.EVENT_ENVELOPE, skip=EVENT_TIMES)
 _EVENT_KINDS: dict[str, tuple] = {}
@@ -390,7 +390,7 @@ _fromisoformat = datetime.fromisoformat
 _iso_time = re.compile(ISO_TIME).search
 
 
-def _in_range(value: str) -> bool:
+def in_range(value: str) -> bool:
     """A time that matches fields.ISO_TIME, a real date, in the event time range (what ``field_problem`` decides
     for a timestamp field)."""
     if not _iso_time(value):
@@ -406,7 +406,7 @@ def plain_event_parts(raw: bytes | str) -> tuple[Any, Any] | None:
     """(envelope, payload) of a valid event at its type's current schema version, decoded by compiled msgspec
     decoders, both msgspec Structs: the envelope with EventEnvelope's fields but the payload, the payload with its
     schema's fields (an optional one left out of the JSON is UNSET). Every check ``from_dict`` makes is made but
-    those of the envelope's two times (EVENT_TIMES): the caller checks them, with ``_in_range`` or its equal. None
+    those of the envelope's two times (EVENT_TIMES): the caller checks them, with ``in_range`` or its equal. None
     when in any doubt (then the reference path gives the answer)."""
     try:
         head = _EVENT_HEAD.decode(raw)
@@ -420,7 +420,7 @@ def plain_event_parts(raw: bytes | str) -> tuple[Any, Any] | None:
         return None
     for name in kind[4]:  # the patterns admit impossible dates (February 30th) and times out of range
         value = getattr(payload, name)
-        if isinstance(value, str) and not _in_range(value):
+        if isinstance(value, str) and not in_range(value):
             return None
     return head, payload
 
@@ -433,7 +433,7 @@ def _plain_event(cls: type[EventEnvelope], raw: bytes | str) -> EventEnvelope | 
     if parts is None:
         return None
     head, decoded = parts
-    if not (_in_range(head.occurred_at) and _in_range(head.recorded_at)):
+    if not (in_range(head.occurred_at) and in_range(head.recorded_at)):
         return None
     payload = msgspec.structs.asdict(decoded)
     for name in schemas.payload_decoder(schemas.EVENTS[head.event_type])[1]:

@@ -17,12 +17,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple, Union
 
+from eventlake.sql_guard import GuardBuildError
 from eventlake.read_only import WriteRefused, check_duckdb, check_spark, lock_duckdb, spark_guard
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
 from read_models.catalog import Catalog, late_events_sources
 
-__all__ = ["QueryError", "TablePart", "AsOf", "parse_as_of", "describe_as_of", "logical_tables", "query_duckdb", "query_spark",
+__all__ = ["QueryError", "TablePart", "AsOf", "parse_as_of", "describe_as_of", "logical_tables", "query_duckdb", "query_spark", "spark_frame",
            "format_table", "format_csv", "format_json_lines"]
 
 
@@ -208,8 +209,6 @@ def query_spark(settings: Settings, sql: str, as_of: AsOf | None = None) -> tupl
     tables = _existing_tables(settings, as_of)  # before starting a JVM for nothing
     from spark_apps.session import build_session
 
-    from eventlake.sql_server import SqlServerError
-
     spark = build_session(settings, app_name="eventlake-query")
     _quiet_spark_error_logs()
     try:
@@ -220,11 +219,11 @@ def query_spark(settings: Settings, sql: str, as_of: AsOf | None = None) -> tupl
         check_spark(spark, sql)
         guard.check_parsed(sql)
         for name, parts in tables.items():
-            _spark_frame(spark, parts).createOrReplaceTempView(name)
+            spark_frame(spark, parts).createOrReplaceTempView(name)
         df = spark.sql(sql)
         guard.check_analyzed(df)
         return df.columns, [tuple(r) for r in df.collect()]
-    except SqlServerError as e:  # no JDK to compile the guard with
+    except GuardBuildError as e:  # no JDK to compile the guard with
         raise QueryError(f"Spark SQL cannot run a query without its read-only guard: {e}") from None
     except WriteRefused as e:
         raise _read_only(e, tables) from None
@@ -254,7 +253,7 @@ def _register_duckdb(con, name: str, parts: list[TablePart], dataset) -> None:
     con.execute(f"CREATE TEMP VIEW {name} AS " + " UNION ALL BY NAME ".join(f"SELECT * FROM {v}" for v in hidden))
 
 
-def _spark_frame(spark, parts: list[TablePart]):
+def spark_frame(spark, parts: list[TablePart]):
     from pyspark.sql import functions as F
 
     frames = []

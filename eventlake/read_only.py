@@ -190,8 +190,8 @@ class SparkGuard:
 
 def spark_guard(spark, settings) -> SparkGuard:
     """The guard of this session's JVM (loaded once per Spark context; its jar is compiled once per version of
-    its source, by ``eventlake.sql_server.guard_jar``)."""
-    from eventlake.sql_server import guard_jar
+    its source, by ``eventlake.sql_guard.guard_jar``)."""
+    from eventlake.sql_guard import guard_jar
 
     jar = guard_jar(settings, log=lambda *_: None)
     context = spark.sparkContext

@@ -32,7 +32,6 @@ JDBC client uses, with a PKCS12 trust store made from that ``ca.pem``.
 """
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import json
 import os
@@ -46,14 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eventlake.processes import read_pid, terminate
+from eventlake.sql_guard import GUARD_CLASS, GUARD_SOURCES, GuardBuildError, guard_jar
 from lakehouse.settings import PROJECT_ROOT, Settings
 
 __all__ = ["SqlServerError", "SqlServerStatus", "guard_jar", "serve", "start", "stop", "status", "jdbc_url",
            "tls_enabled", "trust_store"]
 
-GUARD_SOURCES = PROJECT_ROOT / "infra" / "sql_guard" / "src" / "eventlake" / "sql"
 GUARD_SOURCE = GUARD_SOURCES / "ReadOnlyExtension.java"
-GUARD_CLASS = "eventlake.sql.ReadOnlyExtension"
 GRANTS_CLASS = "eventlake.sql.GrantsExtension"
 AUTHENTICATOR_CLASS = "eventlake.sql.PasswordFileAuthenticator"
 AUTH_MODES = {"password": "CUSTOM", "ldap": "LDAP", "none": "NONE"}
@@ -193,42 +191,11 @@ def _paths(settings: Settings) -> dict[str, Path]:
             "audit": d / "audit.log"}
 
 
-# -- the guard's jar ------------------------------------------------------------------------------------------------
-
-def guard_jar(settings: Settings, log=print) -> Path:
-    """The read-only check rule, the grants' rule, the login check and the query log as a jar, compiled from
-    every ``.java`` of ``infra/sql_guard`` against pyspark's jars (once per version of those sources; a few
-    seconds)."""
-    sources = sorted(GUARD_SOURCES.glob("*.java"))
-    hashed = hashlib.sha1()
-    for source in sources:
-        hashed.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
-    digest = hashed.hexdigest()[:12]
-    jar = settings.cache_dir / "sql-guard" / f"eventlake-sql-guard-{digest}.jar"
-    if jar.exists():
-        return jar
-    javac, jar_tool = shutil.which("javac"), shutil.which("jar")
-    if javac is None or jar_tool is None:
-        raise SqlServerError("the SQL server's read-only guard is compiled with the JDK's javac and jar, which are "
-                             "not on PATH; install a JDK 17 (apt-get install openjdk-17-jdk-headless)")
-    import pyspark
-
-    spark_jars = Path(pyspark.__file__).parent / "jars"
-    build = jar.parent / f"build-{digest}"
-    shutil.rmtree(build, ignore_errors=True)
-    build.mkdir(parents=True)
-    log(f"sql-server: compiling the read-only guard ({GUARD_SOURCES.relative_to(PROJECT_ROOT)}) into {jar} (once)")
-    compiled = subprocess.run([javac, "-nowarn", "-d", str(build), "-cp", f"{spark_jars}/*", *map(str, sources)],
-                              capture_output=True, text=True)
-    if compiled.returncode != 0:
-        raise SqlServerError(f"compiling {GUARD_SOURCES} failed:\n{compiled.stdout[-3000:]}{compiled.stderr[-3000:]}")
-    packed = subprocess.run([jar_tool, "cf", str(jar.with_suffix(".tmp")), "-C", str(build), "."],
-                            capture_output=True, text=True)
-    if packed.returncode != 0:
-        raise SqlServerError(f"packing {jar} failed:\n{packed.stderr[-3000:]}")
-    jar.with_suffix(".tmp").rename(jar)
-    shutil.rmtree(build, ignore_errors=True)
-    return jar
+def _guard(settings: Settings, log) -> Path:
+    try:
+        return guard_jar(settings, log)
+    except GuardBuildError as e:
+        raise SqlServerError(str(e)) from None
 
 
 # -- the service ----------------------------------------------------------------------------------------------------
@@ -243,7 +210,7 @@ def serve(settings: Settings, log=print, stop_event=None) -> None:
     p["dir"].mkdir(parents=True, exist_ok=True)
     _show_generated_password(settings, log)
     hive_properties = _hive_properties(settings)
-    jar = guard_jar(settings, log)
+    jar = _guard(settings, log)
     # Delta's classes on the driver's own class path: the Thrift server runs each statement with a class loader
     # that does not see jars added at run time (spark.jars.packages), and Spark's closure cleaner then cannot
     # read Delta's classes (a NullPointerException deep in a query).
@@ -302,7 +269,7 @@ class _Views:
 
     def refresh(self) -> bool:
         """Re-register what changed -> whether anything did."""
-        from eventlake.query import _spark_frame, logical_tables
+        from eventlake.query import logical_tables, spark_frame
 
         tables = logical_tables(self.settings)
         wanted = {name: tuple((str(p.path), p.read_models) for p in parts) for name, parts in tables.items()}
@@ -312,7 +279,7 @@ class _Views:
         try:
             for name, parts in tables.items():
                 if self.resolved.get(name) != wanted[name]:
-                    _spark_frame(self.spark, parts).createOrReplaceTempView(name)
+                    spark_frame(self.spark, parts).createOrReplaceTempView(name)
                     if name in self.resolved:
                         self.log(f"sql-server: {name} now reads {', '.join(str(p.path) for p in parts)}")
             for name in set(self.resolved) - set(wanted):
@@ -377,7 +344,7 @@ def start(settings: Settings, log=print, timeout: float = 240.0) -> SqlServerSta
     if _accepts(settings.sql_server_host, settings.sql_server_port):
         raise SqlServerError(f"port {settings.sql_server_port} on {settings.sql_server_host} is taken by another "
                              f"process; choose another with EVENTLAKE_SQL_SERVER_PORT")
-    guard_jar(settings, log)  # a compile error is said here, not in the log
+    _guard(settings, log)  # a compile error is said here, not in the log
     p["dir"].mkdir(parents=True, exist_ok=True)
     _show_generated_password(settings, log)
     _hive_properties(settings)  # a bad setting, or a certificate that cannot be made, is said here too

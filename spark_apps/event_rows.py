@@ -60,7 +60,7 @@ def parse_records(records: Records, topic: str):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from event_store.envelope import _in_range, plain_event_parts
+    from event_store.envelope import in_range, plain_event_parts
 
     schema = event_row_schema()
     by_type: dict[str, list] = {}
@@ -84,7 +84,7 @@ def parse_records(records: Records, topic: str):
     if table is not None and not all(_times_hold(table.column(name)) for name in times):
         # Some time is not what the fast check admits: each row's times are checked as the reference path does,
         # and the rows that fail go to it for their verdict.
-        keep = [_in_range(o) and _in_range(r) for o, r in zip(*(table.column(n).to_pylist() for n in times))]
+        keep = [in_range(o) and in_range(r) for o, r in zip(*(table.column(n).to_pylist() for n in times))]
         if not all(keep):
             values = {(p, o): v for p, o, _, v in records.rows}
             failed = table.filter(pc.invert(pa.array(keep, pa.bool_())))
