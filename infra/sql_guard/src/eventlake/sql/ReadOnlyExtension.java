@@ -226,10 +226,19 @@ public final class ReadOnlyExtension extends AbstractFunction1<SparkSessionExten
         if (node instanceof PlanWithUnresolvedIdentifier) {
             throw refusedIdentifier(((PlanWithUnresolvedIdentifier) node).identifierExpr());
         }
-        // Every field, not only expressions(): a WINDOW clause's definitions are a map it does not list.
+        // Every field, not only expressions(): a WINDOW clause's definitions are a map it does not list. A plan
+        // held in a field that is not a child (EXPLAIN's and DESCRIBE QUERY's query) is walked too: describing a
+        // query analyses it, and analysing a reflection call loads the class it names.
         scala.collection.Iterator<Object> fields = node.productIterator();
         while (fields.hasNext()) {
-            refuseCallsInField(fields.next());
+            Object field = fields.next();
+            if (field instanceof LogicalPlan) {
+                if (!node.children().contains(field) && !node.innerChildren().contains(field)) {
+                    refusePathsIn((LogicalPlan) field);
+                }
+            } else {
+                refuseCallsInField(field);
+            }
         }
         scala.collection.Iterator<LogicalPlan> children = node.children().iterator();
         while (children.hasNext()) {
