@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple, Protocol
 
 from event_store.fields import Field
+from lakehouse.errors import Refused
 
 __all__ = ["Domain", "State", "Command", "Event", "NewEvent", "CommandRejected", "Upcaster", "decide_quarantine"]
 
 
-class CommandRejected(Exception):
+class CommandRejected(Refused):
     """A command the aggregate refuses; ``error_type`` is machine-readable, the message is for people."""
 
     def __init__(self, error_type: str, reason: str):

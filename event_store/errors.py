@@ -4,9 +4,10 @@
 them (``event_store.envelope``); it lives here so that neither of those has to import the other to name it.
 """
 from __future__ import annotations
+from lakehouse.errors import BadInput
 
 __all__ = ["InvalidRecord"]
 
 
-class InvalidRecord(ValueError):
+class InvalidRecord(BadInput, ValueError):
     """A record that cannot be accepted: bad JSON, a missing or mistyped field, an unknown type."""

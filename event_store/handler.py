@@ -35,6 +35,7 @@ from event_store.errors import InvalidRecord
 from event_store.partition_rebuild import PartitionRebuilder, RebuildDeferred, RebuildStats, continue_waiting
 from event_store.snapshots import STEP_BYTES, PartitionState, SnapshotWriter
 from lakehouse.settings import Settings
+from lakehouse.errors import Unavailable
 
 __all__ = ["CommandHandler", "HandlerStats", "HandlerError"]
 
@@ -49,7 +50,7 @@ def snapshot_due(part: PartitionState, every: int) -> bool:
     return part.events_since_snapshot >= max(every, part.events_held // 4)
 
 
-class HandlerError(RuntimeError):
+class HandlerError(Unavailable, RuntimeError):
     """The handler cannot go on safely (e.g. a partition's log stays blocked by an open transaction)."""
 
 
@@ -909,7 +910,7 @@ class CommandHandler:
             # Routed by aggregate type: CommandEnvelope gives every command a registered one, or rejects it.
             state_key = (command.aggregate_type, aggregate_id)
             staged_state = staged.get(state_key)
-            before = staged_state[1] if staged_state else state_of(*state_key)
+            before = part.known(command, staged_state[1] if staged_state else state_of(*state_key))
             owner = part.owner_of(*state_key, staged) if before.version == 0 else None
             if owner is not None:
                 state, new_events, result = before, (), id_taken(before, command, owner, recorded_at)

@@ -16,12 +16,13 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from lakehouse.kafka_security import kafka_python_config
 from lakehouse.settings import Settings
+from lakehouse.errors import Unavailable
 
 __all__ = ["ensure_topics", "delete_topics", "topic_configs", "make_producer", "make_consumer", "read_all",
            "end_offsets", "produce_all", "dead_letter_value", "read_partition", "max_message_bytes", "LogReadStalled"]
 
 
-class LogReadStalled(RuntimeError):
+class LogReadStalled(Unavailable, RuntimeError):
     """A partition read got no further for a while before its end (typically: the broker does not answer)."""
 
 

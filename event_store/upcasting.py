@@ -13,11 +13,12 @@ from typing import Any, Mapping
 from event_store.domain import Upcaster
 from event_store.domains import UPCASTERS
 from event_store.schemas import EVENT_SCHEMA_VERSIONS
+from lakehouse.errors import BadInput
 
 __all__ = ["UPCASTERS", "Upcaster", "upcast", "missing_upcasters", "UnknownSchemaVersion"]
 
 
-class UnknownSchemaVersion(ValueError):
+class UnknownSchemaVersion(BadInput, ValueError):
     """An event whose schema version this code cannot read (newer than current, or no upcaster path)."""
 
 

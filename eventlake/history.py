@@ -16,13 +16,14 @@ import read_models
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
 from read_models.catalog import Catalog, CatalogError
+from lakehouse.errors import NotFound
 
 __all__ = ["HistoryError", "HistoryLine", "history", "format_history"]
 
 NON_MODEL_TABLES = {"event_archive": "event_archive", "event_dead_letters": "_dead_letters/events"}
 
 
-class HistoryError(LookupError):
+class HistoryError(NotFound, LookupError):
     """No such table, or no such generation."""
 
 

@@ -22,12 +22,13 @@ from eventlake.read_only import WriteRefused, check_duckdb, check_spark, lock_du
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
 from read_models.catalog import Catalog, late_events_sources
+from lakehouse.errors import BadInput
 
 __all__ = ["QueryError", "TablePart", "AsOf", "parse_as_of", "describe_as_of", "logical_tables", "query_duckdb", "query_spark", "spark_frame",
            "format_table", "format_csv", "format_json_lines"]
 
 
-class QueryError(RuntimeError):
+class QueryError(BadInput, RuntimeError):
     """The SQL could not be run: no tables yet, or DuckDB, delta-rs, pyarrow or Spark refused it; the message
     is the engine's own, followed by the tables there are."""
 

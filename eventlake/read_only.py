@@ -19,6 +19,7 @@ parser says what a statement is, and only reads pass:
   into its session's JVM (``SparkGuard``) and calls it on the statement before and after analysis.
 """
 from __future__ import annotations
+from lakehouse.errors import BadInput
 
 __all__ = ["WriteRefused", "check_duckdb", "lock_duckdb", "check_spark", "SparkGuard", "spark_guard"]
 
@@ -26,7 +27,7 @@ WHY = ("every read path is read-only: the read models change only through their 
        "`eventlake rebuild` and `eventlake reprocess`")
 
 
-class WriteRefused(ValueError):
+class WriteRefused(BadInput, ValueError):
     """A statement that is not a read, or reads past the catalog's tables; the message says which and why."""
 
 

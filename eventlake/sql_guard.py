@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 from lakehouse.settings import PROJECT_ROOT, Settings
+from lakehouse.errors import Unavailable
 
 __all__ = ["GuardBuildError", "guard_jar", "GUARD_SOURCES", "GUARD_CLASS"]
 
@@ -17,7 +18,7 @@ GUARD_SOURCES = PROJECT_ROOT / "infra" / "sql_guard" / "src" / "eventlake" / "sq
 GUARD_CLASS = "eventlake.sql.ReadOnlyExtension"
 
 
-class GuardBuildError(RuntimeError):
+class GuardBuildError(Unavailable, RuntimeError):
     """The guard's jar could not be built (no JDK, or its sources did not compile); the message says why."""
 
 

@@ -47,6 +47,7 @@ from pathlib import Path
 from eventlake.processes import read_pid, terminate
 from eventlake.sql_guard import GUARD_CLASS, GUARD_SOURCES, GuardBuildError, guard_jar
 from lakehouse.settings import PROJECT_ROOT, Settings
+from lakehouse.errors import Unavailable
 
 __all__ = ["SqlServerError", "SqlServerStatus", "guard_jar", "serve", "start", "stop", "status", "jdbc_url",
            "tls_enabled", "trust_store"]
@@ -58,7 +59,7 @@ AUTH_MODES = {"password": "CUSTOM", "ldap": "LDAP", "none": "NONE"}
 THRIFT_SERVER = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
 
 
-class SqlServerError(RuntimeError):
+class SqlServerError(Unavailable, RuntimeError):
     """The SQL server could not be built, started or stopped; the message says why (and where its log is)."""
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lakehouse.settings import Settings
+from lakehouse.errors import BadInput
 
 __all__ = ["SqlUser", "SqlUsersError", "DEFAULT_USER", "users_file", "list_users", "add_user", "remove_user",
            "ensure_default_user"]
@@ -33,7 +34,7 @@ _HEADER = ("# eventlake sql-server users (`eventlake sql-server users add|remove
            f"name:{SCHEME}:iterations:salt:hash:tables (\"*\" = every table)\n")
 
 
-class SqlUsersError(ValueError):
+class SqlUsersError(BadInput, ValueError):
     """A user name, password or grant that cannot be used, or a user that is not there; the message says which."""
 
 

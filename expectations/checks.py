@@ -26,6 +26,7 @@ from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
 from lakehouse.tables import read_table
 from read_models.catalog import Catalog, Generation
+from lakehouse.errors import NotFound
 
 __all__ = ["CheckReport", "Failure", "Verdict", "check_table", "check_tables", "context", "data_docs_index", "verdict",
            "TableMissing", "DATA_DOCS_FOLDER", "KEEP_VALIDATIONS"]
@@ -35,7 +36,7 @@ _GX_STORES_FOLDER = "gx"  # under settings.home: the validation results and suit
 KEEP_VALIDATIONS = 20  # per suite: older validation results (and their pages) are deleted when a new one comes
 
 
-class TableMissing(LookupError):
+class TableMissing(NotFound, LookupError):
     """The read model's table has not been created yet (no projection has written it)."""
 
 

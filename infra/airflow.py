@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from lakehouse.settings import Settings
+from lakehouse.errors import Unavailable
 
 __all__ = ["DAGS_FOLDER", "AirflowError", "airflow_home", "environment", "ensure_db", "run"]
 
@@ -20,7 +21,7 @@ DAGS_FOLDER = Path(__file__).resolve().parents[1] / "dags"
 _AIRFLOW = str(Path(sys.executable).parent / "airflow")
 
 
-class AirflowError(RuntimeError):
+class AirflowError(Unavailable, RuntimeError):
     """The local Airflow could not be set up."""
 
 

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from lakehouse.errors import Unavailable
 
 __all__ = ["CRDS", "POM", "VENDORED", "K8sCrdError", "strimzi_version", "find_java", "generate"]
 
@@ -32,7 +33,7 @@ GENERATOR_ARGS = ["--label", "app:strimzi", "--label", "strimzi.io/crd-install:t
                   "--crd-api-version", "v1", "--api-versions", "v1", "--storage-version", "v1", "--yaml"]
 
 
-class K8sCrdError(RuntimeError):
+class K8sCrdError(Unavailable, RuntimeError):
     """The CRDs could not be generated (no Maven, no Java 21+, or the generator failed)."""
 
 

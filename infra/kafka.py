@@ -35,13 +35,14 @@ from infra.maven import copy_dependencies
 from lakehouse.kafka_security import kafka_python_config, write_credentials
 from lakehouse.processes import pid_alive, read_pid, terminate
 from lakehouse.settings import SASL_MECHANISMS, Settings
+from lakehouse.errors import Unavailable
 
 __all__ = ["BrokerStatus", "NodeStatus", "KafkaError", "resolve_libs", "up", "down", "status", "tls_material"]
 
 POM = Path(__file__).resolve().parent / "kafka" / "pom.xml"
 
 
-class KafkaError(RuntimeError):
+class KafkaError(Unavailable, RuntimeError):
     """The local broker could not be set up, started or stopped."""
 
 

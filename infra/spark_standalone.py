@@ -21,11 +21,12 @@ from pathlib import Path
 
 from lakehouse.processes import pid_alive, read_pid
 from lakehouse.settings import Settings
+from lakehouse.errors import Unavailable
 
 __all__ = ["ClusterStatus", "SparkClusterError", "up", "down", "status", "master_url", "spark_home"]
 
 
-class SparkClusterError(RuntimeError):
+class SparkClusterError(Unavailable, RuntimeError):
     """The standalone cluster could not be started or stopped."""
 
 

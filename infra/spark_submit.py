@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lakehouse.settings import PROJECT_ROOT, Settings
+from lakehouse.errors import BadInput
 
 __all__ = ["APPS", "PACKAGED", "SubmitError", "Package", "package", "resolved_jars", "submit_command", "shown",
            "run"]
@@ -46,7 +47,7 @@ _FORWARDED = ("KAFKA_BOOTSTRAP_SERVERS",)
 _SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN")
 
 
-class SubmitError(RuntimeError):
+class SubmitError(BadInput, RuntimeError):
     """The app cannot be packaged or submitted as asked (an unknown app, jars not resolved yet, ...)."""
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from infra.maven import copy_dependencies
 from lakehouse.processes import read_pid, terminate
 from lakehouse.settings import Settings
+from lakehouse.errors import Unavailable
 
 __all__ = ["YarnStatus", "YarnError", "resolve_libs", "up", "down", "status", "spark_conf", "SPARK_CONF_FILE"]
 
@@ -43,7 +44,7 @@ SPARK_CONF_FILE = "eventlake-spark.conf"
 _PORTS = 7  # NameNode RPC + web, ResourceManager client, scheduler, resource tracker, admin, web
 
 
-class YarnError(RuntimeError):
+class YarnError(Unavailable, RuntimeError):
     """The mini cluster could not be set up, started or stopped."""
 
 

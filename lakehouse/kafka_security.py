@@ -23,12 +23,13 @@ from __future__ import annotations
 
 from lakehouse.kafka_credentials import ROLE_USERS, ROLES, role_credentials, write_credentials
 from lakehouse.settings import Settings
+from lakehouse.errors import Unavailable
 
 __all__ = ["ROLES", "ROLE_USERS", "KafkaAccessError", "confluent_config", "kafka_python_config",
            "spark_kafka_options", "security_env", "role_credentials", "write_credentials", "principal",
            "describe_refusal"]
 
-class KafkaAccessError(RuntimeError):
+class KafkaAccessError(Unavailable, RuntimeError):
     """The Kafka cluster refused this client: authentication failed or was missing, or its principal may not do
     what it asked. The message is one line naming the servers, the principal and the reason."""
 

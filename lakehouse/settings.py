@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Mapping
 
 from lakehouse.storage import Location, is_remote, location
+from lakehouse.errors import BadInput
 
 __all__ = ["Settings", "SettingsError", "PROJECT_ROOT", "SECURITY_MODES", "SASL_MECHANISMS"]
 
@@ -26,7 +27,7 @@ SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
-class SettingsError(ValueError):
+class SettingsError(BadInput, ValueError):
     """A setting has a value that cannot be used."""
 
 

@@ -17,12 +17,13 @@ import fnmatch
 from pathlib import Path, PurePosixPath
 from typing import Iterator, Mapping, Union
 from urllib.parse import urlsplit
+from lakehouse.errors import Unavailable
 
 __all__ = ["Location", "RemoteLocation", "StorageError", "location", "is_remote", "remove_tree", "storage_options",
            "delta_table"]
 
 
-class StorageError(OSError):
+class StorageError(Unavailable, OSError):
     """A location that cannot be used as asked."""
 
 

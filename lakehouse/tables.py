@@ -15,11 +15,12 @@ data"). Both paths read INT96 as microseconds, so every time the schemas allow (
 from __future__ import annotations
 
 from lakehouse.storage import delta_table, is_remote
+from lakehouse.errors import NotFound
 
 __all__ = ["dataset", "read_table", "TableNotFound"]
 
 
-class TableNotFound(LookupError):
+class TableNotFound(NotFound, LookupError):
     """No Delta table at the path."""
 
 

@@ -60,10 +60,12 @@ from typing import Iterable, Mapping
 import read_models
 from lakehouse.settings import Settings
 from lakehouse.storage import Location, delta_table, remove_tree, storage_options
+from lakehouse.errors import NotFound, Refused
 
 __all__ = ["Catalog", "CatalogError", "CatalogEntry", "CatalogRefused", "Generation", "ModelState",
            "CATALOG_TABLE", "GENERATIONS_FOLDER", "SHARED_LATE_EVENTS_TABLE", "late_events_sources",
-           "legacy_generation", "ARCHIVE_TABLE", "DEAD_LETTER_TABLE", "REPROCESSED_AT", "ledger_table", "held_table"]
+           "legacy_generation", "ARCHIVE_TABLE", "DEAD_LETTER_TABLE", "REPROCESSED_AT", "ledger_table", "held_table",
+           "heads_table"]
 
 CATALOG_TABLE = "_catalog"
 GENERATIONS_FOLDER = "_generations"
@@ -91,11 +93,17 @@ def held_table(projection: str) -> str:
     return f"_sequence_held/{projection}"
 
 
-class CatalogError(RuntimeError):
+def heads_table(projection: str) -> str:
+    """The sequence gate's heads of ``projection``: per aggregate, its last admitted version and that event's id
+    (what a batch is judged against), and the ledger version they reflect."""
+    return f"_sequence_heads/{projection}"
+
+
+class CatalogError(NotFound, RuntimeError):
     """The catalog cannot be read or written (an unknown read model, a generation that does not exist, ...)."""
 
 
-class CatalogRefused(CatalogError):
+class CatalogRefused(Refused, CatalogError):
     """A change the catalog refuses: a stale switch, a rollback with nothing to go back to, dropping the current
     generation. The message says why and what is current."""
 

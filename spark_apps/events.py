@@ -11,6 +11,7 @@ from event_store.domains import DOMAINS
 from event_store.schemas import EVENT_ENVELOPE, EVENT_SCHEMA_VERSIONS, EVENT_TIME_MAX, EVENT_TIME_MIN, EVENTS, Field, \
     string_field_names
 from lakehouse.kafka_security import spark_kafka_options
+from lakehouse.errors import BadInput
 
 __all__ = ["envelope_schema", "read_event_records", "parse_events", "check_records", "split_checked", "upcast_rows",
            "spark_upcasters", "missing_spark_upcasters", "payload_columns", "payload_layout", "event_columns",
@@ -24,7 +25,7 @@ KAFKA_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset")
 _SPARK_TYPES = {str: "string", int: "long"}
 
 
-class PayloadColumnError(ValueError):
+class PayloadColumnError(BadInput, ValueError):
     """A registered event schema the Spark side cannot turn into columns (a kind it cannot carry, one name with
     two kinds, a name taken by the envelope ...): the message names the domain, event type and field."""
 

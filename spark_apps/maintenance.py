@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from lakehouse.settings import Settings
+from lakehouse.errors import BadInput
 
 __all__ = ["DEFAULT_RETENTION_HOURS", "MaintenanceError", "MaintenanceReport", "generations_to_drop", "maintain"]
 
@@ -35,7 +36,7 @@ __all__ = ["DEFAULT_RETENTION_HOURS", "MaintenanceError", "MaintenanceReport", "
 DEFAULT_RETENTION_HOURS = 168
 
 
-class MaintenanceError(ValueError):
+class MaintenanceError(BadInput, ValueError):
     """Maintenance cannot run as asked (e.g. a retention below Delta's safety floor)."""
 
 

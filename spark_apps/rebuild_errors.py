@@ -1,19 +1,20 @@
 """What a rebuild raises. A module of its own so that the fold engines (``spark_apps.archive_fold``) and the
 rebuild's steps (``spark_apps.rebuild``, which names these too) both import it, and neither imports the other."""
 from __future__ import annotations
+from lakehouse.errors import BadInput, CheckFailed, Refused
 
 __all__ = ["RebuildError", "RebuildRefused", "RebuildFailed"]
 
 
-class RebuildError(ValueError):
+class RebuildError(BadInput, ValueError):
     """A rebuild cannot be done as asked (e.g. a position the archive has not reached)."""
 
 
-class RebuildRefused(RebuildError):
+class RebuildRefused(Refused, RebuildError):
     """A rebuild that must not start (another one of the same read model is running)."""
 
 
-class RebuildFailed(RebuildError):
+class RebuildFailed(CheckFailed, RebuildError):
     """The new generation failed its checks: readers stay on the current one. ``lines`` say why."""
 
     def __init__(self, message: str, lines: list[str]):

@@ -34,6 +34,7 @@ from typing import Callable
 from lakehouse.settings import Settings
 from read_models.catalog import REPROCESSED_AT
 from read_models.spec import WINDOWED_SUM, ReadModel
+from lakehouse.errors import BadInput, Refused
 
 __all__ = ["ReprocessError", "ReprocessRefused", "ReprocessOutcome", "WINDOW", "parse_bound", "validate",
            "late_events_waiting", "reprocess"]
@@ -44,11 +45,11 @@ WINDOW = dt.timedelta(minutes=1)
 _RETRIES = 3
 
 
-class ReprocessError(ValueError):
+class ReprocessError(BadInput, ValueError):
     """A reprocess asked with bad input (a time that does not parse, an empty range, a model without windows)."""
 
 
-class ReprocessRefused(RuntimeError):
+class ReprocessRefused(Refused, RuntimeError):
     """A reprocess that cannot be done now: windows still open, no table or archive yet, the archive behind."""
 
 

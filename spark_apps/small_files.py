@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 
 from spark_apps.arrow_rows import in_schema
+from lakehouse.errors import Refused
 
 __all__ = ["compact_small_files", "SmallFilesCompaction"]
 
@@ -37,7 +38,7 @@ _CHECKPOINT_EVERY = 100  # Delta log commits between two checkpoints (delta-rs's
 _RETRIES = 20
 
 
-class Conflict(Exception):
+class Conflict(Refused):
     """Another writer removed a file this compaction merged, or changed the table's protocol or metadata."""
 
 
