@@ -130,6 +130,14 @@ class Domain:
     # function of ``pyspark.sql.functions`` (passed in, so that no domain module imports pyspark) giving the
     # column at from version + 1 from the flattened row's columns (spark_apps.events.upcast_rows).
     spark_upcasters: Mapping[tuple[str, int], Mapping[str, Callable[[Any], Any]]] = field(default_factory=dict)
+    # An index of keys per aggregate kept in the handler's state store beside its state rather than in it (issue
+    # 42: the account's payment ids), so a state does not grow with its history. ``index_split(state)`` gives
+    # (the state without the keys it holds, those keys) when the state is stored; ``index_probe(command)`` the
+    # key whose presence ``decide`` needs (or None); ``index_known(state, key)`` the state that knows ``key`` is
+    # in the index (the handler hands ``decide`` that one). All three pure; None: the state holds everything.
+    index_split: Callable[[Any], tuple[Any, Any]] | None = None
+    index_probe: Callable[[Command], str | None] | None = None
+    index_known: Callable[[Any, str], Any] | None = None
 
     def fold_fields(self, state: Any, event_type: str, payload: Mapping[str, Any], version: int | None) -> Any:
         """``evolve`` from an event's parts (``evolve_fields`` when the domain has one)."""

@@ -910,7 +910,7 @@ class CommandHandler:
             # Routed by aggregate type: CommandEnvelope gives every command a registered one, or rejects it.
             state_key = (command.aggregate_type, aggregate_id)
             staged_state = staged.get(state_key)
-            before = staged_state[1] if staged_state else state_of(*state_key)
+            before = part.known(command, staged_state[1] if staged_state else state_of(*state_key))
             owner = part.owner_of(*state_key, staged) if before.version == 0 else None
             if owner is not None:
                 state, new_events, result = before, (), id_taken(before, command, owner, recorded_at)

@@ -58,7 +58,11 @@ _CHUNK_BYTES = 512 * 1024  # well under the broker's default max.message.bytes (
 # in each snapshot: 3; written at once, chunks under p/<i>: 4) are not loaded: the partition is rebuilt from its
 # log instead, once, and snapshotted anew.
 # 5: every event id; its snapshots would load them all again, so they are not loaded either.
-_FORMAT = 6
+# 7: aggregates' index keys (the account's payment ids) as entries of their own beside the states (issue 42).
+# A format-6 snapshot holds the ids inside its states, which load the same way: it is still loaded.
+_FORMAT = 7
+_LOADABLE = (6, 7)
+_INDEX_PER_ENTRY = 1_000  # index keys of one aggregate per snapshot entry
 _MISSING = object()
 # What a decoded value held in the cache costs beyond its encoded size, as a multiple of it (states: dataclasses
 # of a few fields) and per row of a window (its command id and its bytes object); measured with tracemalloc.
@@ -186,10 +190,21 @@ class PartitionState:
         meta = json.dumps({"events_since_snapshot": self.events_since_snapshot, "events_held": self.events_held,
                            "slot": self.slot, "manifest_offset": self.manifest_offset,
                            "aggregates": states.count}).encode()
-        encoded_states = {key: dumps(DOMAINS[key[0]].encode_state(state)) for key, state in states.dirty.items()}
+        # Each state without its index keys (Domain.index_split: the account's payment ids), which are written
+        # as keys of their own; the state kept in memory is the split one too.
+        index: list[tuple[str, str, str]] = []
+        dirty = states.dirty
+        for key, state in dirty.items():
+            split = DOMAINS[key[0]].index_split
+            if split is not None:
+                state, keys = split(state)
+                if keys:
+                    dirty[key] = state
+                    index += [(key[0], key[1], k) for k in keys]
+        encoded_states = {key: dumps(DOMAINS[key[0]].encode_state(state)) for key, state in dirty.items()}
         encoded_results = {aggregate_id: _window_stored(recent) for aggregate_id, recent in results.dirty.items()}
         if not store.write(self.events_offset, self.results_offset, encoded_states, encoded_results,
-                           self.event_ids.unstored, meta=meta):
+                           self.event_ids.unstored, meta=meta, index=index):
             return False  # kept: written with the next flush (when this instance still owns the partition)
         states.written(encoded_states)
         results.written(encoded_results)
@@ -200,6 +215,22 @@ class PartitionState:
         """The state of an aggregate: as held, or its domain's initial state. KeyError for an unknown type."""
         found = self.states.get((aggregate_type, aggregate_id))
         return found if found is not None else DOMAINS[aggregate_type].initial(aggregate_id)
+
+    def known(self, command: Any, state: Any) -> Any:
+        """``state`` as ``decide`` needs it for ``command``: with a state store, a state does not hold its index
+        keys (the account's payment ids, ``Domain.index_split``), so the one key the command asks about
+        (``Domain.index_probe``) is looked up in the store and, when there, made known to the state
+        (``Domain.index_known``). Without a store, or for a domain without an index, ``state`` itself."""
+        store = self.store
+        if store is None:
+            return state
+        domain = DOMAINS[command.aggregate_type]
+        if domain.index_probe is None:
+            return state
+        key = domain.index_probe(command)
+        if key is None or not store.has_index(command.aggregate_type, command.aggregate_id, key):
+            return state
+        return domain.index_known(state, key)
 
     def owner_of(self, aggregate_type: str, aggregate_id: str, staged: dict | None = None) -> str | None:
         """Another aggregate type that has an aggregate with this id here (in ``states`` or in ``staged``, states
@@ -565,13 +596,30 @@ def _entries_of(states: list, result_ids: list, results) -> Iterator[bytes]:
 
 def _entries_of_cut(cut: Iterator[tuple[str, str | None, str, bytes]]) -> Iterator[bytes]:
     """The same entries from a state store's cut (event_store.state_store.StateStore.cut), stored encoded."""
+    index: list[str] = []
+    index_of: tuple[str | None, str] | None = None
     for kind, aggregate_type, aggregate_id, raw in cut:
+        if index and (kind != "index" or (aggregate_type, aggregate_id) != index_of
+                      or len(index) >= _INDEX_PER_ENTRY):
+            yield _index_entry(*index_of, index)
+            index = []
         if kind == "state":
             yield (b'{"aggregate_type":' + dumps(aggregate_type) + b',"aggregate_id":' + dumps(aggregate_id)
                    + b',"state":' + raw + b"}")
+        elif kind == "index":
+            index_of = (aggregate_type, aggregate_id)
+            index.append(raw.decode())
         elif raw:
             yield (b'{"aggregate_id":' + dumps(aggregate_id) + b',"results":['
                    + b",".join([row for _, row in _window_rows(raw)]) + b"]}")
+    if index:
+        yield _index_entry(*index_of, index)
+
+
+def _index_entry(aggregate_type: str, aggregate_id: str, keys: list[str]) -> bytes:
+    """A snapshot entry of index keys of one aggregate (loaded after its state, which comes first in a chunk)."""
+    return (b'{"aggregate_type":' + dumps(aggregate_type) + b',"aggregate_id":' + dumps(aggregate_id)
+            + b',"index":' + dumps(keys) + b"}")
 
 
 def snapshot_records(part: PartitionState) -> list[tuple[bytes, bytes]]:
@@ -621,7 +669,7 @@ def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionSt
     if manifest_raw is None:
         return None
     manifest = json.loads(manifest_raw)
-    if manifest.get("format") != _FORMAT:
+    if manifest.get("format") not in _LOADABLE:
         return None
     snapshot_id = manifest["snapshot_id"]
     part = PartitionState(partition, events_offset=manifest["events_offset"],
@@ -652,6 +700,13 @@ def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionSt
                                         f"type {aggregate_type!r} is not registered here (known: "
                                         f"{', '.join(DOMAINS)}); the partition is rebuilt from the log")
                 part.states[(aggregate_type, entry["aggregate_id"])] = domain.decode_state(entry["state"])
+            elif "index" in entry:
+                key = (entry["aggregate_type"], entry["aggregate_id"])
+                known = DOMAINS[key[0]].index_known
+                state = part.state(*key)
+                for index_key in entry["index"]:
+                    state = known(state, index_key)
+                part.states[key] = state
             else:
                 for row in entry["results"]:
                     part._remember_row(entry["aggregate_id"], row)

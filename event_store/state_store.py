@@ -41,7 +41,7 @@ __all__ = ["StateStore", "store_path", "ENTRY_OVERHEAD"]
 # Keys: one byte of kind, then the key's text. The positions' key sorts before all of them.
 _POSITIONS = b"\x00positions"
 _META = b"\x00meta"  # the caller's bookkeeping (JSON), written with the positions
-_STATE, _RESULTS, _EVENT_ID = b"s", b"r", b"i"
+_STATE, _RESULTS, _EVENT_ID, _INDEX = b"s", b"r", b"i", b"p"
 _SEP = b"\x00"
 # What a cached entry costs beyond its encoded value (the dict slot, the key, the bytes object's header).
 ENTRY_OVERHEAD = 200
@@ -95,6 +95,10 @@ def _event_id_key(event_id: str) -> bytes:
     return _EVENT_ID + event_id.encode()
 
 
+def _index_key(aggregate_type: str, aggregate_id: str, key: str) -> bytes:
+    return _INDEX + aggregate_type.encode() + _SEP + aggregate_id.encode() + _SEP + key.encode()
+
+
 class StateStore:
     """A partition's state store at ``path`` (created if missing), caching up to ``cache_bytes`` of values."""
 
@@ -130,6 +134,10 @@ class StateStore:
         """The encoded idempotency window of an aggregate id, or None."""
         return self._get(_results_key(aggregate_id))
 
+    def has_index(self, aggregate_type: str, aggregate_id: str, key: str) -> bool:
+        """Whether ``key`` is in the index of an aggregate (``Domain.index_split``: the account's payment ids)."""
+        return self._get(_index_key(aggregate_type, aggregate_id, key)) is not None
+
     def has_event_id(self, event_id: str) -> bool:
         """Whether ``event_id`` is in the store's event-id index."""
         return self._get(_event_id_key(event_id)) is not None
@@ -159,8 +167,8 @@ class StateStore:
     def cut(self) -> Iterator[tuple[str, str | None, str, bytes]]:
         """A consistent cut of the store as it is now, for a snapshot: a read transaction begun here (LMDB keeps
         what it sees unchanged while later batches are written) iterated as every (``"state"``, aggregate type,
-        aggregate id, encoded state), then every (``"results"``, None, aggregate id, encoded window), past the
-        cache. The transaction ends with the iteration (or when the iterator is dropped)."""
+        aggregate id, encoded state), then every (``"index"``, aggregate type, aggregate id, key) of the
+        aggregates' indexes, then every (``"results"``, None, aggregate id, encoded window), past the cache. The transaction ends with the iteration (or when the iterator is dropped)."""
         return self._cut(self._env.begin())
 
     @staticmethod
@@ -173,6 +181,14 @@ class StateStore:
                         break
                     aggregate_type, _, aggregate_id = bytes(key[1:]).partition(_SEP)
                     yield "state", aggregate_type.decode(), aggregate_id.decode(), bytes(value)
+            cursor = txn.cursor()
+            if cursor.set_range(_INDEX):
+                for key in cursor.iternext(keys=True, values=False):
+                    if not key.startswith(_INDEX):
+                        break
+                    aggregate_type, _, rest = bytes(key[1:]).partition(_SEP)
+                    aggregate_id, _, index_key = rest.partition(_SEP)
+                    yield "index", aggregate_type.decode(), aggregate_id.decode(), index_key
             cursor = txn.cursor()
             if cursor.set_range(_RESULTS):
                 for key, value in cursor:
@@ -197,8 +213,10 @@ class StateStore:
 
     # Writing --------------------------------------------------------------------------------------------------
     def write(self, events_offset: int, results_offset: int, states: Mapping[tuple[str, str], bytes] = {},
-              results: Mapping[str, bytes] = {}, event_ids: Iterable[str] = (), meta: bytes | None = None) -> bool:
-        """Put a batch's changed states, windows and event ids, and the positions they cover (and ``meta``, the
+              results: Mapping[str, bytes] = {}, event_ids: Iterable[str] = (), meta: bytes | None = None,
+              index: Iterable[tuple[str, str, str]] = ()) -> bool:
+        """Put a batch's changed states, windows, index keys ((aggregate type, aggregate id, key), each a key of
+        its own) and event ids, and the positions they cover (and ``meta``, the
         caller's bookkeeping), in one transaction: all of it is visible after, or none of it (an exception or a
         killed process). Positions never go backwards: when the store already covers more of either log (a
         newer owner of the partition wrote it; several instances may share a home), nothing is written and
@@ -206,6 +224,7 @@ class StateStore:
         puts = [(_state_key(*key), value) for key, value in states.items()]
         puts += [(_results_key(aggregate_id), value) for aggregate_id, value in results.items()]
         puts += [(_event_id_key(event_id), b"") for event_id in event_ids]
+        puts += [(_index_key(*entry), b"") for entry in index]
         with self._env.begin(write=True) as txn:
             raw = txn.get(_POSITIONS)
             if raw is not None:

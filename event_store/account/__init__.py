@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from event_store.account import schemas
 from event_store.account.aggregate import (AGGREGATE_TYPE, DECLINE_REASONS, AccountState, CommandRejected, NewEvent,
-                                           decide, decode_state, encode_state, evolve, evolve_fields, quarantined)
+                                           decide, decode_state, encode_state, evolve, evolve_fields,
+                                           payment_id_known, payment_id_probe, payment_ids_split, quarantined)
 from event_store.account.upcasters import SPARK_UPCASTERS, UPCASTERS
 from event_store.domain import Domain
 
@@ -35,4 +36,7 @@ DOMAIN = Domain(
     decode_state=decode_state,
     quarantined=quarantined,
     quarantine_resolved_event="QuarantineResolved",
+    index_split=payment_ids_split,
+    index_probe=payment_id_probe,
+    index_known=payment_id_known,
 )

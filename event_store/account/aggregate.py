@@ -15,7 +15,8 @@ from event_store.account.schemas import country_of
 from event_store.domain import Command, CommandRejected, Event, NewEvent, decide_quarantine
 
 __all__ = ["AccountState", "NewEvent", "CommandRejected", "decide", "evolve", "evolve_fields", "quarantined",
-           "encode_state", "decode_state", "DECLINE_REASONS", "AGGREGATE_TYPE"]
+           "encode_state", "decode_state", "payment_ids_split", "payment_id_probe", "payment_id_known",
+           "DECLINE_REASONS", "AGGREGATE_TYPE"]
 
 AGGREGATE_TYPE = "account"
 DECLINE_REASONS = ("over_credit_limit", "account_frozen")
@@ -40,6 +41,12 @@ class AccountState:
     # A HAMT (immutables) rather than pyrsistent's pset: each version of a pset is a new C vector whose garbage-
     # collector traversal visits every id it holds, so the handler's young-generation collections grew with its
     # accounts to seconds (bench/payment_ids.py --collector); a HAMT version's new nodes hold ~32 references each.
+    #
+    # With the handler's state store (issue 42) the state holds only the ids not yet written to it and the ones
+    # the handler looked up for the command at hand (``payment_id_probe`` / ``payment_id_known``): the store keeps
+    # each payment id as a key of its own per account (``payment_ids_split`` takes them out of the state when it
+    # is stored), so a long-lived account's state stays the size of its fields, not of its history. ``decide``
+    # asks only whether the command's own payment id is known, which either form answers alike.
     payment_ids: Map = Map()
     # (record, reason) when the events topic holds a record of this account that cannot be read (record is
     # "topic/partition/offset"): the account takes no command but ResolveQuarantine until an operator decides.
@@ -162,10 +169,37 @@ def _replace(state: AccountState, changes: dict) -> AccountState:
 
 def encode_state(state: AccountState) -> dict:
     """``dataclasses.asdict(state)`` with the payment ids as a list (JSON has no sets; their order never
-    mattered, and sorting them was a fifth of a snapshot's encoding): its snapshot form."""
+    mattered, and sorting them was a fifth of a snapshot's encoding), left out when there is none (a stored
+    state: its ids are in the store's index): its snapshot form."""
     fields = dict(state.__dict__)
-    fields["payment_ids"] = list(state.payment_ids)
+    if state.payment_ids:
+        fields["payment_ids"] = list(state.payment_ids)
+    else:
+        del fields["payment_ids"]
     return fields
+
+
+_NO_IDS = Map()
+
+
+def payment_ids_split(state: AccountState) -> tuple[AccountState, list[str]]:
+    """(``state`` without its payment ids, those ids): what the state store keeps of an account, and the keys of
+    its payment-id index (``Domain.index_split``)."""
+    if not state.payment_ids:
+        return state, []
+    return _replace(state, {"payment_ids": _NO_IDS}), list(state.payment_ids)
+
+
+def payment_id_probe(command: Command) -> str | None:
+    """The payment id whose use ``decide`` checks for ``command`` (``Domain.index_probe``), or None."""
+    return command.payload.get("payment_id") if command.command_type == "AuthorizePayment" else None
+
+
+def payment_id_known(state: AccountState, payment_id: str) -> AccountState:
+    """``state`` knowing that ``payment_id`` was used on the account (``Domain.index_known``)."""
+    if payment_id in state.payment_ids:
+        return state
+    return _replace(state, {"payment_ids": state.payment_ids.set(payment_id, None)})
 
 
 def decode_state(fields: dict) -> AccountState:

@@ -205,3 +205,66 @@ def test_a_snapshot_of_a_stored_partition_is_the_cut_taken_when_it_starts(tmp_pa
 class _Record:
     def __init__(self, key, value, offset):
         self.key, self.value, self.offset = key, value, offset
+
+
+def _payment(payment_id: str):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(command_type="AuthorizePayment", aggregate_type="account", aggregate_id="acc-1",
+                           command_id=f"c-{payment_id}", expected_version=None, issued_at="2026-01-01T00:00:00.000Z",
+                           payload={"payment_id": payment_id, "amount_minor": 1, "currency": "USD",
+                                    "merchant_id": "m-1", "location": "US-NYC",
+                                    "occurred_at": "2026-01-01T00:00:00.000Z"})
+
+
+def _verdicts(part, payment_ids) -> list:
+    """What decide answers to a payment of each id on acc-1, given the state the handler hands it."""
+    from event_store.account import decide
+    from event_store.domain import CommandRejected
+
+    answers = []
+    for payment_id in payment_ids:
+        command = _payment(payment_id)
+        try:
+            answers.append(decide(part.known(command, part.state("account", "acc-1")), command)[0].event_type)
+        except CommandRejected as e:
+            answers.append(e.error_type)
+    return answers
+
+
+def test_payment_ids_live_in_the_store_index_not_in_the_state_and_duplicates_are_refused_as_before(tmp_path):
+    from event_store.account import AccountState, evolve
+    from event_store.domain import NewEvent
+    from event_store.snapshots import PartitionState, load_snapshot, snapshot_records
+
+    state = AccountState("acc-1", version=1, opened=True, currency="USD", credit_limit_minor=10 ** 9)
+    for i in range(60):
+        state = evolve(state, NewEvent("PaymentAuthorized", {"payment_id": f"p-{i}", "amount_minor": 1}, "t"))
+    asked = ["p-0", "p-59", "p-new", "p-7"]
+    memory = PartitionState(0, window=3)
+    memory.states[("account", "acc-1")] = state
+    expected = _verdicts(memory, asked)
+    assert expected == ["DuplicatePayment", "DuplicatePayment", "PaymentAuthorized", "DuplicatePayment"]
+    with StateStore(tmp_path / "s", cache_bytes=0) as store:
+        part = PartitionState.stored(0, store, window=3, cache_bytes=1 << 20, loaded=PartitionState(0, window=3))
+        part.states[("account", "acc-1")] = state
+        assert _verdicts(part, asked) == expected  # not flushed yet: the ids are in the state
+        part.flush()
+        # Stored: the state without its ids (its size does not grow with its payments), each id a key of its own.
+        assert b"p-7" not in store.state("account", "acc-1") and store.has_index("account", "acc-1", "p-7")
+        assert not part.state("account", "acc-1").payment_ids
+        assert _verdicts(part, asked) == expected
+        assert _verdicts(PartitionState.stored(0, store, window=3, cache_bytes=0), asked) == expected
+        # A payment after the flush is in the state until the next one; both kinds are answered.
+        part.states[("account", "acc-1")] = evolve(part.state("account", "acc-1"), NewEvent(
+            "PaymentDeclined", {"payment_id": "p-late", "amount_minor": 1}, "t"))
+        assert _verdicts(part, ["p-late", "p-3"]) == ["DuplicatePayment"] * 2
+        part.flush()
+        # The snapshot (the store's cut) carries the index: a fresh home restored from it answers the same.
+        records = [_Record(k, v, i) for i, (k, v) in enumerate(snapshot_records(part))]
+        assert any(b'"index":' in r.value for r in records)
+        with StateStore(tmp_path / "fresh", cache_bytes=0) as fresh:
+            restored = PartitionState.stored(0, fresh, window=3, cache_bytes=0,
+                                             loaded=load_snapshot(records, 0, window=3))
+            assert _verdicts(restored, asked + ["p-late"]) == expected + ["DuplicatePayment"]
+            assert b"p-7" not in fresh.state("account", "acc-1")
