@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import struct
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -65,9 +64,8 @@ _LOADABLE = (6, 7)
 _INDEX_PER_ENTRY = 1_000  # index keys of one aggregate per snapshot entry
 _MISSING = object()
 # What a decoded value held in the cache costs beyond its encoded size, as a multiple of it (states: dataclasses
-# of a few fields) and per row of a window (its command id and its bytes object); measured with tracemalloc.
+# of a few fields); measured with tracemalloc.
 _STATE_DECODED = 2
-_ROW_DECODED = 120
 _IDS_PER_ENTRY = 10_000
 # What one step of a snapshot encodes and commits while the handler takes no command: ~2 MB is tens of ms.
 STEP_BYTES = 2 * 1024 * 1024
@@ -151,7 +149,7 @@ class PartitionState:
         part = cls(partition, window=window, store=store)
         cache = _Cache(cache_bytes)
         part.states = StoredStates(store, cache)
-        part.results = StoredWindows(store, cache)
+        part.results = StoredWindows(store)
         if loaded is None:
             events_offset, results_offset = store.positions() or (0, 0)
             meta = json.loads(store.meta() or b"{}")
@@ -172,7 +170,8 @@ class PartitionState:
         for key, state in loaded.states.items():
             part.states[key] = state
         for aggregate_id, recent in loaded.results.items():
-            part.results[aggregate_id] = recent
+            for command_id, row in recent.items():
+                part.results.add(aggregate_id, command_id, _result_row(row))
         part.waiting = loaded.waiting
         part.flush()
         return part
@@ -202,12 +201,11 @@ class PartitionState:
                     dirty[key] = state
                     index += [(key[0], key[1], k) for k in keys]
         encoded_states = {key: dumps(DOMAINS[key[0]].encode_state(state)) for key, state in dirty.items()}
-        encoded_results = {aggregate_id: _window_stored(recent) for aggregate_id, recent in results.dirty.items()}
-        if not store.write(self.events_offset, self.results_offset, encoded_states, encoded_results,
-                           self.event_ids.unstored, meta=meta, index=index):
+        if not store.write(self.events_offset, self.results_offset, encoded_states, results.added(),
+                           self.event_ids.unstored, meta=meta, index=index, window=self.window):
             return False  # kept: written with the next flush (when this instance still owns the partition)
         states.written(encoded_states)
-        results.written(encoded_results)
+        results.dirty.clear()
         self.event_ids.unstored.clear()
         return True
 
@@ -242,6 +240,9 @@ class PartitionState:
         return None
 
     def first_result(self, aggregate_id: str, command_id: str) -> CommandResult | None:
+        if self.store is not None:  # one entry of the store (or of what the next flush writes), never a window
+            row = self.results.first(aggregate_id, command_id)
+            return None if row is None else _result_from_row(aggregate_id, json.loads(row))
         recent = self.results.get(aggregate_id)
         found = recent.get(command_id) if recent else None
         if isinstance(found, bytes):  # still its row, encoded: made into a result on first use
@@ -253,6 +254,9 @@ class PartitionState:
     def remember(self, result: CommandResult) -> None:
         """Keep ``result`` as the answer to its command_id, unless an earlier one is already kept."""
         results = self.results
+        if self.store is not None:  # one entry, written by the next flush
+            results.add(result.aggregate_id, result.command_id, bytes(memoryview(_result_row(result))))
+            return
         recent = results.get(result.aggregate_id)
         if recent is None:
             recent = {}
@@ -299,32 +303,6 @@ def _result_row(r: CommandResult | list | bytes) -> bytes:
 def _window_bytes(recent: dict) -> bytes:
     """An idempotency window as a snapshot writes it: the JSON array of its rows, oldest first."""
     return b"[" + b",".join([_result_row(r) for r in recent.values()]) + b"]"
-
-
-_ROW_HEAD = struct.Struct(">HI")  # a stored window's row: the lengths of its command id and of its row
-
-
-def _window_stored(recent: dict) -> bytes:
-    """An idempotency window as the state store keeps it: per row, oldest first, its command id and its encoded
-    row, each length-prefixed, so a window read back needs no JSON parsing and keeps its rows encoded (what
-    ``first_result`` expects) until one is asked for."""
-    parts = []
-    for command_id, r in recent.items():
-        key, row = command_id.encode(), _result_row(r)
-        parts += (_ROW_HEAD.pack(len(key), len(row)), key, row)
-    return b"".join(parts)
-
-
-def _window_rows(raw: bytes) -> Iterator[tuple[str, bytes]]:
-    """(command id, encoded row) of a stored window, oldest first."""
-    view, at, end = memoryview(raw), 0, len(raw)
-    while at < end:
-        key_len, row_len = _ROW_HEAD.unpack_from(view, at)
-        at += _ROW_HEAD.size
-        command_id = str(view[at:at + key_len], "utf-8")
-        at += key_len
-        yield command_id, bytes(view[at:at + row_len])
-        at += row_len
 
 
 class _Cache:
@@ -437,19 +415,51 @@ class StoredStates(_Stored):
         return len(raw) * _STATE_DECODED
 
 
-class StoredWindows(_Stored):
-    """Idempotency windows by aggregate id (command id -> row), read through the store."""
-    kind, cut_kind = "r", "results"
+class StoredWindows:
+    """The idempotency windows read through the store, one entry per (aggregate id, command id): what the next
+    flush writes (``dirty``, in the order added), then the store (``StateStore.result``). A command costs one
+    entry, found or added by itself; the store keeps each aggregate's window bounded when it writes
+    (``StateStore.write(window=...)``). Iterating it reads every window of the store (for tests and tools)."""
 
-    def _load(self, key):
-        raw = self.store.results(key)
-        if raw is None:
-            return None, 0
-        recent = dict(_window_rows(raw))
-        return recent, self.cost(raw, recent)
+    def __init__(self, store):
+        self.store = store
+        self.dirty: dict[tuple[str, str], bytes] = {}
 
-    def cost(self, raw: bytes, value) -> int:
-        return len(raw) + _ROW_DECODED * len(value)
+    def first(self, aggregate_id: str, command_id: str) -> bytes | None:
+        """The row of the first result of ``command_id`` on ``aggregate_id`` in its window, or None."""
+        row = self.dirty.get((aggregate_id, command_id))
+        return row if row is not None else self.store.result(aggregate_id, command_id)
+
+    def add(self, aggregate_id: str, command_id: str, row: bytes) -> None:
+        """Keep ``row`` as the first result of ``command_id``, unless one is kept already."""
+        key = (aggregate_id, command_id)
+        if key not in self.dirty and self.store.result(aggregate_id, command_id) is None:
+            self.dirty[key] = row
+
+    def added(self) -> list[tuple[str, str, bytes]]:
+        return [(aggregate_id, command_id, row) for (aggregate_id, command_id), row in self.dirty.items()]
+
+    def get(self, aggregate_id: str, default=None):
+        """An aggregate id's window as {command id: row}, oldest first (stored, then not yet flushed)."""
+        recent = dict(self.store.window(aggregate_id))
+        for (of, command_id), row in self.dirty.items():
+            if of == aggregate_id:
+                recent.setdefault(command_id, row)
+        return recent or default
+
+    def __iter__(self) -> Iterator[str]:
+        seen = set()
+        for kind, _, aggregate_id, _ in self.store.cut():
+            if kind == "results" and aggregate_id not in seen:
+                seen.add(aggregate_id)
+                yield aggregate_id
+        for aggregate_id, _ in self.dirty:
+            if aggregate_id not in seen:
+                seen.add(aggregate_id)
+                yield aggregate_id
+
+    def items(self):
+        return [(aggregate_id, self.get(aggregate_id)) for aggregate_id in self]
 
 
 def _result_from_row(aggregate_id: str, row: list) -> CommandResult:
@@ -610,8 +620,7 @@ def _entries_of_cut(cut: Iterator[tuple[str, str | None, str, bytes]]) -> Iterat
             index_of = (aggregate_type, aggregate_id)
             index.append(raw.decode())
         elif raw:
-            yield (b'{"aggregate_id":' + dumps(aggregate_id) + b',"results":['
-                   + b",".join([row for _, row in _window_rows(raw)]) + b"]}")
+            yield b'{"aggregate_id":' + dumps(aggregate_id) + b',"results":[' + b",".join(raw) + b"]}"
     if index:
         yield _index_entry(*index_of, index)
 

@@ -41,7 +41,18 @@ __all__ = ["StateStore", "store_path", "ENTRY_OVERHEAD"]
 # Keys: one byte of kind, then the key's text. The positions' key sorts before all of them.
 _POSITIONS = b"\x00positions"
 _META = b"\x00meta"  # the caller's bookkeeping (JSON), written with the positions
-_STATE, _RESULTS, _EVENT_ID, _INDEX = b"s", b"r", b"i", b"p"
+_STATE, _EVENT_ID, _INDEX = b"s", b"i", b"p"
+# The idempotency windows, one entry per (aggregate id, command id) (issue 42: a command costs one entry, not a
+# rewrite of its aggregate's whole window): ``c`` + id + command id -> the entry's sequence number and its row;
+# ``q`` + id + sequence number -> command id (the window's order, oldest first); ``n`` + id -> (oldest, next)
+# sequence numbers. Older stores kept a window per aggregate under ``r``: they are emptied on open (_FORMAT).
+_RESULT, _ORDER, _HEAD = b"c", b"q", b"n"
+_SEQ = struct.Struct(">Q")
+_HEADS = struct.Struct(">QQ")
+# The store's layout: a store of another one (or of none: before payment ids and windows per entry) is emptied
+# when opened, and its partition comes from the latest snapshot and the log once (docs/DESIGN.md).
+_FORMAT_KEY = b"\x00format"
+_FORMAT = b"2"
 _SEP = b"\x00"
 # What a cached entry costs beyond its encoded value (the dict slot, the key, the bytes object's header).
 ENTRY_OVERHEAD = 200
@@ -87,8 +98,12 @@ def _state_key(aggregate_type: str, aggregate_id: str) -> bytes:
     return _STATE + aggregate_type.encode() + _SEP + aggregate_id.encode()
 
 
-def _results_key(aggregate_id: str) -> bytes:
-    return _RESULTS + aggregate_id.encode()
+def _result_key(aggregate_id: str, command_id: str) -> bytes:
+    return _RESULT + aggregate_id.encode() + _SEP + command_id.encode()
+
+
+def _order_key(aggregate_id: bytes, seq: int) -> bytes:
+    return _ORDER + aggregate_id + _SEP + _SEQ.pack(seq)
 
 
 def _event_id_key(event_id: str) -> bytes:
@@ -109,6 +124,9 @@ class StateStore:
         self.path.mkdir(parents=True, exist_ok=True)
         self._env = _open_env(self.path)
         self._closed = False
+        with self._env.begin(write=True) as txn:
+            if txn.get(_FORMAT_KEY) != _FORMAT:
+                _empty(txn)
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[bytes, bytes | None] = OrderedDict()
         self._cached = 0
@@ -130,9 +148,17 @@ class StateStore:
         """The encoded state of an aggregate, or None."""
         return self._get(_state_key(aggregate_type, aggregate_id))
 
-    def results(self, aggregate_id: str) -> bytes | None:
-        """The encoded idempotency window of an aggregate id, or None."""
-        return self._get(_results_key(aggregate_id))
+    def result(self, aggregate_id: str, command_id: str) -> bytes | None:
+        """The row (encoded) of the first result of ``command_id`` on ``aggregate_id`` while in its idempotency
+        window, or None."""
+        raw = self._get(_result_key(aggregate_id, command_id))
+        return None if raw is None else raw[_SEQ.size:]
+
+    def window(self, aggregate_id: str) -> list[tuple[str, bytes]]:
+        """(command id, row) of an aggregate id's idempotency window, oldest first."""
+        with self._env.begin() as txn:
+            return [(command_id, row) for _, command_id, row in _window_of(txn, _ORDER + aggregate_id.encode()
+                                                                           + _SEP)]
 
     def has_index(self, aggregate_type: str, aggregate_id: str, key: str) -> bool:
         """Whether ``key`` is in the index of an aggregate (``Domain.index_split``: the account's payment ids)."""
@@ -189,12 +215,16 @@ class StateStore:
                     aggregate_type, _, rest = bytes(key[1:]).partition(_SEP)
                     aggregate_id, _, index_key = rest.partition(_SEP)
                     yield "index", aggregate_type.decode(), aggregate_id.decode(), index_key
-            cursor = txn.cursor()
-            if cursor.set_range(_RESULTS):
-                for key, value in cursor:
-                    if not key.startswith(_RESULTS):
-                        break
-                    yield "results", None, bytes(key[1:]).decode(), bytes(value)
+            rows: list[bytes] = []
+            of = None
+            for aggregate_id, _, row in _window_of(txn, _ORDER):
+                if aggregate_id != of and rows:
+                    yield "results", None, of, rows
+                    rows = []
+                of = aggregate_id
+                rows.append(row)
+            if rows:
+                yield "results", None, of, rows
         finally:
             try:
                 txn.abort()
@@ -213,16 +243,16 @@ class StateStore:
 
     # Writing --------------------------------------------------------------------------------------------------
     def write(self, events_offset: int, results_offset: int, states: Mapping[tuple[str, str], bytes] = {},
-              results: Mapping[str, bytes] = {}, event_ids: Iterable[str] = (), meta: bytes | None = None,
-              index: Iterable[tuple[str, str, str]] = ()) -> bool:
-        """Put a batch's changed states, windows, index keys ((aggregate type, aggregate id, key), each a key of
+              results: Iterable[tuple[str, str, bytes]] = (), event_ids: Iterable[str] = (),
+              meta: bytes | None = None, index: Iterable[tuple[str, str, str]] = (), window: int = 100) -> bool:
+        """Put a batch's changed states, results (each (aggregate id, command id, row) added to its aggregate's
+        idempotency window unless the command is in it already, the oldest entry dropped past ``window``), index keys ((aggregate type, aggregate id, key), each a key of
         its own) and event ids, and the positions they cover (and ``meta``, the
         caller's bookkeeping), in one transaction: all of it is visible after, or none of it (an exception or a
         killed process). Positions never go backwards: when the store already covers more of either log (a
         newer owner of the partition wrote it; several instances may share a home), nothing is written and
         False is returned."""
         puts = [(_state_key(*key), value) for key, value in states.items()]
-        puts += [(_results_key(aggregate_id), value) for aggregate_id, value in results.items()]
         puts += [(_event_id_key(event_id), b"") for event_id in event_ids]
         puts += [(_index_key(*entry), b"") for entry in index]
         with self._env.begin(write=True) as txn:
@@ -233,6 +263,7 @@ class StateStore:
                     return False
             for key, value in puts:
                 txn.put(key, value)
+            puts += _add_results(txn, results, window)
             txn.put(_POSITIONS, struct.pack(">qq", events_offset, results_offset))
             if meta is not None:
                 txn.put(_META, meta)
@@ -243,10 +274,7 @@ class StateStore:
     def clear(self) -> None:
         """Empty the store (positions included): it covers a log that is not there any more."""
         with self._env.begin(write=True) as txn:
-            cursor = txn.cursor()
-            if cursor.first():
-                while cursor.delete():
-                    pass
+            _empty(txn)
         self.drop_cache()
 
     def _cache_put(self, key: bytes, value: bytes | None) -> None:
@@ -272,7 +300,7 @@ class StateStore:
         return len(self._cache)
 
     def entries(self) -> int:
-        """How many keys the store holds (the positions included)."""
+        """How many keys the store holds (the positions and the layout's key included)."""
         return self._env.stat()["entries"]
 
     def size_on_disk(self) -> int:
@@ -294,6 +322,64 @@ class StateStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _empty(txn) -> None:
+    """Delete every key, then write the store's layout (_FORMAT)."""
+    cursor = txn.cursor()
+    if cursor.first():
+        while cursor.delete():
+            pass
+    txn.put(_FORMAT_KEY, _FORMAT)
+
+
+def _window_of(txn, prefix: bytes) -> Iterator[tuple[str, str, bytes]]:
+    """(aggregate id, command id, row) of the windows whose order keys start with ``prefix`` (one aggregate's,
+    or all of them), each oldest first."""
+    cursor = txn.cursor()
+    if not cursor.set_range(prefix):
+        return
+    for key, command_id in cursor:
+        if not key.startswith(prefix):
+            break
+        aggregate_id = bytes(key[1:-_SEQ.size - 1])
+        raw = txn.get(_RESULT + aggregate_id + _SEP + bytes(command_id))
+        if raw is not None:
+            yield aggregate_id.decode(), bytes(command_id).decode(), bytes(raw[_SEQ.size:])
+
+
+def _add_results(txn, results: Iterable[tuple[str, str, bytes]], window: int) -> list[tuple[bytes, bytes | None]]:
+    """Add each result to its window inside ``txn`` (the first result of a command id stays; past ``window``
+    entries the oldest goes): a command costs its entry, its order key and its aggregate's head, whatever the
+    window's length. Returns what changed as (key, value or None when deleted) for the cache."""
+    heads: dict[bytes, list[int]] = {}
+    changed: list[tuple[bytes, bytes | None]] = []
+    for aggregate_id, command_id, row in results:
+        key = _result_key(aggregate_id, command_id)
+        if txn.get(key) is not None:
+            continue
+        aid = aggregate_id.encode()
+        head = heads.get(aid)
+        if head is None:
+            raw = txn.get(_HEAD + aid)
+            head = heads[aid] = list(_HEADS.unpack(raw)) if raw is not None else [0, 0]
+        value = _SEQ.pack(head[1]) + row
+        txn.put(key, value)
+        txn.put(_order_key(aid, head[1]), command_id.encode())
+        changed.append((key, value))
+        head[1] += 1
+        while head[1] - head[0] > window:
+            order = _order_key(aid, head[0])
+            oldest = txn.get(order)
+            txn.delete(order)
+            if oldest is not None:
+                old_key = _RESULT + aid + _SEP + bytes(oldest)
+                txn.delete(old_key)
+                changed.append((old_key, None))
+            head[0] += 1
+    for aid, head in heads.items():
+        txn.put(_HEAD + aid, _HEADS.pack(*head))
+    return changed
 
 
 def _cost(key: bytes, value: bytes | None) -> int:

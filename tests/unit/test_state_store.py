@@ -23,9 +23,10 @@ def test_a_batch_written_twice_leaves_the_store_as_written_once(tmp_path):
     with StateStore(tmp_path / "once") as once, StateStore(tmp_path / "twice") as twice:
         for store, times in ((once, 1), (twice, 2)):
             for _ in range(times):
-                store.write(10, 4, _batch(50), {"acc-1": b'[["c1","accepted"]]'}, ["forged-1"])
+                store.write(10, 4, _batch(50), [("acc-1", "c1", b'["c1","accepted"]')], ["forged-1"])
         assert _contents(once) == _contents(twice)
-        assert once.positions() == (10, 4) and once.results("acc-1") == b'[["c1","accepted"]]'
+        assert once.positions() == (10, 4) and once.result("acc-1", "c1") == b'["c1","accepted"]'
+        assert once.window("acc-1") == twice.window("acc-1") == [("c1", b'["c1","accepted"]')]
         assert once.has_event_id("forged-1") and not once.has_event_id("forged-2")
 
 
@@ -87,7 +88,7 @@ def test_the_cache_stays_under_its_bound_with_many_keys(tmp_path):
         for i in range(0, 20_000, 7):
             assert store.state("account", f"acc-{i}") == b"x" * 300
             assert store.cached_bytes() <= bound
-        assert store.entries() == 20_001
+        assert store.entries() == 20_002  # the positions and the layout's key too
         assert 0 < store.cached_entries() <= bound // (300 + ENTRY_OVERHEAD)
         # The most recently read stay cached.
         assert store.state("account", "acc-19999") is not None
@@ -268,3 +269,34 @@ def test_payment_ids_live_in_the_store_index_not_in_the_state_and_duplicates_are
                                              loaded=load_snapshot(records, 0, window=3))
             assert _verdicts(restored, asked + ["p-late"]) == expected + ["DuplicatePayment"]
             assert b"p-7" not in fresh.state("account", "acc-1")
+
+
+def test_a_window_is_kept_per_entry_bounded_oldest_first_and_the_first_result_stays(tmp_path):
+    with StateStore(tmp_path / "s", cache_bytes=0) as store:
+        for i in range(5):
+            store.write(i + 1, i + 1, results=[("acc-1", f"c{i}", f'["c{i}",{i}]'.encode())], window=3)
+        assert store.window("acc-1") == [(f"c{i}", f'["c{i}",{i}]'.encode()) for i in (2, 3, 4)]
+        assert store.result("acc-1", "c1") is None and store.result("acc-1", "c4") == b'["c4",4]'
+        entries = store.entries()
+        # A later result of a command in the window changes nothing; one more command costs the same keys as
+        # the one it pushes out (its entry and its order key), not a rewrite of the window.
+        store.write(6, 6, results=[("acc-1", "c3", b'["c3","again"]'), ("acc-2", "x", b'["x"]')], window=3)
+        assert store.result("acc-1", "c3") == b'["c3",3]' and store.entries() == entries + 3  # acc-2's 2 + head
+        store.write(7, 7, results=[("acc-1", "c9", b'["c9"]')], window=3)
+        assert store.entries() == entries + 3
+        assert [c for c, _ in store.window("acc-1")] == ["c3", "c4", "c9"]
+        # The snapshot's cut gives each window whole, oldest first.
+        assert [(a, rows) for kind, _, a, rows in store.cut() if kind == "results"] == [
+            ("acc-1", [b'["c3",3]', b'["c4",4]', b'["c9"]']), ("acc-2", [b'["x"]'])]
+
+
+def test_a_store_of_an_older_layout_is_emptied_when_opened(tmp_path):
+    import lmdb
+
+    env = lmdb.open(str(tmp_path / "old"))
+    with env.begin(write=True) as txn:
+        txn.put(b"\x00positions", b"\x00" * 16)
+        txn.put(b"racc-1", b"a whole window")
+    env.close()
+    with StateStore(tmp_path / "old") as store:
+        assert store.positions() is None and store.entries() == 1  # its layout's key alone
