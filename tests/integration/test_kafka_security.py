@@ -4,7 +4,9 @@
 Proven here against the broker's real behaviour: a client without credentials and one with a wrong password are
 refused with one line naming the servers, the principal and the reason (also through the CLI); the roles'
 users are served; only the command handler's principal may write the events topic (a client's and a reader's
-records are refused by the broker, nothing lands); a command goes through the handler and its event is read by
+records are refused by the broker, nothing lands); every role against every topic (commands, events, command
+results, dead letters, snapshots), writing and reading: what its ACLs allow works, the rest is refused by the
+broker and nothing refused lands (one set of topics for the matrix, on this module's one broker); a command goes through the handler and its event is read by
 the reader's principal, with kafka-python and with Spark's Kafka source.
 """
 from __future__ import annotations
@@ -165,6 +167,79 @@ def test_only_the_handlers_principal_may_write_the_events_topic(secured):
     kafka_clients.produce(own, handler.events_topic, b"{}", b"probe")
     assert own.flush(30) == 0 and len(failures) == 1
     assert len(list(kafka_log.read_all(reader, reader.events_topic))) == 1
+
+
+# Every role against every topic eventlake uses (``kafka_log.topic_configs``), by the topic's name after the
+# prefix: what each role may write and read (event_store/kafka_access.py's table). Everything else is refused.
+TOPICS = ("commands", "events", "command-results", "dead-letters", "handler-snapshots")
+ALLOWED = {
+    "handler": {"write": {"events", "command-results", "dead-letters", "handler-snapshots"},
+                "read": {"commands", "events", "command-results", "dead-letters", "handler-snapshots"}},
+    "client": {"write": {"commands"}, "read": {"command-results", "events"}},
+    "reader": {"write": set(), "read": {"events", "dead-letters"}},
+}
+
+
+@pytest.fixture(scope="module")
+def matrix(secured_broker, tmp_path_factory):
+    """One set of topics and ACLs for the whole matrix, each topic holding one record the admin wrote (so that
+    a read has something to fetch: the broker checks READ when a client fetches)."""
+    settings = _settings_on(secured_broker, tmp_path_factory.mktemp("acl-matrix"))
+    admin = settings.for_role("admin")
+    assert set(kafka_log.topic_configs(settings)) == {settings.topic(t) for t in TOPICS}, \
+        "a topic without a row in ALLOWED: add it to the matrix"
+    failures = []
+    producer = kafka_clients.bulk_producer(admin, on_failed_delivery=lambda error, _: failures.append(error))
+    for topic in TOPICS:
+        kafka_clients.produce(producer, settings.topic(topic), b"{}", b"admin-probe")
+    assert producer.flush(30) == 0 and failures == []
+    return settings
+
+
+def _write(settings: Settings, topic: str, key: bytes) -> str | None:
+    """Produce one record as ``settings``' principal (a plain producer: the topic's WRITE is all it needs, where an
+    idempotent one also needs a producer id, which the broker gives only a principal allowed some write): None
+    when the broker took it, else the refusal's name."""
+    import kafka.errors
+
+    producer = kafka_log.make_producer(settings, enable_idempotence=False)
+    try:
+        producer.send(topic, key=key, value=b"{}").get(timeout=30)
+        return None
+    except kafka.errors.AuthorizationError as e:
+        return type(e).__name__
+    finally:
+        producer.close()
+
+
+def _read(settings: Settings, topic: str) -> int | str:
+    """Read ``topic`` from the beginning as ``settings``' principal: how many records, or the refusal's name."""
+    import kafka.errors
+
+    try:
+        return len(list(kafka_log.read_all(settings, topic)))
+    except kafka.errors.AuthorizationError as e:
+        return type(e).__name__
+
+
+@pytest.mark.parametrize("topic", TOPICS)
+@pytest.mark.parametrize("role", sorted(ALLOWED))
+def test_every_role_may_write_and_read_only_its_topics(matrix, role, topic):
+    settings = matrix.for_role(role)
+    assert settings.kafka_username == f"eventlake-{role}"
+    name = matrix.topic(topic)
+    may_write, may_read = topic in ALLOWED[role]["write"], topic in ALLOWED[role]["read"]
+    key = f"probe-{role}".encode()
+    written = _write(settings, name, key)
+    assert written == (None if may_write else "TopicAuthorizationFailedError"), (role, topic, written)
+    read = _read(settings, name)
+    if may_read:
+        assert isinstance(read, int) and read >= 1, (role, topic, read)  # the admin's record at least
+    else:
+        assert read == "TopicAuthorizationFailedError", (role, topic, read)
+    # Nothing refused landed; what was allowed did.
+    keys = [r.key for r in kafka_log.read_all(matrix.for_role("admin"), name)]
+    assert keys.count(key) == may_write, (role, topic, keys)
 
 
 def test_a_command_goes_through_the_handler_and_its_event_is_read_by_the_reader(secured, spark):
