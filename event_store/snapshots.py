@@ -188,7 +188,7 @@ class PartitionState:
         states, results = self.states, self.results
         meta = json.dumps({"events_since_snapshot": self.events_since_snapshot, "events_held": self.events_held,
                            "slot": self.slot, "manifest_offset": self.manifest_offset,
-                           "aggregates": states.count}).encode()
+                           "aggregates": states.count, "cached_bytes": states.cache.held}).encode()
         # Each state without its index keys (Domain.index_split: the account's payment ids), which are written
         # as keys of their own; the state kept in memory is the split one too.
         index: list[tuple[str, str, str]] = []

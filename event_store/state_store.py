@@ -28,6 +28,7 @@ Chosen over SQLite in WAL mode by bench/state_store.py (1M aggregates: 1.6x the 
 """
 from __future__ import annotations
 
+import json
 import struct
 import threading
 from collections import OrderedDict
@@ -36,7 +37,7 @@ from typing import Iterable, Iterator, Mapping
 
 import lmdb
 
-__all__ = ["StateStore", "store_path", "ENTRY_OVERHEAD"]
+__all__ = ["StateStore", "store_path", "store_figures", "status_lines", "ENTRY_OVERHEAD"]
 
 # Keys: one byte of kind, then the key's text. The positions' key sorts before all of them.
 _POSITIONS = b"\x00positions"
@@ -322,6 +323,50 @@ class StateStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def store_figures(path: Path | str) -> dict | None:
+    """What a partition's store at ``path`` holds, read without changing it (for ``eventlake status``): its size on
+    disk, entries, the positions it covers and the cache its handler held at its last write (``meta``'s
+    ``cached_bytes``), or None when there is no store there."""
+    path = Path(path)
+    if not (path / "data.mdb").exists():
+        return None
+    env = _open_env(path)
+    try:
+        with env.begin() as txn:
+            raw, meta = txn.get(_POSITIONS), txn.get(_META)
+        entries = env.stat()["entries"]
+    finally:
+        _close_env(path)
+    meta_fields = json.loads(bytes(meta)) if meta is not None else {}
+    return {"size_on_disk": sum(f.stat().st_size for f in path.iterdir() if f.is_file()), "entries": entries,
+            "positions": None if raw is None else struct.unpack(">qq", raw),
+            "cached_bytes": meta_fields.get("cached_bytes"), "aggregates": meta_fields.get("aggregates")}
+
+
+def status_lines(home: Path | str, events_topic: str) -> list[str]:
+    """One line per handler partition with a state store under ``home``: size on disk, entries, cached MB and the
+    log positions it covers (``eventlake status``)."""
+    root = Path(home) / "handler-state"
+    lines = []
+    prefix = f"{events_topic}-"
+    found = sorted((int(d.name[len(prefix):]), d) for d in root.glob(f"{prefix}*")
+                   if d.name[len(prefix):].isdigit()) if root.is_dir() else []
+    for partition, path in found:
+        figures = store_figures(path)
+        if figures is None:
+            continue
+        positions = figures["positions"]
+        covers = (f"covers events to offset {positions[0]:,}, results to {positions[1]:,}" if positions
+                  else "covers nothing yet")
+        cached = figures["cached_bytes"]
+        lines.append(f"handler state {events_topic}[{partition}]: {figures['size_on_disk'] / 2**20:,.1f} MiB on "
+                     f"disk, {figures['entries']:,} entries"
+                     + (f" ({figures['aggregates']:,} aggregates)" if figures["aggregates"] is not None else "")
+                     + (f", {cached / 2**20:,.1f} MiB cached" if cached is not None else "")
+                     + f", {covers} ({path})")
+    return lines
 
 
 def _empty(txn) -> None:

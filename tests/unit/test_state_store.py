@@ -300,3 +300,14 @@ def test_a_store_of_an_older_layout_is_emptied_when_opened(tmp_path):
     env.close()
     with StateStore(tmp_path / "old") as store:
         assert store.positions() is None and store.entries() == 1  # its layout's key alone
+
+
+def test_status_shows_each_partition_store_size_entries_cache_and_positions(tmp_path):
+    from event_store.state_store import status_lines
+
+    assert status_lines(tmp_path, "ev") == []
+    with StateStore(store_path(tmp_path, "ev", 1)) as store:
+        store.write(120, 45, _batch(3), meta=b'{"cached_bytes": 3145728, "aggregates": 3}')
+    lines = status_lines(tmp_path, "ev")
+    assert len(lines) == 1 and lines[0].startswith("handler state ev[1]: ")
+    assert "6 entries (3 aggregates), 3.0 MiB cached, covers events to offset 120, results to 45" in lines[0]
