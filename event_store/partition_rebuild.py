@@ -30,8 +30,8 @@ from event_store.snapshots import PartitionState, load_snapshot, segment_ranges
 from event_store.state_store import StateStore, store_path
 from lakehouse.settings import Settings
 
-__all__ = ["PartitionRebuilder", "RebuildStats", "RebuildCounts", "RebuildDeferred", "continue_waiting",
-           "FLUSH_EVERY"]
+__all__ = ["PartitionRebuilder", "RebuildStats", "RebuildCounts", "RebuildDeferred", "RetainedLogMissing",
+           "continue_waiting", "FLUSH_EVERY"]
 
 # During a long replay, what changed is written to the state store every so many records (with the positions
 # reached), so a rebuild's memory follows the cache rather than the log.
@@ -59,6 +59,12 @@ class RebuildCounts:
     unreadable_events: int = 0  # events records that could not be read (their aggregates are quarantined)
     repeated_events: int = 0  # an event id seen before, or an event at a version already taken (forged)
     unreadable_results: int = 0  # command-results records skipped
+
+
+class RetainedLogMissing(Exception):
+    """A partition's state cannot be rebuilt: what it would start from (its state store, its latest snapshot, or
+    nothing) covers the events log only up to an offset that retention has deleted since. Folding what is left
+    would give a partial state, so the handler refuses (docs/DESIGN.md, "After retention")."""
 
 
 class RebuildDeferred(Exception):
@@ -220,11 +226,14 @@ class PartitionRebuilder:
                 self.log(f"handler {self.instance_id}: partition {p}: the state store covers the log up to "
                          f"{positions}, the latest snapshot more ({snapshot_at}): restored from the snapshot")
         if from_store:
+            self._refuse_a_deleted_start(p, events_tp, positions[0], "its state store on this machine")
             part = PartitionState.stored(p, store, s.idempotency_window, cache_bytes)
             from_snapshot = False
         else:
             loaded = self._load_snapshot(p, ends[snapshots_tp]) if self.use_snapshots else None
             from_snapshot = loaded is not None
+            self._refuse_a_deleted_start(p, events_tp, loaded.events_offset if loaded else 0,
+                                         "its latest snapshot" if loaded else "the start of the log (no snapshot)")
             part = PartitionState.stored(p, store, s.idempotency_window, cache_bytes,
                                          loaded=loaded or PartitionState(p, window=s.idempotency_window))
         end = ends[events_tp]
@@ -345,6 +354,22 @@ class PartitionRebuilder:
         self.log(f"handler {self.instance_id}: unreadable events record {where}: {' or '.join(types)} "
                  f"{aggregate_id} quarantined until resolved (eventlake resolve-quarantine {aggregate_id} --record "
                  f"{where} --reason ...): {reason}")
+
+    def _refuse_a_deleted_start(self, p: int, events_tp: TopicPartition, start: int, source: str) -> None:
+        """RetainedLogMissing when the events log no longer holds offset ``start`` (retention deleted it), where a
+        rebuild from ``source`` would start reading: nothing may need an offset retention deleted."""
+        try:
+            earliest = self.reader.beginning_offsets([events_tp])[events_tp]
+        except KafkaError as e:
+            raise RebuildDeferred(f"the broker does not answer offset requests ({e!r})") from None
+        if start < earliest:
+            raise RetainedLogMissing(
+                f"handler {self.instance_id}: partition {p}: a rebuild from {source} must read {events_tp.topic} "
+                f"from offset {start}, but the log's earliest retained offset is {earliest}: offsets "
+                f"{start}..{earliest - 1} were deleted "
+                f"by retention, and folding the rest would give a partial state. Restore the partition from a "
+                f"snapshot at offset {earliest} or later (the snapshots topic, or a home whose state store covers "
+                f"it); the events topic must keep unlimited retention until one exists")
 
     def _snapshot_positions(self, p: int, end: int) -> tuple[int, int] | None:
         """The (events, results) offsets the latest snapshot of partition ``p`` covers, from its manifest alone

@@ -70,3 +70,37 @@ def test_a_restart_on_the_same_home_replays_only_the_tail_and_serves_states_from
     assert all(_answer(r) == _answer(originals[r.command_id]) for r in repeats)
     events = [EventEnvelope.from_json(r.value) for r in kafka_log.read_all(here, here.events_topic)]
     assert len(events) == events_at_store + tail_events
+
+
+def test_a_rebuild_that_would_need_offsets_retention_deleted_is_refused_naming_the_partition_and_offsets(settings):
+    from confluent_kafka import TopicPartition as Partition
+
+    from event_store.kafka_clients import admin_client
+    from event_store.partition_rebuild import RetainedLogMissing
+
+    here = settings.replace(snapshot_every_events=0)
+    kafka_log.ensure_topics(here, log=QUIET)
+    _send(here, list(generate_commands(GeneratorConfig(accounts=12, commands=90, seed=5, run_id="retained"))))
+    _handle_all(here)
+    # Retention deletes the oldest events of every partition (what delete-records does by hand).
+    ends = {p: n for p, n in _event_counts(here).items() if n > 1}
+    admin = admin_client(here)
+    futures = admin.delete_records([Partition(here.events_topic, p, n - 1) for p, n in ends.items()])
+    for future in futures.values():
+        future.result(30)
+    # The same home starts from its store, which covers the log to its end: nothing deleted is needed.
+    _handle_all(here)
+    # A fresh home with no snapshot would have to fold the events from offset 0: refused, not a partial state.
+    fresh = here.replace(home=settings.home.parent / "home-retained-fresh")
+    with pytest.raises(RetainedLogMissing) as refused:
+        _handle_all(fresh)
+    message = str(refused.value)
+    assert f"must read {here.events_topic} from offset 0" in message and "partition" in message
+    assert any(f"earliest retained offset is {n - 1}" in message for n in ends.values())
+
+
+def _event_counts(settings) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for record in kafka_log.read_all(settings, settings.events_topic):
+        counts[record.partition] = max(counts.get(record.partition, 0), record.offset + 1)
+    return counts
