@@ -11,6 +11,9 @@ fails at import.
 (``event_store.schemas`` and ``event_store.upcasting`` hand out these same dicts). :func:`register` and
 :func:`unregister` update them in place, so every module that imported them sees a domain registered later
 (a test's domain, say).
+
+A domain may also bring verbs of the ``eventlake`` command (``event_store.verbs.Verb``): ``VERBS`` holds them by
+aggregate type, and the CLI adds every one (the account's ``resolve-quarantine``, ``policy``, ``detect-fraud``).
 """
 from __future__ import annotations
 
@@ -18,14 +21,17 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
 
 from event_store import account, iot, site
+from event_store.account import verbs as account_verbs
 from event_store.domain import Domain, Upcaster
 from event_store.errors import InvalidRecord
 from event_store.fields import Field
+from event_store.verbs import Verb
 
 __all__ = ["DOMAINS", "COMMAND_TYPES", "EVENT_TYPES", "COMMANDS", "EVENTS", "EVENT_SCHEMA_VERSIONS", "UPCASTERS",
-           "register", "unregister", "registered", "domain_of", "route_command", "on_change"]
+           "VERBS", "register", "unregister", "registered", "domain_of", "route_command", "on_change", "verbs"]
 
 _BUILT_IN: tuple[Domain, ...] = (account.DOMAIN, iot.DOMAIN, site.DOMAIN)
+_BUILT_IN_VERBS: dict[str, tuple[Verb, ...]] = {account.DOMAIN.aggregate_type: account_verbs.VERBS}
 
 DOMAINS: dict[str, Domain] = {}
 COMMAND_TYPES: dict[str, str] = {}  # command type -> aggregate type
@@ -34,11 +40,13 @@ COMMANDS: dict[str, Mapping[str, Field]] = {}
 EVENTS: dict[str, Mapping[str, Field]] = {}
 EVENT_SCHEMA_VERSIONS: dict[str, int] = {}
 UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+VERBS: dict[str, tuple[Verb, ...]] = {}  # aggregate type -> the eventlake verbs its domain brings
 _LISTENERS: list[Callable[[], None]] = []
 
 
-def register(domain: Domain) -> None:
-    """Add ``domain``; ValueError when its aggregate type, or one of its command or event types, is taken."""
+def register(domain: Domain, verbs: tuple[Verb, ...] = ()) -> None:
+    """Add ``domain`` (and the ``eventlake`` verbs it brings); ValueError when its aggregate type, one of its
+    command or event types, or a verb's name is taken."""
     name = domain.aggregate_type
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"domain {domain!r}: aggregate_type must be a non-empty string")
@@ -55,7 +63,13 @@ def register(domain: Domain) -> None:
     strays = sorted(f"{t}@{v}" for t, v in domain.upcasters if t not in domain.events)
     if strays:
         raise ValueError(f"domain {name!r}: upcasters for event types it does not have: {', '.join(strays)}")
+    names = [v.name for v in verbs]
+    registered_verbs = {v.name for domain_verbs in VERBS.values() for v in domain_verbs}
+    taken = sorted({n for n in names if names.count(n) > 1 or n in registered_verbs})
+    if taken:
+        raise ValueError(f"domain {name!r}: verb(s) {', '.join(taken)} already registered")
     DOMAINS[name] = domain
+    VERBS[name] = tuple(verbs)
     COMMAND_TYPES.update(dict.fromkeys(domain.commands, name))
     EVENT_TYPES.update(dict.fromkeys(domain.events, name))
     COMMANDS.update(domain.commands)
@@ -68,6 +82,7 @@ def register(domain: Domain) -> None:
 def unregister(aggregate_type: str) -> None:
     """Remove a registered domain (tests register domains of their own and remove them again)."""
     domain = DOMAINS.pop(aggregate_type)
+    VERBS.pop(aggregate_type, None)
     for name in domain.commands:
         COMMAND_TYPES.pop(name, None)
         COMMANDS.pop(name, None)
@@ -105,6 +120,11 @@ def _changed() -> None:
         listener()
 
 
+def verbs() -> list[Verb]:
+    """Every registered domain's ``eventlake`` verbs, in the order of registration."""
+    return [verb for domain_verbs in VERBS.values() for verb in domain_verbs]
+
+
 def domain_of(aggregate_type: str | None) -> Domain | None:
     """The registered domain of ``aggregate_type``, or None."""
     return DOMAINS.get(aggregate_type)  # type: ignore[arg-type]
@@ -136,4 +156,4 @@ def _short(value: Any) -> str:
 
 
 for _domain in _BUILT_IN:
-    register(_domain)
+    register(_domain, _BUILT_IN_VERBS.get(_domain.aggregate_type, ()))

@@ -28,6 +28,7 @@ from event_store.envelope import CommandResult, EventEnvelope
 from event_store.errors import InvalidRecord
 from event_store.snapshots import PartitionState, load_snapshot, segment_ranges
 from event_store.state_store import StateStore, store_path
+from lakehouse.errors import Refused
 from lakehouse.settings import Settings
 
 __all__ = ["PartitionRebuilder", "RebuildStats", "RebuildCounts", "RebuildDeferred", "RetainedLogMissing",
@@ -61,7 +62,7 @@ class RebuildCounts:
     unreadable_results: int = 0  # command-results records skipped
 
 
-class RetainedLogMissing(Exception):
+class RetainedLogMissing(Refused):
     """A partition's state cannot be rebuilt: what it would start from (its state store, its latest snapshot, or
     nothing) covers the events log only up to an offset that retention has deleted since. Folding what is left
     would give a partial state, so the handler refuses (docs/DESIGN.md, "After retention")."""

@@ -15,7 +15,7 @@ from lakehouse.settings import Settings
 from spark_apps.events import read_event_records
 from spark_apps.spark_projection import bound_query_stop
 
-__all__ = ["STATE_STORE_CONF", "start_findings_query", "run_service"]
+__all__ = ["STATE_STORE_CONF", "start_findings_query", "run_service", "run_detector"]
 
 # Where per-aggregate state (and timers) live: RocksDB (off the JVM heap, so the driver's memory does not grow with
 # the number of aggregates; transformWithState requires it) with changelog checkpoints (a batch writes only the
@@ -56,21 +56,26 @@ def run_service(argv: list[str] | None, prog: str, description: str, label: str,
     """A detector's ``main``: ``--until-caught-up`` or a service that stops on SIGTERM within seconds."""
     import argparse
 
-    from lakehouse.signals import stop_requested_on_sigterm
-    from spark_apps.spark_projection import stop_query
-    from spark_apps.session import build_session
-
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--until-caught-up", action="store_true", help="process what the log holds now, then stop")
     args = parser.parse_args(argv)
-    settings = Settings.load(role="client")
+    return run_detector(Settings.load(role="client"), prog, label, command_type, make, args.until_caught_up)
+
+
+def run_detector(settings: Settings, prog: str, label: str, command_type: str,
+                 make: Callable[[object, Settings], object], until_caught_up: bool = False) -> int:
+    """Run the detector ``make`` builds until caught up or, as a service, until SIGTERM (``run_service`` and the
+    CLI's detector verbs)."""
     from event_store.kafka_access import check_access
+    from lakehouse.signals import stop_requested_on_sigterm
+    from spark_apps.session import build_session
+    from spark_apps.spark_projection import stop_query
 
     check_access(settings, timeout_s=5.0, require_answer=False)  # refused (SASL): one line, before Spark starts
     # Installed before the (slow) session start, so that a SIGTERM meanwhile is not lost either.
     stop_requested = stop_requested_on_sigterm()
     spark = build_session(settings, app_name=f"eventlake-{prog.replace('_', '-')}")
-    query = make(spark, settings).start(until_caught_up=args.until_caught_up)
+    query = make(spark, settings).start(until_caught_up=until_caught_up)
     try:
         # Checked every second, whatever the query waits for (the broker may be away): a batch cut short commits
         # nothing, and the next start redoes it from the checkpoint (its findings' command ids repeat).

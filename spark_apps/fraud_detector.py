@@ -18,10 +18,10 @@ from event_store.account import AGGREGATE_TYPE
 from event_store.account.fraud_rules import FraudState, Observation, detect, flag_command_id
 from lakehouse.settings import Settings
 from spark_apps import detector_app
-from spark_apps.detector_app import run_service, start_findings_query
+from spark_apps.detector_app import run_detector, run_service, start_findings_query
 from spark_apps.events import parse_events
 
-__all__ = ["FraudDetector", "main"]
+__all__ = ["FraudDetector", "main", "run_detection"]
 
 _INPUT_TYPES = ("PaymentAuthorized", "PaymentDeclined", "DeviceLocationReported")
 _OUTPUT_SCHEMA = ("account_id string, payment_id string, rule string, time_ms long, evidence string, "
@@ -87,6 +87,11 @@ class FraudDetector:
 
     def start(self, until_caught_up: bool = False):
         return start_findings_query(self, "fraud_detector", "fraud detector", until_caught_up, STATE_STORE_CONF)
+
+
+def run_detection(settings: Settings, until_caught_up: bool = False) -> int:
+    """Run the fraud detector (what ``main`` and the CLI run)."""
+    return run_detector(settings, "fraud_detector", "fraud detector", "FlagFraud", FraudDetector, until_caught_up)
 
 
 def main(argv: list[str] | None = None) -> int:

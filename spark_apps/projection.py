@@ -16,15 +16,12 @@ from spark_apps.python_projection import PythonProjection
 from spark_apps.spark_projection import ARCHIVE_STATS_COLUMNS, Projection, ProjectionError, ProjectionRun
 from spark_apps.spark_projection import spark_event_row_schema as _event_row_schema  # noqa: F401 -- bench/rebuild.py
 
-__all__ = ["Projection", "ProjectionError", "ProjectionRun", "ARCHIVE_STATS_COLUMNS", "main"]
+__all__ = ["Projection", "ProjectionError", "ProjectionRun", "ARCHIVE_STATS_COLUMNS", "main", "project"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """spark-submit entry point (also used by ``eventlake project``)."""
+    """spark-submit entry point: the arguments of :func:`project`."""
     import argparse
-
-    from lakehouse.signals import stop_requested_on_sigterm
-    from spark_apps.session import build_session
 
     parser = argparse.ArgumentParser(prog="projection", description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", help=f"read models and/or {ARCHIVE_TABLE} (default: all of "
@@ -35,20 +32,28 @@ def main(argv: list[str] | None = None) -> int:
                         help="python: run the queries in this process with DuckDB and delta-rs "
                              "(spark_apps.python_projection), handing batches off the common path to Spark")
     args = parser.parse_args(argv)
-    settings = Settings.load(role="reader")
+    return project(Settings.load(role="reader"), args.models, args.until_caught_up, args.engine)
+
+
+def project(settings: Settings, names: list[str], until_caught_up: bool = False, engine: str = "spark") -> int:
+    """Project the events into ``names`` (read models and/or event_archive; none: every read model and the archive)
+    with ``engine`` (python or spark), until caught up or, as a service, until SIGTERM; what ``main`` and
+    ``eventlake project`` run."""
     from event_store.kafka_access import check_access
+    from lakehouse.signals import stop_requested_on_sigterm
+    from spark_apps.session import build_session
 
     check_access(settings, timeout_s=5.0, require_answer=False)  # refused (SASL): one line, before Spark starts
-    names = [n for n in args.models if n != ARCHIVE_TABLE]
-    models = read_models.select(names) if names else ([] if args.models else None)
-    archive = not args.models or ARCHIVE_TABLE in args.models
+    models_named = [n for n in names if n != ARCHIVE_TABLE]
+    models = read_models.select(models_named) if models_named else ([] if names else None)
+    archive = not names or ARCHIVE_TABLE in names
     # Installed before the (slow) session start, so that a SIGTERM meanwhile is not lost either.
-    stop_requested = None if args.until_caught_up else stop_requested_on_sigterm()
-    if args.engine == "python":
-        return _run_python_engine(settings, models, archive, args.until_caught_up, stop_requested)
+    stop_requested = None if until_caught_up else stop_requested_on_sigterm()
+    if engine == "python":
+        return _run_python_engine(settings, models, archive, until_caught_up, stop_requested)
     spark = build_session(settings, app_name="eventlake-projection")
     projection = Projection(spark, settings, models, archive=archive)
-    if args.until_caught_up:
+    if until_caught_up:
         run = projection.run_until_caught_up()
         print(f"projection: caught up: {run.input_rows} events in {run.batches} batches, {run.seconds:.1f}s; "
               f"tables under {settings.warehouse}")

@@ -33,7 +33,7 @@ from spark_apps.rebuild_errors import RebuildError, RebuildFailed, RebuildRefuse
 __all__ = ["FoldTargets", "FoldStep", "FoldResult", "RebuildError", "RebuildFailed", "RebuildRefused", "RebuildOutcome",
            "BuildResult", "RebuildLock", "rebuild", "start_generation", "build_generation", "check_generation",
            "switch_generation", "airflow_owner", "lock_path", "warehouse_targets", "archive_position",
-           "catch_up_offsets", "fold_archive", "admit_archived", "read_archive", "insert_rows"]
+           "catch_up_offsets", "fold_archive", "admit_archived", "read_archive", "insert_rows", "rebuild_models"]
 
 # How a rebuild folds the archive (``fold_archive``'s ``engine``).
 REBUILD_ENGINES = ("duckdb", "spark")
@@ -781,12 +781,9 @@ def _abandon_quietly(catalog, name: str, number: int, by: str, reason: str, log:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """spark-submit entry point (also used by ``eventlake rebuild``): rebuild each named read model in turn; exit 1
-    when any of them failed its checks or could not start, after trying the others."""
+    """spark-submit entry point: the arguments of :func:`rebuild_models`."""
     import argparse
     import getpass
-
-    from spark_apps.session import build_session
 
     parser = argparse.ArgumentParser(prog="rebuild", description=rebuild.__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", help="read models to rebuild")
@@ -798,13 +795,20 @@ def main(argv: list[str] | None = None) -> int:
         by = args.by or getpass.getuser()
     except (KeyError, OSError):
         by = "operator"
-    settings = Settings.load()
+    return rebuild_models(Settings.load(), args.models, by=by, reason=args.reason, dry_run=args.dry_run)
+
+
+def rebuild_models(settings: Settings, names: list[str], by: str, reason: str = "", dry_run: bool = False) -> int:
+    """Rebuild each of ``names`` in turn (what ``main`` and ``eventlake rebuild`` run); 1 when any of them failed
+    its checks or could not start, after trying the others."""
+    from spark_apps.session import build_session
+
     spark = build_session(settings, app_name="eventlake-rebuild")
     failed = 0
     try:
-        for name in args.models:
+        for name in names:
             try:
-                outcome = rebuild(spark, settings, name, by=by, reason=args.reason, dry_run=args.dry_run)
+                outcome = rebuild(spark, settings, name, by=by, reason=reason, dry_run=dry_run)
             except RebuildError as e:
                 print(f"eventlake rebuild: {e}", file=sys.stderr)
                 for line in getattr(e, "lines", ()):

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import read_models
+from lakehouse.errors import Unavailable
 from lakehouse.settings import Settings
 from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Catalog, Generation, held_table, ledger_table
 from read_models.spec import ReadModel
@@ -40,7 +41,7 @@ __all__ = ["Projection", "ProjectionError", "ProjectionRun", "ARCHIVE_STATS_COLU
 ARCHIVE_STATS_COLUMNS = ("event_type", "aggregate_id", "occurred_at", "kafka_partition", "kafka_offset")
 
 
-class ProjectionError(RuntimeError):
+class ProjectionError(Unavailable, RuntimeError):
     """The projection cannot go on without a person deciding (e.g. a gap in the log)."""
 
 

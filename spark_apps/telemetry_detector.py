@@ -63,11 +63,11 @@ from event_store.iot.telemetry_rules import (Finding, Observation, TelemetryStat
                                              encode_state, flag_command_id, next_timer_ms, on_timer)
 from lakehouse.settings import Settings
 from spark_apps import detector_app
-from spark_apps.detector_app import run_service, start_findings_query
+from spark_apps.detector_app import run_detector, run_service, start_findings_query
 from spark_apps.events import parse_events
 
 __all__ = ["TelemetryDetector", "fold_rows", "WATERMARK_DELAY",
-           "STATE_STORE_CONF", "main"]
+           "STATE_STORE_CONF", "main", "run_detection"]
 
 _INPUT_TYPES = ("DeviceRegistered", "ReadingRecorded", "DeviceDecommissioned")
 _INPUT_COLUMNS = ("aggregate_version", "event_type", "reading_id", "value_milli", "range_min_milli",
@@ -186,6 +186,12 @@ class TelemetryDetector:
 
     def start(self, until_caught_up: bool = False):
         return start_findings_query(self, "telemetry_detector", "telemetry detector", until_caught_up, STATE_STORE_CONF)
+
+
+def run_detection(settings: Settings, until_caught_up: bool = False) -> int:
+    """Run the telemetry detector (what ``main`` and the CLI run)."""
+    return run_detector(settings, "telemetry_detector", "telemetry detector", "FlagTelemetryAnomaly",
+                        TelemetryDetector, until_caught_up)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -320,6 +320,7 @@ def _spark_entry_points() -> set[str]:
 
 
 def test_every_service_the_cli_runs_has_a_manifest():
+    import importlib
     import inspect
 
     services = _cli_services()
@@ -329,7 +330,14 @@ def test_every_service_the_cli_runs_has_a_manifest():
                 ["containers"]}
     spark_engines = set()  # Spark apps a service runs only when asked (--engine spark): spark-submit them
     for command, run in services.items():
-        spark_app = re.search(r"from spark_apps import (\w+)", inspect.getsource(run))
+        # The function the verb runs (a domain's verb names its own: event_store.verbs.Verb.run), and the Spark
+        # app it imports or asks the CLI to run.
+        target = run
+        if getattr(run, "verb", None) is not None:
+            module, _, function = run.verb.run.partition(":")
+            target = getattr(importlib.import_module(module), function)
+        found = re.search(r'from spark_apps(?:\.| import )(\w+)|run_spark_detector\("(\w+)"', inspect.getsource(target))
+        spark_app = found and re.match(r"(\w+)", found.group(1) or found.group(2))  # .group(1): the app
         if spark_app and _default_engine(command) != "python":
             assert f"{spark_app.group(1)}.py" in app_files, f"`eventlake {command}` has no SparkApplication"
         else:

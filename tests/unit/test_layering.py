@@ -409,7 +409,6 @@ TESTS_PRIVATE_IMPORTS_LEFT = {
     ("tests/unit/test_handler_core.py", "event_store.envelope", "_load_json"),
     ("tests/unit/test_handler_core.py", "event_store.decider", "_EVENT_ID_NAMESPACE"),
     ("tests/unit/test_fraud_consumer_core.py", "event_store.account.fraud_consumer", "_time_ms"),
-    ("tests/unit/test_snapshots_and_policy.py", "eventlake.cli", "_read_commands"),
     ("tests/unit/test_snapshots_and_policy.py", "event_store.client", "_needles"),
 }
 

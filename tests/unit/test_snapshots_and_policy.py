@@ -9,7 +9,7 @@ from event_store.envelope import CommandResult
 from event_store.decider import event_id_for, execute
 from event_store.account.policy import commands_for
 from event_store.snapshots import PartitionState, SnapshotWriter, load_snapshot, snapshot_records
-from eventlake.cli import _read_commands
+from eventlake.cli.common import read_commands
 from tests.unit.test_account import cmd, open_cmd
 
 Record = namedtuple("Record", "key value")
@@ -254,12 +254,12 @@ def test_the_policy_freezes_on_fraud_with_an_id_derived_from_the_event():
 @pytest.mark.parametrize("text, n", [('{"a": 1}', 1), ('[{"a": 1}, {"b": 2}]', 2), ('{"a": 1}\n\n{"b": 2}\n', 2),
                                      ("", 0)])
 def test_submit_reads_an_object_an_array_or_json_lines(text, n):
-    assert len(_read_commands(text, "x")) == n
+    assert len(read_commands(text, "x")) == n
 
 
 def test_submit_names_the_line_that_is_not_json():
     with pytest.raises(SystemExit, match="x line 2 is not JSON"):
-        _read_commands('{"a": 1}\n{nope\n', "x")
+        read_commands('{"a": 1}\n{nope\n', "x")
 
 
 def test_a_partition_is_snapshotted_after_every_events_or_a_quarter_of_what_it_holds():

@@ -1,0 +1,4 @@
+"""``python -m eventlake.cli``: the ``eventlake`` command."""
+from eventlake.cli import entry
+
+entry()

@@ -1,0 +1,78 @@
+"""The read side's running services: project, detect-anomalies, status; and the Spark detectors a domain's
+verb may run (:class:`SparkApps`). The one place the CLI imports the projection's engines."""
+from __future__ import annotations
+
+from eventlake.cli.common import require_broker
+from lakehouse.settings import Settings
+
+__all__ = ["ROLES", "add_verbs", "SparkApps"]
+
+# The Kafka principal each verb runs as when SASL is on (the others: admin); see eventlake.cli.roles.
+ROLES = {"detect-anomalies": "client", "project": "reader", "status": "reader"}
+
+
+def _cmd_project(settings: Settings, args) -> int:
+    from spark_apps.projection import project
+    from spark_apps.python_projection import default_engine
+
+    require_broker(settings)
+    engine = args.engine
+    if engine == "auto":
+        engine, why = default_engine(settings)
+        print(f"projection: engine {engine}: {why}", flush=True)
+    return project(settings, args.models, until_caught_up=args.until_caught_up, engine=engine)
+
+
+class SparkApps:
+    """The Spark detector apps a domain's verb may run (``event_store.verbs.VerbHost``)."""
+
+    def run_spark_detector(self, app: str, settings: Settings, until_caught_up: bool) -> int:
+        if app == "fraud_detector":
+            from spark_apps.fraud_detector import run_detection
+        elif app == "telemetry_detector":
+            from spark_apps.telemetry_detector import run_detection
+        else:
+            raise ValueError(f"no Spark detector app {app!r}; known: fraud_detector, telemetry_detector")
+        return run_detection(settings, until_caught_up=until_caught_up)
+
+
+def _cmd_detect_anomalies(settings: Settings, args) -> int:
+    require_broker(settings)
+    return SparkApps().run_spark_detector("telemetry_detector", settings, args.until_caught_up)
+
+
+def _cmd_status(settings: Settings, args) -> int:
+    from event_store.account.fraud_consumer import status_line
+    from spark_apps.status import log_end, render
+
+    print(render(settings))
+    from event_store.state_store import status_lines  # the handler's state store per partition (issue 42)
+    for line in status_lines(settings.home, settings.events_topic):
+        print(line)
+    detector = status_line(settings, log_end(settings))
+    if detector:
+        print(detector)
+    return 0
+
+
+def add_verbs(sub) -> None:
+    """Add this group's verbs to the ``eventlake`` parser's subparsers."""
+    p = sub.add_parser("project", help="run the projection into the Delta read models and the event archive")
+    p.add_argument("models", nargs="*", help="read model names and/or event_archive (default: all read models, "
+                                             "plus event_archive as a query of its own)")
+    p.add_argument("--until-caught-up", action="store_true", help="project what the log holds now, then stop")
+    p.add_argument("--engine", choices=("auto", "python", "spark"), default="auto",
+                   help="python: the queries run in this process by DuckDB and delta-rs, a live batch in tenths of a "
+                        "second, handing any batch off its common path (records that are not events, replays, "
+                        "version gaps) to the Spark query on the same checkpoint; spark: the Structured Streaming "
+                        "queries, seconds per batch; auto (default): python where it runs (local tables and "
+                        "checkpoints, no Spark cluster named), else spark")
+    p.set_defaults(run=_cmd_project)
+
+    p = sub.add_parser("detect-anomalies", help="run the telemetry detector (device events -> FlagTelemetryAnomaly "
+                                                "commands)")
+    p.add_argument("--until-caught-up", action="store_true", help="process what the log holds now, then stop")
+    p.set_defaults(run=_cmd_detect_anomalies)
+
+    p = sub.add_parser("status", help="per projection: lag, last batch and rate; per table: rows and Delta version")
+    p.set_defaults(run=_cmd_status)
