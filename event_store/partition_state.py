@@ -80,6 +80,10 @@ class PartitionState:
     slot: str | None = None
     # The offset of its latest snapshot's manifest on the snapshots partition, when known.
     manifest_offset: int | None = None
+    # The parts of its latest snapshot written since this state was rebuilt (event_store.snapshots: a full base,
+    # then the incremental snapshots after it, each {"snapshot_id", "prefix", "chunks", "first_offset",
+    # "end_offset"}), or None: the next snapshot is then a full base.
+    chain: list[dict] | None = None
     # The partition's state store (event_store.state_store) when ``states`` and ``results`` are read through it
     # (``stored``), else None (everything in the dicts above).
     store: Any = None
@@ -117,10 +121,10 @@ class PartitionState:
             for command_id, row in recent.items():
                 part.results.add(aggregate_id, command_id, result_row(row))
         part.waiting = loaded.waiting
-        part.flush()
+        part.flush(mark=False)  # in the snapshot it came from already: the next snapshot is a full base anyway
         return part
 
-    def flush(self) -> bool:
+    def flush(self, mark: bool = True) -> bool:
         """Write what changed since the last flush (states, windows, event ids) with the positions into the store
         in one transaction; called once the handler's Kafka transaction is committed (Kafka is the source of
         truth: an aborted batch never reaches here). Not while events wait after a gap (the store would cover
@@ -146,7 +150,7 @@ class PartitionState:
                     index += [(key[0], key[1], k) for k in keys]
         encoded_states = {key: dumps(DOMAINS[key[0]].encode_state(state)) for key, state in dirty.items()}
         if not store.write(self.events_offset, self.results_offset, encoded_states, results.added(),
-                           self.event_ids.unstored, meta=meta, index=index, window=self.window):
+                           self.event_ids.unstored, meta=meta, index=index, window=self.window, mark=mark):
             return False  # kept: written with the next flush (when this instance still owns the partition)
         states.written(encoded_states)
         results.dirty.clear()
@@ -223,6 +227,9 @@ class PartitionState:
         self.events_since_snapshot = max(0, self.events_since_snapshot - writer.events_counted)
         self.slot = writer.slot
         self.manifest_offset = writer.manifest_offset
+        self.chain = writer.chain
+        if writer.epoch is not None:
+            self.store.snapshot_done(writer.epoch)  # what it wrote is no longer a change for the next one
         self.flush()  # the store's bookkeeping names the slot the next snapshot must not write
 
     def remember_row(self, aggregate_id: str, row: list) -> None:

@@ -58,8 +58,12 @@ _CHUNK_BYTES = 512 * 1024  # well under the broker's default max.message.bytes (
 # 5: every event id; its snapshots would load them all again, so they are not loaded either.
 # 7: aggregates' index keys (the account's payment ids) as entries of their own beside the states (issue 42).
 # A format-6 snapshot holds the ids inside its states, which load the same way: it is still loaded.
-_FORMAT = 7
-_LOADABLE = (6, 7)
+# 8: incremental: a manifest lists its parts, a full base then the changes after it (module docstring).
+_FORMAT = 8
+_LOADABLE = (6, 7, 8)
+# A full base after this many incremental snapshots (so the keys on the compacted topic stay bounded: two slots
+# of a base and at most this many increments each).
+MAX_INCREMENTS = 8
 _INDEX_PER_ENTRY = 1_000  # index keys of one aggregate per snapshot entry
 _IDS_PER_ENTRY = 10_000
 # What one step of a snapshot encodes and commits while the handler takes no command: ~2 MB is tens of ms.
@@ -110,8 +114,20 @@ class SnapshotWriter:
         self.first_offset: int | None = None  # of this snapshot's first record
         self.manifest_offset: int | None = None  # of its manifest, once written
         self.done = False
+        self.epoch: int | None = None
+        # Incremental when this instance wrote a complete snapshot since its rebuild (its chain) and the chain is
+        # short enough; else a full base in the other slot.
+        self.incremental = (part.store is not None and part.chain is not None
+                            and len(part.chain) <= MAX_INCREMENTS)
+        if self.incremental:
+            self.slot = part.slot
+            self.prefix = f"{self.partition}/{self.slot}/d{len(part.chain)}"
+        else:
+            self.prefix = f"{self.partition}/{self.slot}"
         if part.store is not None:  # the store's cut: states and windows as they are now, already encoded
-            self._units = self._encoded(_entries_of_cut(part.store.cut()))
+            self.epoch = part.store.begin_snapshot()
+            cut = part.store.changes(self.epoch) if self.incremental else part.store.cut()
+            self._units = self._encoded(_entries_of_cut(cut))
         else:
             self._units = self._encoded(_entries_of(list(part.states.items()), list(part.results), part.results))
         self._step: list[tuple[bytes, bytes]] | None = None  # the step given and not yet committed
@@ -133,7 +149,7 @@ class SnapshotWriter:
                     for i, piece in enumerate(pieces)], {"id": segment_id, "records": len(pieces), "ids": stop - start})
         head = b'{"snapshot_id":' + dumps(self.snapshot_id) + b',"entries":['
         for chunk in _packed(entries, _CHUNK_BYTES):
-            yield [(f"{p}/{self.slot}/{self.chunks}".encode(), head + b",".join(chunk) + b"]}")], None
+            yield [(f"{self.prefix}/{self.chunks}".encode(), head + b",".join(chunk) + b"]}")], None
             self.chunks += 1
 
     def step(self, budget: int | None = STEP_BYTES) -> list[tuple[bytes, bytes]]:
@@ -165,9 +181,17 @@ class SnapshotWriter:
         self._step = records
         return records
 
+    @property
+    def chain(self) -> list[dict]:
+        """The parts of this snapshot: its base and increments before it (when incremental), then itself."""
+        own = {"snapshot_id": self.snapshot_id, "prefix": self.prefix, "chunks": self.chunks,
+               "first_offset": self.first_offset, "end_offset": self.manifest_offset}
+        return [*(self.part.chain if self.incremental else ()), own]
+
     def _manifest_value(self) -> dict:
         return {"snapshot_id": self.snapshot_id, "format": _FORMAT, "partition": self.partition, "slot": self.slot,
-                "chunks": self.chunks, "first_offset": self.first_offset, "events_offset": self.events_offset,
+                "chunks": self.chunks, "parts": self.chain, "incremental": self.incremental,
+                "first_offset": self.first_offset, "events_offset": self.events_offset,
                 "results_offset": self.results_offset, "aggregates": self.aggregate_count,
                 "event_ids": self.event_id_count, "events_held": self.events_held, "id_segments": [*self.part.id_segments, *self.segments]}
 
@@ -258,6 +282,8 @@ def segment_ranges(manifest: dict, manifest_offset: int) -> list[tuple[int, int]
     but its own retried steps), and each earlier id segment; overlapping ranges merged."""
     first = manifest.get("first_offset")
     ranges = [(first if first is not None else manifest_offset, manifest_offset + 1)]
+    ranges += [(piece["first_offset"], piece["end_offset"] + 1) for piece in manifest.get("parts", [])
+               if piece.get("first_offset") is not None and piece.get("end_offset") is not None]
     ranges += [(seg["offset"], seg["offset"] + seg["records"]) for seg in manifest.get("id_segments", [])]
     merged: list[tuple[int, int]] = []
     for start, stop in sorted(ranges):
@@ -300,28 +326,44 @@ def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionSt
                 part.event_ids.load(ids)
         part.id_segments.append(segment)
     part.slot, part.manifest_offset = manifest["slot"], manifest_offset
-    for i in range(manifest["chunks"]):
-        chunk = json.loads(latest.get(f"{partition}/{part.slot}/{i}", b"{}"))
-        if chunk.get("snapshot_id") != snapshot_id:
-            raise InvalidRecord(f"snapshot {snapshot_id} of partition {partition}: chunk {i} is "
-                                f"missing or from another snapshot; delete the snapshot key to rebuild from the log")
-        for entry in chunk["entries"]:
-            if "state" in entry:
-                aggregate_type = entry["aggregate_type"]
-                domain = DOMAINS.get(aggregate_type)
-                if domain is None:
-                    raise InvalidRecord(f"snapshot {snapshot_id} of partition {partition}: aggregate "
-                                        f"type {aggregate_type!r} is not registered here (known: "
-                                        f"{', '.join(DOMAINS)}); the partition is rebuilt from the log")
-                part.states[(aggregate_type, entry["aggregate_id"])] = domain.decode_state(entry["state"])
-            elif "index" in entry:
-                key = (entry["aggregate_type"], entry["aggregate_id"])
-                known = DOMAINS[key[0]].index_known
-                state = part.state(*key)
-                for index_key in entry["index"]:
-                    state = known(state, index_key)
-                part.states[key] = state
-            else:
-                for row in entry["results"]:
-                    part.remember_row(entry["aggregate_id"], row)
+    # Format 8: a full base, then the increments after it, in order; older formats: one full snapshot.
+    parts = manifest.get("parts") or [{"snapshot_id": snapshot_id, "prefix": f"{partition}/{part.slot}",
+                                       "chunks": manifest["chunks"]}]
+    index: dict[tuple[str, str], list[str]] = {}
+    for piece in parts:
+        for i in range(piece["chunks"]):
+            chunk = json.loads(latest.get(f"{piece['prefix']}/{i}", b"{}"))
+            if chunk.get("snapshot_id") != piece["snapshot_id"]:
+                raise InvalidRecord(f"snapshot {snapshot_id} of partition {partition}: chunk {i} of part "
+                                    f"{piece['snapshot_id']} is missing or from another snapshot; delete the "
+                                    f"snapshot key to rebuild from the log")
+            _load_entries(part, chunk["entries"], index, f"snapshot {snapshot_id} of partition {partition}")
+    for key, keys in index.items():  # the index keys last: a later part's state replaces an earlier one whole
+        known = DOMAINS[key[0]].index_known
+        state = part.state(*key)
+        for index_key in keys:
+            state = known(state, index_key)
+        part.states[key] = state
     return part
+
+
+def _load_entries(part: PartitionState, entries: list, index: dict, what: str) -> None:
+    """One chunk's entries into ``part`` (states replaced, windows replaced whole) and ``index`` (keys added)."""
+    replaced: set[str] = set()
+    for entry in entries:
+        if "state" in entry:
+            aggregate_type = entry["aggregate_type"]
+            domain = DOMAINS.get(aggregate_type)
+            if domain is None:
+                raise InvalidRecord(f"{what}: aggregate type {aggregate_type!r} is not registered here (known: "
+                                    f"{', '.join(DOMAINS)}); the partition is rebuilt from the log")
+            part.states[(aggregate_type, entry["aggregate_id"])] = domain.decode_state(entry["state"])
+        elif "index" in entry:
+            index.setdefault((entry["aggregate_type"], entry["aggregate_id"]), []).extend(entry["index"])
+        else:
+            aggregate_id = entry["aggregate_id"]
+            if aggregate_id not in replaced:  # an increment's window is the whole window as it was then
+                replaced.add(aggregate_id)
+                part.results.pop(aggregate_id, None)
+            for row in entry["results"]:
+                part.remember_row(aggregate_id, row)

@@ -53,6 +53,12 @@ _HEADS = struct.Struct(">QQ")
 # The store's layout: a store of another one (or of none: before payment ids and windows per entry) is emptied
 # when opened, and its partition comes from the latest snapshot and the log once (docs/DESIGN.md).
 _FORMAT_KEY = b"\x00format"
+# Incremental snapshots (event_store.snapshots): each write also marks what it changed, ``d`` + ``s`` key of a
+# state, ``d`` + ``p`` key of an index key, ``d`` + ``w`` + aggregate id of a window, with the store's snapshot
+# epoch (``_EPOCH``). A snapshot starts by moving the epoch on (``begin_snapshot``) and writes what is marked with
+# an older one (``changes``); once its manifest is committed, those marks go (``snapshot_done``).
+_MARK, _MARK_WINDOW = b"d", b"w"
+_EPOCH = b"\x00epoch"
 _FORMAT = b"2"
 _SEP = b"\x00"
 # What a cached entry costs beyond its encoded value (the dict slot, the key, the bytes object's header).
@@ -232,6 +238,68 @@ class StateStore:
             except lmdb.Error:  # the environment was closed first (the handler closed mid-snapshot)
                 pass
 
+    def begin_snapshot(self) -> int:
+        """Move the snapshot epoch on: what is marked until now (the epoch returned, or older) is what a snapshot
+        beginning now writes as its changes; later writes are marked for the next one."""
+        with self._env.begin(write=True) as txn:
+            epoch = _SEQ.unpack(txn.get(_EPOCH) or _SEQ.pack(0))[0]
+            txn.put(_EPOCH, _SEQ.pack(epoch + 1))
+        return epoch
+
+    def snapshot_done(self, epoch: int) -> int:
+        """A snapshot begun at ``epoch`` is committed: the marks of ``epoch`` and older go; how many."""
+        gone = 0
+        with self._env.begin(write=True) as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(_MARK):
+                while cursor.key().startswith(_MARK):
+                    if _SEQ.unpack(cursor.value())[0] <= epoch:
+                        gone += 1
+                        if not cursor.delete():
+                            break
+                    elif not cursor.next():
+                        break
+        return gone
+
+    def changes(self, epoch: int) -> Iterator[tuple[str, str | None, str, object]]:
+        """What changed since the last committed snapshot (marked at ``epoch`` or older), as it is now, in the
+        form of ``cut`` (states, then index keys, then whole windows), read in one transaction begun here."""
+        return self._changes(self._env.begin(), epoch)
+
+    @staticmethod
+    def _changes(txn, epoch: int) -> Iterator[tuple[str, str | None, str, object]]:
+        try:
+            for kind, prefix in (("state", _STATE), ("index", _INDEX), ("results", _MARK_WINDOW)):
+                cursor = txn.cursor()
+                head = _MARK + prefix
+                if not cursor.set_range(head):
+                    continue
+                for key, value in cursor:
+                    if not key.startswith(head):
+                        break
+                    if _SEQ.unpack(value)[0] > epoch:
+                        continue
+                    rest = bytes(key[2:])
+                    if kind == "results":
+                        aggregate_id = rest.decode()
+                        yield kind, None, aggregate_id, [row for _, _, row in _window_of(txn, _ORDER + rest + _SEP)]
+                        continue
+                    if kind == "state":
+                        raw = txn.get(bytes(key[1:]))
+                        if raw is None:
+                            continue
+                        aggregate_type, _, aggregate_id = rest.partition(_SEP)
+                        yield kind, aggregate_type.decode(), aggregate_id.decode(), bytes(raw)
+                    else:
+                        aggregate_type, _, rest = rest.partition(_SEP)
+                        aggregate_id, _, index_key = rest.partition(_SEP)
+                        yield kind, aggregate_type.decode(), aggregate_id.decode(), index_key
+        finally:
+            try:
+                txn.abort()
+            except lmdb.Error:
+                pass
+
     def _get(self, key: bytes) -> bytes | None:
         cache = self._cache
         if key in cache:
@@ -245,7 +313,8 @@ class StateStore:
     # Writing --------------------------------------------------------------------------------------------------
     def write(self, events_offset: int, results_offset: int, states: Mapping[tuple[str, str], bytes] = {},
               results: Iterable[tuple[str, str, bytes]] = (), event_ids: Iterable[str] = (),
-              meta: bytes | None = None, index: Iterable[tuple[str, str, str]] = (), window: int = 100) -> bool:
+              meta: bytes | None = None, index: Iterable[tuple[str, str, str]] = (), window: int = 100,
+              mark: bool = True) -> bool:
         """Put a batch's changed states, results (each (aggregate id, command id, row) added to its aggregate's
         idempotency window unless the command is in it already, the oldest entry dropped past ``window``), index keys ((aggregate type, aggregate id, key), each a key of
         its own) and event ids, and the positions they cover (and ``meta``, the
@@ -264,6 +333,14 @@ class StateStore:
                     return False
             for key, value in puts:
                 txn.put(key, value)
+            results = list(results)
+            if mark:  # what the next incremental snapshot writes (module docstring of event_store.snapshots)
+                epoch = txn.get(_EPOCH) or _SEQ.pack(0)
+                for key, _ in puts:
+                    if key[:1] in (_STATE, _INDEX):
+                        txn.put(_MARK + key, epoch)
+                for aggregate_id in {r[0] for r in results}:
+                    txn.put(_MARK + _MARK_WINDOW + aggregate_id.encode(), epoch)
             puts += _add_results(txn, results, window)
             txn.put(_POSITIONS, struct.pack(">qq", events_offset, results_offset))
             if meta is not None:

@@ -88,7 +88,7 @@ def test_the_cache_stays_under_its_bound_with_many_keys(tmp_path):
         for i in range(0, 20_000, 7):
             assert store.state("account", f"acc-{i}") == b"x" * 300
             assert store.cached_bytes() <= bound
-        assert store.entries() == 20_002  # the positions and the layout's key too
+        assert store.entries() == 40_002  # each state marked for the next snapshot, the positions, the layout
         assert 0 < store.cached_entries() <= bound // (300 + ENTRY_OVERHEAD)
         # The most recently read stay cached.
         assert store.state("account", "acc-19999") is not None
@@ -281,9 +281,9 @@ def test_a_window_is_kept_per_entry_bounded_oldest_first_and_the_first_result_st
         # A later result of a command in the window changes nothing; one more command costs the same keys as
         # the one it pushes out (its entry and its order key), not a rewrite of the window.
         store.write(6, 6, results=[("acc-1", "c3", b'["c3","again"]'), ("acc-2", "x", b'["x"]')], window=3)
-        assert store.result("acc-1", "c3") == b'["c3",3]' and store.entries() == entries + 3  # acc-2's 2 + head
+        assert store.result("acc-1", "c3") == b'["c3",3]' and store.entries() == entries + 4  # acc-2's 2, head, mark
         store.write(7, 7, results=[("acc-1", "c9", b'["c9"]')], window=3)
-        assert store.entries() == entries + 3
+        assert store.entries() == entries + 4
         assert [c for c, _ in store.window("acc-1")] == ["c3", "c4", "c9"]
         # The snapshot's cut gives each window whole, oldest first.
         assert [(a, rows) for kind, _, a, rows in store.cut() if kind == "results"] == [
@@ -310,4 +310,76 @@ def test_status_shows_each_partition_store_size_entries_cache_and_positions(tmp_
         store.write(120, 45, _batch(3), meta=b'{"cached_bytes": 3145728, "aggregates": 3}')
     lines = status_lines(tmp_path, "ev")
     assert len(lines) == 1 and lines[0].startswith("handler state ev[1]: ")
-    assert "6 entries (3 aggregates), 3.0 MiB cached, covers events to offset 120, results to 45" in lines[0]
+    assert "9 entries (3 aggregates), 3.0 MiB cached, covers events to offset 120, results to 45" in lines[0]
+
+
+def _write_snapshot(part, records: list) -> object:
+    """One snapshot of ``part`` written to ``records`` (offsets following on), its manifest committed."""
+    from event_store.snapshots import SnapshotWriter
+
+    writer = SnapshotWriter(part)
+    offset = records[-1].offset + 2 if records else 0
+    while not writer.done:
+        for key, value in writer.step(3000):
+            writer.delivered(key, offset)
+            records.append(_Record(key, value, offset))
+            offset += 1
+        offset += 1
+        assert writer.step_written()
+    part.snapshot_written(writer)
+    return writer
+
+
+def test_an_incremental_snapshot_writes_only_what_changed_and_restores_the_same_state(tmp_path):
+    from event_store.account import AccountState, evolve
+    from event_store.domain import NewEvent
+    from event_store.envelope import CommandResult
+    from event_store.snapshots import MAX_INCREMENTS, PartitionState, load_snapshot, segment_ranges
+
+    def pay(part, aid, payment_id):
+        part.states[("account", aid)] = evolve(part.state("account", aid), NewEvent(
+            "PaymentAuthorized", {"payment_id": payment_id, "amount_minor": 1}, "t"))
+        part.remember(CommandResult(f"c-{payment_id}", aid, "accepted", 1, (), recorded_at="t"))
+
+    with StateStore(tmp_path / "s", cache_bytes=0) as store:
+        part = PartitionState.stored(0, store, window=3, cache_bytes=1 << 20, loaded=PartitionState(0, window=3))
+        for i in range(50):
+            part.states[("account", f"acc-{i}")] = AccountState(f"acc-{i}", version=1, opened=True, currency="USD",
+                                                               credit_limit_minor=10 ** 6)
+            pay(part, f"acc-{i}", f"p-{i}-0")
+        part.flush()
+        records: list = []
+        base = _write_snapshot(part, records)
+        assert not base.incremental and base.chunks > 0
+        base_records = len(records)
+        # Two accounts change (a payment each, their windows roll past the bound), then an increment.
+        for j in range(1, 5):
+            pay(part, "acc-3", f"p-3-{j}")
+        pay(part, "acc-7", "p-7-1")
+        part.events_offset = 40
+        part.flush()
+        increment = _write_snapshot(part, records)
+        assert increment.incremental and increment.slot == base.slot
+        written = b"".join(r.value for r in records[base_records:] if b"/d1/" in r.key)
+        assert b'"acc-3"' in written and b'"acc-7"' in written and b'"acc-8"' not in written
+        assert len(written) < sum(len(r.value) for r in records[:base_records]) / 5
+        # Restored from the topic (only the ranges the manifest names): the same answers as the live state.
+        manifest = records[-1]
+        wanted = [r for r in records if any(a <= r.offset < b for a, b in
+                                            segment_ranges(json.loads(manifest.value), manifest.offset))]
+        back = load_snapshot(wanted, 0, window=3)
+        assert back.events_offset == 40
+        with StateStore(tmp_path / "fresh", cache_bytes=0) as fresh:
+            restored = PartitionState.stored(0, fresh, window=3, cache_bytes=0, loaded=back)
+            for i in range(50):
+                aid = f"acc-{i}"
+                assert restored.state("account", aid) == part.state("account", aid)
+                assert fresh.window(aid) == store.window(aid)
+                assert fresh.has_index("account", aid, f"p-{i}-0")
+            assert [c for c, _ in fresh.window("acc-3")] == ["c-p-3-2", "c-p-3-3", "c-p-3-4"]
+            assert fresh.has_index("account", "acc-3", "p-3-4") and fresh.has_index("account", "acc-7", "p-7-1")
+        # Nothing changed: an empty increment; after MAX_INCREMENTS of them, a full base in the other slot.
+        for _ in range(MAX_INCREMENTS - 1):
+            assert _write_snapshot(part, records).incremental
+        again = _write_snapshot(part, records)
+        assert not again.incremental and again.slot != base.slot
