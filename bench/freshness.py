@@ -267,36 +267,36 @@ _RAPID_EVIDENCE = re.compile(r"payment (\S+) [0-9.]+s apart$")
 
 def batches(settings: Settings, since: float, until: float) -> list[tuple[int, int, float]]:
     """The read models projection's batches committed in [since, until]: (batch id, events, seconds)."""
-    from spark_apps.status import _batches, _offsets
+    from projection_core import checkpoint as log
 
     out = []
     for checkpoint in settings.checkpoints.glob("projection-*"):
         if checkpoint.name == "projection-event_archive":  # the archive's query: not a read model's
             continue
-        commits = _batches(checkpoint / "commits")
+        commits = log.committed_batches(checkpoint)
         for before, batch in zip([None, *commits], commits):  # the first batch starts at offset 0 (a new topic)
             if before is None and batch != 0:
                 continue  # its predecessor's files are cleaned up already (the last 100 batches are kept)
-            done = (checkpoint / "commits" / str(batch)).stat().st_mtime
+            done = log.committed_at(checkpoint, batch).timestamp()
             if since <= done <= until:
-                started = (checkpoint / "offsets" / str(batch)).stat().st_mtime
-                size = (_offsets(checkpoint, batch, settings.events_topic)
-                        - (0 if before is None else _offsets(checkpoint, before, settings.events_topic)))
+                started = log.planned_at(checkpoint, batch).timestamp()
+                size = (log.offsets_total(checkpoint, batch, settings.events_topic)
+                        - (0 if before is None else log.offsets_total(checkpoint, before, settings.events_topic)))
                 out.append((batch, size, done - started))
     return sorted(out)
 
 
 def read_models_offsets(settings: Settings) -> int:
     """The offsets the read models' projection has committed, summed over the topic's partitions (0 before)."""
-    from spark_apps.status import _batches, _offsets
+    from projection_core import checkpoint as log
 
     best = 0
     for checkpoint in settings.checkpoints.glob("projection-*"):
         if checkpoint.name == "projection-event_archive":
             continue
-        commits = _batches(checkpoint / "commits")
-        if commits:
-            best = max(best, _offsets(checkpoint, commits[-1], settings.events_topic))
+        last = log.last_committed_batch(checkpoint)
+        if last is not None:
+            best = max(best, log.offsets_total(checkpoint, last, settings.events_topic))
     return best
 
 

@@ -95,7 +95,7 @@ def _last_projection_write(path: Path, version: int, look_back: int = 500) -> tu
 def _snapshots(settings: Settings, names: tuple[str, ...], optional: tuple[str, ...] = ()):
     """({name: DeltaTable at one version}, position in words, None) when the tables stand at the same log
     position, else ({}, "", why not). ``optional`` tables may be missing (read as empty)."""
-    from expectations.reconciliation import batch_offsets, last_committed_batch
+    from projection_core.checkpoint import batch_offsets, last_committed_batch
 
     paths = _physical_paths(settings, (*names, *optional))
     missing = [n for n in names if not (paths[n] / "_delta_log").is_dir()]

@@ -16,20 +16,17 @@ The entry point that chooses between this engine and the Python one (``spark_app
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
-import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-import read_models
-from lakehouse.errors import Unavailable
 from lakehouse.settings import Settings
-from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Catalog, Generation, held_table, ledger_table
+from projection_core.errors import ProjectionError, ProjectionRun
+from projection_core.plan import ARCHIVE, ARCHIVE_STATS_COLUMNS, DEAD_LETTERS, HELD, LEDGER, ProjectionPlan
+from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Generation
 from read_models.spec import ReadModel
 from spark_apps.events import check_records, parse_events, read_event_records, split_checked
 from spark_apps.merge import EVENT_TIME_FORMAT, BatchContext, apply, bookkeeping_tables, ensure_table
@@ -37,26 +34,6 @@ from spark_apps import sequence
 
 __all__ = ["Projection", "ProjectionError", "ProjectionRun", "ARCHIVE_STATS_COLUMNS", "QUERY_STOP_TIMEOUT_S",
            "bound_query_stop", "stop_query", "dead_letter_schema", "spark_event_row_schema"]
-
-ARCHIVE_STATS_COLUMNS = ("event_type", "aggregate_id", "occurred_at", "kafka_partition", "kafka_offset")
-
-
-class ProjectionError(Unavailable, RuntimeError):
-    """The projection cannot go on without a person deciding (e.g. a gap in the log)."""
-
-
-@dataclass
-class ProjectionRun:
-    batches: int = 0
-    input_rows: int = 0
-    seconds: float = 0.0
-    batch_ms: list = field(default_factory=list)  # each batch's time in foreachBatch (its addBatch duration)
-    step_seconds: dict = field(default_factory=dict)  # summed over the batches: where the time went
-
-    @property
-    def rows_per_second(self) -> float:
-        return self.input_rows / self.seconds if self.seconds else 0.0
-
 
 class Projection:
     """The read models' streaming query, and (``archive=True``, the default when no models are named) the
@@ -75,17 +52,13 @@ class Projection:
         # for the earliest; every partition of the topic): a rebuild's catch-up after its fold of the archive.
         self.starting_offsets = starting_offsets
         self.settings = settings
-        self.archive = models is None if archive is None else archive
-        self.models = read_models.select(None) if models is None else models
         self.log = log
-        names = "+".join(m.name for m in self.models)
-        self.name = f"projection-{names}" if checkpoint is None else str(checkpoint.relative_to(settings.checkpoints))
-        self.checkpoint = settings.checkpoints / self.name
-        self.catalog = Catalog(settings)
-        self.pinned = dict(generations) if generations is not None else None
+        self.plan = ProjectionPlan(settings, models, archive=archive, generations=generations, checkpoint=checkpoint,
+                                   log=log)
+        self.archive, self.models, self.name = self.plan.archive, self.plan.models, self.plan.name
+        self.checkpoint, self.archive_checkpoint = self.plan.checkpoint, self.plan.archive_checkpoint
+        self.catalog, self.pinned = self.plan.catalog, self.plan.pinned
         self._ensured: set[tuple[str, int]] = set()  # (model, generation) whose tables exist
-        self._written: dict[str, tuple[int, ...]] = {}  # model -> the generations the last batch wrote
-        self.archive_checkpoint = settings.checkpoints / f"projection-{ARCHIVE_TABLE}"
         self.queries: list = []
         self._tables_ready = False
         self.step_seconds: dict[str, float] = {}
@@ -94,12 +67,9 @@ class Projection:
     def ensure_tables(self) -> None:
         """Create every table this projection writes, empty, if missing (readers never see a missing table)."""
         event_rows = spark_event_row_schema(self.spark)
-        tables = {DEAD_LETTER_TABLE: (dead_letter_schema(), None)}
-        if self.archive:
-            tables[ARCHIVE_TABLE] = (event_rows, ARCHIVE_STATS_COLUMNS)
-        if self.models:
-            tables[ledger_table(self.name)] = (sequence.ledger_schema(), ("aggregate_id",))
-            tables[held_table(self.name)] = (event_rows, None)
+        schemas = {DEAD_LETTERS: (dead_letter_schema(), None), ARCHIVE: (event_rows, ARCHIVE_STATS_COLUMNS),
+                   LEDGER: (sequence.ledger_schema(), ("aggregate_id",)), HELD: (event_rows, None)}
+        tables = {name: schemas[kind] for name, kind in self.plan.fixed_tables().items()}
         _upgrade_dead_letter_table(self.spark, self.settings.table_path(DEAD_LETTER_TABLE), self.log)
         for name, (schema, stats_columns) in tables.items():
             ensure_table(self.spark, self.settings.table_path(name), schema, stats_columns)
@@ -119,54 +89,19 @@ class Projection:
             self._ensured.add((model.name, generation.number))
 
     def _resolve(self) -> dict[str, list[Generation]]:
-        """The generations to write, per model: the pinned one, or the current one followed by those the catalog
-        says the live projection follows (a rebuild's ready generation, the rollback target). One small read."""
-        if self.pinned is not None:
-            return {m.name: [self.pinned.get(m.name) or self.catalog.current(m.name)] for m in self.models}
-        states = self.catalog.states([m.name for m in self.models])
-        return {name: [s.generations[n] for n in (s.current, *s.followed)] for name, s in states.items()}
+        return self.plan.resolve()
 
     def _units(self, generations: Mapping[str, list[Generation]]) -> list[tuple[ReadModel, Generation]]:
-        """(model, generation) pairs a batch writes, the current generations first."""
-        return [(m, g) for m in self.models for g in generations[m.name]]
+        return self.plan.units(generations)
 
     def _generations_for_batch(self, spark, batch_id: int) -> dict[str, list[Generation]]:
-        """The generations batch ``batch_id`` writes, resolved once: a re-run of the batch (after a crash)
-        reads back what its first run resolved from the checkpoint, so it completes the same generations."""
-        folder = self.checkpoint / "eventlake-generations"
-        marker = folder / str(batch_id)
-        if marker.exists():
-            numbers = json.loads(marker.read_text())
-            generations = {name: [self.catalog.generation(name, n) for n in (ns if isinstance(ns, list) else [ns])]
-                           for name, ns in numbers.items()}
-        else:
-            generations = self._resolve()
-            folder.mkdir(parents=True, exist_ok=True)
-            partial = folder / f".{batch_id}.tmp"
-            partial.write_text(json.dumps({name: [g.number for g in gs] for name, gs in generations.items()}))
-            partial.replace(marker)  # atomic: a crash leaves no half-written marker
-            for old in folder.iterdir():  # keep the last few
-                if old.name.isdigit() and int(old.name) < batch_id - 10:
-                    old.unlink(missing_ok=True)
+        """The generations batch ``batch_id`` writes (``ProjectionPlan.generations_for_batch``), their tables
+        created if missing."""
+        generations = self.plan.generations_for_batch(batch_id)
         self._ensure_generation_tables(generations, spark)
-        for name, gs in generations.items():
-            numbers = tuple(g.number for g in gs)
-            if self._written.get(name, numbers) != numbers:
-                also = f" (and follows {', '.join(map(str, numbers[1:]))})" if len(numbers) > 1 else ""
-                self.log(f"projection: batch {batch_id}: {name} now writes generation {numbers[0]}{also} "
-                         f"({gs[0].table})")
-            self._written[name] = numbers
         return generations
 
-    @staticmethod
-    def _app_id(checkpoint: Path, name: str) -> str:
-        """An id for Delta's idempotent writes, new whenever the checkpoint is new (so a replay into a
-        fresh checkpoint is never mistaken for batches already written)."""
-        checkpoint.mkdir(parents=True, exist_ok=True)
-        marker = checkpoint / "eventlake-app-id"
-        if not marker.exists():
-            marker.write_text(f"{name}-{uuid.uuid4()}")
-        return hashlib.sha1(marker.read_text().encode()).hexdigest()[:16]
+    _app_id = staticmethod(ProjectionPlan.app_id)
 
     # -- the queries -------------------------------------------------------------------------------
     def _process_batch(self, app_id: str):

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import read_models
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
+from projection_core import checkpoint as checkpoint_log, positions
 from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, REPROCESSED_AT, SHARED_LATE_EVENTS_TABLE, Catalog, \
     Generation, held_table, late_events_sources
 
@@ -35,9 +36,12 @@ class ProjectionStatus:
     committed_offsets: int
     log_end: int | None
     events_per_s: float | None
+    behind: int | None = None  # records past the committed offsets, partition by partition (projection_core.positions)
 
     @property
     def lag(self) -> int | None:
+        if self.behind is not None:
+            return self.behind
         return None if self.log_end is None else max(self.log_end - self.committed_offsets, 0)
 
 
@@ -152,37 +156,29 @@ def _iso(t: datetime | None) -> str:
     return "none" if t is None else t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _offsets(checkpoint: Path, batch: int, topic: str) -> int:
-    lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
-    total = 0
-    for line in lines[2:]:  # "v1", batch metadata, then one JSON line per source
-        source = json.loads(line)
-        if isinstance(source, dict) and topic in source:
-            total += sum(int(v) for v in source[topic].values())
-    return total
-
-
-def _batches(folder: Path) -> list[int]:
-    return sorted(int(p.name) for p in folder.glob("*") if p.name.isdigit()) if folder.is_dir() else []
-
-
-def projection_statuses(settings: Settings, log_end: int | None) -> list[ProjectionStatus]:
+def projection_statuses(settings: Settings, log_end: int | None,
+                        ends: dict[int, int] | None = None) -> list[ProjectionStatus]:
+    """Each projection query's last committed batch; its lag against ``ends`` (partition -> the offset after the
+    log's last record, ``projection_core.positions.record_ends``) when given, else against the total ``log_end``."""
     out = []
     for checkpoint in sorted(settings.checkpoints.glob("projection-*")):
-        commits = _batches(checkpoint / "commits")
+        commits = checkpoint_log.committed_batches(checkpoint)
         if not commits:
             out.append(ProjectionStatus(checkpoint.name, None, None, 0, log_end, None))
             continue
         last = commits[-1]
-        committed_at = datetime.fromtimestamp((checkpoint / "commits" / str(last)).stat().st_mtime, timezone.utc)
-        offsets = _offsets(checkpoint, last, settings.events_topic)
+        committed_at = checkpoint_log.committed_at(checkpoint, last)
+        offsets = checkpoint_log.offsets_total(checkpoint, last, settings.events_topic)
         rate = None
         if len(commits) > 1:
             before = commits[-2]
-            seconds = committed_at.timestamp() - (checkpoint / "commits" / str(before)).stat().st_mtime
+            seconds = committed_at.timestamp() - checkpoint_log.committed_at(checkpoint, before).timestamp()
             if seconds > 0:
-                rate = (offsets - _offsets(checkpoint, before, settings.events_topic)) / seconds
-        out.append(ProjectionStatus(checkpoint.name, last, committed_at, offsets, log_end, rate))
+                rate = (offsets - checkpoint_log.offsets_total(checkpoint, before, settings.events_topic)) / seconds
+        behind = None
+        if ends is not None:
+            behind = positions.lag(checkpoint_log.batch_offsets(checkpoint, last, settings.events_topic) or {}, ends)
+        out.append(ProjectionStatus(checkpoint.name, last, committed_at, offsets, log_end, rate, behind))
     return out
 
 
@@ -206,19 +202,18 @@ def table_statuses(settings: Settings) -> list[TableStatus]:
 
 
 def log_end(settings: Settings) -> int | None:
-    from event_store import kafka_log
-
-    try:
-        return sum(kafka_log.end_offsets(settings, settings.events_topic).values())
-    except Exception:  # the broker is down: show what the files say, and say the lag is unknown
-        return None
+    """The offsets up to the log's last record, summed over the partitions (a transaction marker after it is not
+    counted); None when the broker cannot be reached."""
+    ends = positions.record_ends_or_none(settings)
+    return None if ends is None else sum(ends.values())
 
 
 def render(settings: Settings) -> str:
-    end = log_end(settings)
+    ends = positions.record_ends_or_none(settings)
+    end = None if ends is None else sum(ends.values())
     lines = [f"events topic {settings.events_topic} at {settings.bootstrap_servers}: "
              + (f"{end} offsets" if end is not None else "unreachable (lag unknown)")]
-    projections = projection_statuses(settings, end)
+    projections = projection_statuses(settings, end, ends)
     if not projections:
         lines.append("no projection has run yet (eventlake project --until-caught-up)")
     for p in projections:

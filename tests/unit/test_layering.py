@@ -23,9 +23,11 @@ BOTTOM = "lakehouse"
 TOP = "eventlake"
 # The layers below the top. (``infra``, the local broker and Airflow that the CLI starts, is the top's helper and
 # not in this list; ``bench`` and ``tests`` are outside the layers.)
-LOWER = ("lakehouse", "event_store", "read_models", "expectations", "spark_apps", "dags")
+LOWER = ("lakehouse", "event_store", "read_models", "projection_core", "expectations", "spark_apps", "python_engine",
+         "dags")
 # Top-level folders of the repository: importing any of them from event_store is a layering question.
-REPO_PACKAGES = {BOTTOM, "eventlake", "read_models", "spark_apps", "dags", "expectations", "infra", "bench", "tests"}
+REPO_PACKAGES = {BOTTOM, "eventlake", "read_models", "projection_core", "spark_apps", "python_engine", "dags",
+                 "expectations", "infra", "bench", "tests"}
 # The pure core: no Kafka, no Spark, no Delta, no Airflow.
 PURE = {"errors", "fields", "domain", "domains", "schemas", "upcasting", "envelope", "decider", "snapshots",
         "account", "account.aggregate", "account.schemas", "account.upcasters", "account.fraud_rules",
@@ -191,7 +193,7 @@ def test_librdkafka_clients_and_the_buffer_error_retry_live_in_kafka_clients_onl
 # The read side's framework: what the projection, the checks, the rebuild, status, query and the DAGs run, for
 # every domain. Only the registries (``read_models``, ``expectations``) and each domain's own code import a domain:
 # its folders in event_store/, read_models/ and expectations/, and its detector app.
-READ_SIDE = ("lakehouse", "read_models", "expectations", "spark_apps", "dags")
+READ_SIDE = ("lakehouse", "read_models", "projection_core", "expectations", "spark_apps", "python_engine", "dags")
 DOMAIN_APPS = {"spark_apps.fraud_detector", "spark_apps.telemetry_detector"}
 READ_SIDE_REGISTRIES = {"read_models", "expectations"}
 
@@ -234,8 +236,9 @@ LAYERS = (
     ("lakehouse",),  # settings, storage, processes, signals: imports nothing else from the repository
     ("event_store",),  # the write side and the log's contracts
     ("read_models",),  # what each table is; the catalog of every table's identity and generations
+    ("projection_core",),  # what a projection is, for both engines: its plan, checkpoint log, positions
     ("expectations",),  # the checks of the read models
-    ("spark_apps",),  # what runs on Spark, and the engines
+    ("spark_apps",),  # what runs on Spark and the projection's engines
     ("infra",),  # what starts or deploys a real component (the CLI's helper)
     ("dags", "eventlake"),  # orchestration; the CLI, the demo, the generator, SQL reads
 )
