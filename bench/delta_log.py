@@ -5,8 +5,8 @@ Prints figures; it is not a test. One local table is given commits the way the l
 append carrying an idempotent-write id, compacted every ``COMPACT_EVERY`` commits, delta-rs's checkpoint every 100),
 and at each log length asked for (``--at``, in commits) the same appends are timed, alternating, two ways:
 delta-rs's default hooks (a checkpoint when due, and the expired logs' cleanup, which lists the whole log, after
-every commit) and the engine's (``_Batch.hooks``: the checkpoint only; the cleanup on the compaction turns). Each
-timing is the engine's own append (``_Batch.append``): the snapshot brought up to date, the idempotent-write id
+every commit) and the engine's (``Batch.hooks``: the checkpoint only; the cleanup on the compaction turns). Each
+timing is the engine's own append (``Batch.append``): the snapshot brought up to date, the idempotent-write id
 looked up, the append. At 1.5 batches a second, 4,000 commits are about 45 minutes of a live stream.
 
     .venv/bin/python bench/delta_log.py [--at 100 1000 2000 4000] [--appends 30]
@@ -26,10 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pyarrow as pa  # noqa: E402
 from deltalake import write_deltalake  # noqa: E402
 
-from spark_apps.python_projection import COMPACT_EVERY, _Batch  # noqa: E402
+from python_engine.compaction import COMPACT_EVERY  # noqa: E402
+from python_engine.delta_writes import Batch  # noqa: E402
 
 
-class _DefaultHooks(_Batch):
+class _DefaultHooks(Batch):
     """The engine's batch with delta-rs's default post-commit hooks."""
 
     @staticmethod
@@ -50,7 +51,7 @@ def main() -> int:
     path = str(folder / "table")
     write_deltalake(path, rows)
     tables: dict = {}  # path -> DeltaTable, shared by both ways as the engine keeps it between batches
-    ways = {"delta-rs's default hooks": _DefaultHooks, "the engine's hooks": _Batch}
+    ways = {"delta-rs's default hooks": _DefaultHooks, "the engine's hooks": Batch}
     print(f"bench/delta_log.py: one table at {path}; {args.appends} appends per way and log length, alternating")
     print(f"{'commits':>8} {'log files':>9}  " + "  ".join(f"{w + ' (ms, median)':>36}" for w in ways)
           + f"  {'ratio':>6}")

@@ -32,7 +32,7 @@ high-water mark of the resident set of its processes, its Spark JVM included).
 ``--without projection`` leaves the read models' projection out (no freshness figure): the fraud latency with the
 cores not shared with Spark. ``--fraud-engine spark`` runs the fraud detector as its Structured Streaming app.
 ``--projection-engine`` is ``eventlake project --engine``: ``auto`` (the default a user gets: the Python engine,
-DuckDB + delta-rs, spark_apps/python_projection.py, here where the tables are local folders), ``python`` or ``spark``
+DuckDB + delta-rs, python_engine/, here where the tables are local folders), ``python`` or ``spark``
 (the Structured Streaming queries).
 """
 from __future__ import annotations

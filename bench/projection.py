@@ -11,7 +11,7 @@ commands, cached under .cache/bench/) to a fresh events topic, then, on that one
 4. the Kafka records appended to Delta unparsed (key, value, topic, partition, offset, timestamp): the least any
    Spark projection of the topic writes;
 5. the projection's Python engine (``eventlake project --engine python --until-caught-up`` of the same read models,
-   DuckDB + delta-rs, the same exactly-once bookkeeping: spark_apps/python_projection.py) in a process of its own,
+   DuckDB + delta-rs, the same exactly-once bookkeeping: python_engine/) in a process of its own,
    into tables and checkpoints of its own, with its peak RSS (its second parser process's included: large batches
    are parsed by two processes); its tables are compared with the Spark projection's.
 The Spark runs use ``availableNow`` from the first offset to the last; each clock runs from start to caught up.
@@ -229,7 +229,7 @@ def python_engine(settings: Settings, models: list, max_offsets: int) -> dict:
 
     import psutil
 
-    from spark_apps.python_projection import MAX_BATCH_RECORDS
+    from python_engine.run import MAX_BATCH_RECORDS
 
     root = Path(__file__).resolve().parent.parent
     home = settings.home / "python-engine"

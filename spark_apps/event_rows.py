@@ -1,5 +1,5 @@
 """A batch of the events topic's records parsed into event rows, without Spark: the Python engine's parser
-(``spark_apps.python_projection``), run by the engine and by its second parser process (``spark_apps.parse_worker``)
+(``python_engine``), run by the engine and by its second parser process (``python_engine.parse_worker``)
 alike, so that both give the same verdicts and rows.
 
 ``Records`` holds a batch's Kafka records; ``parse_records`` turns them into an Arrow table of event rows in

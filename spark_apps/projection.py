@@ -2,7 +2,8 @@
 
 The entry point of the projection: ``main`` chooses its engine, the Structured Streaming queries
 (``spark_apps.spark_projection.Projection``, named here too) or the Python engine
-(``spark_apps.python_projection.PythonProjection``), and runs it. Both keep the same checkpoints and tables.
+(``python_engine.run.PythonProjection``), and runs it. Both run the same plan (``projection_core.plan``) and keep
+the same checkpoints and tables. The engine ``eventlake project`` runs when none is named: ``default_engine``.
 
 Run it with ``eventlake project`` or as a spark-submit target:
 ``spark-submit --packages <see SPARK_PACKAGES> spark_apps/projection.py [--until-caught-up] [NAMES]``.
@@ -12,11 +13,11 @@ from __future__ import annotations
 import read_models
 from lakehouse.settings import Settings
 from read_models.catalog import ARCHIVE_TABLE
-from spark_apps.python_projection import PythonProjection
+from python_engine.run import PythonProjection, supports
 from spark_apps.spark_projection import ARCHIVE_STATS_COLUMNS, Projection, ProjectionError, ProjectionRun
 from spark_apps.spark_projection import spark_event_row_schema as _event_row_schema  # noqa: F401 -- bench/rebuild.py
 
-__all__ = ["Projection", "ProjectionError", "ProjectionRun", "ARCHIVE_STATS_COLUMNS", "main", "project"]
+__all__ = ["Projection", "ProjectionError", "ProjectionRun", "ARCHIVE_STATS_COLUMNS", "main", "project", "default_engine"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,9 +31,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="process what the log holds now, then stop (availableNow trigger)")
     parser.add_argument("--engine", choices=("python", "spark"), default="spark",
                         help="python: run the queries in this process with DuckDB and delta-rs "
-                             "(spark_apps.python_projection), handing batches off the common path to Spark")
+                             "(python_engine), handing batches off the common path to Spark")
     args = parser.parse_args(argv)
     return project(Settings.load(role="reader"), args.models, args.until_caught_up, args.engine)
+
+
+def default_engine(settings: Settings) -> tuple[str, str]:
+    """The engine ``eventlake project`` runs when none is named: (engine, why). This one wherever it can run (local
+    tables and checkpoints, Spark in this process), since it gives fresher read models with less memory; the Spark
+    engine for storage URIs and for a Spark cluster named by ``EVENTLAKE_SPARK_MASTER``."""
+    why = supports(settings)
+    if why:
+        return "spark", why
+    master = settings.spark_master
+    if not master.startswith("local"):
+        return "spark", (f"EVENTLAKE_SPARK_MASTER={master} names a Spark cluster: the Structured Streaming "
+                         f"queries run there")
+    return "python", ("the tables and checkpoints are local folders (--engine spark for the Structured Streaming "
+                      "queries)")
 
 
 def project(settings: Settings, names: list[str], until_caught_up: bool = False, engine: str = "spark") -> int:

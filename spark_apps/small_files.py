@@ -104,7 +104,7 @@ class SmallFilesCompaction:
         self.scratch.mkdir(parents=True, exist_ok=True)
         for number, files in enumerate(self.bins):
             # Read on the calling thread (most of the work: decoding), at its priority: the engine's compactions
-            # beside the batches run on a thread at the lowest (``python_projection._lowest_priority``).
+            # beside the batches run on a thread at the lowest (``python_engine.compaction.lowest_priority``).
             data = pa.concat_tables([in_schema(pq.read_table(self.path / f, use_threads=False), self.schema)
                                      for f, _ in files])
             scratch = self.scratch / str(number)

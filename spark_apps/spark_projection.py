@@ -11,7 +11,7 @@ batch, without a restart. A batch that Spark runs again after a crash writes the
 resolved (kept in the checkpoint), so no generation is left with half a batch. A projection given
 ``generations`` writes exactly those instead (e.g. a rebuild catching a new generation up before its switch).
 
-The entry point that chooses between this engine and the Python one (``spark_apps.python_projection``) is
+The entry point that chooses between this engine and the Python one (``python_engine``) is
 ``spark_apps.projection``.
 """
 from __future__ import annotations

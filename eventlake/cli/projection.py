@@ -13,7 +13,7 @@ ROLES = {"detect-anomalies": "client", "project": "reader", "status": "reader"}
 
 def _cmd_project(settings: Settings, args) -> int:
     from spark_apps.projection import project
-    from spark_apps.python_projection import default_engine
+    from spark_apps.projection import default_engine
 
     require_broker(settings)
     engine = args.engine

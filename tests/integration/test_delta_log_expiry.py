@@ -13,7 +13,9 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from lakehouse.settings import Settings
-from spark_apps.python_projection import COMPACT_EVERY, PythonProjection, Batch
+from python_engine.compaction import COMPACT_EVERY
+from python_engine.delta_writes import Batch
+from python_engine.run import PythonProjection
 
 DAY = 24 * 3600
 

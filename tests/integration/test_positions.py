@@ -10,7 +10,7 @@ from event_store import kafka_log
 from eventlake.generator import GeneratorConfig
 from expectations.reconciliation import archive_end, reconcile, table_position
 from projection_core import positions
-from spark_apps.python_projection import PythonProjection
+from python_engine.run import PythonProjection
 from read_models.catalog import Catalog
 from spark_apps.spark_projection import Projection
 from spark_apps.status import projection_statuses, render

@@ -1,4 +1,4 @@
-"""The projection's Python engine (spark_apps/python_projection.py: DuckDB + delta-rs on the common path, Spark for
+"""The projection's Python engine (python_engine/: DuckDB + delta-rs on the common path, Spark for
 the rest) on the real broker: every read model equal to its oracle, the same tables as the Spark engine, and the two
 engines taking over from each other batch by batch on one checkpoint."""
 import json
@@ -12,7 +12,8 @@ from eventlake.generator import GeneratorConfig
 from eventlake.query import query_duckdb
 from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, ledger_table
 from spark_apps.projection import Projection
-from spark_apps.python_projection import PythonProjection, event_row_schema
+from python_engine.run import PythonProjection
+from spark_apps.event_rows import event_row_schema
 from tests.domain_helpers import events_for
 from tests.integration.test_projection import delta, publish
 from tests.oracle import assert_matches_oracle, late_count, table_rows
@@ -34,7 +35,7 @@ def test_a_reader_holding_records_back_still_sees_the_end_after_reading_them(set
     # The archive's reader reads no further than the read models' (``until``): records it fetched past that are
     # held for its next batch. librdkafka tells of a partition's end once; an end that came with held records
     # must count once they are read, or ``--until-caught-up`` never ends (it hung a test run).
-    from spark_apps.python_projection import Reader
+    from python_engine.reader import Reader
 
     publish(settings, [(f"acc-{i % 7}", json.dumps({"n": i}).encode()) for i in range(60)])
     reader = Reader(settings, "test-held-reader")
@@ -74,9 +75,9 @@ def test_the_event_row_schema_is_the_spark_parsers(spark):
 
 def test_a_clean_log_with_late_events_is_projected_without_spark_and_equals_the_oracle(spark, settings, monkeypatch):
     # Its batches count as large: parsed by two processes (the engine's second parser, up before the first batch).
-    from spark_apps import python_projection
+    from python_engine import parsing
 
-    monkeypatch.setattr(python_projection, "PARALLEL_PARSE_MIN", 100)
+    monkeypatch.setattr(parsing, "PARALLEL_PARSE_MIN", 100)
     events = events_for(CLEAN, flag_every=7)
     publish(settings, [(e.aggregate_id, e.to_json()) for e in events])
     lines = []
@@ -207,7 +208,7 @@ def test_a_merge_into_a_table_compacted_beside_the_batches_waits_for_it_and_read
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
-    from spark_apps.python_projection import Batch, merge_into
+    from python_engine.delta_writes import Batch, merge_into
     from spark_apps.small_files import compact_small_files
 
     path = str(tmp_path / "payments")
@@ -301,10 +302,10 @@ def test_windowed_tables_clustered_by_window_after_every_batch_still_equal_the_o
     """A windowed table whose MERGE copied many unchanged rows is rewritten sorted by window into small files of
     disjoint window ranges (so the next MERGEs, which name their windows, touch the newest file only). Here after
     every batch that copied a row: every read model still equals the oracle, late events included."""
-    from spark_apps import python_projection
+    from python_engine import compaction
 
-    monkeypatch.setattr(python_projection, "CLUSTER_AFTER_COPIED_ROWS", 1)
-    monkeypatch.setattr(python_projection, "CLUSTER_TARGET_BYTES", 2048)
+    monkeypatch.setattr(compaction, "CLUSTER_AFTER_COPIED_ROWS", 1)
+    monkeypatch.setattr(compaction, "CLUSTER_TARGET_BYTES", 2048)
     events = events_for(GeneratorConfig(accounts=30, commands=400, seed=23, run_id="pycl", late_rate=0.05),
                         flag_every=7)
     publish(settings, [(e.aggregate_id, e.to_json()) for e in events])
@@ -324,7 +325,7 @@ def test_the_appended_tables_are_compacted_while_the_batches_go_on_and_lose_noth
     from deltalake import DeltaTable
 
     from read_models.catalog import Catalog
-    from spark_apps.python_projection import COMPACT_EVERY
+    from python_engine.compaction import COMPACT_EVERY
 
     events = events_for(GeneratorConfig(accounts=10, commands=300, seed=8, run_id="pyc", late_rate=0.0))
     publish(settings, [(e.aggregate_id, e.to_json()) for e in events])

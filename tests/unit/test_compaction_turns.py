@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_apps.python_projection import COMPACT_EVERY, CompactionTurns
+from python_engine.compaction import COMPACT_EVERY, CompactionTurns
 
 
 @pytest.mark.parametrize("tables", [1, 9, 16])

@@ -9,7 +9,7 @@ import pytest
 
 from bench.projection import continued_copies, generated_events, relabeled_copies
 from event_store.envelope import EventEnvelope
-from spark_apps.python_projection import Hashes
+from python_engine.caches import Hashes
 
 
 @pytest.mark.parametrize("made, accounts", [(continued_copies, 60), (relabeled_copies, 180)])

@@ -197,11 +197,11 @@ def test_a_large_batch_parsed_by_two_processes_gives_the_reference_rows_and_surv
     import signal
     import time
 
-    from spark_apps import python_projection
+    from python_engine import parsing
     from spark_apps.event_rows import Records
-    from spark_apps.python_projection import ParseWorker
+    from python_engine.parsing import ParseWorker
 
-    monkeypatch.setattr(python_projection, "PARALLEL_PARSE_MIN", 10)  # batch_records() is a large batch
+    monkeypatch.setattr(parsing, "PARALLEL_PARSE_MIN", 10)  # batch_records() is a large batch
     records = Records(rows=batch_records())
     expected, expected_bad = reference_rows(records.rows)
     said: list[str] = []
@@ -234,7 +234,7 @@ def test_a_large_batch_parsed_by_two_processes_gives_the_reference_rows_and_surv
 
 def test_a_small_batch_never_starts_the_second_parser():
     from spark_apps.event_rows import Records
-    from spark_apps.python_projection import ParseWorker
+    from python_engine.parsing import ParseWorker
 
     worker = ParseWorker(print)
     records = batch_records()[:50]  # (its ids differ from one call to the next)
@@ -245,12 +245,12 @@ def test_a_small_batch_never_starts_the_second_parser():
 
 
 def test_the_second_parser_is_stopped_after_a_run_of_small_batches_and_started_again_by_a_large_one(monkeypatch):
-    from spark_apps import python_projection
+    from python_engine import parsing
     from spark_apps.event_rows import Records
-    from spark_apps.python_projection import ParseWorker
+    from python_engine.parsing import ParseWorker
 
-    monkeypatch.setattr(python_projection, "PARALLEL_PARSE_MIN", 10)
-    monkeypatch.setattr(python_projection, "IDLE_BATCHES", 3)
+    monkeypatch.setattr(parsing, "PARALLEL_PARSE_MIN", 10)
+    monkeypatch.setattr(parsing, "IDLE_BATCHES", 3)
     records = batch_records()
     worker = ParseWorker(print)
     try:

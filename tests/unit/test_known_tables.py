@@ -1,7 +1,7 @@
 """What the projection's Python engine keeps of a table between batches (``Known``), pure: it holds while every
 commit since it was read is the engine's own (its writes and its compactions, committed in either order, a
 compaction told from the background thread), and is read again after any other writer's commit."""
-from spark_apps.python_projection import Known
+from python_engine.caches import Known
 
 
 class _Table:

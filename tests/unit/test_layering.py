@@ -238,7 +238,7 @@ LAYERS = (
     ("read_models",),  # what each table is; the catalog of every table's identity and generations
     ("projection_core",),  # what a projection is, for both engines: its plan, checkpoint log, positions
     ("expectations",),  # the checks of the read models
-    ("spark_apps",),  # what runs on Spark and the projection's engines
+    ("spark_apps", "python_engine"),  # what runs on Spark (and the entry point choosing an engine); the Python engine
     ("infra",),  # what starts or deploys a real component (the CLI's helper)
     ("dags", "eventlake"),  # orchestration; the CLI, the demo, the generator, SQL reads
 )

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from spark_apps.python_projection import side_by_side
+from python_engine.delta_writes import side_by_side
 
 
 def test_every_write_runs_and_they_overlap():

@@ -1,5 +1,5 @@
 """The projection's second parser: a process of its own that parses part of a large batch's records while the
-Python engine parses the rest (``python_projection.ParseWorker``), so a catch-up parses on two cores.
+Python engine parses the rest (``python_engine.parsing.ParseWorker``), so a catch-up parses on two cores.
 
 It reads requests from its stdin and answers on its stdout (stray prints go to stderr), each a length (8 bytes,
 little-endian) and its bytes: a request is a pickle of (topic, [(partition, offset, key, value)]); an answer is a
@@ -8,7 +8,7 @@ the event rows as an Arrow IPC stream, or a pickle of ("error", text). It parses
 the engine's own parser, so either process gives the same verdicts and rows.
 It ends when its stdin ends (the engine stopped, or was killed).
 
-    python -m spark_apps.parse_worker
+    python -m python_engine.parse_worker
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def main() -> int:
     import pyarrow as pa
 
     from spark_apps.event_rows import Records, parse_records
-    from spark_apps.memory import large_blocks_off_the_heap
+    from python_engine.memory import large_blocks_off_the_heap
 
     large_blocks_off_the_heap()
 

@@ -1,0 +1,134 @@
+"""The Python engine's Kafka reading: the events topic from a checkpoint's position, ``read_committed``."""
+from __future__ import annotations
+
+import time
+from typing import Mapping
+
+from lakehouse.settings import Settings
+from projection_core.errors import ProjectionError
+from read_models.catalog import ARCHIVE_TABLE
+from spark_apps.event_rows import Records
+
+__all__ = ["Reader", "CALL_TIMEOUT_S"]
+
+CALL_TIMEOUT_S = 10.0
+
+
+class Reader:
+    """Reads the events topic from a checkpoint's position, ``read_committed``, by partition assignment (no
+    group): a batch is what has arrived, up to ``limit`` records."""
+
+    def __init__(self, settings: Settings, name: str):
+        from event_store import kafka_clients
+
+        self.settings, self.name = settings, name
+        self.consumer = kafka_clients.range_reader(settings, name)
+        self.next: dict[int, int] = {}  # partition -> the next offset the consumer hands out
+        self.at_end: set[int] = set()
+        self.buffered: list = []
+
+    def partitions(self) -> list[int]:
+        topic = self.consumer.list_topics(self.settings.events_topic, timeout=CALL_TIMEOUT_S).topics[
+            self.settings.events_topic]
+        if topic.error is not None:
+            raise ProjectionError(f"{self.name}: topic {self.settings.events_topic}: {topic.error}")
+        return sorted(topic.partitions)
+
+    def earliest(self, partition: int) -> int:
+        from confluent_kafka import TopicPartition
+
+        low, _ = self.consumer.get_watermark_offsets(TopicPartition(self.settings.events_topic, partition),
+                                                     timeout=CALL_TIMEOUT_S, cached=False)
+        return low
+
+    def seek(self, starts: dict[int, int]) -> None:
+        """Read from ``starts`` (partition -> offset); a start the log no longer holds is a gap (Spark's
+        ``failOnDataLoss``): refused."""
+        from confluent_kafka import TopicPartition
+
+        for partition, offset in starts.items():
+            if offset < self.earliest(partition):
+                raise ProjectionError(_data_loss(self.settings, self.name, partition, offset))
+        self.consumer.assign([TopicPartition(self.settings.events_topic, p, o) for p, o in sorted(starts.items())])
+        self.next, self.at_end, self.buffered = dict(starts), set(), []
+
+    def read(self, limit: int, wait_s: float, until: Mapping[int, int] | None = None) -> Records:
+        """What has arrived since the last batch (at most ``limit`` records), waiting up to ``wait_s`` for the
+        first record; with ``until`` (partition -> offset), no record at or past it."""
+        from confluent_kafka import KafkaError
+
+        from event_store import kafka_clients
+
+        batch = Records(ends=dict(self.next), starts=dict(self.next))
+        messages, self.buffered = self.buffered, []
+        held: list = []  # past ``until``: the next batch's
+        held_partitions: set[int] = set()
+        deadline = time.monotonic() + wait_s
+        while True:
+            if held:
+                self.buffered = held
+                return batch
+            if not messages:
+                timeout = max(0.0, deadline - time.monotonic()) if not batch.rows else 0.0
+                messages = kafka_clients.take(self.consumer, min(limit - len(batch.rows), 10_000), timeout)
+                if not messages:
+                    return batch
+            for i, m in enumerate(messages):
+                error = m.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        if m.partition() in held_partitions:
+                            # The end after a record held back: reached once that record is read (librdkafka
+                            # tells of an end once; dropped here, the reader would never be caught up again).
+                            held.append(m)
+                        elif m.offset() >= self.next.get(m.partition(), 0):
+                            self.at_end.add(m.partition())
+                        continue
+                    if error.code() == KafkaError._AUTO_OFFSET_RESET:
+                        raise ProjectionError(_data_loss(self.settings, self.name, m.partition(),
+                                                         self.next.get(m.partition(), -1)))
+                    if error.fatal():
+                        raise ProjectionError(f"{self.name}: Kafka: {error.str()}")
+                    continue  # transient (a broker away): librdkafka retries by itself
+                if len(batch.rows) >= limit:
+                    self.buffered = held + messages[i:]
+                    return batch
+                partition, offset = m.partition(), m.offset()
+                if offset < self.next.get(partition, 0):
+                    continue  # already read (a re-fetch)
+                if until is not None and offset >= until.get(partition, offset + 1):
+                    held.append(m)
+                    held_partitions.add(partition)
+                    self.at_end.discard(partition)
+                    continue
+                self.at_end.discard(partition)
+                batch.rows.append((partition, offset, m.key(), m.value()))
+                self.next[partition] = batch.ends[partition] = offset + 1
+            messages = []
+
+    def caught_up(self, partitions: list[int]) -> bool:
+        return set(partitions) <= self.at_end
+
+    def backlog(self) -> int:
+        """Records in the log past where this reader is (read_committed: an upper bound)."""
+        from confluent_kafka import TopicPartition
+
+        behind = 0
+        for partition, offset in self.next.items():
+            _, high = self.consumer.get_watermark_offsets(TopicPartition(self.settings.events_topic, partition),
+                                                          timeout=CALL_TIMEOUT_S, cached=False)
+            behind += max(0, high - offset)
+        return behind
+
+    def close(self) -> None:
+        from event_store import kafka_clients
+
+        kafka_clients.close_within(self.consumer, 5.0, self.name)
+
+
+def _data_loss(settings: Settings, name: str, partition: int, offset: int) -> str:
+    return (f"{name} stopped: records of {settings.events_topic} partition {partition} from offset {offset} that it "
+            f"had not read yet are gone from Kafka (retention or deleted records), so the read models would silently "
+            f"miss events. Nothing was written past the gap. To go on: rebuild the read models from {ARCHIVE_TABLE} if "
+            f"it holds those events, or accept the gap by removing the checkpoint and projecting from the log's "
+            f"current start.")
