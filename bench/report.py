@@ -292,5 +292,60 @@ def main() -> int:
     return 0
 
 
+# bench/long_log.py (issue 42's aims) runs for tens of minutes per size: it is not one of BENCHES that ``main``
+# runs; it writes its own section of the report from its JSON (``long_log_section``, ``replace_section``).
+LONG_LOG_TITLE = "## The handler on a long log"
+
+
+def plot_long_log(entries: list[dict], path: Path, command: str, when: str, host: str) -> None:
+    """Handler peak RSS and restart time against the log's length, one line per label (before/after)."""
+    import matplotlib.pyplot as plt
+
+    fig, (rss, restart) = plt.subplots(1, 2, figsize=(10, 4.4))
+    fig.subplots_adjust(bottom=0.25, wspace=0.3)
+    for label in sorted({e["label"] for e in entries}):
+        mine = sorted((e for e in entries if e["label"] == label), key=lambda e: e["events"])
+        xs = [e["events"] for e in mine]
+        rss.plot(xs, [e["first_fold"]["peak_rss_mib"] for e in mine], marker="o", label=f"{label}: first fold")
+        rss.plot(xs, [e["command_path"]["rss_after_mib"] for e in mine], marker="s", linestyle="--",
+                 label=f"{label}: after the commands")
+        restart.plot(xs, [e["restart"]["all_answered_s"] for e in mine], marker="o", label=f"{label}: same home")
+        restart.plot(xs, [e["restore"]["all_answered_s"] for e in mine], marker="s", linestyle="--",
+                     label=f"{label}: fresh home (restore)")
+    for ax, title, unit in ((rss, "Handler peak RSS", "MiB"), (restart, "Handler start to every probe answered", "s")):
+        ax.set_xscale("log")
+        ax.set_xlabel("events in the log")
+        ax.set_ylabel(unit)
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    restart.axhline(5.0, color="#999999", linestyle=":", linewidth=1)
+    _stamp(fig, command, when, host)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def long_log_section(entries: list[dict], table: str, command: str, when: str, host: str, out: Path) -> str:
+    """The report's section of bench/long_log.py: its plot (``long_log.png`` in ``out``) and its table."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    plot_long_log(entries, out / "long_log.png", command, when, host)
+    return (f"{LONG_LOG_TITLE}\n\nRun {when}: `{command}` (figures: `bench/results/long_log.json`; labels: the "
+            "handler's commit, before/after the state store).\n\n![handler RSS and restart against the log's "
+            "length](long_log.png)\n\n(aims, issue 42: peak RSS <= 1 GB at 50M events and within 1.2x from 1M to "
+            "50M; restart <= 5 s at every size: the dotted line; restore >= 200k state entries/s; commands/s on "
+            f"the long log >= 20k and >= 0.8x the 1M log's)\n\n{table}\n")
+
+
+def replace_section(report: Path, title: str, section: str) -> None:
+    """Put ``section`` (starting with ``title``) in place of the report's section of that title, or at its end."""
+    text = report.read_text() if report.exists() else "# eventlake benchmarks\n"
+    head, *parts = text.split("\n## ")
+    parts = [p for p in parts if f"## {p.partition(chr(10))[0].strip()}" != title]
+    report.write_text("\n## ".join([head.rstrip("\n") + "\n", *[p.rstrip("\n") + "\n" for p in parts]])
+                      .rstrip("\n") + "\n\n" + section)
+
+
 if __name__ == "__main__":
     raise SystemExit(main())
