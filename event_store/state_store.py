@@ -29,6 +29,8 @@ Chosen over SQLite in WAL mode by bench/state_store.py (1M aggregates: 1.6x the 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import struct
 import threading
 from collections import OrderedDict
@@ -65,6 +67,10 @@ _SEP = b"\x00"
 ENTRY_OVERHEAD = 200
 # The largest the memory map may grow to (address space only: the file grows with its content).
 _MAP_SIZE = 1 << 40
+# A fault hook for the crash tests (tests/integration/test_handler_store_kills.py): with this variable set to N,
+# the process SIGKILLs itself inside its N-th store write, after the puts and before the commit.
+_KILL_AT_WRITE = int(os.environ.get("EVENTLAKE_FAULT_KILL_AT_STORE_WRITE") or 0)
+_WRITES = [0]
 # LMDB must not be opened twice in one process (closing either breaks the other's locks): every StateStore of
 # one path in this process shares one environment, closed with the last of them.
 _ENVS: dict[str, list] = {}
@@ -342,6 +348,10 @@ class StateStore:
                 for aggregate_id in {r[0] for r in results}:
                     txn.put(_MARK + _MARK_WINDOW + aggregate_id.encode(), epoch)
             puts += _add_results(txn, results, window)
+            if _KILL_AT_WRITE:
+                _WRITES[0] += 1
+                if _WRITES[0] >= _KILL_AT_WRITE:
+                    os.kill(os.getpid(), signal.SIGKILL)
             txn.put(_POSITIONS, struct.pack(">qq", events_offset, results_offset))
             if meta is not None:
                 txn.put(_META, meta)
