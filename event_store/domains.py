@@ -13,7 +13,8 @@ fails at import.
 (a test's domain, say).
 
 A domain may also bring verbs of the ``eventlake`` command (``event_store.verbs.Verb``): ``VERBS`` holds them by
-aggregate type, and the CLI adds every one (the account's ``resolve-quarantine``, ``policy``, ``detect-fraud``).
+aggregate type, and the CLI adds every one (the account's ``resolve-quarantine``, ``policy``, ``detect-fraud``);
+and its data generator (``event_store.verbs.Generate``), in ``GENERATORS``: ``eventlake generate --domain``.
 """
 from __future__ import annotations
 
@@ -25,13 +26,18 @@ from event_store.account import verbs as account_verbs
 from event_store.domain import Domain, Upcaster
 from event_store.errors import InvalidRecord
 from event_store.fields import Field
-from event_store.verbs import Verb
+from event_store.verbs import Generate, Verb
 
 __all__ = ["DOMAINS", "COMMAND_TYPES", "EVENT_TYPES", "COMMANDS", "EVENTS", "EVENT_SCHEMA_VERSIONS", "UPCASTERS",
-           "VERBS", "register", "unregister", "registered", "domain_of", "route_command", "on_change", "verbs"]
+           "VERBS", "GENERATORS", "register", "unregister", "registered", "domain_of", "route_command", "on_change", "verbs"]
 
 _BUILT_IN: tuple[Domain, ...] = (account.DOMAIN, iot.DOMAIN, site.DOMAIN)
 _BUILT_IN_VERBS: dict[str, tuple[Verb, ...]] = {account.DOMAIN.aggregate_type: account_verbs.VERBS}
+# Each domain's data generator (event_store/<domain>/generator.py), by the name ``eventlake generate --domain`` uses.
+_BUILT_IN_GENERATORS: dict[str, Generate] = {
+    account.DOMAIN.aggregate_type: Generate("accounts", "event_store.account.generator:records_for_cli"),
+    iot.DOMAIN.aggregate_type: Generate("iot", "event_store.iot.generator:records_for_cli"),
+    site.DOMAIN.aggregate_type: Generate("site", "event_store.site.generator:records_for_cli")}
 
 DOMAINS: dict[str, Domain] = {}
 COMMAND_TYPES: dict[str, str] = {}  # command type -> aggregate type
@@ -41,12 +47,13 @@ EVENTS: dict[str, Mapping[str, Field]] = {}
 EVENT_SCHEMA_VERSIONS: dict[str, int] = {}
 UPCASTERS: dict[tuple[str, int], Upcaster] = {}
 VERBS: dict[str, tuple[Verb, ...]] = {}  # aggregate type -> the eventlake verbs its domain brings
+GENERATORS: dict[str, Generate] = {}  # aggregate type -> its domain's data generator
 _LISTENERS: list[Callable[[], None]] = []
 
 
-def register(domain: Domain, verbs: tuple[Verb, ...] = ()) -> None:
-    """Add ``domain`` (and the ``eventlake`` verbs it brings); ValueError when its aggregate type, one of its
-    command or event types, or a verb's name is taken."""
+def register(domain: Domain, verbs: tuple[Verb, ...] = (), generate: Generate | None = None) -> None:
+    """Add ``domain`` (and the ``eventlake`` verbs and data generator it brings); ValueError when its aggregate
+    type, one of its command or event types, a verb's name or its generator's name is taken."""
     name = domain.aggregate_type
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"domain {domain!r}: aggregate_type must be a non-empty string")
@@ -68,8 +75,12 @@ def register(domain: Domain, verbs: tuple[Verb, ...] = ()) -> None:
     taken = sorted({n for n in names if names.count(n) > 1 or n in registered_verbs})
     if taken:
         raise ValueError(f"domain {name!r}: verb(s) {', '.join(taken)} already registered")
+    if generate is not None and generate.name in {g.name for g in GENERATORS.values()}:
+        raise ValueError(f"domain {name!r}: a generator named {generate.name!r} is already registered")
     DOMAINS[name] = domain
     VERBS[name] = tuple(verbs)
+    if generate is not None:
+        GENERATORS[name] = generate
     COMMAND_TYPES.update(dict.fromkeys(domain.commands, name))
     EVENT_TYPES.update(dict.fromkeys(domain.events, name))
     COMMANDS.update(domain.commands)
@@ -83,6 +94,7 @@ def unregister(aggregate_type: str) -> None:
     """Remove a registered domain (tests register domains of their own and remove them again)."""
     domain = DOMAINS.pop(aggregate_type)
     VERBS.pop(aggregate_type, None)
+    GENERATORS.pop(aggregate_type, None)
     for name in domain.commands:
         COMMAND_TYPES.pop(name, None)
         COMMANDS.pop(name, None)
@@ -156,4 +168,5 @@ def _short(value: Any) -> str:
 
 
 for _domain in _BUILT_IN:
-    register(_domain, _BUILT_IN_VERBS.get(_domain.aggregate_type, ()))
+    register(_domain, _BUILT_IN_VERBS.get(_domain.aggregate_type, ()),
+             _BUILT_IN_GENERATORS.get(_domain.aggregate_type))

@@ -1,6 +1,6 @@
 """What a domain adds to the ``eventlake`` command: verbs of its own (the account's ``resolve-quarantine``,
-``policy``, ``detect-fraud``), declared here as plain data and registered with the domain
-(``event_store.domains.VERBS``); the CLI loops over them (docs/DESIGN.md, "Adding a domain").
+``policy``, ``detect-fraud``) and its data generator (``eventlake generate --domain``), declared here as plain
+data and registered with the domain (``event_store.domains.VERBS``, ``GENERATORS``); the CLI loops over them.
 
 A verb names its function as ``"module:function"``, loaded only when the verb runs: the function may use the whole
 write side (clients, consumers) while the registry, which every framework module imports, loads none of it. The
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
-__all__ = ["Verb", "Option", "option", "VerbHost"]
+__all__ = ["Verb", "Option", "option", "VerbHost", "Generate"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,15 @@ class Verb:
     role: str = "client"
     # The CLI checks, before ``run``, that the cluster runs and lets this principal in.
     needs_broker: bool = True
+
+
+@dataclass(frozen=True)
+class Generate:
+    """A domain's data generator as ``eventlake generate --domain NAME`` runs it."""
+    name: str
+    # "module:function"; the function takes (settings, args: the options of ``eventlake generate``) and returns
+    # (the (key, JSON) records to send, what they are for, e.g. "24 devices").
+    run: str
 
 
 class VerbHost(Protocol):

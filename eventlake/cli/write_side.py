@@ -28,40 +28,17 @@ def _cmd_topics(settings: Settings, args) -> int:
 
 
 def _cmd_generate(settings: Settings, args) -> int:
+    import importlib
     import json
     from collections import Counter
 
     from event_store.client import EventStore
-    from eventlake.generator import GeneratorConfig, dated, generate_commands
+    from event_store.domains import GENERATORS
 
     require_broker(settings)
-    if args.domain == "iot":
-        from datetime import datetime, timedelta, timezone
-
-        from eventlake.generator import IotGeneratorConfig, generate_iot_commands
-
-        # Event times end at about now: readings the handler would date in the future are not made.
-        start = datetime.now(timezone.utc) - timedelta(minutes=args.minutes + 10)
-        records = list(generate_iot_commands(IotGeneratorConfig(devices=args.devices, minutes=args.minutes,
-                                                                seed=args.seed, run_id=args.run_id, start=start)))
-        what = f"{args.devices} devices"
-    elif args.domain == "site":
-        from datetime import datetime, timedelta, timezone
-
-        from eventlake.generator import SiteGeneratorConfig, generate_site_commands
-
-        start = datetime.now(timezone.utc) - timedelta(minutes=args.minutes + 10)
-        records = list(generate_site_commands(SiteGeneratorConfig(sites=args.sites, views=args.views,
-                                                                  minutes=args.minutes, seed=args.seed,
-                                                                  run_id=args.run_id, start=start)))
-        what = f"{args.sites} sites"
-    else:
-        # Dated from now (after the log's newest event): a second run is on time, not late against the first.
-        cfg = dated(GeneratorConfig(accounts=args.accounts, commands=args.commands, seed=args.seed,
-                                    run_id=args.run_id, invalid_rate=args.invalid_rate,
-                                    malformed_rate=args.malformed_rate), settings)
-        records = list(generate_commands(cfg))
-        what = f"{args.accounts} accounts"
+    [generate] = [g for g in GENERATORS.values() if g.name == args.domain]  # the domain's own generator
+    module, _, function = generate.run.partition(":")
+    records, what = getattr(importlib.import_module(module), function)(settings, args)
     with EventStore(settings) as store:
         sent = store.send_raw(records)
         print(f"generate: sent {sent} commands for {what} to {settings.commands_topic}")
@@ -149,7 +126,9 @@ def add_verbs(sub) -> None:
     p.set_defaults(run=_cmd_topics)
 
     p = sub.add_parser("generate", help="send generated commands to the commands topic")
-    p.add_argument("--domain", choices=("accounts", "iot", "site"), default="accounts",
+    from event_store.domains import GENERATORS
+
+    p.add_argument("--domain", choices=tuple(g.name for g in GENERATORS.values()), default="accounts",
                    help="accounts (card payments), iot (device telemetry) or site (page views)")
     p.add_argument("--accounts", type=int, default=300, help="accounts: how many")
     p.add_argument("--commands", type=int, default=3000, help="accounts: commands in all")

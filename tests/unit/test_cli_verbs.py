@@ -90,3 +90,20 @@ def test_an_eventlake_error_ends_with_its_message_and_exit_code(test_domain, cap
 def test_a_bug_is_not_swallowed(test_domain):
     with pytest.raises(KeyError, match="a bug"):
         main(["cli-test-fail-with-a-bug", "x"])
+
+
+def test_each_domain_brings_its_generator():
+    from event_store.domains import GENERATORS
+
+    assert {g.name for g in GENERATORS.values()} == {"accounts", "iot", "site"}
+    [domain] = [a for a in _subcommands(build_parser())["generate"]._actions if a.dest == "domain"]
+    assert set(domain.choices) == {"accounts", "iot", "site"} and domain.default == "accounts"
+    import argparse
+    import importlib
+
+    args = argparse.Namespace(devices=9, minutes=12, seed=1, run_id="t", sites=2, views=40)
+    for name in ("iot", "site"):
+        [generate] = [g for g in GENERATORS.values() if g.name == name]
+        module, _, function = generate.run.partition(":")
+        records, what = getattr(importlib.import_module(module), function)(None, args)
+        assert records and what in ("9 devices", "2 sites")
