@@ -41,7 +41,8 @@ APPS = {
     "rebuild": "spark_apps.rebuild",
 }
 # The repository's packages the apps import (the layers below the CLI; tests/unit/test_layering.py keeps them so).
-PACKAGED = ("lakehouse", "event_store", "read_models", "expectations", "spark_apps")
+PACKAGED = ("lakehouse", "event_store", "read_models", "projection_core", "expectations", "spark_apps",
+            "python_engine")
 DEPLOY_MODES = ("client", "cluster")
 _FORWARDED = ("KAFKA_BOOTSTRAP_SERVERS",)
 _SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN")
