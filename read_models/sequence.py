@@ -11,6 +11,12 @@ pass before any model sees them, so the read models never disagree about which e
   the command handler).
 
 "First" is log order: the events as listed here, the (partition, offset) order in Spark.
+
+A live engine cannot hold every event ever admitted, and need not: ``spark_apps.sequence`` judges a batch by
+its aggregates' heads (last admitted version and event id). A record above its head is new when its id is the
+derivation of its own fields (``event_store.decider.event_id_for``); at the head, the head's id tells a
+duplicate from a conflict; below the head, and for an id that is not its derivation, it looks the record up
+by key. The verdicts are this function's (tests/integration/test_sequence_heads.py).
 """
 from __future__ import annotations
 
