@@ -26,7 +26,7 @@ from event_store.decider import event_id_for
 from event_store.domains import DOMAINS, EVENT_TYPES
 from event_store.envelope import CommandResult, EventEnvelope
 from event_store.errors import InvalidRecord
-from event_store.snapshots import PartitionState, load_snapshot, segment_ranges
+from event_store.snapshots import PartitionState, restore_snapshot, segment_ranges
 from event_store.state_store import StateStore, store_path
 from lakehouse.errors import Refused
 from lakehouse.settings import Settings
@@ -231,12 +231,18 @@ class PartitionRebuilder:
             part = PartitionState.stored(p, store, s.idempotency_window, cache_bytes)
             from_snapshot = False
         else:
-            loaded = self._load_snapshot(p, ends[snapshots_tp]) if self.use_snapshots else None
+            # The latest snapshot goes straight into the store (event_store.snapshots.restore_snapshot: memory of
+            # one batch of entries, whatever the partition holds), then the partition is read through it.
+            loaded = self._load_snapshot(p, ends[snapshots_tp], store) if self.use_snapshots else None
             from_snapshot = loaded is not None
             self._refuse_a_deleted_start(p, events_tp, loaded.events_offset if loaded else 0,
                                          "its latest snapshot" if loaded else "the start of the log (no snapshot)")
-            part = PartitionState.stored(p, store, s.idempotency_window, cache_bytes,
-                                         loaded=loaded or PartitionState(p, window=s.idempotency_window))
+            if loaded is not None:
+                part = PartitionState.stored(p, store, s.idempotency_window, cache_bytes)
+                part.id_segments = loaded.id_segments
+            else:
+                part = PartitionState.stored(p, store, s.idempotency_window, cache_bytes,
+                                             loaded=PartitionState(p, window=s.idempotency_window))
         end = ends[events_tp]
         events_read = 0
         tick = self._keepalive
@@ -394,8 +400,9 @@ class PartitionRebuilder:
         except (ValueError, KeyError, TypeError):
             return None
 
-    def _load_snapshot(self, p: int, end: int) -> PartitionState | None:
-        """The latest snapshot of partition ``p``, reading only its own records when it can.
+    def _load_snapshot(self, p: int, end: int, store: StateStore) -> PartitionState | None:
+        """The latest snapshot of partition ``p`` restored into ``store`` (its bookkeeping returned, or None),
+        reading only its own records when it can.
 
         A snapshot's manifest is the last transaction of its steps and nothing else writes snapshots partition
         ``p`` while they run, so the latest manifest sits just before the end (the commit marker), or, while the
@@ -424,7 +431,7 @@ class PartitionRebuilder:
                     for start, stop in segment_ranges(json.loads(manifest.value), manifest.offset):
                         records += kafka_log.read_partition(self.reader, tp, start, stop, tick=tick)
                     self._snapshot_read = [len(tail) + len(records), False]
-                    return load_snapshot(records, p, s.idempotency_window)
+                    return restore_snapshot(records, p, s.idempotency_window, store)
                 except InvalidRecord:
                     pass  # not where the manifest says after all (e.g. compacted): read everything
             self._snapshot_read = [0, True]
@@ -433,8 +440,8 @@ class PartitionRebuilder:
                 for record in records:
                     self._snapshot_read[0] += 1
                     yield record
-            return load_snapshot(counted(kafka_log.read_partition(self.reader, tp, 0, end, tick=tick)), p,
-                                 s.idempotency_window)
+            return restore_snapshot(counted(kafka_log.read_partition(self.reader, tp, 0, end, tick=tick)), p,
+                                    s.idempotency_window, store)
         except (ValueError, KeyError, TypeError) as e:
             self.log(f"handler {self.instance_id}: snapshot of partition {p} unreadable ({type(e).__name__}: {e}); "
                      f"rebuilding from the whole log")

@@ -48,7 +48,8 @@ from event_store.envelope import dumps
 from event_store.errors import InvalidRecord
 from event_store.partition_state import EventIds, PartitionState, result_row
 
-__all__ = ["PartitionState", "EventIds", "SnapshotWriter", "snapshot_records", "load_snapshot", "segment_ranges",
+__all__ = ["PartitionState", "EventIds", "SnapshotWriter", "snapshot_records", "load_snapshot", "restore_snapshot",
+           "segment_ranges", "MAX_INCREMENTS", "RESTORE_BATCH",
            "STEP_BYTES", "SEGMENT_IDS"]
 
 _CHUNK_BYTES = 512 * 1024  # well under the broker's default max.message.bytes (1 MiB)
@@ -64,6 +65,7 @@ _LOADABLE = (6, 7, 8)
 # A full base after this many incremental snapshots (so the keys on the compacted topic stay bounded: two slots
 # of a base and at most this many increments each).
 MAX_INCREMENTS = 8
+RESTORE_BATCH = 20_000  # snapshot entries per store transaction of a restore
 _INDEX_PER_ENTRY = 1_000  # index keys of one aggregate per snapshot entry
 _IDS_PER_ENTRY = 10_000
 # What one step of a snapshot encodes and commits while the handler takes no command: ~2 MB is tens of ms.
@@ -294,9 +296,8 @@ def segment_ranges(manifest: dict, manifest_offset: int) -> list[tuple[int, int]
     return merged
 
 
-def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionState | None:
-    """The latest complete snapshot of ``partition`` among ``records`` (its snapshots partition), or None.
-    InvalidRecord when a record the latest manifest names is missing or of another snapshot."""
+def _latest_manifest(records: Iterable, partition: int) -> tuple[dict, dict, int | None] | None:
+    """(the latest value per key, the latest manifest of ``partition``, its offset) among ``records``, or None."""
     latest: dict[str, bytes] = {}
     manifest_offset = None
     for record in records:
@@ -311,6 +312,92 @@ def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionSt
     manifest = json.loads(manifest_raw)
     if manifest.get("format") not in _LOADABLE:
         return None
+    return latest, manifest, manifest_offset
+
+
+def _chunks(latest: dict, manifest: dict, partition: int) -> Iterator[list]:
+    """The entries of each chunk of the snapshot, part by part (base, then increments), in order."""
+    parts = manifest.get("parts") or [{"snapshot_id": manifest["snapshot_id"], "chunks": manifest["chunks"],
+                                       "prefix": f"{partition}/{manifest['slot']}"}]
+    for piece in parts:
+        for i in range(piece["chunks"]):
+            chunk = json.loads(latest.get(f"{piece['prefix']}/{i}", b"{}"))
+            if chunk.get("snapshot_id") != piece["snapshot_id"]:
+                raise InvalidRecord(f"snapshot {manifest['snapshot_id']} of partition {partition}: chunk {i} of part "
+                                    f"{piece['snapshot_id']} is missing or from another snapshot; delete the "
+                                    f"snapshot key to rebuild from the log")
+            yield chunk["entries"]
+
+
+def restore_snapshot(records: Iterable, partition: int, window: int, store) -> PartitionState | None:
+    """The latest complete snapshot of ``partition`` among ``records`` written straight into ``store`` (emptied
+    first), entry by entry in transactions of ``RESTORE_BATCH`` entries, its positions last: memory stays that of
+    a batch, whatever the partition holds (``load_snapshot`` decodes it all into memory). Returns the snapshot's
+    bookkeeping (offsets, slot, id segments; no states), or None when there is none. InvalidRecord as
+    ``load_snapshot``; a restore cut short leaves a store without positions, which the next start restores again."""
+    found = _latest_manifest(records, partition)
+    if found is None:
+        return None
+    latest, manifest, manifest_offset = found
+    head = _bookkeeping(latest, manifest, manifest_offset, partition, window)
+    store.clear()
+    states: dict = {}
+    index: list = []
+    windows: dict = {}
+    held = 0
+    for entries in _chunks(latest, manifest, partition):
+        for entry in entries:
+            if "state" in entry:
+                key = (entry["aggregate_type"], entry["aggregate_id"])
+                domain = DOMAINS.get(key[0])
+                if domain is None:
+                    raise InvalidRecord(f"snapshot {manifest['snapshot_id']} of partition {partition}: aggregate "
+                                        f"type {key[0]!r} is not registered here (known: {', '.join(DOMAINS)})")
+                state = domain.decode_state(entry["state"])
+                if domain.index_split is not None:
+                    state, keys = domain.index_split(state)
+                    index += [(key[0], key[1], k) for k in keys]
+                states[key] = dumps(domain.encode_state(state))
+            elif "index" in entry:
+                index += [(entry["aggregate_type"], entry["aggregate_id"], k) for k in entry["index"]]
+            else:
+                windows[entry["aggregate_id"]] = [(row[0], dumps(row)) for row in entry["results"]]
+            held += 1
+            if held >= RESTORE_BATCH:
+                store.restore(states, index, windows, window)
+                states, index, windows, held = {}, [], {}, 0
+    store.restore(states, index, windows, window)
+    meta = json.dumps({"events_since_snapshot": 0, "events_held": head.events_held, "slot": head.slot,
+                       "manifest_offset": head.manifest_offset,
+                       "aggregates": manifest.get("aggregates", 0)}).encode()
+    store.write(head.events_offset, head.results_offset, event_ids=list(head.event_ids), meta=meta, mark=False)
+    return head
+
+
+def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionState | None:
+    """The latest complete snapshot of ``partition`` among ``records`` (its snapshots partition), or None.
+    InvalidRecord when a record the latest manifest names is missing or of another snapshot."""
+    found = _latest_manifest(records, partition)
+    if found is None:
+        return None
+    latest, manifest, manifest_offset = found
+    part = _bookkeeping(latest, manifest, manifest_offset, partition, window)
+    index: dict[tuple[str, str], list[str]] = {}
+    for entries in _chunks(latest, manifest, partition):
+        _load_entries(part, entries, index, f"snapshot {manifest['snapshot_id']} of partition {partition}")
+    for key, keys in index.items():  # the index keys last: a later part's state replaces an earlier one whole
+        known = DOMAINS[key[0]].index_known
+        state = part.state(*key)
+        for index_key in keys:
+            state = known(state, index_key)
+        part.states[key] = state
+    return part
+
+
+def _bookkeeping(latest: dict, manifest: dict, manifest_offset: int | None, partition: int,
+                 window: int) -> PartitionState:
+    """A partition state holding a snapshot's offsets, event ids (from its id segments), slot and manifest offset,
+    without its states."""
     snapshot_id = manifest["snapshot_id"]
     part = PartitionState(partition, events_offset=manifest["events_offset"],
                           results_offset=manifest["results_offset"], window=window,
@@ -326,24 +413,6 @@ def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionSt
                 part.event_ids.load(ids)
         part.id_segments.append(segment)
     part.slot, part.manifest_offset = manifest["slot"], manifest_offset
-    # Format 8: a full base, then the increments after it, in order; older formats: one full snapshot.
-    parts = manifest.get("parts") or [{"snapshot_id": snapshot_id, "prefix": f"{partition}/{part.slot}",
-                                       "chunks": manifest["chunks"]}]
-    index: dict[tuple[str, str], list[str]] = {}
-    for piece in parts:
-        for i in range(piece["chunks"]):
-            chunk = json.loads(latest.get(f"{piece['prefix']}/{i}", b"{}"))
-            if chunk.get("snapshot_id") != piece["snapshot_id"]:
-                raise InvalidRecord(f"snapshot {snapshot_id} of partition {partition}: chunk {i} of part "
-                                    f"{piece['snapshot_id']} is missing or from another snapshot; delete the "
-                                    f"snapshot key to rebuild from the log")
-            _load_entries(part, chunk["entries"], index, f"snapshot {snapshot_id} of partition {partition}")
-    for key, keys in index.items():  # the index keys last: a later part's state replaces an earlier one whole
-        known = DOMAINS[key[0]].index_known
-        state = part.state(*key)
-        for index_key in keys:
-            state = known(state, index_key)
-        part.states[key] = state
     return part
 
 

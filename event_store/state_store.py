@@ -359,6 +359,33 @@ class StateStore:
             self._cache_put(key, value)
         return True
 
+    def restore(self, states: Mapping[tuple[str, str], bytes], index: Iterable[tuple[str, str, str]],
+                windows: Mapping[str, list[tuple[str, bytes]]], window: int) -> None:
+        """Put part of a snapshot being restored (``event_store.snapshots.restore_snapshot``) in one transaction:
+        states, index keys and whole windows ((command id, row) oldest first, each replacing the aggregate's),
+        unmarked and without positions (the restore writes them last)."""
+        puts = [(_state_key(*key), value) for key, value in states.items()]
+        puts += [(_index_key(*entry), b"") for entry in index]
+        with self._env.begin(write=True) as txn:
+            for aggregate_id, rows in windows.items():
+                aid = aggregate_id.encode()
+                prefix = _ORDER + aid + _SEP
+                for _, command_id, _ in list(_window_of(txn, prefix)):  # the window it replaces, if any
+                    txn.delete(_result_key(aggregate_id, command_id))
+                cursor = txn.cursor()
+                if cursor.set_range(prefix):
+                    while cursor.key().startswith(prefix):
+                        if not cursor.delete():
+                            break
+                rows = rows[-window:] if window > 0 else []
+                for seq, (command_id, row) in enumerate(rows):
+                    puts.append((_result_key(aggregate_id, command_id), _SEQ.pack(seq) + row))
+                    puts.append((_order_key(aid, seq), command_id.encode()))
+                puts.append((_HEAD + aid, _HEADS.pack(0, len(rows))))
+            puts.sort()  # in key order: LMDB's inserts then touch each page once
+            txn.cursor().putmulti(puts)
+        self.drop_cache()
+
     def clear(self) -> None:
         """Empty the store (positions included): it covers a log that is not there any more."""
         with self._env.begin(write=True) as txn:

@@ -334,7 +334,8 @@ def test_an_incremental_snapshot_writes_only_what_changed_and_restores_the_same_
     from event_store.account import AccountState, evolve
     from event_store.domain import NewEvent
     from event_store.envelope import CommandResult
-    from event_store.snapshots import MAX_INCREMENTS, PartitionState, load_snapshot, segment_ranges
+    from event_store.snapshots import (MAX_INCREMENTS, PartitionState, load_snapshot, restore_snapshot,
+                                       segment_ranges)
 
     def pay(part, aid, payment_id):
         part.states[("account", aid)] = evolve(part.state("account", aid), NewEvent(
@@ -378,6 +379,19 @@ def test_an_incremental_snapshot_writes_only_what_changed_and_restores_the_same_
                 assert fresh.has_index("account", aid, f"p-{i}-0")
             assert [c for c, _ in fresh.window("acc-3")] == ["c-p-3-2", "c-p-3-3", "c-p-3-4"]
             assert fresh.has_index("account", "acc-3", "p-3-4") and fresh.has_index("account", "acc-7", "p-7-1")
+        # Restored straight into a store (what a handler does: memory of a batch, not of the partition).
+        with StateStore(tmp_path / "direct", cache_bytes=0) as direct:
+            direct.write(1, 1, _batch(3))  # whatever was there goes
+            head = restore_snapshot(wanted, 0, 3, direct)
+            assert direct.positions() == (40, part.results_offset) and head.slot == base.slot
+            again = PartitionState.stored(0, direct, window=3, cache_bytes=0)
+            for i in range(50):
+                aid = f"acc-{i}"
+                assert again.state("account", aid) == part.state("account", aid)
+                assert direct.window(aid) == store.window(aid)
+                assert direct.has_index("account", aid, f"p-{i}-0")
+            assert direct.has_index("account", "acc-3", "p-3-4") and _verdicts(again, ["p-1-0", "new"]) == [
+                "DuplicatePayment", "PaymentAuthorized"]
         # Nothing changed: an empty increment; after MAX_INCREMENTS of them, a full base in the other slot.
         for _ in range(MAX_INCREMENTS - 1):
             assert _write_snapshot(part, records).incremental
