@@ -39,6 +39,8 @@ def record_ends(settings: Settings, topic: str | None = None, timeout_s: float =
     try:
         metadata = consumer.list_topics(topic, timeout=_CALL_TIMEOUT_S).topics[topic]
         if metadata.error is not None:
+            if metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                return {}  # not created yet: an empty log
             raise PositionsUnknown(f"topic {topic}: {metadata.error}")
         ends = {}
         for partition in sorted(metadata.partitions):
