@@ -331,6 +331,21 @@ def table(entries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def report(figures: Path) -> int:
+    """The section of bench/results/REPORT.md for the figures in ``figures`` (bench/report.py draws the plot)."""
+    from bench import report as bench_report
+
+    entries = sorted(json.loads(figures.read_text()), key=lambda e: (e["label"], e["events"]))
+    out = ROOT / "bench" / "results"
+    commits = ", ".join(sorted({f"{e['label']} {e['commit']}" for e in entries}))
+    section = bench_report.long_log_section(entries, table(entries),
+                                            f".venv/bin/python bench/long_log.py ... ({commits})",
+                                            max(e["when"] for e in entries), bench_report.machine(), out)
+    bench_report.replace_section(out / "REPORT.md", bench_report.LONG_LOG_TITLE, section)
+    print(f"report: {out / 'REPORT.md'} ({len(entries)} runs), plot {out / 'long_log.png'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["1000000:100000", "10000000:1000000"],
@@ -340,7 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--handler-root", type=Path, help="run the handler of this checkout (PYTHONPATH)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds a handler may take to answer")
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "long_log.json")
+    parser.add_argument("--report", action="store_true",
+                        help="only write the figures already in --json into bench/results/REPORT.md (plot, table)")
     args = parser.parse_args(argv)
+    if args.report:
+        return report(args.json)
     from infra import kafka
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the broker and handlers are stopped on the way out

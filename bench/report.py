@@ -316,6 +316,7 @@ def plot_long_log(entries: list[dict], path: Path, command: str, when: str, host
         ax.set_xscale("log")
         ax.set_xlabel("events in the log")
         ax.set_ylabel(unit)
+        ax.set_ylim(bottom=0)
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
