@@ -178,6 +178,7 @@ class Handler:
         self.started = time.perf_counter()
         self.samples: list[tuple[float, int]] = []  # (seconds since the start, RSS MiB) every ~5 s
         self.peak = 0
+        self.hwm = 0  # the kernel's high-water mark of its RSS (VmHWM): a spike the sampling misses counts too
         self._sampling = True
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -190,8 +191,19 @@ class Handler:
         except psutil.NoSuchProcess:
             return 0
 
+    def high_water_mark(self) -> int:
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except OSError:
+            return 0
+        return next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+
     def _sample(self) -> None:
-        while self._sampling and self.proc.poll() is None:
+        while self.proc.poll() is None:  # on until the process ends: its close (snapshots) counted in hwm
+            self.hwm = max(self.hwm, self.high_water_mark())
+            if not self._sampling:
+                time.sleep(0.05)
+                continue
             rss = self.rss()
             self.peak = max(self.peak, rss)
             at = time.perf_counter() - self.started
@@ -213,6 +225,7 @@ class Handler:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self._thread.join(5)
         self._log.close()
 
 
@@ -292,6 +305,7 @@ def run_size(broker: Settings, events: int, accounts: int, commands: int, root: 
     handler, first = timed_start(settings, home, work / f"handler-{run}-fold.log", root, "fold", timeout_s)
     first.update(rebuild_figures(handler))
     handler.stop()
+    first["high_water_mib"] = round(handler.hwm / 2**20)
     figures["first_fold"] = first
     print(f"  first fold (fresh home): {shown(first)}", flush=True)
     handler, again = timed_start(settings, home, work / f"handler-{run}-restart.log", root, "restart", timeout_s)
@@ -303,11 +317,13 @@ def run_size(broker: Settings, events: int, accounts: int, commands: int, root: 
     path["peak_rss_mib"] = round(handler.peak / 2**20)
     figures["command_path"] = path
     handler.stop()
+    path["high_water_mib"] = round(handler.hwm / 2**20)
     print(f"  command path (cold cache): {shown(path)}", flush=True)
     handler, restore = timed_start(settings, work / f"home-{run}-restore", work / f"handler-{run}-restore.log",
                                    root, "restore", timeout_s)
     restore.update(rebuild_figures(handler))
     handler.stop()
+    restore["high_water_mib"] = round(handler.hwm / 2**20)
     figures["restore"] = restore
     print(f"  restore (fresh home: snapshots + tail): {shown(restore)}", flush=True)
     figures["home_bytes"] = sum(f.stat().st_size for f in home.rglob("*") if f.is_file())
