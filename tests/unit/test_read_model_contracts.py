@@ -12,7 +12,7 @@ aggregate or an expectation suite is tested the moment it is registered (pyevent
   ``tests/unit/test_expectations.py``'s, over the same registry).
 
 No Kafka and no Spark (the schema is a pyspark StructType, built without a JVM). That both engines give the same
-rows for every model is ``tests/integration/test_python_projection.py``'s (slow: broker and Spark)."""
+rows for every model is ``tests/integration/test_engine_contracts.py``'s (slow: broker and Spark)."""
 from __future__ import annotations
 
 import json
