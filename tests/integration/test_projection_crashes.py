@@ -43,15 +43,18 @@ def test_kill_9_at_random_points_then_restart_gives_the_oracle_tables(spark, set
                EVENTLAKE_SPARK_SHUFFLE_PARTITIONS="2")
     rng = random.Random(4)
     progress = []
-    for _ in range(3):
+    for run in range(3):
         before = committed_batches(settings)
-        proc = subprocess.Popen([EVENTLAKE, "project", "--engine", "spark", "--until-caught-up"], env=env,
-                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        output = settings.home.parent / f"project-{run}.log"
+        with output.open("wb") as sink:
+            proc = subprocess.Popen([EVENTLAKE, "project", "--engine", "spark", "--until-caught-up"], env=env,
+                                    start_new_session=True, stdout=sink, stderr=subprocess.STDOUT)
         # Wait for a batch past the last one, then kill somewhere inside the following ones.
         deadline = time.monotonic() + 600  # a first batch of every domain's models on a busy host
         while committed_batches(settings) <= before and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(rng.uniform(0.5, 6.0))
+        assert proc.poll() is None, f"exit {proc.returncode} before the kill:\n{output.read_text()[-3000:]}"
         os.killpg(proc.pid, signal.SIGKILL)  # the Python driver and its JVM, without any chance to clean up
         proc.wait()
         progress.append(committed_batches(settings))
