@@ -336,7 +336,7 @@ def test_the_appended_tables_are_compacted_while_the_batches_go_on_and_lose_noth
     run = engine.run_until_caught_up(max_offsets_per_trigger=batch)
     assert engine.handed_over == 0, "\n".join(lines)
     assert run.batches >= 2 * COMPACT_EVERY
-    ledger_path = settings.table_path(ledger_table(engine.tables.name))
+    ledger_path = settings.table_path(ledger_table(engine.plan.name))
     payments_path = Catalog(settings).current("payments").table
     for path in (settings.table_path(ARCHIVE_TABLE), ledger_path, payments_path):
         assert any(line.startswith(f"projection: compacted {path}:")
