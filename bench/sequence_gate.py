@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     try:
         for events in args.sizes:
-            before, after = (Settings.load({}).replace(home=work / f"{events}-{name}") for name in ("old", "new"))
+            before, after = (Settings.load({}).replace(home=work / f"{events}-{name}", sequence_gate=name_gate)
+                             for name, name_gate in (("old", "ledger"), ("new", "heads")))
             t0 = time.monotonic()
             _seed(spark, before, events, args.accounts)
             shutil.copytree(before.home, after.home, dirs_exist_ok=True)

@@ -81,6 +81,10 @@ class Settings:
     # The handler's in-memory cache of each partition's state store (event_store.state_store: aggregate states,
     # idempotency windows, log positions on disk under <home>/handler-state), in MB.
     handler_state_cache_mb: int = 64
+    # The Spark projection's sequence gate (spark_apps/sequence.py): "ledger" joins each batch with every event
+    # ever admitted; "heads" reads only the batch's aggregates' heads (flat in the log's length, more jobs per
+    # batch: slower on small ledgers today, bench/sequence_gate.py).
+    sequence_gate: str = "ledger"
     # The handler rejects a command whose event time (occurred_at) lies more than this many seconds ahead of
     # its clock: one event dated far ahead would move every event-time watermark past all later events.
     max_event_time_ahead_s: int = 900

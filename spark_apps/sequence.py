@@ -6,7 +6,7 @@ is a version conflict and goes to the dead letters naming both event ids; events
 ``_sequence_held/<projection>`` until the gap is filled. Because every model of the projection reads the
 same admitted events, no model can count an event another one ignores.
 
-A batch is judged against the **heads** of its own aggregates (``_sequence_heads/<projection>``: per aggregate
+With ``sequence_gate = "heads"`` a batch is judged against the **heads** of its own aggregates (``_sequence_heads/<projection>``: per aggregate
 its last admitted version and that event's id), never against every event ever admitted, so its cost does not
 grow with the log (issue 42). What each case needs:
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from lakehouse.settings import SettingsError
 from read_models.catalog import DEAD_LETTER_TABLE, heads_table, held_table, ledger_table
 
 __all__ = ["ledger_schema", "heads_schema", "admit", "Admission", "VERSION_CONFLICT", "derived_id",
@@ -46,6 +47,7 @@ VERSION_CONFLICT = "version conflict"
 # The heads table's row holding (as its aggregate_version) the ledger version the heads reflect: no aggregate
 # id is empty (event_store.fields.NOT_BLANK).
 HEADS_SYNC_ROW = ""
+SEQUENCE_GATES = ("ledger", "heads")
 # event_store.decider's namespace of event ids (uuid5); tests/unit compare derived_id with event_id_for.
 _EVENT_ID_NAMESPACE = bytes.fromhex("6f1c2b1e7a4d4e0b9a593f0e2c1d8b71")
 
@@ -87,7 +89,123 @@ def derived_id(F):
 
 
 def admit(ctx, events, projection: str) -> Admission:
-    """The events of this batch (valid event rows, ``spark_apps.events``) that the read models apply."""
+    """The events of this batch (valid event rows, ``spark_apps.events``) that the read models apply.
+
+    Two gates give the same verdicts (tests/integration/test_sequence_heads.py runs the heads gate, the
+    projection tests the default): ``sequence_gate = "ledger"`` (the default) joins the batch with the whole
+    ledger; ``"heads"`` reads only its aggregates' heads, flat in the log's length but with more Spark jobs per
+    batch, slower on a small ledger today (bench/sequence_gate.py, bench/README.md; issue 42)."""
+    gate = ctx.settings.sequence_gate
+    if gate not in SEQUENCE_GATES:
+        raise SettingsError(f"setting sequence_gate={gate!r} (EVENTLAKE_SEQUENCE_GATE): expected one of "
+                            f"{', '.join(SEQUENCE_GATES)}")
+    return _admit_by_heads(ctx, events, projection) if gate == "heads" else _admit_by_ledger(ctx, events, projection)
+
+
+def _admit_by_ledger(ctx, events, projection: str) -> Admission:
+    """The gate of ``sequence_gate = "ledger"``: the batch's ids and heads from a join with the whole ledger."""
+    from pyspark import StorageLevel
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from spark_apps.merge import may_repeat, rows_or_none
+
+    spark = ctx.spark
+    admitted_by = f"{ctx.app_id}/{ctx.batch_id}"
+    ledger = spark.read.format("delta").load(ctx.path(ledger_table(projection)))
+    held = rows_or_none(spark, ctx.path(held_table(projection)))
+    candidates = events if held is None else events.unionByName(held)
+    with ctx.timed("sequence: check"):
+        if held is not None or may_repeat(candidates, "event_id"):
+            # The first record with an id in log order counts (a repeat under another version is no new event).
+            first = Window.partitionBy("event_id").orderBy("kafka_partition", "kafka_offset")
+            candidates = (candidates.withColumn("_once", F.row_number().over(first))
+                          .filter("_once = 1").drop("_once"))
+        # An id an earlier batch admitted counts once, wherever its repeat claims to be: a replay at its own
+        # version, or a forged copy under another one. A batch re-run after a crash keeps its own admissions.
+        ids = candidates.select("event_id")
+        admitted_before = (ledger.filter(F.col("admitted_by") != admitted_by).select("event_id")
+                           .join(ids, "event_id", "left_semi"))
+        # Materialised once: the ledger is read here and only here. Left as a plan, every reader of the admitted
+        # events (the ledger append, each read model) would scan the whole ledger again.
+        candidates = candidates.join(admitted_before, "event_id", "left_anti").localCheckpoint(eager=True)
+        # The heads of this batch's aggregates only: the ledger's other rows are dropped before the aggregation.
+        heads = (ledger.join(candidates.select("aggregate_id").distinct(), "aggregate_id", "left_semi")
+                 .groupBy("aggregate_id").agg(F.max("aggregate_version").alias("_head")))
+        # An aggregate continues its head simply when its versions are head+1 .. last, each once: as many
+        # events as distinct versions (else two events share a version: a conflict, even when the count alone
+        # would look like a run, as {1, 1', 3} does) and as many as the run is long (else a gap).
+        runs = candidates.groupBy("aggregate_id").agg(
+            F.min("aggregate_version").alias("_first"), F.max("aggregate_version").alias("_last"),
+            F.count(F.lit(1)).alias("_n"), F.count_distinct("aggregate_version").alias("_versions"))
+        slow_keys = (runs.join(heads, "aggregate_id", "left")
+                     .filter((F.col("_first") != F.coalesce("_head", F.lit(0)) + 1)
+                             | (F.col("_n") != F.col("_versions"))
+                             | (F.col("_n") != F.col("_last") - F.col("_first") + 1))
+                     .select("aggregate_id").persist(StorageLevel.MEMORY_AND_DISK))
+        slow = slow_keys.count()
+    try:
+        if slow == 0 and held is None:  # the common path: everything continues its aggregate's head
+            with ctx.timed("sequence: ledger"):
+                ctx.append(_ledger_rows(candidates, admitted_by, F), ledger_table(projection))
+            return Admission(candidates, 0, 0)
+        with ctx.timed("sequence: ranked"):
+            fast = candidates.join(F.broadcast(slow_keys) if slow < 100_000 else slow_keys, "aggregate_id",
+                                   "left_anti")
+            mine = candidates.join(slow_keys, "aggregate_id", "left_semi")
+            known = (ledger.join(slow_keys, "aggregate_id", "left_semi")
+                     .select("aggregate_id", "aggregate_version", F.col("event_id").alias("_holder"),
+                             F.col("admitted_by").alias("_admitted_by")))
+            mine = mine.join(known, ["aggregate_id", "aggregate_version"], "left")
+            # A version taken in an earlier batch: the same event again (a duplicate; handed on again only when
+            # this very batch admitted it before a crash), or a different event (a conflict).
+            again = mine.filter((F.col("_holder") == F.col("event_id")) & (F.col("_admitted_by") == admitted_by))
+            old_conflicts = mine.filter(F.col("_holder").isNotNull() & (F.col("_holder") != F.col("event_id")))
+            new = mine.filter(F.col("_holder").isNull()).drop("_holder", "_admitted_by")
+            # A version first seen now: the first record (partition, offset) takes it; the others conflict.
+            first = Window.partitionBy("aggregate_id", "aggregate_version").orderBy("kafka_partition", "kafka_offset")
+            new = (new.withColumn("_rank", F.row_number().over(first))
+                   .withColumn("_holder", F.first("event_id").over(first)))
+            new_conflicts = new.filter(F.col("_rank") > 1)
+            takers = new.filter(F.col("_rank") == 1).drop("_rank", "_holder")
+            order = Window.partitionBy("aggregate_id").orderBy("aggregate_version")
+            takers = (takers.join(heads, "aggregate_id", "left")
+                      .withColumn("_contiguous", F.col("aggregate_version")
+                                  == F.coalesce("_head", F.lit(0)) + F.row_number().over(order))
+                      .drop("_head").persist(StorageLevel.MEMORY_AND_DISK))
+            columns = events.columns
+            conflicts = (old_conflicts.select(*columns, "_holder")
+                         .unionByName(new_conflicts.select(*columns, "_holder"))
+                         .persist(StorageLevel.MEMORY_AND_DISK))
+            admitted = (fast.select(*columns)
+                        .unionByName(takers.filter("_contiguous").select(*columns))
+                        .unionByName(again.select(*columns)))
+            # Computed once, before the ledger and the held table change below, and cut from the tables it was
+            # computed from: recomputed afterwards (a cache is not guaranteed to be used, e.g. by the models'
+            # own sessions), the held events would be gone and the rest judged against this batch's admissions.
+            admitted = admitted.localCheckpoint(eager=True)
+            conflict_count = conflicts.count()
+            waiting = takers.filter(~F.col("_contiguous")).select(*columns)
+            waiting_count = waiting.count()
+        try:
+            if conflict_count:
+                _dead_letter_conflicts(ctx, conflicts, columns, F)
+            with ctx.timed("sequence: ledger"):
+                # Both kinds of new admission: aggregates that simply continued (fast) and the sorted ones.
+                newly = fast.select(*columns).unionByName(takers.filter("_contiguous").select(*columns))
+                ctx.append(_ledger_rows(newly, admitted_by, F), ledger_table(projection))
+            if waiting_count or held is not None:
+                ctx.append(waiting, held_table(projection), mode="overwrite")
+        finally:
+            takers.unpersist()
+            conflicts.unpersist()
+        return Admission(admitted, conflict_count, waiting_count)
+    finally:
+        slow_keys.unpersist()
+
+
+def _admit_by_heads(ctx, events, projection: str) -> Admission:
+    """The gate of ``sequence_gate = "heads"``: the batch judged against its own aggregates' heads."""
     from pyspark import StorageLevel
     from pyspark.sql import Window
     from pyspark.sql import functions as F

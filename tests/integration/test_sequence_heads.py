@@ -26,7 +26,7 @@ class Gate:
     def __init__(self, spark, home):
         from spark_apps.spark_projection import spark_event_row_schema
 
-        self.spark, self.settings, self.log, self.offset = spark, Settings.load({}).replace(home=home), [], 0
+        self.spark, self.settings, self.log, self.offset = spark, Settings.load({}).replace(home=home, sequence_gate="heads"), [], 0
         ensure_table(spark, self.settings.table_path(ledger_table(PROJECTION)), ledger_schema(), ("aggregate_id",))
         ensure_table(spark, self.settings.table_path(held_table(PROJECTION)), spark_event_row_schema(spark))
 
