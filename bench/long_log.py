@@ -131,7 +131,9 @@ def seed(settings: Settings, run: str, events: int, accounts: int, workers: int 
 def _seed_share(settings: Settings, run: str, events: int, accounts: int, worker: int, workers: int) -> None:
     import confluent_kafka
 
-    producer = confluent_kafka.Producer({"bootstrap.servers": settings.bootstrap_servers,
+    from lakehouse.kafka_security import confluent_config
+
+    producer = confluent_kafka.Producer({**confluent_config(settings),
                                          "partitioner": "murmur2_random", "compression.type": "zstd",
                                          "linger.ms": 50, "batch.size": 1024 * 1024, "acks": "all",
                                          "queue.buffering.max.messages": 2_000_000,

@@ -16,6 +16,7 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
+from lakehouse.storage import location
 from projection_core.errors import ProjectionError
 
 __all__ = ["LOG_VERSION", "OFFSETS", "COMMITS", "METADATA", "SOURCES", "SPARK_OFFSET_CONF", "RETAINED_BATCHES",
@@ -49,13 +50,13 @@ SPARK_OFFSET_CONF = {
 
 def batch_numbers(folder: Path) -> list[int]:
     """The batch numbers of a log folder (``offsets`` or ``commits``), in order; none for a missing folder."""
-    folder = Path(folder)
+    folder = location(folder)
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
 
 
 def committed_batches(checkpoint: Path) -> list[int]:
     """The batches the checkpoint's commit log holds (the last ``RETAINED_BATCHES``), in order."""
-    return batch_numbers(Path(checkpoint) / COMMITS)
+    return batch_numbers(location(checkpoint) / COMMITS)
 
 
 def last_committed_batch(checkpoint: Path) -> int | None:
@@ -65,7 +66,7 @@ def last_committed_batch(checkpoint: Path) -> int | None:
 
 def batch_offsets(checkpoint: Path, batch: int, topic: str) -> dict[int, int] | None:
     """Partition -> end offset (exclusive) of ``batch`` for ``topic`` (None when not recorded)."""
-    path = Path(checkpoint) / OFFSETS / str(batch)
+    path = location(checkpoint) / OFFSETS / str(batch)
     if not path.exists():
         return None
     for line in path.read_text().splitlines()[2:]:  # the version line, the batch's metadata, one line per source
@@ -82,17 +83,17 @@ def offsets_total(checkpoint: Path, batch: int, topic: str) -> int:
 
 def committed_at(checkpoint: Path, batch: int) -> datetime:
     """When batch ``batch`` was committed (its commit log entry's time)."""
-    return datetime.fromtimestamp((Path(checkpoint) / COMMITS / str(batch)).stat().st_mtime, timezone.utc)
+    return datetime.fromtimestamp((location(checkpoint) / COMMITS / str(batch)).stat().st_mtime, timezone.utc)
 
 
 def planned_at(checkpoint: Path, batch: int) -> datetime:
     """When batch ``batch`` was planned (its offset log entry's time)."""
-    return datetime.fromtimestamp((Path(checkpoint) / OFFSETS / str(batch)).stat().st_mtime, timezone.utc)
+    return datetime.fromtimestamp((location(checkpoint) / OFFSETS / str(batch)).stat().st_mtime, timezone.utc)
 
 
 def initial_offsets(checkpoint: Path, topic: str) -> dict[int, int]:
     """A checkpoint's first offsets (the Kafka source's ``sources/0/0``)."""
-    lines = (Path(checkpoint) / SOURCES / "0" / "0").read_text().lstrip("\0").splitlines()
+    lines = (location(checkpoint) / SOURCES / "0" / "0").read_text().lstrip("\0").splitlines()
     return {int(p): int(o) for p, o in json.loads(lines[1])[topic].items()}
 
 
