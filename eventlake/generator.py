@@ -10,13 +10,7 @@ this module gathers them, with what mixes the domains' streams (``interleaved``,
 - Web traffic (``generate_site_commands``): sites and their page views, some of them late, with a retired site
   and an unknown one for the site aggregate's rejections (see :class:`SiteGeneratorConfig`).
 
-Event time of a run: ``eventlake generate`` and ``eventlake demo`` date each run with ``dated``: its event times
-end at the current time (never ahead of it, where the handler's clock-skew check would reject them) and start
-at the later of (now - the run's nominal span) and the newest event time already in the log that is not ahead
-of the clock. A second run thus lands after the first, past the read models' watermark: only the payments the
-generator makes late on purpose (``late_rate``) go to ``late_events``. A run that follows the last one closely
-is squeezed into the time since then (denser in event time: more rapid-attempt findings), rather than dated in
-the future.
+Event time of a run (``dated``): see ``event_store.account.generator``.
 """
 from __future__ import annotations
 
