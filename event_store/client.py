@@ -17,7 +17,7 @@ from event_store.envelope import CommandEnvelope, CommandResult
 from event_store.errors import InvalidRecord
 from lakehouse.settings import Settings
 
-__all__ = ["EventStore", "as_command"]
+__all__ = ["command_id_needles", "EventStore", "as_command"]
 
 
 def as_command(command: CommandEnvelope | Mapping[str, Any]) -> CommandEnvelope:
@@ -156,7 +156,7 @@ class EventStore:
         found = {cid: self._seen.pop(cid) for cid in list(wanted) if cid in self._seen}
         # On a busy results topic most records answer other commands: one that cannot hold a wanted id is not
         # parsed (a client waiting for one command read ~6,000 results/s of others, each parsed, in the bench).
-        needles = _needles(wanted)
+        needles = command_id_needles(wanted)
         deadline = time.monotonic() + timeout_s
         while len(found) < len(wanted):
             remaining = deadline - time.monotonic()
@@ -183,7 +183,7 @@ class EventStore:
 _MAX_NEEDLES = 16
 
 
-def _needles(command_ids: set[str]) -> list[bytes] | None:
+def command_id_needles(command_ids: set[str]) -> list[bytes] | None:
     """What each of ``command_ids`` looks like in a result's JSON, to tell a record that cannot answer any of them
     without parsing it; None (parse every record) when they are many, or when one may be written escaped (not
     ASCII, or holding a quote, a backslash or a control character)."""

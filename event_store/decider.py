@@ -25,24 +25,24 @@ from event_store.errors import InvalidRecord
 from event_store.fields import time_fields
 from event_store.schemas import COMMANDS, EVENT_SCHEMA_VERSIONS
 
-__all__ = ["execute", "execute_encoded", "event_id_for", "EventTimeLimit", "domain_for", "initial_state",
+__all__ = ["EVENT_ID_NAMESPACE", "execute", "execute_encoded", "event_id_for", "EventTimeLimit", "domain_for", "initial_state",
            "id_taken"]
 
 # Event ids derive from the event's place in the log (aggregate type, id and version) and its command, so a batch
 # redone after an aborted transaction writes the same ids, and two events never share one, even when clients
 # reuse a command id on another aggregate or after it left the idempotency window (a shared id would make readers
 # skip the second event as a repeat: the sequence gate, the handler's rebuild).
-_EVENT_ID_NAMESPACE = uuid.UUID("6f1c2b1e-7a4d-4e0b-9a59-3f0e2c1d8b71")
-_EVENT_ID_SHA1 = hashlib.sha1(_EVENT_ID_NAMESPACE.bytes)
+EVENT_ID_NAMESPACE = uuid.UUID("6f1c2b1e-7a4d-4e0b-9a59-3f0e2c1d8b71")
+EVENT_ID_SHA1 = hashlib.sha1(EVENT_ID_NAMESPACE.bytes)
 
 
 def event_id_for(aggregate_type: str, aggregate_id: str, version: int, command_id: str) -> str:
     """The id of the event at ``version`` of the aggregate, caused by ``command_id`` (deterministic, so redone
     batches match).
 
-    ``uuid.uuid5(_EVENT_ID_NAMESPACE, f"{aggregate_type}/{aggregate_id}/{version}/{command_id}")``, computed
+    ``uuid.uuid5(EVENT_ID_NAMESPACE, f"{aggregate_type}/{aggregate_id}/{version}/{command_id}")``, computed
     without building UUID objects."""
-    sha1 = _EVENT_ID_SHA1.copy()
+    sha1 = EVENT_ID_SHA1.copy()
     sha1.update(f"{aggregate_type}/{aggregate_id}/{version}/{command_id}".encode())
     h = sha1.hexdigest()
     # RFC 4122: version 5 in the high nibble of byte 6, variant 10 in the top bits of byte 8.

@@ -21,7 +21,7 @@ from event_store.errors import InvalidRecord
 from event_store.fields import ISO_TIME
 from event_store.upcasting import UnknownSchemaVersion, upcast
 
-__all__ = ["EventEnvelope", "CommandEnvelope", "CommandResult", "utc_now", "parse_time", "format_time", "new_id", "in_range",
+__all__ = ["load_json", "plain_event", "EventEnvelope", "CommandEnvelope", "CommandResult", "utc_now", "parse_time", "format_time", "new_id", "in_range",
            "dumps", "built"]
 
 
@@ -62,7 +62,7 @@ def _require(obj: Mapping[str, Any], name: str, kind: type | tuple[type, ...], w
     return value
 
 
-def _load_json(raw: bytes | str | None, what: str) -> dict[str, Any]:
+def load_json(raw: bytes | str | None, what: str) -> dict[str, Any]:
     if raw is None:
         raise InvalidRecord(f"{what}: the record has no value (null: a tombstone or a record written without one)")
     try:
@@ -118,10 +118,10 @@ class EventEnvelope:
         # decoders for the ordinary valid event at its type's current schema version. Anything else (invalid,
         # an older version to upcast, members beyond the schema, JSON msgspec reads differently) takes the
         # reference path below, which decides and words every rejection, so the outcome is the same either way.
-        event = _plain_event(cls, raw)
+        event = plain_event(cls, raw)
         if event is not None:
             return event
-        obj = _load_json(raw, "event")
+        obj = load_json(raw, "event")
         return cls.from_dict(obj)
 
     @classmethod
@@ -206,7 +206,7 @@ class CommandEnvelope:
         command = _plain_command(cls, raw)
         if command is not None:
             return command
-        return cls.from_dict(_load_json(raw, "command"))
+        return cls.from_dict(load_json(raw, "command"))
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> "CommandEnvelope":
@@ -277,7 +277,7 @@ class CommandResult:
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> "CommandResult":
-        return cls.from_dict(_load_json(raw, "command result"))
+        return cls.from_dict(load_json(raw, "command result"))
 
 
 _new = object.__new__
@@ -425,7 +425,7 @@ def plain_event_parts(raw: bytes | str) -> tuple[Any, Any] | None:
     return head, payload
 
 
-def _plain_event(cls: type[EventEnvelope], raw: bytes | str) -> EventEnvelope | None:
+def plain_event(cls: type[EventEnvelope], raw: bytes | str) -> EventEnvelope | None:
     """``EventEnvelope.from_json(raw)`` for a valid event at its type's current schema version, decoded by
     compiled msgspec decoders; None when in any doubt (then the reference path gives the answer). Accepts nothing
     ``from_dict`` would reject."""

@@ -44,7 +44,7 @@ from event_store.envelope import CommandEnvelope, EventEnvelope, dumps, format_t
 from event_store.errors import InvalidRecord
 from lakehouse.settings import Settings
 
-__all__ = ["FraudConsumer", "FraudStats", "findings_for", "encode_state", "decode_state", "SNAPSHOT_FOLDER",
+__all__ = ["event_time_ms", "FraudConsumer", "FraudStats", "findings_for", "encode_state", "decode_state", "SNAPSHOT_FOLDER",
            "observation", "snapshot_positions", "status_line"]
 
 SNAPSHOT_FOLDER = "fraud-detector-consumer"
@@ -64,7 +64,7 @@ def decode_state(value: list) -> FraudState:
     return FraudState(last_version, max_amount, tuple(map(tuple, attempts)), tuple(map(tuple, devices)))
 
 
-def _time_ms(occurred_at: str) -> int:
+def event_time_ms(occurred_at: str) -> int:
     """Epoch milliseconds of an event time, truncated toward zero like the Spark app's ``unix_micros / 1000``."""
     delta = parse_time(occurred_at, "occurred_at") - _EPOCH
     micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
@@ -74,7 +74,7 @@ def _time_ms(occurred_at: str) -> int:
 def observation(event: EventEnvelope) -> Observation:
     p = event.payload
     amount = p.get("amount_minor")
-    return Observation(event.event_type, int(event.aggregate_version), _time_ms(event.occurred_at),
+    return Observation(event.event_type, int(event.aggregate_version), event_time_ms(event.occurred_at),
                        p.get("payment_id"), None if amount is None else int(amount), p.get("location"))
 
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from event_store.envelope import EventEnvelope, _load_json, _plain_event
+from event_store.envelope import EventEnvelope, load_json, plain_event
 from eventlake.generator import GeneratorConfig, IotGeneratorConfig, SiteGeneratorConfig, generate_site_commands
 from tests.domain_helpers import events_for, events_of, iot_events_for
 from tests.unit.test_handler_core import outcome
@@ -14,7 +14,7 @@ from tests.unit.test_handler_core import outcome
 
 def reference_event(raw):
     """EventEnvelope.from_json as it was: the standard library's JSON, then from_dict."""
-    return EventEnvelope.from_dict(_load_json(raw, "event"))
+    return EventEnvelope.from_dict(load_json(raw, "event"))
 
 
 def sample_events():
@@ -29,7 +29,7 @@ def test_every_generated_event_of_every_domain_takes_the_fast_path_and_reads_the
     assert len({e.event_type for e in events}) >= 8
     for e in events:
         raw = e.to_json()
-        fast = _plain_event(EventEnvelope, raw)
+        fast = plain_event(EventEnvelope, raw)
         assert fast is not None, raw  # the ordinary event is not left to the slow path
         assert fast == reference_event(raw) == e
 
@@ -72,7 +72,7 @@ def test_an_older_schema_version_is_upcast_on_the_reference_path():
     from tests.unit.test_upcasting import v1_payment_authorized
 
     raw = json.dumps(v1_payment_authorized()).encode()
-    assert _plain_event(EventEnvelope, raw) is None
+    assert plain_event(EventEnvelope, raw) is None
     assert EventEnvelope.from_json(raw) == reference_event(raw)
     assert EventEnvelope.from_json(raw).schema_version == 2
 

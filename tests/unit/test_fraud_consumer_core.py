@@ -3,7 +3,7 @@ snapshot encoding, event times as the Spark app reads them."""
 from datetime import datetime, timedelta, timezone
 
 from event_store.account import AccountState
-from event_store.account.fraud_consumer import _time_ms, decode_state, encode_state, findings_for, observation
+from event_store.account.fraud_consumer import event_time_ms, decode_state, encode_state, findings_for, observation
 from event_store.account.fraud_rules import FraudState, detect, flag_command_id
 from event_store.decider import execute
 from event_store.envelope import CommandEnvelope
@@ -81,7 +81,7 @@ def test_a_state_decoded_from_its_snapshot_encoding_finds_the_same():
 
 
 def test_event_times_are_milliseconds_truncated_toward_zero_like_the_spark_app():
-    assert _time_ms("1970-01-01T00:00:01.5Z") == 1500
-    assert _time_ms("1969-12-31T23:59:59.9995Z") == 0  # -0.5 ms -> 0 (Spark's cast of a negative fraction)
-    assert _time_ms("1969-12-31T23:59:59.998Z") == -2
-    assert _time_ms("9998-12-31T00:00:00.000Z") == 253370678400000
+    assert event_time_ms("1970-01-01T00:00:01.5Z") == 1500
+    assert event_time_ms("1969-12-31T23:59:59.9995Z") == 0  # -0.5 ms -> 0 (Spark's cast of a negative fraction)
+    assert event_time_ms("1969-12-31T23:59:59.998Z") == -2
+    assert event_time_ms("9998-12-31T00:00:00.000Z") == 253370678400000

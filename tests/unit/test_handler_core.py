@@ -6,8 +6,8 @@ import uuid
 import pytest
 
 from event_store.account import AccountState, evolve
-from event_store.decider import _EVENT_ID_NAMESPACE, event_id_for, execute, execute_encoded
-from event_store.envelope import CommandEnvelope, _load_json, dumps
+from event_store.decider import EVENT_ID_NAMESPACE, event_id_for, execute, execute_encoded
+from event_store.envelope import CommandEnvelope, load_json, dumps
 from event_store.errors import InvalidRecord
 from eventlake.generator import GeneratorConfig, generate_commands
 
@@ -16,7 +16,7 @@ T = "2026-01-01T00:00:00.000Z"
 
 def reference_command(raw):
     """CommandEnvelope.from_json as it was: the standard library's JSON, then from_dict."""
-    return CommandEnvelope.from_dict(_load_json(raw, "command"))
+    return CommandEnvelope.from_dict(load_json(raw, "command"))
 
 
 def outcome(parse, raw):
@@ -135,7 +135,7 @@ def test_event_ids_are_uuid5_of_the_aggregate_the_version_and_the_command_id():
     for i in range(2000):
         command_id = str(uuid.uuid4()) if i % 3 else f"cmd-{i}-é"
         assert event_id_for("account", f"acc-{i % 7}", i % 5 + 1, command_id) == str(
-            uuid.uuid5(_EVENT_ID_NAMESPACE, f"account/acc-{i % 7}/{i % 5 + 1}/{command_id}"))
+            uuid.uuid5(EVENT_ID_NAMESPACE, f"account/acc-{i % 7}/{i % 5 + 1}/{command_id}"))
 
 
 def test_a_command_id_reused_on_another_aggregate_or_later_makes_events_with_ids_of_their_own():

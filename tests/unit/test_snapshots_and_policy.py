@@ -279,14 +279,14 @@ def test_a_partition_is_snapshotted_after_every_events_or_a_quarter_of_what_it_h
 
 
 def test_a_client_skips_unparsed_only_the_results_that_cannot_answer_its_commands():
-    from event_store.client import _needles
+    from event_store.client import command_id_needles
 
     wanted = {"cmd-1", "cmd-2"}
-    needles = _needles(wanted)
+    needles = command_id_needles(wanted)
     answer = CommandResult("cmd-2", "acc-1", "accepted", 3).to_json()
     other = CommandResult("cmd-12", "acc-1", "accepted", 4).to_json()  # holds "cmd-1" as a prefix only
     assert any(n in answer for n in needles) and not any(n in other for n in needles)
     # Ids a result's JSON may write escaped, and too many ids to look for: every record is parsed.
     for escaped in ('say "hi"', "back\\slash", "tab\tin", "café"):
-        assert _needles({escaped}) is None
-    assert _needles({f"c-{i}" for i in range(17)}) is None
+        assert command_id_needles({escaped}) is None
+    assert command_id_needles({f"c-{i}" for i in range(17)}) is None
