@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from event_store.decider import EVENT_ID_NAMESPACE
 from lakehouse.settings import SettingsError
 from read_models.catalog import DEAD_LETTER_TABLE, heads_table, held_table, ledger_table
 
@@ -48,8 +49,8 @@ VERSION_CONFLICT = "version conflict"
 # id is empty (event_store.fields.NOT_BLANK).
 HEADS_SYNC_ROW = ""
 SEQUENCE_GATES = ("ledger", "heads")
-# event_store.decider's namespace of event ids (uuid5); tests/unit compare derived_id with event_id_for.
-_EVENT_ID_NAMESPACE = bytes.fromhex("6f1c2b1e7a4d4e0b9a593f0e2c1d8b71")
+# event_store.decider's namespace of event ids (uuid5): derived_id computes event_id_for in Spark.
+_EVENT_ID_NAMESPACE = EVENT_ID_NAMESPACE.bytes
 
 
 def ledger_schema():
