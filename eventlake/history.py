@@ -15,12 +15,12 @@ from datetime import datetime, timezone
 import read_models
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
-from read_models.catalog import Catalog, CatalogError
+from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Catalog, CatalogError
 from lakehouse.errors import NotFound
 
 __all__ = ["HistoryError", "HistoryLine", "history", "format_history"]
 
-NON_MODEL_TABLES = {"event_archive": "event_archive", "event_dead_letters": "_dead_letters/events"}
+NON_MODEL_TABLES = {"event_archive": ARCHIVE_TABLE, "event_dead_letters": DEAD_LETTER_TABLE}
 
 
 class HistoryError(NotFound, LookupError):

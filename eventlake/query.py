@@ -21,7 +21,7 @@ from eventlake.sql_guard import GuardBuildError
 from eventlake.read_only import WriteRefused, check_duckdb, check_spark, lock_duckdb, spark_guard
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
-from read_models.catalog import Catalog, late_events_sources
+from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Catalog, late_events_sources
 from lakehouse.errors import BadInput
 
 __all__ = ["QueryError", "TablePart", "AsOf", "parse_as_of", "describe_as_of", "logical_tables", "query_duckdb", "query_spark", "spark_frame",
@@ -70,9 +70,9 @@ def logical_tables(settings: Settings, as_of: AsOf | None = None) -> dict[str, l
     moment = as_of if isinstance(as_of, datetime) else None
     current = Catalog(settings).current_all(as_of=moment)
     candidates = {name: [TablePart(g.table, generation=g.number)] for name, g in current.items()}
-    candidates["event_dead_letters"] = [TablePart(settings.table_path("_dead_letters/events"))]
+    candidates["event_dead_letters"] = [TablePart(settings.table_path(DEAD_LETTER_TABLE))]
     candidates["late_events"] = [TablePart(path, tuple(names)) for path, names in late_events_sources(current)]
-    candidates["event_archive"] = [TablePart(settings.table_path("event_archive"))]
+    candidates["event_archive"] = [TablePart(settings.table_path(ARCHIVE_TABLE))]
     existing = {name: parts for name, parts in candidates.items()
                 if parts and all((p.path / "_delta_log").is_dir() for p in parts)}
     if as_of is None:

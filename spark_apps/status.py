@@ -139,7 +139,7 @@ def _late_events_status(current: dict[str, Generation], settings: Settings) -> "
 
     sources = late_events_sources(current)
     if not sources:
-        return TableStatus("late_events", None, None, settings.table_path("late_events"))
+        return TableStatus(SHARED_LATE_EVENTS_TABLE, None, None, settings.table_path(SHARED_LATE_EVENTS_TABLE))
     rows, version = 0, None
     for path, names in sources:
         table = delta_table(path)
@@ -187,10 +187,10 @@ def table_statuses(settings: Settings) -> list[TableStatus]:
 
     current = Catalog(settings).current_all()  # read models: their current generation's table
     paths = {name: generation.table for name, generation in current.items()}
-    paths.update({name: settings.table_path(name) for name in ("event_archive", "late_events", "_dead_letters/events")})
+    paths.update({name: settings.table_path(name) for name in (ARCHIVE_TABLE, SHARED_LATE_EVENTS_TABLE, DEAD_LETTER_TABLE)})
     out = []
     for name, path in paths.items():
-        if name == "late_events":
+        if name == SHARED_LATE_EVENTS_TABLE:
             out.append(_late_events_status(current, settings))
             continue
         if not (path / "_delta_log").is_dir():
