@@ -15,24 +15,23 @@ instance is fenced. Its Kafka clients come from ``event_store.kafka_clients``. S
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import threading
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Callable
 
 import confluent_kafka
 from kafka import TopicPartition
 from kafka.errors import KafkaError
 
 from event_store import kafka_clients, kafka_log
+from event_store.batch_decision import (PRODUCER_MESSAGE_MAX_BYTES, DeadLetter, DecisionCounts, RecordLimits,
+                                        StagedChanges, command_ids, decide_records, fit_result, version_of)
 from event_store.collector import CollectorPaced
-from event_store.decider import EventTimeLimit, execute_encoded, id_taken
-from event_store.envelope import CommandEnvelope, CommandResult, format_time, utc_now
-from event_store.errors import InvalidRecord
-from event_store.partition_rebuild import PartitionRebuilder, RebuildDeferred, RebuildStats, continue_waiting
+from event_store.decider import EventTimeLimit
+from event_store.envelope import CommandResult, format_time, utc_now
+from event_store.handler_stats import HandlerStats
+from event_store.partition_rebuild import PartitionRebuilder, RebuildDeferred, RebuildStats
 from event_store.snapshots import STEP_BYTES, PartitionState, SnapshotWriter
 from lakehouse.settings import Settings
 from lakehouse.errors import Unavailable
@@ -52,79 +51,6 @@ def snapshot_due(part: PartitionState, every: int) -> bool:
 
 class HandlerError(Unavailable, RuntimeError):
     """The handler cannot go on safely (e.g. a partition's log stays blocked by an open transaction)."""
-
-
-@dataclass
-class HandlerStats:
-    commands: int = 0
-    accepted: int = 0
-    rejected: int = 0
-    duplicates: int = 0
-    dead_lettered: int = 0
-    events: int = 0
-    transactions: int = 0
-    aborted: int = 0
-    snapshots: int = 0
-    snapshot_steps: int = 0  # transactions written by snapshots (event_store.snapshots.SnapshotWriter)
-    too_large: int = 0  # rejected EventTooLarge (counted in rejected too)
-    unwritable: int = 0  # rejected NotWritable after transactions of their own failed (counted in rejected too)
-    batch_retries: int = 0  # batches redone one command per transaction
-    command_retries: int = 0  # failed transactions of a single command
-    unreadable_events: int = 0  # events records a rebuild could not read (their aggregates are quarantined)
-    repeated_events: int = 0  # an event id seen before, or an event at a version already taken (forged)
-    unreadable_results: int = 0  # command-results records a rebuild skipped
-    producers_renewed: int = 0  # producers replaced after a fatal error that was no fence
-    consumers_renewed: int = 0  # consumers replaced after not rejoining their group (kafka_clients.RejoinWatch)
-    commit_seconds: float = 0.0  # waiting for send_offsets_to_transaction + commit_transaction
-    snapshot_seconds: float = 0.0  # writing snapshots' steps (the loop handles no command meanwhile)
-    longest_snapshot_s: float = 0.0  # the longest step
-    collections: int = 0  # the loop's paced garbage collections (event_store.collector)
-    collector_seconds: float = 0.0
-    longest_collection_s: float = 0.0
-    started: float = field(default_factory=time.monotonic)
-
-    def line(self) -> str:
-        secs = max(time.monotonic() - self.started, 1e-9)
-        faults = {"too large": self.too_large, "not writable": self.unwritable,
-                  "batches redone one by one": self.batch_retries, "single-command retries": self.command_retries,
-                  "unreadable events (aggregates quarantined)": self.unreadable_events,
-                  "repeated or conflicting events skipped": self.repeated_events,
-                  "unreadable results skipped": self.unreadable_results,
-                  "producers renewed after a fatal error": self.producers_renewed,
-                  "consumers renewed after not rejoining their group": self.consumers_renewed}
-        return (f"{self.commands} commands ({self.accepted} accepted, {self.rejected} rejected, "
-                f"{self.duplicates} duplicate, {self.dead_lettered} dead-lettered) -> {self.events} events "
-                f"in {self.transactions} transactions, {self.commands / secs:,.0f} commands/s"
-                + (f", {self.commit_seconds / secs:.0%} of the time committing" if self.transactions else "")
-                + (f", {self.snapshots} partition snapshots written in {self.snapshot_steps} steps, "
-                   f"{self.snapshot_seconds:.1f}s (the longest step {self.longest_snapshot_s:.2f}s)"
-                   if self.snapshots else "")
-                + (f", {self.collections} garbage collections {self.collector_seconds:.1f}s (the longest "
-                   f"{self.longest_collection_s:.2f}s)" if self.collections else "")
-                + "".join(f"; {n} {what}" for what, n in faults.items() if n))
-
-
-
-def _version_of(part: PartitionState, value: bytes | None) -> int:
-    """The version of the aggregate a command record names, as far as it can be read (-1 when it cannot)."""
-    try:
-        command = CommandEnvelope.from_json(value)
-    except (InvalidRecord, TypeError):
-        return -1
-    return part.state(command.aggregate_type, command.aggregate_id).version
-
-
-def _command_ids(value: bytes | None) -> tuple[str, str] | None:
-    """(command_id, aggregate_id) of a command record as far as they can be read; None without a command_id."""
-    try:
-        obj = json.loads(value)
-    except (ValueError, TypeError):
-        return None
-    command_id = obj.get("command_id") if isinstance(obj, dict) else None
-    if not isinstance(command_id, str) or not command_id:
-        return None
-    aggregate_id = obj.get("aggregate_id")
-    return command_id, aggregate_id if isinstance(aggregate_id, str) else ""
 
 
 class _Stopping(Exception):
@@ -176,12 +102,6 @@ _CALL_TIMEOUT_S = 5.0
 # A transactional producer call that has not returned this long after its timeout is taken as stuck (see
 # CommandHandler._bounded); longer than the transaction timeout, by which the broker has aborted it anyway.
 _STUCK_CALL_S = _TRANSACTION_TIMEOUT_MS / 1000 + 10
-# The producer's own limit on one record (librdkafka's message.max.bytes, its default written out): the
-# size precheck uses the smaller of it and each topic's max.message.bytes.
-_PRODUCER_MESSAGE_MAX_BYTES = 1_000_000
-# A record alone in its batch takes this much more than its key and value (v2 batch header: 61 bytes; the
-# record's own varints and attributes: at most ~30). Rounded up.
-_RECORD_OVERHEAD_BYTES = 128
 # A command whose own transaction fails this many times (non-retriable errors) is answered NotWritable.
 _SINGLE_COMMAND_ATTEMPTS = 3
 
@@ -208,8 +128,7 @@ class CommandHandler:
                                              tick=self._keepalive, wait=self._wait,
                                              stable_wait_s=_TRANSACTION_TIMEOUT_MS / 1000 + 15)
         # The most bytes one record may take, per topic written (set by start(): see _read_size_limits).
-        self.record_limits: dict[str, int] = {}
-        self._max_event_bytes = self._max_result_bytes = self._max_dead_letter_bytes = 0
+        self.limits: RecordLimits | None = None
         self._delivered_events: dict[int, int] = {}
         self._delivered_results: dict[int, int] = {}
         self._stopping = threading.Event()
@@ -229,6 +148,11 @@ class CommandHandler:
         return self._rebuilder.rebuilds
 
     @property
+    def record_limits(self) -> dict[str, int]:
+        """The most bytes one record may take, per topic the handler writes to (known once started)."""
+        return self.limits.record_limits if self.limits is not None else {}
+
+    @property
     def transactional_id(self) -> str:
         return f"{self.settings.handler_group_id}-{self.instance_id}"
 
@@ -242,7 +166,7 @@ class CommandHandler:
         # cost more than everything else the handler does (bench/commands.py). Same guarantees: idempotent,
         # acks=all, transactional, read_committed, offsets sent with the group metadata (KIP-447).
         self._producer_config = kafka_clients.transactional_producer_config(
-            s, self.transactional_id, batch_bytes=batch_bytes, message_max_bytes=_PRODUCER_MESSAGE_MAX_BYTES,
+            s, self.transactional_id, batch_bytes=batch_bytes, message_max_bytes=PRODUCER_MESSAGE_MAX_BYTES,
             transaction_timeout_ms=_TRANSACTION_TIMEOUT_MS)
         self._producer = kafka_clients.new_producer(self._producer_config)
         # Fences any older instance with this id and aborts its open transaction before we read state.
@@ -276,14 +200,8 @@ class CommandHandler:
         max.message.bytes, capped by the producer's message.max.bytes); returns the producer's batch.size."""
         s = self.settings
         topics = (s.events_topic, s.results_topic, s.dead_letters_topic)
-        topic_limits = kafka_log.max_message_bytes(s, topics)
-        self.record_limits = {t: min(topic_limits[t], _PRODUCER_MESSAGE_MAX_BYTES) for t in topics}
-        self._topic_limits = topic_limits
-        self._max_event_bytes = self.record_limits[s.events_topic] - _RECORD_OVERHEAD_BYTES
-        self._max_result_bytes = self.record_limits[s.results_topic] - _RECORD_OVERHEAD_BYTES
-        self._max_dead_letter_bytes = self.record_limits[s.dead_letters_topic] - _RECORD_OVERHEAD_BYTES
-        # librdkafka does not split a batch the broker finds too large: no batch may outgrow the smallest limit.
-        return max(1, min(1024 * 1024, *self.record_limits.values()) - _RECORD_OVERHEAD_BYTES)
+        self.limits = RecordLimits.of(*topics, kafka_log.max_message_bytes(s, topics))
+        return self.limits.batch_bytes
 
     def close(self) -> None:
         """Snapshot what changed (so the next start is fast), then close the clients. Bounded in time: with the
@@ -534,9 +452,8 @@ class CommandHandler:
         now = datetime.now(timezone.utc)
         recorded_at = format_time(now)
         time_limit = EventTimeLimit.at(now, self.settings.max_event_time_ahead_s)
-        staged: dict[tuple[str, str], tuple[PartitionState, Any]] = {}
-        staged_results: dict[str, tuple[PartitionState, CommandResult]] = {}
-        stats = HandlerStats(started=self.stats.started)
+        staged = StagedChanges()
+        counts = DecisionCounts()
         self._delivered_events, self._delivered_results = {}, {}
         generations = {tp.partition: self._generation.get(tp.partition) for tp in owned}
         producer.begin_transaction()
@@ -544,15 +461,15 @@ class CommandHandler:
             offsets = []
             for tp, part in owned.items():
                 records = batch[tp]
-                events_before = stats.events
-                events: list[tuple[bytes, bytes]] = []
-                results: list[tuple[bytes, bytes]] = []
-                self._handle_records(records, part, staged, staged_results, stats, recorded_at, time_limit, events,
-                                     results)
-                self._produce_partition(self.settings.events_topic, events, tp.partition, self._on_event_delivered)
-                self._produce_partition(self.settings.results_topic, results, tp.partition,
+                events_before = counts.events
+                writes = decide_records(records, part, staged, counts, recorded_at, time_limit, self.limits)
+                for dead_letter in writes.dead_letters:
+                    self._produce_dead_letter(dead_letter)
+                self._produce_partition(self.settings.events_topic, writes.events, tp.partition,
+                                        self._on_event_delivered)
+                self._produce_partition(self.settings.results_topic, writes.results, tp.partition,
                                         self._on_result_delivered)
-                part_events = stats.events - events_before
+                part_events = counts.events - events_before
                 offsets.append(confluent_kafka.TopicPartition(tp.topic, tp.partition, records[-1].offset() + 1))
                 owned[tp] = (part, part_events)
             self._commit(offsets, lambda: any(self._generation.get(p) != g for p, g in generations.items()))
@@ -592,17 +509,16 @@ class CommandHandler:
                 part.events_offset = self._delivered_events[tp.partition] + 1
             if tp.partition in self._delivered_results:
                 part.results_offset = self._delivered_results[tp.partition] + 1
-        for key, (part, state) in staged.items():
+        for key, (part, state) in staged.states.items():
             part.states[key] = state
-        for part, result in staged_results.values():
+        for part, result in staged.results.values():
             if result.aggregate_id and result.error_type != "InvalidCommand":
                 part.remember(result)  # its events' ids are derived (decider.event_id_for): not kept
         # Then the state store: the batch's changes with the positions, in one LMDB transaction (an aborted batch
         # never gets here; a kill -9 before it only leaves the store behind, and the next start reads the tail).
         for part, _ in owned.values():
             part.flush()
-        for name in ("commands", "accepted", "rejected", "duplicates", "dead_lettered", "events", "too_large"):
-            setattr(self.stats, name, getattr(self.stats, name) + getattr(stats, name))
+        counts.add_to(self.stats)
         self.stats.transactions += 1
         self._snapshot_next_due()
         return None
@@ -824,13 +740,13 @@ class CommandHandler:
         where = f"{tp.topic}/{tp.partition}/{record.offset()}"
         reason = (f"command record {where} could not be written, even in {_SINGLE_COMMAND_ATTEMPTS} transactions "
                   f"of its own: {failure}")
-        ids = _command_ids(value)
+        ids = command_ids(value)
         result = None
         if ids is not None:
             command_id, aggregate_id = ids
-            result = self._fit_result(CommandResult(
-                command_id, aggregate_id, "rejected", _version_of(part, value), error_type="NotWritable",
-                reason=reason, recorded_at=utc_now()))
+            result = fit_result(CommandResult(
+                command_id, aggregate_id, "rejected", version_of(part, value), error_type="NotWritable",
+                reason=reason, recorded_at=utc_now()), self.limits)
         generation = self._generation.get(tp.partition)
         for with_answer in (True, False):
             self._producer.begin_transaction()
@@ -838,8 +754,8 @@ class CommandHandler:
                 if with_answer and result is not None:
                     self._produce(s.results_topic, result.command_id.encode(), result.to_json(), tp.partition)
                 elif with_answer:
-                    self._produce(s.dead_letters_topic, record.key(), kafka_log.dead_letter_value(
-                        reason, value, tp.topic, tp.partition, record.offset(), max_bytes=self._max_dead_letter_bytes))
+                    self._produce_dead_letter(DeadLetter(record.key(), reason, value, tp.topic, tp.partition,
+                                                         record.offset()))
                 self._commit([confluent_kafka.TopicPartition(tp.topic, tp.partition, record.offset() + 1)],
                              lambda: self._generation.get(tp.partition) != generation)
             except _Stopping:
@@ -881,127 +797,17 @@ class CommandHandler:
         raise HandlerError(f"handler {self.instance_id}: nothing can be written for command record {where}, not "
                            f"even its offset ({failure}); stopping")
 
-    # -- one batch's records -------------------------------------------------------------------------
-    def _handle_records(self, records: list, part: PartitionState, staged, staged_results, stats: HandlerStats,
-                        recorded_at: str, time_limit: EventTimeLimit, events: list, results: list) -> None:
-        """Handle one partition's command records in order: append their events and results (key, value) to
-        ``events`` and ``results``, which ``process`` produces into the open transaction."""
-        from_json, add_event, add_result = CommandEnvelope.from_json, events.append, results.append
-        first_result, state_of = part.first_result, part.state
-        max_event_bytes, max_result_bytes = self._max_event_bytes, self._max_result_bytes
-        accepted = rejected = new_events_total = 0
-        for record in records:
-            value = record.value()
-            try:
-                command = from_json(value)
-            except InvalidRecord as e:
-                rejected += self._handle_invalid(record, value, str(e), stats, recorded_at, results)
-                continue
-            aggregate_id = command.aggregate_id
-            command_id = command.command_id
-            staged_first = staged_results.get(command_id)
-            first = staged_first[1] if staged_first else first_result(aggregate_id, command_id)
-            if first is not None and first.aggregate_id == aggregate_id:
-                stats.duplicates += 1
-                add_result((command_id.encode(), CommandResult(
-                    first.command_id, aggregate_id, first.status, first.version, first.event_ids, first.error_type,
-                    first.reason, recorded_at, duplicate=True).to_json()))
-                continue
-            # Routed by aggregate type: CommandEnvelope gives every command a registered one, or rejects it.
-            state_key = (command.aggregate_type, aggregate_id)
-            staged_state = staged.get(state_key)
-            before = part.known(command, staged_state[1] if staged_state else state_of(*state_key))
-            owner = part.owner_of(*state_key, staged) if before.version == 0 else None
-            if owner is not None:
-                state, new_events, result = before, (), id_taken(before, command, owner, recorded_at)
-            else:
-                state, new_events, result = execute_encoded(before, command, recorded_at, time_limit)
-            result_key, result_value = command_id.encode(), result.to_json()
-            if new_events:
-                key = aggregate_id.encode()
-                # Sizes are checked before anything is produced: a record the broker refuses would abort the
-                # whole transaction (see _too_large).
-                if (len(key) + max(map(len, new_events)) > max_event_bytes
-                        or len(result_key) + len(result_value) > max_result_bytes):
-                    stats.too_large += 1
-                    state, result = before, self._too_large(before, command, key, new_events, result_key,
-                                                            result_value)
-                    new_events, result_value = (), result.to_json()
-                else:
-                    for event in new_events:
-                        add_event((key, event))
-            if len(result_key) + len(result_value) > max_result_bytes:  # a rejection quoting a huge value
-                result = self._fit_result(result)
-                result_value = result.to_json()
-            if result.status == "accepted":
-                if part.waiting and new_events:  # rarely: events after a gap this command's events fill
-                    state = continue_waiting(part, state_key, state)
-                staged[state_key] = (part, state)
-                accepted += 1
-                new_events_total += len(new_events)
-            else:
-                rejected += 1
-            staged_results[command_id] = (part, result)
-            add_result((result_key, result_value))
-        stats.commands += len(records)
-        stats.accepted += accepted
-        stats.rejected += rejected
-        stats.events += new_events_total
-
-    def _too_large(self, state: Any, command: CommandEnvelope, key: bytes, new_events, result_key: bytes,
-                   result_value: bytes) -> CommandResult:
-        """The rejection of a valid command whose event or result is bigger than a record may be: the broker
-        would refuse it (MSG_SIZE_TOO_LARGE) and abort the whole transaction, again on every retry."""
-        s = self.settings
-        event_bytes = len(key) + max(map(len, new_events))
-        if event_bytes > self._max_event_bytes:
-            what, size, topic = "event", event_bytes, s.events_topic
-        else:
-            what, size, topic = "result", len(result_key) + len(result_value), s.results_topic
-        limit = self.record_limits[topic]
-        reason = (f"command {command.command_id}: its {what} would be a record of {size:,} bytes (key and value), "
-                  f"more than the {limit - _RECORD_OVERHEAD_BYTES:,} bytes a record may take in {topic} (the smaller "
-                  f"of the topic's max.message.bytes {self._topic_limits[topic]:,} and the producer's "
-                  f"message.max.bytes {_PRODUCER_MESSAGE_MAX_BYTES:,}, less {_RECORD_OVERHEAD_BYTES} bytes of "
-                  f"record overhead); shorten its fields")
-        return self._fit_result(CommandResult(command.command_id, command.aggregate_id, "rejected", state.version,
-                                              error_type="EventTooLarge", reason=reason,
-                                              recorded_at=utc_now()))
-
-    def _fit_result(self, result: CommandResult) -> CommandResult:
-        """``result`` with its reason shortened until its record fits the results topic (a rejection may quote
-        the huge value it rejects)."""
-        limit = self._max_result_bytes - len(result.command_id.encode())
-        reason = result.reason or ""
-        while len(result.to_json()) > limit and reason:
-            reason = reason[:len(reason) // 2]
-            result = dataclasses.replace(result, reason=f"{reason}... (reason truncated to fit "
-                                                        f"{self.settings.results_topic})")
-        return result
-
-    def _handle_invalid(self, record, value: bytes | None, reason: str, stats: HandlerStats, recorded_at: str,
-                        results: list) -> int:
-        """An invalid command record: a readable command with a bad field is rejected with the reason (1 is
-        returned: one more rejection); a record that is not a command at all (no command_id to answer to)
-        goes to the dead-letter topic with its bytes (0)."""
-        result = self._invalid_result(value, reason, recorded_at)
-        if result is not None:
-            result_value = result.to_json()
-            if len(result.command_id) + len(result_value) > self._max_result_bytes:
-                result_value = self._fit_result(result).to_json()
-            results.append((result.command_id.encode(), result_value))
-            return 1
-        stats.dead_lettered += 1
-        self._produce(self.settings.dead_letters_topic, record.key(),
-                      kafka_log.dead_letter_value(reason, value, record.topic(), record.partition(),
-                                                  record.offset(), max_bytes=self._max_dead_letter_bytes))
-        return 0
-
     def _produce_partition(self, topic: str, records: list[tuple[bytes, bytes]], partition: int,
                            on_last_delivered) -> None:
         """Produce ``records`` in order to ``topic``/``partition``. Only the last asks for a delivery report:
         its offset is all the handler needs (what a snapshot covers), and a report per record costs."""
         kafka_clients.produce_records(self._producer, topic, records, partition, on_last_delivered)
+
+    def _produce_dead_letter(self, dead_letter: DeadLetter) -> None:
+        """A record that is no command, with the reason and its bytes (as much as the topic takes of them)."""
+        d = dead_letter
+        self._produce(self.settings.dead_letters_topic, d.key, kafka_log.dead_letter_value(
+            d.reason, d.value, d.topic, d.partition, d.offset, max_bytes=self.limits.max_dead_letter_bytes))
 
     def _produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None,
                  on_delivery=None) -> None:
@@ -1016,15 +822,6 @@ class CommandHandler:
     def _on_result_delivered(self, error, message) -> None:
         if error is None:
             self._delivered_results[message.partition()] = message.offset()
-
-    def _invalid_result(self, value: bytes | None, reason: str, recorded_at: str) -> CommandResult | None:
-        """A rejection for an invalid command whose command_id can be read; None when it cannot."""
-        ids = _command_ids(value)
-        if ids is None:
-            return None
-        command_id, aggregate_id = ids
-        return CommandResult(command_id, aggregate_id, "rejected", -1, error_type="InvalidCommand", reason=reason,
-                             recorded_at=recorded_at)
 
     # -- snapshots ---------------------------------------------------------------------------------
     def _snapshot_closing(self, parts: list[PartitionState]) -> None:

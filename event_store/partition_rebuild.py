@@ -22,6 +22,7 @@ from kafka import TopicPartition
 from kafka.errors import KafkaError
 
 from event_store import kafka_log
+from event_store.batch_decision import continue_waiting
 from event_store.decider import event_id_for
 from event_store.domains import DOMAINS, EVENT_TYPES
 from event_store.envelope import CommandResult, EventEnvelope
@@ -119,18 +120,6 @@ def _repeats_a_derived_id(part: PartitionState, key: tuple[str, str], state: Any
         if event_id_for(aggregate_type, aggregate_id, v, command_id) == event_id:
             return v <= state.version or waiting[v].event_id == event_id
     return False
-
-
-def continue_waiting(part: PartitionState, key: tuple[str, str], state: Any) -> Any:
-    """``state`` (of the aggregate ``key``: type and id) with the events that waited for it applied (the versions
-    right after it, in order). The waiting events stay listed: a transaction that aborts goes back to an earlier
-    state, which needs them."""
-    waiting = part.waiting.get(key) if part.waiting else None
-    if waiting:
-        evolve = DOMAINS[key[0]].evolve
-        while (event := waiting.get(state.version + 1)) is not None:
-            state = evolve(state, event)
-    return state
 
 
 class PartitionRebuilder:

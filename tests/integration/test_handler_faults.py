@@ -1,6 +1,7 @@
 """Poison commands and hostile records against the real broker and the real command handler (issue 14):
 a command too big for the log, a transaction that cannot commit, an event dated far ahead, unreadable records
 in the events topic. None of them may stop the handler or hold back the commands after them."""
+import dataclasses
 import json
 import re
 from collections import defaultdict
@@ -99,7 +100,7 @@ def test_a_failing_transaction_is_redone_one_command_per_transaction_and_the_unw
     lines = []
     with CommandHandler(settings, log=quiet(lines)) as handler:
         # Something the precheck does not catch: it believes records up to 1 MB fit; the broker refuses.
-        handler._max_event_bytes = 1_000_000
+        handler.limits = dataclasses.replace(handler.limits, max_event_bytes=1_000_000)
         stats = handler.run(until_caught_up=True, max_seconds=120)
     got = results(settings)
     assert set(got) == {c.command_id for c in commands}

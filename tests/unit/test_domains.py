@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 
 from event_store import domains, schemas
+from event_store.batch_decision import DecisionCounts, RecordLimits, StagedChanges, decide_records
 from event_store.decider import execute, execute_encoded, initial_state
 from event_store.domain import CommandRejected, Domain, NewEvent
 from event_store.envelope import CommandEnvelope, CommandResult, EventEnvelope
 from event_store.errors import InvalidRecord
 from event_store.fields import Field
-from event_store.handler import CommandHandler, HandlerStats
 from event_store.partition_rebuild import PartitionRebuilder
 from event_store.snapshots import PartitionState, load_snapshot, snapshot_records
 from lakehouse.settings import Settings
@@ -154,15 +154,16 @@ def test_the_handlers_batch_routes_each_command_to_its_aggregate_with_idempotenc
     """One batch through the handler's own code (no Kafka): a counter cannot take an account's id (ids are one
     namespace across aggregate types); a repeated command_id gets the first result; a stale expected_version
     is a conflict; an unknown aggregate type is rejected with its reason in the command result."""
-    handler = CommandHandler(Settings.load({}), log=lambda *_: None)
-    handler._max_event_bytes = handler._max_result_bytes = 1_000_000
+    limits = RecordLimits.of("events", "results", "dead-letters", dict.fromkeys(("events", "results", "dead-letters"),
+                                                                                  1_000_000))
     open_x = CommandEnvelope.create("OpenAccount", "x", {"customer_id": "cu", "credit_limit_minor": 10,
                                                          "currency": "USD"}, command_id="a1").to_json()
     values = [open_x, raw("k0", 5, "x"), raw("k1", 5, "y"), raw("k1", 5, "y"), raw("k2", 1, "y", expected_version=1),
               raw("k3", 1, "y", expected_version=1), raw("k4", aggregate_type="nosuch")]
-    part, staged, staged_results, events, results = PartitionState(0), {}, {}, [], []
-    handler._handle_records([_Record(v, i) for i, v in enumerate(values)], part, staged, staged_results,
-                            HandlerStats(), T, None, events, results)
+    part, staged = PartitionState(0), StagedChanges()
+    writes = decide_records([_Record(v, i) for i, v in enumerate(values)], part, staged, DecisionCounts(), T, None,
+                            limits)
+    events, results = writes.events, writes.results
     answers = [CommandResult.from_json(v) for _, v in results]
     assert [(r.command_id, r.status, r.version, r.duplicate, r.error_type) for r in answers] == [
         ("a1", "accepted", 1, False, None), ("k0", "rejected", 0, False, "AggregateIdTaken"),
@@ -172,7 +173,7 @@ def test_the_handlers_batch_routes_each_command_to_its_aggregate_with_idempotenc
     assert "unknown aggregate_type 'nosuch'" in answers[-1].reason
     assert answers[1].reason == ("command k0: aggregate id 'x' is taken by an aggregate of type 'account'; a "
                                  "'counter' cannot have it (aggregate ids are unique across aggregate types)")
-    assert {k: s.version for k, (_, s) in staged.items()} == {("account", "x"): 1, ("counter", "y"): 2}
+    assert {k: s.version for k, (_, s) in staged.states.items()} == {("account", "x"): 1, ("counter", "y"): 2}
     assert [json.loads(v)["aggregate_type"] for _, v in events] == ["account", "counter", "counter"]
 
 

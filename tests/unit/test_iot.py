@@ -329,10 +329,10 @@ def test_the_handlers_batch_decides_devices_and_accounts_side_by_side_with_idemp
     a device's: ids are one namespace across aggregate types, as the readers know aggregates by id), a flag re-sent with its command_id gets the first result and writes nothing, and the domain's
     rejections reach the command results with their reasons."""
     from event_store.envelope import CommandResult
-    from event_store.handler import CommandHandler, HandlerStats
+    from event_store.batch_decision import DecisionCounts, RecordLimits, StagedChanges, decide_records
 
-    handler = CommandHandler(Settings.load({}), log=lambda *_: None)
-    handler._max_event_bytes = handler._max_result_bytes = 1_000_000
+    limits = RecordLimits.of("events", "results", "dead-letters", dict.fromkeys(("events", "results", "dead-letters"),
+                                                                                  1_000_000))
     flag = cmd("FlagTelemetryAnomaly", {"rule": "out_of_range", "reading_id": "r1"}, "x", command_id="f1")
     values = [CommandEnvelope.create("OpenAccount", "a", {"customer_id": "cu", "credit_limit_minor": 10,
                                                           "currency": "USD"}, command_id="a1").to_json(),
@@ -342,9 +342,10 @@ def test_the_handlers_batch_decides_devices_and_accounts_side_by_side_with_idemp
               reading(1, "r3", device="y", command_id="d4").to_json(),
               CommandEnvelope.create("OpenAccount", "x", {"customer_id": "cu", "credit_limit_minor": 10,
                                                           "currency": "USD"}, command_id="a2").to_json()]
-    part, staged, staged_results, events, results = PartitionState(0), {}, {}, [], []
-    handler._handle_records([_Record(v, i) for i, v in enumerate(values)], part, staged, staged_results,
-                            HandlerStats(), T0, None, events, results)
+    part, staged = PartitionState(0), StagedChanges()
+    writes = decide_records([_Record(v, i) for i, v in enumerate(values)], part, staged, DecisionCounts(), T0, None,
+                            limits)
+    events, results = writes.events, writes.results
     answers = [CommandResult.from_json(v) for _, v in results]
     assert [(r.command_id, r.status, r.version, r.duplicate, r.error_type) for r in answers] == [
         ("a1", "accepted", 1, False, None), ("d0", "rejected", 0, False, "AggregateIdTaken"),
@@ -353,6 +354,6 @@ def test_the_handlers_batch_decides_devices_and_accounts_side_by_side_with_idemp
         ("d3", "rejected", 3, False, "UnitMismatch"), ("d4", "rejected", 0, False, "DeviceNotFound"),
         ("a2", "rejected", 0, False, "AggregateIdTaken")]
     assert "aggregate id 'x' is taken by an aggregate of type 'device'; a 'account' cannot have it" in answers[-1].reason
-    assert {k: s.version for k, (_, s) in staged.items()} == {("account", "a"): 1, ("device", "x"): 3}
+    assert {k: s.version for k, (_, s) in staged.states.items()} == {("account", "a"): 1, ("device", "x"): 3}
     assert [json.loads(v)["event_type"] for _, v in events] == [
         "AccountOpened", "DeviceRegistered", "ReadingRecorded", "TelemetryAnomalyDetected"]

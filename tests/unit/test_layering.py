@@ -30,6 +30,7 @@ REPO_PACKAGES = {BOTTOM, "eventlake", "read_models", "projection_core", "spark_a
                  "expectations", "infra", "bench", "tests"}
 # The pure core: no Kafka, no Spark, no Delta, no Airflow.
 PURE = {"errors", "fields", "domain", "domains", "schemas", "upcasting", "envelope", "decider", "snapshots",
+        "batch_decision", "handler_stats",
         "account", "account.aggregate", "account.schemas", "account.upcasters", "account.fraud_rules",
         "iot", "iot.aggregate", "iot.schemas", "iot.telemetry_rules",
         "site", "site.aggregate", "site.schemas"}

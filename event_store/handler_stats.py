@@ -1,0 +1,58 @@
+"""What the command handler has done so far (``HandlerStats``), and its one-line progress report. Pure: counters."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["HandlerStats"]
+
+
+@dataclass
+class HandlerStats:
+    commands: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    duplicates: int = 0
+    dead_lettered: int = 0
+    events: int = 0
+    transactions: int = 0
+    aborted: int = 0
+    snapshots: int = 0
+    snapshot_steps: int = 0  # transactions written by snapshots (event_store.snapshots.SnapshotWriter)
+    too_large: int = 0  # rejected EventTooLarge (counted in rejected too)
+    unwritable: int = 0  # rejected NotWritable after transactions of their own failed (counted in rejected too)
+    batch_retries: int = 0  # batches redone one command per transaction
+    command_retries: int = 0  # failed transactions of a single command
+    unreadable_events: int = 0  # events records a rebuild could not read (their aggregates are quarantined)
+    repeated_events: int = 0  # an event id seen before, or an event at a version already taken (forged)
+    unreadable_results: int = 0  # command-results records a rebuild skipped
+    producers_renewed: int = 0  # producers replaced after a fatal error that was no fence
+    consumers_renewed: int = 0  # consumers replaced after not rejoining their group (kafka_clients.RejoinWatch)
+    commit_seconds: float = 0.0  # waiting for send_offsets_to_transaction + commit_transaction
+    snapshot_seconds: float = 0.0  # writing snapshots' steps (the loop handles no command meanwhile)
+    longest_snapshot_s: float = 0.0  # the longest step
+    collections: int = 0  # the loop's paced garbage collections (event_store.collector)
+    collector_seconds: float = 0.0
+    longest_collection_s: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+
+    def line(self) -> str:
+        secs = max(time.monotonic() - self.started, 1e-9)
+        faults = {"too large": self.too_large, "not writable": self.unwritable,
+                  "batches redone one by one": self.batch_retries, "single-command retries": self.command_retries,
+                  "unreadable events (aggregates quarantined)": self.unreadable_events,
+                  "repeated or conflicting events skipped": self.repeated_events,
+                  "unreadable results skipped": self.unreadable_results,
+                  "producers renewed after a fatal error": self.producers_renewed,
+                  "consumers renewed after not rejoining their group": self.consumers_renewed}
+        return (f"{self.commands} commands ({self.accepted} accepted, {self.rejected} rejected, "
+                f"{self.duplicates} duplicate, {self.dead_lettered} dead-lettered) -> {self.events} events "
+                f"in {self.transactions} transactions, {self.commands / secs:,.0f} commands/s"
+                + (f", {self.commit_seconds / secs:.0%} of the time committing" if self.transactions else "")
+                + (f", {self.snapshots} partition snapshots written in {self.snapshot_steps} steps, "
+                   f"{self.snapshot_seconds:.1f}s (the longest step {self.longest_snapshot_s:.2f}s)"
+                   if self.snapshots else "")
+                + (f", {self.collections} garbage collections {self.collector_seconds:.1f}s (the longest "
+                   f"{self.longest_collection_s:.2f}s)" if self.collections else "")
+                + "".join(f"; {n} {what}" for what, n in faults.items() if n))
+
