@@ -11,7 +11,8 @@ home), for each size (N events over A accounts) it:
    here; large batches; no command results: the handler's
    idempotency windows start empty, as after a window's worth of new commands);
 2. **first fold**: starts ``eventlake handler`` on a fresh home and times it until it answers a probe command in
-   every partition (an ``OpenAccount`` of a new account each), sampling its RSS every 0.2 s (peak);
+   every partition (an ``OpenAccount`` of a new account each), sampling its RSS every 0.2 s (peak; and its
+   split into RssAnon, the handler's heap, and RssFile, the state store's mapped pages);
 3. **restart** on the same home (its state store under ``<home>/handler-state``): the same timing and peak;
 4. **command path**, on that freshly restarted handler (cold cache): ``--commands`` ``AuthorizePayment``
    commands of random seeded accounts sent at once (``EventStore.send_raw``, as ``bench/commands.py``), timed
@@ -180,6 +181,8 @@ class Handler:
         self.started = time.perf_counter()
         self.samples: list[tuple[float, int]] = []  # (seconds since the start, RSS MiB) every ~5 s
         self.peak = 0
+        self.peak_anon = 0  # peak RssAnon: the handler's own memory (heap, caches, batches)
+        self.peak_file = 0  # peak RssFile: the state store's mapped pages (and the interpreter's files)
         self.hwm = 0  # the kernel's high-water mark of its RSS (VmHWM): a spike the sampling misses counts too
         self._sampling = True
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -193,12 +196,18 @@ class Handler:
         except psutil.NoSuchProcess:
             return 0
 
-    def high_water_mark(self) -> int:
+    def status(self) -> dict[str, int]:
+        """The kernel's memory figures of the handler (bytes): VmHWM, and RSS split into RssAnon (the heap: what
+        the handler holds) and RssFile (mapped file pages: the state store's LMDB map, reclaimable by the kernel)."""
         try:
             status = Path(f"/proc/{self.proc.pid}/status").read_text()
         except OSError:
-            return 0
-        return next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+            return {}
+        return {line.split(":")[0]: int(line.split()[1]) * 1024 for line in status.splitlines()
+                if line.startswith(("VmHWM:", "RssAnon:", "RssFile:"))}
+
+    def high_water_mark(self) -> int:
+        return self.status().get("VmHWM", 0)
 
     def _sample(self) -> None:
         while self.proc.poll() is None:  # on until the process ends: its close (snapshots) counted in hwm
@@ -208,6 +217,9 @@ class Handler:
                 continue
             rss = self.rss()
             self.peak = max(self.peak, rss)
+            kernel = self.status()
+            self.peak_anon = max(self.peak_anon, kernel.get("RssAnon", 0))
+            self.peak_file = max(self.peak_file, kernel.get("RssFile", 0))
             at = time.perf_counter() - self.started
             if not self.samples or at - self.samples[-1][0] >= 5:
                 self.samples.append((round(at, 1), round(rss / 2**20)))
@@ -252,7 +264,8 @@ def timed_start(settings: Settings, home: Path, log_path: Path, root: Path | Non
         handler.stop()
         raise RuntimeError(f"the handler answered {seen} of 30 probes in {timeout_s:.0f}s; its log: {log_path}")
     return handler, {"first_answer_s": round(first_at - started, 2), "all_answered_s": round(seconds, 2),
-                     "peak_rss_mib": round(handler.peak / 2**20), "rss_answered_mib": round(handler.rss() / 2**20),
+                     "peak_rss_mib": round(handler.peak / 2**20), "peak_anon_mib": round(handler.peak_anon / 2**20),
+                     "peak_file_mib": round(handler.peak_file / 2**20), "rss_answered_mib": round(handler.rss() / 2**20),
                      "rss_timeline_mib": handler.samples}
 
 
@@ -317,6 +330,7 @@ def run_size(broker: Settings, events: int, accounts: int, commands: int, root: 
     path = command_path(settings, run, accounts, commands)
     path["rss_after_mib"] = round(handler.rss() / 2**20)
     path["peak_rss_mib"] = round(handler.peak / 2**20)
+    path["peak_anon_mib"] = round(handler.peak_anon / 2**20)
     figures["command_path"] = path
     handler.stop()
     path["high_water_mib"] = round(handler.hwm / 2**20)
@@ -335,14 +349,19 @@ def run_size(broker: Settings, events: int, accounts: int, commands: int, root: 
     return figures
 
 
+def anon(figures: dict) -> str:
+    """Peak RssAnon, the handler's own memory (runs before it was recorded: '?')."""
+    return f"{figures['peak_anon_mib']:,}" if "peak_anon_mib" in figures else "?"
+
+
 def table(entries: list[dict]) -> str:
-    lines = ["| label | events | accounts | seed ev/s | fold: answered s | fold peak RSS | restart: answered s | "
+    lines = ["| label | events | accounts | seed ev/s | fold: answered s | fold peak RSS (anon) | restart: answered s | "
              "restart peak RSS | restore s | restore entries/s | commands/s | RSS after commands |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         f, r, s, c = e["first_fold"], e["restart"], e["restore"], e["command_path"]
         lines.append(f"| {e['label']} | {e['events']:,} | {e['accounts']:,} | {e['seed_events_per_s']:,} | "
-                     f"{f['all_answered_s']} | {f['peak_rss_mib']:,} MiB | {r['all_answered_s']} | "
+                     f"{f['all_answered_s']} | {f['peak_rss_mib']:,} ({anon(f)}) MiB | {r['all_answered_s']} | "
                      f"{r['peak_rss_mib']:,} MiB | {s['all_answered_s']} | "
                      f"{s['entries_per_s'] if s['entries_per_s'] is not None else '-'} | {c['commands_per_s']:,} | "
                      f"{c['rss_after_mib']:,} MiB |")
