@@ -31,15 +31,14 @@ from event_store.collector import CollectorPaced
 from event_store.decider import EventTimeLimit
 from event_store.envelope import CommandResult, format_time, utc_now
 from event_store.handler_stats import HandlerStats
+from event_store.handler_transactions import (BROKER_AWAY_ERRORS, CALL_TIMEOUT_S, REBALANCE_ERRORS,
+                                              TRANSACTION_TIMEOUT_MS, HandlerError, PartitionsMoved,
+                                              TransactionalProducer)
 from event_store.partition_rebuild import PartitionRebuilder, RebuildDeferred, RebuildStats
 from event_store.snapshots import STEP_BYTES, PartitionState, SnapshotWriter
 from lakehouse.settings import Settings
-from lakehouse.errors import Unavailable
 
 __all__ = ["CommandHandler", "HandlerStats", "HandlerError"]
-
-# An open transaction of a dead instance blocks a partition's readers until the broker aborts it.
-_TRANSACTION_TIMEOUT_MS = 20_000
 
 
 def snapshot_due(part: PartitionState, every: int) -> bool:
@@ -49,59 +48,16 @@ def snapshot_due(part: PartitionState, every: int) -> bool:
     return part.events_since_snapshot >= max(every, part.events_held // 4)
 
 
-class HandlerError(Unavailable, RuntimeError):
-    """The handler cannot go on safely (e.g. a partition's log stays blocked by an open transaction)."""
-
-
 class _Stopping(Exception):
     """``stop()`` was called while the handler waited (for the broker, a rebuild, a commit): unwind now."""
 
 
-class _PartitionsMoved(Exception):
-    """A rebalance took a partition of the open transaction while the handler waited to commit it.
-    ``in_flight``: a transaction call had timed out and is still under way in librdkafka, so the transaction
-    cannot be aborted (that ends in a fatal INVALID_TXN_STATE, and the same call again may never return with the
-    group changed): the producer is renewed instead."""
-
-    def __init__(self, message: str, in_flight: bool = False):
-        super().__init__(message)
-        self.in_flight = in_flight
-
-
 # Returned by _transact when a rebalance took a partition away mid-transaction (its records come again).
 _LOST = object()
-# Abort causes that mean "this instance lost the partition", not "this batch cannot be written".
-_REBALANCE_ERRORS = frozenset({confluent_kafka.KafkaError.UNKNOWN_MEMBER_ID,
-                               confluent_kafka.KafkaError.ILLEGAL_GENERATION,
-                               confluent_kafka.KafkaError.REBALANCE_IN_PROGRESS,
-                               confluent_kafka.KafkaError.FENCED_INSTANCE_ID})
-# Fatal producer errors that mean another instance took over this transactional id (or group member): the
-# handler stops. Any other fatal error (e.g. INVALID_TXN_STATE after a broker restart) renews the producer.
-_FENCED_ERRORS = frozenset({confluent_kafka.KafkaError.PRODUCER_FENCED, confluent_kafka.KafkaError._FENCED,
-                            confluent_kafka.KafkaError.FENCED_INSTANCE_ID})
-# Abort causes that mean "the broker was away" (a restart, a network cut), not "this batch cannot be written":
-# the batch is redone as it was once the broker answers again, and no command is blamed for them.
-_BROKER_AWAY_ERRORS = frozenset({confluent_kafka.KafkaError._MSG_TIMED_OUT, confluent_kafka.KafkaError._TIMED_OUT,
-                                 confluent_kafka.KafkaError._TRANSPORT, confluent_kafka.KafkaError._ALL_BROKERS_DOWN,
-                                 confluent_kafka.KafkaError.REQUEST_TIMED_OUT,
-                                 confluent_kafka.KafkaError.NETWORK_EXCEPTION,
-                                 confluent_kafka.KafkaError.NOT_COORDINATOR,
-                                 confluent_kafka.KafkaError.COORDINATOR_NOT_AVAILABLE,
-                                 confluent_kafka.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                                 confluent_kafka.KafkaError.NOT_ENOUGH_REPLICAS,
-                                 confluent_kafka.KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-                                 confluent_kafka.KafkaError.LEADER_NOT_AVAILABLE,
-                                 confluent_kafka.KafkaError.NOT_LEADER_FOR_PARTITION,
-                                 confluent_kafka.KafkaError.CONCURRENT_TRANSACTIONS})
 # librdkafka's consumer leaves its group when the application does not poll for this long (it rejoins on
 # the next poll). Long work polls every _KEEPALIVE_EVERY_S, far below it.
 _MAX_POLL_INTERVAL_MS = 60_000
 _KEEPALIVE_EVERY_S = 2.0
-# Every blocking client call waits at most this long before the handler checks stop() and polls again.
-_CALL_TIMEOUT_S = 5.0
-# A transactional producer call that has not returned this long after its timeout is taken as stuck (see
-# CommandHandler._bounded); longer than the transaction timeout, by which the broker has aborted it anyway.
-_STUCK_CALL_S = _TRANSACTION_TIMEOUT_MS / 1000 + 10
 # A command whose own transaction fails this many times (non-retriable errors) is answered NotWritable.
 _SINGLE_COMMAND_ATTEMPTS = 3
 
@@ -126,7 +82,7 @@ class CommandHandler:
         # Rebuilds partitions on assignment; its skipped records are counted in self.stats.
         self._rebuilder = PartitionRebuilder(settings, instance_id, log, use_snapshots, counts=self.stats,
                                              tick=self._keepalive, wait=self._wait,
-                                             stable_wait_s=_TRANSACTION_TIMEOUT_MS / 1000 + 15)
+                                             stable_wait_s=TRANSACTION_TIMEOUT_MS / 1000 + 15)
         # The most bytes one record may take, per topic written (set by start(): see _read_size_limits).
         self.limits: RecordLimits | None = None
         self._delivered_events: dict[int, int] = {}
@@ -139,7 +95,7 @@ class CommandHandler:
         self._buffered: list = []  # command records a keepalive consumed; handled by the next _poll
         self._last_consume = time.monotonic()
         self._rejoin = kafka_clients.RejoinWatch()
-        self._producer = None
+        self._tx: TransactionalProducer | None = None  # the transactional producer (start() makes it)
         self._consumer = None
 
     @property
@@ -165,12 +121,14 @@ class CommandHandler:
         # The handler's own two clients are librdkafka's (confluent-kafka): kafka-python's pure-Python send path
         # cost more than everything else the handler does (bench/commands.py). Same guarantees: idempotent,
         # acks=all, transactional, read_committed, offsets sent with the group metadata (KIP-447).
-        self._producer_config = kafka_clients.transactional_producer_config(
+        config = kafka_clients.transactional_producer_config(
             s, self.transactional_id, batch_bytes=batch_bytes, message_max_bytes=PRODUCER_MESSAGE_MAX_BYTES,
-            transaction_timeout_ms=_TRANSACTION_TIMEOUT_MS)
-        self._producer = kafka_clients.new_producer(self._producer_config)
+            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS)
+        self._tx = TransactionalProducer(config, self.instance_id, self.transactional_id, self.log, self.stats,
+                                         keepalive=self._keepalive, wait=self._wait,
+                                         drop_state=self._drop_partitions, read_again=self._seek_committed)
         # Fences any older instance with this id and aborts its open transaction before we read state.
-        self._producer.init_transactions(60)
+        self._tx.init(60)
         self._rebuilder.open()
         self._consumer = self._group_consumer()
 
@@ -206,17 +164,14 @@ class CommandHandler:
     def close(self) -> None:
         """Snapshot what changed (so the next start is fast), then close the clients. Bounded in time: with the
         broker away nothing is snapshotted (the next start reads more of the log; nothing is lost)."""
-        if self._producer is not None and self._consumer is not None and self.settings.snapshot_every_events:
+        if self._tx is not None and self._consumer is not None and self.settings.snapshot_every_events:
             self._snapshot_closing([p for p in self.partitions.values() if p.events_since_snapshot])
         if self._consumer is not None:
             self._consumer.close()
         self._rebuilder.close()
-        if self._producer is not None:
-            try:
-                self._producer.flush(_CALL_TIMEOUT_S)
-            except confluent_kafka.KafkaException as e:  # e.g. stopped mid-transaction: nothing of it is visible
-                self.log(f"handler {self.instance_id}: closing the producer: {e}")
-        self._consumer = self._producer = None
+        if self._tx is not None:
+            self._tx.flush()
+        self._consumer = self._tx = None
 
     def __enter__(self) -> "CommandHandler":
         self.start()
@@ -386,7 +341,7 @@ class CommandHandler:
             ends = self._rebuilder.reader.end_offsets([TopicPartition(tp.topic, tp.partition) for tp in assigned])
             positions = {(tp.topic, tp.partition): tp.offset for tp in self._consumer.position(assigned)}
             committed = {(tp.topic, tp.partition): tp.offset
-                         for tp in self._consumer.committed(assigned, timeout=_CALL_TIMEOUT_S)}
+                         for tp in self._consumer.committed(assigned, timeout=CALL_TIMEOUT_S)}
         except (KafkaError, confluent_kafka.KafkaException):
             return False  # the broker does not answer: not known to be caught up
         for tp in assigned:
@@ -403,8 +358,8 @@ class CommandHandler:
         transaction fails for any reason but a rebalance, its commands are redone one per transaction, and a
         command that cannot be written even alone is answered NotWritable and skipped."""
         failure = self._transact(batch)
-        while failure is not None and failure is not _LOST and failure.code() in _BROKER_AWAY_ERRORS:
-            self._wait_for_broker(failure, "redoing a transaction")
+        while failure is not None and failure is not _LOST and failure.code() in BROKER_AWAY_ERRORS:
+            self._tx.wait_for_broker(failure, "redoing a transaction", self.settings.events_topic)
             failure = self._transact(batch)
         if failure is None or failure is _LOST:
             return
@@ -422,9 +377,9 @@ class CommandHandler:
         failure = None
         for attempt in range(1, _SINGLE_COMMAND_ATTEMPTS + 1):
             failure = self._transact({tp: [record]})
-            while failure is not None and failure is not _LOST and failure.code() in _BROKER_AWAY_ERRORS:
+            while failure is not None and failure is not _LOST and failure.code() in BROKER_AWAY_ERRORS:
                 # The broker's absence is no fault of this command: it does not count as an attempt.
-                self._wait_for_broker(failure, "redoing a command's transaction")
+                self._tx.wait_for_broker(failure, "redoing a command's transaction", self.settings.events_topic)
                 failure = self._transact({tp: [record]})
             if failure is None:
                 return True
@@ -448,7 +403,7 @@ class CommandHandler:
                 owned[tp] = part
         if not owned:
             return None
-        producer = self._producer
+        tx = self._tx
         now = datetime.now(timezone.utc)
         recorded_at = format_time(now)
         time_limit = EventTimeLimit.at(now, self.settings.max_event_time_ahead_s)
@@ -456,7 +411,7 @@ class CommandHandler:
         counts = DecisionCounts()
         self._delivered_events, self._delivered_results = {}, {}
         generations = {tp.partition: self._generation.get(tp.partition) for tp in owned}
-        producer.begin_transaction()
+        tx.begin()
         try:
             offsets = []
             for tp, part in owned.items():
@@ -465,21 +420,22 @@ class CommandHandler:
                 writes = decide_records(records, part, staged, counts, recorded_at, time_limit, self.limits)
                 for dead_letter in writes.dead_letters:
                     self._produce_dead_letter(dead_letter)
-                self._produce_partition(self.settings.events_topic, writes.events, tp.partition,
-                                        self._on_event_delivered)
-                self._produce_partition(self.settings.results_topic, writes.results, tp.partition,
-                                        self._on_result_delivered)
+                tx.produce_partition(self.settings.events_topic, writes.events, tp.partition,
+                                     self._on_event_delivered)
+                tx.produce_partition(self.settings.results_topic, writes.results, tp.partition,
+                                     self._on_result_delivered)
                 part_events = counts.events - events_before
                 offsets.append(confluent_kafka.TopicPartition(tp.topic, tp.partition, records[-1].offset() + 1))
                 owned[tp] = (part, part_events)
-            self._commit(offsets, lambda: any(self._generation.get(p) != g for p, g in generations.items()))
+            tx.commit(offsets, lambda: self._consumer.consumer_group_metadata(),
+                      lambda: any(self._generation.get(p) != g for p, g in generations.items()))
         except _Stopping:
-            self._abort_quietly()
+            self._tx.abort_quietly()
             raise
-        except _PartitionsMoved as e:
+        except PartitionsMoved as e:
             # Committing could only fail now (KIP-447 fences the offsets of the old generation): abort, and
             # read the records again where this instance still owns the partition.
-            self._abort(e)
+            self._tx.abort(e)
             for tp in owned:
                 self._rewind(tp, batch[tp][0].offset())
             self.log(f"handler {self.instance_id}: transaction aborted: {e}; its commands are read again where "
@@ -488,11 +444,11 @@ class CommandHandler:
         except confluent_kafka.KafkaException as e:
             error = e.args[0]
             if error.fatal():
-                self._renew_producer(error)  # its open transaction is aborted; every partition is rebuilt
+                self._tx.renew(error)  # its open transaction is aborted; every partition is rebuilt
                 return _LOST
-            self._abort(error)
+            self._tx.abort(error)
             lost = [tp for tp in owned if tp.partition not in self.partitions]
-            if lost or error.code() in _REBALANCE_ERRORS:
+            if lost or error.code() in REBALANCE_ERRORS:
                 # A rebalance took a partition away mid-batch (KIP-447 fencing of the offset commit). Nothing
                 # of this batch is visible; it is read again where this instance still owns the partition.
                 for tp in owned:
@@ -547,112 +503,9 @@ class CommandHandler:
             writer = self._writer = None
         return writer
 
-    def _commit(self, offsets: list, moved: Callable[[], bool]) -> None:
-        """Send the consumer offsets and commit the open transaction, waiting out retriable errors (e.g. the
-        broker restarting) between keepalives; raises KafkaException when the transaction must be aborted,
-        _PartitionsMoved when a rebalance (seen by a keepalive) took one of its partitions meanwhile."""
-        started = time.monotonic()
-        producer = self._producer
-        # The group metadata of the moment the offsets are sent: a keepalive may have rejoined the group.
-        self._retrying(lambda: self._bounded(lambda: producer.send_offsets_to_transaction(
-            offsets, self._consumer.consumer_group_metadata(), _CALL_TIMEOUT_S), "send_offsets_to_transaction"),
-            "sending the offsets of a transaction", moved)
-        self._retrying(lambda: self._bounded(lambda: producer.commit_transaction(_CALL_TIMEOUT_S),
-                                             "commit_transaction"), "committing a transaction", moved)
-        self.stats.commit_seconds += time.monotonic() - started
-
-    def _bounded(self, call: Callable[[], None], name: str) -> None:
-        """``call`` (a transactional producer call given a timeout) in a thread of its own, with keepalives while
-        it runs. librdkafka may block in such a call long past its timeout after a broker restart (seen in
-        tests/integration/test_services_broker_restart.py: commit_transaction(5) still blocked minutes later, so
-        the consumer left its group and no command was handled again). Past _STUCK_CALL_S the producer counts as
-        failed (a fatal error): it is renewed, which fences it and aborts its transaction."""
-        outcome: list = []
-
-        def run() -> None:
-            try:
-                call()
-                outcome.append(None)
-            except BaseException as e:  # noqa: BLE001 -- handed to the caller's thread
-                outcome.append(e)
-
-        thread = threading.Thread(target=run, name=f"handler-{name}", daemon=True)
-        thread.start()
-        thread.join(_CALL_TIMEOUT_S)
-        deadline = time.monotonic() + _STUCK_CALL_S
-        while thread.is_alive():
-            if time.monotonic() > deadline:
-                raise confluent_kafka.KafkaException(confluent_kafka.KafkaError(
-                    confluent_kafka.KafkaError._TIMED_OUT, f"{name} did not return within {_STUCK_CALL_S:.0f}s "
-                    f"(its timeout: {_CALL_TIMEOUT_S:.0f}s)", fatal=True))
-            self._keepalive()  # raises _Stopping on stop(): the call is abandoned (its transaction aborts)
-            thread.join(0.2)
-        if outcome and outcome[0] is not None:
-            raise outcome[0]
-
-    def _retrying(self, call: Callable[[], None], what: str, moved: Callable[[], bool] | None = None) -> None:
-        waiting_since = last_said = None
-        while True:
-            if moved is not None and moved():
-                raise _PartitionsMoved(f"a rebalance took a partition while {what}",
-                                       in_flight=waiting_since is not None)
-            try:
-                call()
-                break
-            except confluent_kafka.KafkaException as e:
-                error = e.args[0]
-                if error.fatal() or error.txn_requires_abort() or not error.retriable():
-                    raise
-                now = time.monotonic()
-                if waiting_since is None:
-                    waiting_since = last_said = now
-                    self.log(f"handler {self.instance_id}: {what} waits for the broker ({error}); retrying")
-                elif now - last_said >= 30:
-                    last_said = now
-                    self.log(f"handler {self.instance_id}: {what} still waits after {now - waiting_since:.0f}s "
-                             f"({error})")
-                self._keepalive()
-        if waiting_since is not None:
-            self.log(f"handler {self.instance_id}: {what} went through after {time.monotonic() - waiting_since:.1f}s")
-
-    def _abort(self, error) -> None:
-        """Abort the open transaction, waiting out a broker that does not answer."""
-        self.stats.aborted += 1
-        if isinstance(error, _PartitionsMoved) and error.in_flight:
-            self._renew_producer(error)  # its init_transactions aborts the transaction
-            return
-        while True:
-            try:
-                self._producer.abort_transaction(_CALL_TIMEOUT_S)
-                return
-            except confluent_kafka.KafkaException as e:
-                abort_error = e.args[0]
-                if abort_error.fatal():
-                    self._renew_producer(abort_error)  # aborts the open transaction; every partition is rebuilt
-                    return
-                if not abort_error.retriable():
-                    raise HandlerError(f"handler {self.instance_id}: cannot abort a transaction after {error}: "
-                                       f"{abort_error}") from None
-                self._keepalive()
-
-    def _renew_producer(self, error) -> None:
-        """After a fatal producer error that is no fence (e.g. INVALID_TXN_STATE after a broker restart), or a
-        rebalance while a transaction call was in flight: a new
-        producer with the same transactional id (its init_transactions aborts the open transaction), and every
-        owned partition rebuilt like a new assignment, read again from its committed offset. A fence by another
-        instance stops the handler."""
-        if isinstance(error, confluent_kafka.KafkaError) and error.code() in _FENCED_ERRORS:
-            raise HandlerError(f"handler {self.instance_id}: fenced ({error}) by a newer instance with transactional "
-                               f"id {self.transactional_id}; stopping")
-        self.stats.producers_renewed += 1
-        self.log(f"handler {self.instance_id}: the producer cannot go on ({error}); renewing it and rebuilding "
-                 f"every partition")
-        old, self._producer = self._producer, None
-        try:
-            old.purge()
-        except Exception as e:  # noqa: BLE001 -- a failed producer is dropped anyway
-            self.log(f"handler {self.instance_id}: purging the failed producer: {e!r}")
-        del old
+    def _drop_partitions(self) -> None:
+        """When the producer is renewed (event_store.handler_transactions): every owned partition is rebuilt like
+        a new assignment, read again from its committed offset (_seek_committed, once the new producer is ready)."""
         # Before the new producer may write: no state that the aborted transaction may have changed is kept.
         assigned = list(self._consumer.assignment())
         if assigned:
@@ -664,13 +517,6 @@ class CommandHandler:
             self.partitions.pop(tp.partition, None)
         self.partitions.clear()
         self._buffered = []
-        self._producer = kafka_clients.new_producer(self._producer_config)
-        try:
-            self._retrying(lambda: self._producer.init_transactions(_CALL_TIMEOUT_S), "initialising a new producer")
-        except confluent_kafka.KafkaException as e:
-            raise HandlerError(f"handler {self.instance_id}: cannot initialise a new producer after {error}: "
-                               f"{e.args[0]}; stopping") from None
-        self._seek_committed()
 
     def _seek_committed(self) -> None:
         """Put every assigned (paused, unready) partition back at its committed offset, waiting for the broker."""
@@ -679,7 +525,7 @@ class CommandHandler:
             if not assigned:
                 return
             try:
-                committed = self._consumer.committed(assigned, timeout=_CALL_TIMEOUT_S)
+                committed = self._consumer.committed(assigned, timeout=CALL_TIMEOUT_S)
                 break
             except confluent_kafka.KafkaException as e:
                 self.log(f"handler {self.instance_id}: reading committed offsets waits for the broker ({e})")
@@ -693,28 +539,6 @@ class CommandHandler:
             except confluent_kafka.KafkaException as e:
                 raise HandlerError(f"handler {self.instance_id}: cannot read {tp.topic}/{tp.partition} again from its "
                                    f"committed offset {tp.offset} ({e}); stopping") from None
-
-    def _wait_for_broker(self, failure, what: str) -> None:
-        """After a transaction failed because the broker was away: wait (between keepalives) until it answers."""
-        self.log(f"handler {self.instance_id}: a transaction failed while the broker was away ({failure}); "
-                 f"{what} once it answers")
-        since = time.monotonic()
-        while True:
-            self._keepalive()
-            try:
-                self._producer.list_topics(self.settings.events_topic, timeout=_CALL_TIMEOUT_S)
-                break
-            except confluent_kafka.KafkaException:
-                self._wait(1.0)
-        self.log(f"handler {self.instance_id}: the broker answers again after {time.monotonic() - since:.1f}s")
-
-    def _abort_quietly(self) -> None:
-        """Best effort when stopping: an open transaction the broker does not hear about is aborted by it after
-        transaction.timeout.ms, or by the next start's init_transactions."""
-        try:
-            self._producer.abort_transaction(1)
-        except confluent_kafka.KafkaException:
-            pass
 
     def _rewind(self, tp: TopicPartition, offset: int) -> None:
         """Read ``tp`` again from ``offset`` (if this instance still owns it); drop what a keepalive kept of it."""
@@ -749,34 +573,35 @@ class CommandHandler:
                 reason=reason, recorded_at=utc_now()), self.limits)
         generation = self._generation.get(tp.partition)
         for with_answer in (True, False):
-            self._producer.begin_transaction()
+            self._tx.begin()
             try:
                 if with_answer and result is not None:
-                    self._produce(s.results_topic, result.command_id.encode(), result.to_json(), tp.partition)
+                    self._tx.produce(s.results_topic, result.command_id.encode(), result.to_json(), tp.partition)
                 elif with_answer:
                     self._produce_dead_letter(DeadLetter(record.key(), reason, value, tp.topic, tp.partition,
                                                          record.offset()))
-                self._commit([confluent_kafka.TopicPartition(tp.topic, tp.partition, record.offset() + 1)],
-                             lambda: self._generation.get(tp.partition) != generation)
+                self._tx.commit([confluent_kafka.TopicPartition(tp.topic, tp.partition, record.offset() + 1)],
+                                lambda: self._consumer.consumer_group_metadata(),
+                                lambda: self._generation.get(tp.partition) != generation)
             except _Stopping:
-                self._abort_quietly()
+                self._tx.abort_quietly()
                 raise
-            except _PartitionsMoved as e:
-                self._abort(e)
+            except PartitionsMoved as e:
+                self._tx.abort(e)
                 self._rewind(tp, record.offset())
                 return False
             except confluent_kafka.KafkaException as e:
                 error = e.args[0]
                 if error.fatal():
-                    self._renew_producer(error)  # every partition is rebuilt: this record comes again
+                    self._tx.renew(error)  # every partition is rebuilt: this record comes again
                     return False
-                self._abort(error)
-                if tp.partition not in self.partitions or error.code() in _REBALANCE_ERRORS:
+                self._tx.abort(error)
+                if tp.partition not in self.partitions or error.code() in REBALANCE_ERRORS:
                     self._rewind(tp, record.offset())
                     return False
-                if error.code() in _BROKER_AWAY_ERRORS:
+                if error.code() in BROKER_AWAY_ERRORS:
                     # The broker's absence is no fault of this command: write the same rejection once it answers.
-                    self._wait_for_broker(error, "writing the rejection again")
+                    self._tx.wait_for_broker(error, "writing the rejection again", self.settings.events_topic)
                     return self._reject_unwritable(tp, record, failure)
                 self.log(f"handler {self.instance_id}: cannot write the rejection of {where} either ({error})")
                 continue
@@ -797,21 +622,11 @@ class CommandHandler:
         raise HandlerError(f"handler {self.instance_id}: nothing can be written for command record {where}, not "
                            f"even its offset ({failure}); stopping")
 
-    def _produce_partition(self, topic: str, records: list[tuple[bytes, bytes]], partition: int,
-                           on_last_delivered) -> None:
-        """Produce ``records`` in order to ``topic``/``partition``. Only the last asks for a delivery report:
-        its offset is all the handler needs (what a snapshot covers), and a report per record costs."""
-        kafka_clients.produce_records(self._producer, topic, records, partition, on_last_delivered)
-
     def _produce_dead_letter(self, dead_letter: DeadLetter) -> None:
         """A record that is no command, with the reason and its bytes (as much as the topic takes of them)."""
         d = dead_letter
-        self._produce(self.settings.dead_letters_topic, d.key, kafka_log.dead_letter_value(
+        self._tx.produce(self.settings.dead_letters_topic, d.key, kafka_log.dead_letter_value(
             d.reason, d.value, d.topic, d.partition, d.offset, max_bytes=self.limits.max_dead_letter_bytes))
-
-    def _produce(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None,
-                 on_delivery=None) -> None:
-        kafka_clients.produce(self._producer, topic, value, key, partition, on_delivery)
 
     # Delivery reports arrive during commit_transaction: the last offset per partition becomes the offset a
     # snapshot covers.
@@ -844,30 +659,30 @@ class CommandHandler:
         started = time.monotonic()
         try:
             records = writer.step(budget)
-            self._producer.begin_transaction()  # may fail when stop() cut a commit short
+            self._tx.begin()  # may fail when stop() cut a commit short
             for key, value in records:
-                self._produce(topic, key, value, writer.partition, on_delivery=writer.on_delivery)
+                self._tx.produce(topic, key, value, writer.partition, on_delivery=writer.on_delivery)
             if closing:  # bounded: a broker that is away gets one call's patience
-                self._producer.commit_transaction(_CALL_TIMEOUT_S)
+                self._tx.commit_once()
             else:
-                self._retrying(lambda: self._producer.commit_transaction(_CALL_TIMEOUT_S), "committing a snapshot")
+                self._tx.commit_retrying("committing a snapshot")
         except confluent_kafka.KafkaException as e:
             error = e.args[0]
             if error.fatal():
                 if closing:  # nothing more is written with this producer: the next start fences it
                     self.log(f"handler {self.instance_id}: no closing snapshot: fatal producer error ({error})")
                     return False
-                self._renew_producer(error)
+                self._tx.renew(error)
                 return False
             self.log(f"handler {self.instance_id}: a step of the snapshot of partition {writer.partition} not "
                      f"written ({error}); " + ("the next start reads more of the log" if closing else "retried"))
             if closing:
-                self._abort_quietly()
+                self._tx.abort_quietly()
             else:
-                self._abort(error)
+                self._tx.abort(error)
             return False
         except _Stopping:
-            self._abort_quietly()
+            self._tx.abort_quietly()
             raise
         finally:
             took = time.monotonic() - started
