@@ -22,7 +22,6 @@ from typing import Callable
 
 import confluent_kafka
 from kafka import TopicPartition
-from kafka.errors import KafkaError
 
 from event_store import kafka_clients, kafka_log
 from event_store.batch_decision import (PRODUCER_MESSAGE_MAX_BYTES, DeadLetter, DecisionCounts, RecordLimits,
@@ -30,11 +29,12 @@ from event_store.batch_decision import (PRODUCER_MESSAGE_MAX_BYTES, DeadLetter, 
 from event_store.collector import CollectorPaced
 from event_store.decider import EventTimeLimit
 from event_store.envelope import CommandResult, format_time, utc_now
+from event_store.handler_group import GroupMembership, check_partition_counts
 from event_store.handler_stats import HandlerStats
-from event_store.handler_transactions import (BROKER_AWAY_ERRORS, CALL_TIMEOUT_S, REBALANCE_ERRORS,
+from event_store.handler_transactions import (BROKER_AWAY_ERRORS, REBALANCE_ERRORS,
                                               TRANSACTION_TIMEOUT_MS, HandlerError, PartitionsMoved,
                                               TransactionalProducer)
-from event_store.partition_rebuild import PartitionRebuilder, RebuildDeferred, RebuildStats
+from event_store.partition_rebuild import PartitionRebuilder, RebuildStats
 from event_store.snapshots import STEP_BYTES, PartitionState, SnapshotWriter
 from lakehouse.settings import Settings
 
@@ -54,10 +54,6 @@ class _Stopping(Exception):
 
 # Returned by _transact when a rebalance took a partition away mid-transaction (its records come again).
 _LOST = object()
-# librdkafka's consumer leaves its group when the application does not poll for this long (it rejoins on
-# the next poll). Long work polls every _KEEPALIVE_EVERY_S, far below it.
-_MAX_POLL_INTERVAL_MS = 60_000
-_KEEPALIVE_EVERY_S = 2.0
 # A command whose own transaction fails this many times (non-retriable errors) is answered NotWritable.
 _SINGLE_COMMAND_ATTEMPTS = 3
 
@@ -79,24 +75,19 @@ class CommandHandler:
         self.partitions: dict[int, PartitionState] = {}
         self._writer: SnapshotWriter | None = None  # the snapshot being written, a step after each commit
         self.stats = HandlerStats()
+        self._stopping = threading.Event()
+        # Which commands partitions this instance owns; its consumer (event_store.handler_group).
+        self.group = GroupMembership(settings, instance_id, self.transactional_id, log, self.max_poll_records,
+                                     self.partitions, self.stats, check_stop=self._check_stop)
         # Rebuilds partitions on assignment; its skipped records are counted in self.stats.
         self._rebuilder = PartitionRebuilder(settings, instance_id, log, use_snapshots, counts=self.stats,
-                                             tick=self._keepalive, wait=self._wait,
+                                             tick=self.group.keepalive, wait=self.group.wait,
                                              stable_wait_s=TRANSACTION_TIMEOUT_MS / 1000 + 15)
         # The most bytes one record may take, per topic written (set by start(): see _read_size_limits).
         self.limits: RecordLimits | None = None
         self._delivered_events: dict[int, int] = {}
         self._delivered_results: dict[int, int] = {}
-        self._stopping = threading.Event()
-        # Assigned partitions whose state is not rebuilt yet: paused, so none of their commands is handled early.
-        self._unready: set[int] = set()
-        self._generation: dict[int, int] = {}  # per partition, bumped on every assignment and revocation
-        self._rebuild_retry_at: dict[int, float] = {}
-        self._buffered: list = []  # command records a keepalive consumed; handled by the next _poll
-        self._last_consume = time.monotonic()
-        self._rejoin = kafka_clients.RejoinWatch()
         self._tx: TransactionalProducer | None = None  # the transactional producer (start() makes it)
-        self._consumer = None
 
     @property
     def rebuilds(self) -> list[RebuildStats]:
@@ -115,7 +106,7 @@ class CommandHandler:
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
         kafka_log.ensure_topics(self.settings, log=self.log)
-        self._check_partition_counts()
+        check_partition_counts(self.settings)
         s = self.settings
         batch_bytes = self._read_size_limits()
         # The handler's own two clients are librdkafka's (confluent-kafka): kafka-python's pure-Python send path
@@ -125,33 +116,12 @@ class CommandHandler:
             s, self.transactional_id, batch_bytes=batch_bytes, message_max_bytes=PRODUCER_MESSAGE_MAX_BYTES,
             transaction_timeout_ms=TRANSACTION_TIMEOUT_MS)
         self._tx = TransactionalProducer(config, self.instance_id, self.transactional_id, self.log, self.stats,
-                                         keepalive=self._keepalive, wait=self._wait,
-                                         drop_state=self._drop_partitions, read_again=self._seek_committed)
+                                         keepalive=self.group.keepalive, wait=self.group.wait,
+                                         drop_state=self.group.drop_partitions, read_again=self.group.seek_committed)
         # Fences any older instance with this id and aborts its open transaction before we read state.
         self._tx.init(60)
         self._rebuilder.open()
-        self._consumer = self._group_consumer()
-
-    def _group_consumer(self):
-        """The consumer of the commands topic in the handlers' group, subscribed."""
-        s = self.settings
-        # Static membership: a restarted instance takes its partitions back without waiting for a timeout.
-        consumer = kafka_clients.group_consumer(s, s.handler_group_id, self.transactional_id, _MAX_POLL_INTERVAL_MS)
-        consumer.subscribe([s.commands_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                           on_lost=self._on_lost)
-        self._last_consume = time.monotonic()
-        return consumer
-
-    def _rejoin_if_stuck(self) -> None:
-        """Replace the consumer when it has been assigned nothing for kafka_clients.REJOIN_WAIT_S since its group
-        session was lost. Nothing is assigned, so no state is dropped; the new consumer, with the same
-        group.instance.id, takes this instance's place in the group."""
-        renewed = self._rejoin.renew_if_overdue(self._consumer, self._group_consumer, self.log,
-                                                f"handler {self.instance_id}")
-        if renewed is not self._consumer:
-            self.stats.consumers_renewed += 1
-            self._buffered = []
-            self._consumer = renewed
+        self.group.join()
 
     def _read_size_limits(self) -> int:
         """Read what one record may weigh in each topic the handler writes commands' outcomes to (the topic's
@@ -164,14 +134,13 @@ class CommandHandler:
     def close(self) -> None:
         """Snapshot what changed (so the next start is fast), then close the clients. Bounded in time: with the
         broker away nothing is snapshotted (the next start reads more of the log; nothing is lost)."""
-        if self._tx is not None and self._consumer is not None and self.settings.snapshot_every_events:
+        if self._tx is not None and self.group.consumer is not None and self.settings.snapshot_every_events:
             self._snapshot_closing([p for p in self.partitions.values() if p.events_since_snapshot])
-        if self._consumer is not None:
-            self._consumer.close()
+        self.group.close()
         self._rebuilder.close()
         if self._tx is not None:
             self._tx.flush()
-        self._consumer = self._tx = None
+        self._tx = None
 
     def __enter__(self) -> "CommandHandler":
         self.start()
@@ -180,105 +149,15 @@ class CommandHandler:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _check_partition_counts(self) -> None:
-        s = self.settings
-        counts = {t: len(self._topic_partitions(t)) for t in
-                  (s.commands_topic, s.events_topic, s.results_topic, s.snapshots_topic)}
-        if len(set(counts.values())) != 1:
-            raise HandlerError("commands partition p maps to events, results and snapshots partition p, so these "
-                               "topics need the same partition count; found "
-                               + ", ".join(f"{t}: {n}" for t, n in counts.items()))
-
-    def _topic_partitions(self, topic: str) -> set[int]:
-        consumer = kafka_log.make_consumer(self.settings)
-        try:
-            return set(consumer.partitions_for_topic(topic) or ())
-        finally:
-            consumer.close()
-
-    # -- group membership and liveness -------------------------------------------------------------
-    # librdkafka calls these from inside consume(), on this thread.
-    def _on_assign(self, consumer, partitions) -> None:
-        consumer.incremental_assign(partitions)
-        consumer.pause(partitions)  # until the partition's state is rebuilt (_rebuild_unready resumes it)
-        for tp in partitions:
-            self._generation[tp.partition] = self._generation.get(tp.partition, 0) + 1
-            self._unready.add(tp.partition)
-            self._rebuild_retry_at.pop(tp.partition, None)
-        self._rejoin.assigned()
-        self.log(f"handler {self.instance_id}: partitions assigned: {sorted(tp.partition for tp in partitions)}")
-
-    def _on_revoke(self, consumer, partitions) -> None:
-        revoked = {tp.partition for tp in partitions}
-        self.log(f"handler {self.instance_id}: partitions revoked: {sorted(revoked)}")
-        for p in revoked:
-            self._generation[p] = self._generation.get(p, 0) + 1
-            self._unready.discard(p)
-            if self.partitions.pop(p, None) is not None:
-                self.log(f"handler {self.instance_id}: partition {p}'s state dropped")
-        self._buffered = [m for m in self._buffered if m.partition() not in revoked]
-
-    def _on_lost(self, consumer, partitions) -> None:
-        """The group session timed out (the coordinator did not answer, e.g. the broker restarted): the
-        partitions may be someone else's already. Dropped like a revocation; see _rejoin_if_stuck."""
-        self._rejoin.lost()
-        self.log(f"handler {self.instance_id}: group session lost")
-        self._on_revoke(consumer, partitions)
-
-    def _consume(self, timeout: float) -> list:
-        messages = kafka_clients.take(self._consumer, self.max_poll_records, timeout)
-        self._last_consume = time.monotonic()
-        records = []
-        for message in messages:
-            if message.error():
-                self.log(f"handler {self.instance_id}: consumer error {message.error()}")
-            else:
-                records.append(message)
-        return records
-
-    def _keepalive(self) -> None:
-        """Called between the steps of long work (a rebuild, waiting for the broker or a commit): unwinds when
-        stop() was called, and polls the consumer often enough that it never exceeds max.poll.interval.ms
-        (which makes librdkafka leave the group). Records it gets are kept for the next batch, in order."""
+    def _check_stop(self) -> None:
+        """Unwind now (raise _Stopping) when stop() was called: the group's keepalive asks between long work's
+        steps."""
         if self._stopping.is_set():
             raise _Stopping()
-        if time.monotonic() - self._last_consume >= _KEEPALIVE_EVERY_S:
-            self._buffered.extend(self._consume(0))
-
-    def _wait(self, seconds: float) -> None:
-        until = time.monotonic() + seconds
-        while time.monotonic() < until:
-            self._keepalive()
-            time.sleep(min(0.1, max(0.0, until - time.monotonic())))
-
-    # -- partition state -------------------------------------------------------------------------
-    def _rebuild_unready(self) -> None:
-        """Rebuild the state of assigned partitions that have none yet, then let their commands through."""
-        if not self._unready:
-            return
-        assigned = {tp.partition for tp in self._consumer.assignment()}
-        for p in sorted(self._unready & assigned):
-            if time.monotonic() < self._rebuild_retry_at.get(p, 0.0):
-                continue
-            generation = self._generation.get(p)
-            try:
-                part = self._rebuilder.rebuild(p)
-            except (RebuildDeferred, KafkaError, kafka_log.LogReadStalled) as e:
-                self._rebuild_retry_at[p] = time.monotonic() + 2.0
-                self._rebuilder.renew()
-                self.log(f"handler {self.instance_id}: partition {p} not rebuilt yet ({e!r}); its commands wait, "
-                         f"retrying in 2s")
-                continue
-            if self._generation.get(p) != generation:
-                self.log(f"handler {self.instance_id}: partition {p} moved while it was rebuilt; state discarded")
-                continue
-            self.partitions[p] = part
-            self._unready.discard(p)
-            self._consumer.resume([confluent_kafka.TopicPartition(self.settings.commands_topic, p)])
 
     def run(self, until_caught_up: bool = False, max_seconds: float | None = None,
             progress_every_s: float = 5.0) -> HandlerStats:
-        if self._consumer is None:
+        if self.group.consumer is None:
             self.start()
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         self._stopping.clear()
@@ -294,13 +173,13 @@ class CommandHandler:
               collector: CollectorPaced) -> HandlerStats:
         last_progress = time.monotonic()
         while (deadline is None or time.monotonic() < deadline) and not self._stopping.is_set():
-            batch = self._poll()
+            batch = self.group.poll()
             # Newly assigned partitions are rebuilt now (not on their first command), so a restart is ready at once.
-            self._rebuild_unready()
-            self._rejoin_if_stuck()
+            self.group.rebuild_unready(self._rebuilder)
+            self.group.rejoin_if_stuck()
             if batch:
                 self.process(batch)
-            elif until_caught_up and self._caught_up():
+            elif until_caught_up and self.group.caught_up(self._rebuilder.reader.end_offsets):
                 break
             collector.tick()
             self.stats.collections, self.stats.collector_seconds = collector.collections, collector.seconds
@@ -310,47 +189,10 @@ class CommandHandler:
                 last_progress = time.monotonic()
         return self.stats
 
-    def _poll(self) -> dict[TopicPartition, list]:
-        """The next batch of command records (confluent-kafka messages), by partition, in offset order."""
-        if self._buffered:
-            messages, self._buffered = self._buffered, []
-        else:
-            messages = self._consume(0.2)
-        by_partition: dict[int, list] = {}
-        for message in messages:
-            records = by_partition.get(message.partition())
-            if records is None:
-                records = by_partition[message.partition()] = []
-            records.append(message)
-        topic = self.settings.commands_topic
-        return {TopicPartition(topic, p): records for p, records in by_partition.items()}
-
-    def _assignment(self) -> set[TopicPartition]:
-        return {TopicPartition(tp.topic, tp.partition) for tp in self._consumer.assignment()}
-
     def stop(self) -> None:
         """Ask ``run()`` (possibly in another thread, or a signal handler) to return: after the current batch,
         or at once when it waits (for the broker, a rebuild, a commit)."""
         self._stopping.set()
-
-    def _caught_up(self) -> bool:
-        assigned = self._consumer.assignment()
-        if not assigned or self._unready or self._buffered:
-            return False
-        try:
-            ends = self._rebuilder.reader.end_offsets([TopicPartition(tp.topic, tp.partition) for tp in assigned])
-            positions = {(tp.topic, tp.partition): tp.offset for tp in self._consumer.position(assigned)}
-            committed = {(tp.topic, tp.partition): tp.offset
-                         for tp in self._consumer.committed(assigned, timeout=CALL_TIMEOUT_S)}
-        except (KafkaError, confluent_kafka.KafkaException):
-            return False  # the broker does not answer: not known to be caught up
-        for tp in assigned:
-            key = (tp.topic, tp.partition)
-            # Nothing consumed yet since the assignment: the committed offset is where we stand.
-            at = positions[key] if positions[key] >= 0 else max(committed[key], 0)
-            if at < ends[TopicPartition(tp.topic, tp.partition)]:
-                return False
-        return True
 
     # -- transactions ------------------------------------------------------------------------------
     def process(self, batch: dict) -> None:
@@ -388,7 +230,7 @@ class CommandHandler:
             self.stats.command_retries += 1
             self.log(f"handler {self.instance_id}: command record {tp.topic}/{tp.partition}/{record.offset()}: its "
                      f"own transaction failed ({failure}), attempt {attempt} of {_SINGLE_COMMAND_ATTEMPTS}")
-            self._wait(0.5 * attempt)
+            self.group.wait(0.5 * attempt)
         return self._reject_unwritable(tp, record, failure)
 
     def _transact(self, batch: dict):
@@ -398,7 +240,7 @@ class CommandHandler:
         for tp, records in batch.items():
             part = self.partitions.get(tp.partition)
             if part is None:  # not rebuilt yet, or revoked: its records are read again when it is ready
-                self._rewind(tp, records[0].offset())
+                self.group.rewind(tp, records[0].offset())
             else:
                 owned[tp] = part
         if not owned:
@@ -410,7 +252,7 @@ class CommandHandler:
         staged = StagedChanges()
         counts = DecisionCounts()
         self._delivered_events, self._delivered_results = {}, {}
-        generations = {tp.partition: self._generation.get(tp.partition) for tp in owned}
+        generations = {tp.partition: self.group.generation.get(tp.partition) for tp in owned}
         tx.begin()
         try:
             offsets = []
@@ -427,8 +269,8 @@ class CommandHandler:
                 part_events = counts.events - events_before
                 offsets.append(confluent_kafka.TopicPartition(tp.topic, tp.partition, records[-1].offset() + 1))
                 owned[tp] = (part, part_events)
-            tx.commit(offsets, lambda: self._consumer.consumer_group_metadata(),
-                      lambda: any(self._generation.get(p) != g for p, g in generations.items()))
+            tx.commit(offsets, lambda: self.group.consumer.consumer_group_metadata(),
+                      lambda: self.group.moved(generations))
         except _Stopping:
             self._tx.abort_quietly()
             raise
@@ -437,7 +279,7 @@ class CommandHandler:
             # read the records again where this instance still owns the partition.
             self._tx.abort(e)
             for tp in owned:
-                self._rewind(tp, batch[tp][0].offset())
+                self.group.rewind(tp, batch[tp][0].offset())
             self.log(f"handler {self.instance_id}: transaction aborted: {e}; its commands are read again where "
                      f"this instance still owns the partition")
             return _LOST
@@ -452,7 +294,7 @@ class CommandHandler:
                 # A rebalance took a partition away mid-batch (KIP-447 fencing of the offset commit). Nothing
                 # of this batch is visible; it is read again where this instance still owns the partition.
                 for tp in owned:
-                    self._rewind(tp, batch[tp][0].offset())
+                    self.group.rewind(tp, batch[tp][0].offset())
                 self.log(f"handler {self.instance_id}: transaction aborted after a rebalance ({error}); its "
                          f"commands are read again where this instance still owns the partition")
                 return _LOST
@@ -503,57 +345,6 @@ class CommandHandler:
             writer = self._writer = None
         return writer
 
-    def _drop_partitions(self) -> None:
-        """When the producer is renewed (event_store.handler_transactions): every owned partition is rebuilt like
-        a new assignment, read again from its committed offset (_seek_committed, once the new producer is ready)."""
-        # Before the new producer may write: no state that the aborted transaction may have changed is kept.
-        assigned = list(self._consumer.assignment())
-        if assigned:
-            self._consumer.pause(assigned)
-        for tp in assigned:
-            self._generation[tp.partition] = self._generation.get(tp.partition, 0) + 1
-            self._unready.add(tp.partition)
-            self._rebuild_retry_at.pop(tp.partition, None)
-            self.partitions.pop(tp.partition, None)
-        self.partitions.clear()
-        self._buffered = []
-
-    def _seek_committed(self) -> None:
-        """Put every assigned (paused, unready) partition back at its committed offset, waiting for the broker."""
-        while True:
-            assigned = list(self._consumer.assignment())
-            if not assigned:
-                return
-            try:
-                committed = self._consumer.committed(assigned, timeout=CALL_TIMEOUT_S)
-                break
-            except confluent_kafka.KafkaException as e:
-                self.log(f"handler {self.instance_id}: reading committed offsets waits for the broker ({e})")
-                self._wait(1.0)
-        for tp in committed:
-            if tp.partition not in self._unready:
-                continue  # assigned anew by a keepalive meanwhile: it starts from its committed offset anyway
-            offset = tp.offset if tp.offset >= 0 else confluent_kafka.OFFSET_BEGINNING
-            try:
-                self._consumer.seek(confluent_kafka.TopicPartition(tp.topic, tp.partition, offset))
-            except confluent_kafka.KafkaException as e:
-                raise HandlerError(f"handler {self.instance_id}: cannot read {tp.topic}/{tp.partition} again from its "
-                                   f"committed offset {tp.offset} ({e}); stopping") from None
-
-    def _rewind(self, tp: TopicPartition, offset: int) -> None:
-        """Read ``tp`` again from ``offset`` (if this instance still owns it); drop what a keepalive kept of it."""
-        self._buffered = [m for m in self._buffered if m.partition() != tp.partition]
-        if tp.partition in self._unready or tp not in self._assignment():
-            return  # a new assignment starts from the committed offset anyway
-        try:
-            self._consumer.seek(confluent_kafka.TopicPartition(tp.topic, tp.partition, offset))
-        except confluent_kafka.KafkaException as e:
-            self.log(f"handler {self.instance_id}: cannot rewind {tp.topic}/{tp.partition} to {offset} ({e}); "
-                     f"restarting from its committed offset")
-            self._unready.add(tp.partition)
-            self.partitions.pop(tp.partition, None)
-            self._consumer.pause([confluent_kafka.TopicPartition(tp.topic, tp.partition)])
-
     def _reject_unwritable(self, tp: TopicPartition, record, failure) -> bool:
         """The last resort for a command whose own transaction keeps failing: answer it with a rejection naming
         the Kafka error (no command id: dead-letter it) and commit its offset, so that it never holds back the
@@ -571,7 +362,7 @@ class CommandHandler:
             result = fit_result(CommandResult(
                 command_id, aggregate_id, "rejected", version_of(part, value), error_type="NotWritable",
                 reason=reason, recorded_at=utc_now()), self.limits)
-        generation = self._generation.get(tp.partition)
+        generations = {tp.partition: self.group.generation.get(tp.partition)}
         for with_answer in (True, False):
             self._tx.begin()
             try:
@@ -581,14 +372,14 @@ class CommandHandler:
                     self._produce_dead_letter(DeadLetter(record.key(), reason, value, tp.topic, tp.partition,
                                                          record.offset()))
                 self._tx.commit([confluent_kafka.TopicPartition(tp.topic, tp.partition, record.offset() + 1)],
-                                lambda: self._consumer.consumer_group_metadata(),
-                                lambda: self._generation.get(tp.partition) != generation)
+                                lambda: self.group.consumer.consumer_group_metadata(),
+                                lambda: self.group.moved(generations))
             except _Stopping:
                 self._tx.abort_quietly()
                 raise
             except PartitionsMoved as e:
                 self._tx.abort(e)
-                self._rewind(tp, record.offset())
+                self.group.rewind(tp, record.offset())
                 return False
             except confluent_kafka.KafkaException as e:
                 error = e.args[0]
@@ -597,7 +388,7 @@ class CommandHandler:
                     return False
                 self._tx.abort(error)
                 if tp.partition not in self.partitions or error.code() in REBALANCE_ERRORS:
-                    self._rewind(tp, record.offset())
+                    self.group.rewind(tp, record.offset())
                     return False
                 if error.code() in BROKER_AWAY_ERRORS:
                     # The broker's absence is no fault of this command: write the same rejection once it answers.

@@ -185,11 +185,11 @@ def test_a_handler_whose_consumer_does_not_rejoin_after_a_lost_session_replaces_
         thread.join(STOP_WITHIN_S)
         assert not thread.is_alive() and not raised, raised
         # The stuck state: the session was lost long enough ago, the partitions dropped, none assigned since.
-        consumer = handler._consumer
+        consumer = handler.group.consumer
         assigned = consumer.assignment()
-        handler._on_lost(consumer, assigned)
+        handler.group.on_lost(consumer, assigned)
         consumer.incremental_unassign(assigned)
-        handler._rejoin.lost_at = time.monotonic() - kafka_clients.REJOIN_WAIT_S
+        handler.group.rejoin.lost_at = time.monotonic() - kafka_clients.REJOIN_WAIT_S
         thread = threading.Thread(target=handler.run, daemon=True)
         thread.start()
         kafka_log.produce_all(producer, settings.commands_topic, [(c.aggregate_id, c.to_json()) for c in second])
