@@ -130,6 +130,8 @@ class Settings:
     sql_server_tls: str = "off"
     sql_server_keystore: Path | None = None
     sql_server_keystore_password: str | None = field(default=None, repr=False)
+    # The largest reference-data file (merchants) a load reads, in bytes (reference_data; issue 46).
+    reference_max_bytes: int = 256 * 1024 * 1024
     # Free-form extras, e.g. {"projection_id": "..."} from tests; not read from the environment.
     extra: Mapping[str, str] = field(default_factory=dict)
 

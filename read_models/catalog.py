@@ -65,7 +65,7 @@ from lakehouse.errors import NotFound, Refused
 __all__ = ["Catalog", "CatalogError", "CatalogEntry", "CatalogRefused", "Generation", "ModelState",
            "CATALOG_TABLE", "GENERATIONS_FOLDER", "SHARED_LATE_EVENTS_TABLE", "late_events_sources",
            "legacy_generation", "ARCHIVE_TABLE", "DEAD_LETTER_TABLE", "REPROCESSED_AT", "ledger_table", "held_table",
-           "heads_table"]
+           "heads_table", "DIM_MERCHANT_TABLE", "MERCHANT_LOADS_TABLE", "MERCHANT_STAGING", "MERCHANT_QUARANTINE"]
 
 CATALOG_TABLE = "_catalog"
 GENERATIONS_FOLDER = "_generations"
@@ -78,6 +78,15 @@ REPROCESSED_AT = "reprocessed_at"
 ARCHIVE_TABLE = "event_archive"
 # The events records that are no valid event, and the version conflicts, with the reason and the original bytes.
 DEAD_LETTER_TABLE = "_dead_letters/events"
+# Reference data (reference_data/, issue 46), at ``settings.table_path(name)`` like the other non-model tables:
+# the merchants dimension, kept as SCD type 2 history (one row per merchant and attribute version) ...
+DIM_MERCHANT_TABLE = "dim_merchant"
+# ... the ledger of its loads (one row per load, keyed by the content hash of what was loaded) ...
+MERCHANT_LOADS_TABLE = "_reference/merchants/loads"
+# ... the folder of staged batches (one Delta table per load, removed once merged) ...
+MERCHANT_STAGING = "_reference/merchants/staging"
+# ... and of refused batches (per load: its report, and the staged rows when there were any).
+MERCHANT_QUARANTINE = "_quarantine/merchants"
 _TXN_APP_ID = "eventlake-catalog"
 _ACTIONS = ("created", "positioned", "ready", "abandoned", "switched", "dropped")
 _RETRIES = 8

@@ -23,11 +23,11 @@ BOTTOM = "lakehouse"
 TOP = "eventlake"
 # The layers below the top. (``infra``, the local broker and Airflow that the CLI starts, is the top's helper and
 # not in this list; ``bench`` and ``tests`` are outside the layers.)
-LOWER = ("lakehouse", "event_store", "read_models", "projection_core", "expectations", "spark_apps", "python_engine",
-         "dags")
+LOWER = ("lakehouse", "event_store", "read_models", "projection_core", "expectations", "reference_data", "spark_apps",
+         "python_engine", "dags")
 # Top-level folders of the repository: importing any of them from event_store is a layering question.
 REPO_PACKAGES = {BOTTOM, "eventlake", "read_models", "projection_core", "spark_apps", "python_engine", "dags",
-                 "expectations", "infra", "bench", "tests"}
+                 "expectations", "reference_data", "infra", "bench", "tests"}
 # The pure core: no Kafka, no Spark, no Delta, no Airflow.
 PURE = {"errors", "fields", "domain", "domains", "schemas", "upcasting", "envelope", "decider", "snapshots",
         "batch_decision", "handler_stats",
@@ -239,6 +239,7 @@ LAYERS = (
     ("read_models",),  # what each table is; the catalog of every table's identity and generations
     ("projection_core",),  # what a projection is, for both engines: its plan, checkpoint log, positions
     ("expectations",),  # the checks of the read models
+    ("reference_data",),  # reference data from outside the log (merchants -> dim_merchant), checked by its suites
     ("spark_apps", "python_engine"),  # what runs on Spark (and the entry point choosing an engine); the Python engine
     ("infra",),  # what starts or deploys a real component (the CLI's helper)
     ("dags", "eventlake"),  # orchestration; the CLI, the demo, the generator, SQL reads
