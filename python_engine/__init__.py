@@ -29,8 +29,8 @@ here (records that are not events are the read models' dead letters).
 Local tables and checkpoints only (a storage URI: use the Spark engine).
 
 Modules by job: ``run`` (the loop, ``PythonProjection``), ``reader`` (Kafka), ``parsing`` and ``parse_worker`` (records
-into event rows, on two cores for large batches), ``caches`` (what it keeps between batches), ``tables`` and
-``delta_writes`` (delta-rs), ``merge_planning`` (DuckDB), ``batches`` (the archive's and the read models' batch),
+into event rows, on two cores for large batches), ``key_index`` (what it knows of the tables it writes: on disk),
+``tables`` and ``delta_writes`` (delta-rs), ``merge_planning`` (DuckDB), ``batches`` (the archive's and the read models' batch),
 ``compaction`` (small files), ``errors`` (``HandOver``). The plan it runs and the checkpoint log are
 ``projection_core``'s, as for the Spark engine; which engine runs is chosen in ``spark_apps.projection``. Nothing here
 imports pyspark when loaded (the Spark engine is started only for a hand-over).

@@ -2,10 +2,10 @@
 sequence gate's check, then each model's writes side by side)."""
 from __future__ import annotations
 
-from python_engine.caches import Known, key_hashes
+from python_engine.key_index import key_hashes
 from python_engine.delta_writes import Batch, register_delta, side_by_side
 from python_engine.errors import HandOver
-from python_engine.merge_planning import load_ledger, plan_unit
+from python_engine.merge_planning import plan_unit
 from read_models.catalog import ARCHIVE_TABLE, held_table, ledger_table
 from read_models.spec import CURRENT_STATE_BY_VERSION
 from spark_apps.event_rows import Records
@@ -71,20 +71,22 @@ def read_models_batch(query, records: Records, batch: Batch) -> None:
                 engine.log(f"{query.name}: batch {query.batch_id}: run again after a crash; its sequence ledger "
                            f"rows are written, the writes not yet committed are done now")
             else:
-                # Against what the engine keeps of the ledger (its heads and event ids, read again whenever another
-                # writer changed it): the batch's own aggregates and ids only, however long the ledger.
-                index = engine.known.setdefault(str(ledger_path), Known())
-                if not index.current(ledger):
-                    load_ledger(con, ledger, ledger_path, index, engine.log)
+                # Against the engine's index of the ledger on disk (python_engine.key_index: its heads and event
+                # ids, brought up to the ledger's version first): the batch's own aggregates and ids only, however
+                # long the ledger.
+                index = engine.key_index(ledger_path, ("event_id",), heads=True)
+                index.up_to_date(con, ledger)
                 runs = con.execute("SELECT aggregate_id, min(aggregate_version), max(aggregate_version), count(*), "
                                    "count(DISTINCT aggregate_version) FROM batch GROUP BY 1").fetchall()
                 repeated = con.execute("SELECT count(*) - count(DISTINCT event_id) FROM batch").fetchall()[0][0]
+                heads = index.heads(aggregate for aggregate, *_ in runs)
                 off_head = sum(1 for aggregate, first, last, n, distinct in runs
-                               if first != index.heads.get(aggregate, 0) + 1 or n != distinct
+                               if first != heads.get(aggregate, 0) + 1 or n != distinct
                                or n != last - first + 1)
+                del heads
                 ids = key_hashes(con, "batch", ["event_id"])
                 known = 0
-                if index.keys.hits(ids):  # maybe admitted before (or a hash shared): the ledger decides
+                if index.hits(ids):  # maybe admitted before (or a hash shared): the ledger decides
                     register_delta(con, "ledger", ledger_path, ledger)
                     known = con.execute("SELECT count(*) FROM ledger WHERE event_id IN (SELECT event_id FROM batch)"
                                         ).fetchall()[0][0]
@@ -99,15 +101,13 @@ def read_models_batch(query, records: Records, batch: Batch) -> None:
                     raise HandOver(f"{model.name}: events wait in {generation.pending} for an earlier version")
         types = {t for (t,) in con.execute("SELECT DISTINCT event_type FROM batch").fetchall()}
         units = [(m, g) for m, g in engine.plan.units(generations) if types.intersection(m.event_types)]
-        writes = [plan_unit(con, batch, model, generation, engine.known, engine.log) for model, generation in units]
+        writes = [plan_unit(con, batch, model, generation, engine.key_index) for model, generation in units]
         with batch.timed("sequence: ledger"):
             admitted = con.sql(f"SELECT aggregate_id, aggregate_version, event_id, kafka_partition, kafka_offset, "
                                f"'{query.app_id}/{query.batch_id}' AS admitted_by FROM batch").to_arrow_table()
             version = batch.append(admitted, ledger_path, ledger_name, table=ledger)
             if version is not None and not rerun:
-                index.written(version)
-                index.heads.update((aggregate, last) for aggregate, _, last, _, _ in runs)
-                index.keys.add(ids)
+                index.add(version, ids, {aggregate: last for aggregate, _, last, _, _ in runs})
         with batch.timed("the models' writes, side by side"):
             side_by_side(writes)
     except HandOver:

@@ -3,29 +3,16 @@ folded in DuckDB, and its writes planned."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Callable
 
 from python_engine import compaction
-from python_engine.caches import Hashes, Known, key_hashes
+from python_engine.key_index import KeyIndex, key_hashes
 from python_engine.delta_writes import Batch, cast_to, merge_into, register_delta, sql_text
 from python_engine.errors import HandOver
 from read_models.catalog import SHARED_LATE_EVENTS_TABLE, Generation
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
-__all__ = ["plan_unit", "load_ledger"]
-
-
-def load_ledger(con, ledger, path, index: Known, log) -> None:
-    """``index`` := the sequence ledger's heads and event ids, read from ``ledger`` (a loaded DeltaTable)."""
-    started = time.perf_counter()
-    index.loaded(ledger.version())
-    register_delta(con, "ledger", path, ledger)
-    index.heads = dict(con.execute("SELECT aggregate_id, max(aggregate_version) FROM ledger GROUP BY 1").fetchall())
-    index.keys = Hashes()
-    index.keys.add(key_hashes(con, "ledger", ["event_id"]))
-    log(f"projection: read the sequence ledger {path} (version {index.version}): {len(index.heads)} aggregates, "
-        f"{len(index.keys)} event ids ({time.perf_counter() - started:.2f}s)")
+__all__ = ["plan_unit"]
 
 
 def _fold(con, model: ReadModel, relation: str):
@@ -34,9 +21,10 @@ def _fold(con, model: ReadModel, relation: str):
     return con.sql(model.fold_sql).to_arrow_table()
 
 
-def plan_unit(con, batch: Batch, model: ReadModel, generation: Generation, known: dict[str, Known],
-               log: Callable[[str], None]) -> Callable[[], None]:
-    """Check that ``model``'s part of the batch is on the common path (HandOver if not) and return its writes."""
+def plan_unit(con, batch: Batch, model: ReadModel, generation: Generation,
+              key_index: Callable[..., KeyIndex]) -> Callable[[], None]:
+    """Check that ``model``'s part of the batch is on the common path (HandOver if not) and return its writes.
+    ``key_index(path, columns)``: the engine's index on disk of a table's keys (``PythonProjection.key_index``)."""
     if not model.fold_sql:
         raise HandOver(f"{model.name}: no fold_sql (its fold in DuckDB's SQL)")
     view = f"events_{model.name}"
@@ -84,7 +72,7 @@ def plan_unit(con, batch: Batch, model: ReadModel, generation: Generation, known
                     return
                 with batch.timed(f"{model.name}: insert"):
                     _insert_once(own, batch, model, generation.table, target, txn, source, on, insert,
-                                 known.setdefault(str(generation.table), Known()), log)
+                                 key_index(generation.table, model.key))
             finally:
                 own.close()
         return write
@@ -95,32 +83,24 @@ def plan_unit(con, batch: Batch, model: ReadModel, generation: Generation, known
 
 
 def _insert_once(con, batch: Batch, model: ReadModel, path, target, txn: str, source, on: str, insert: dict,
-                 index: Known, log: Callable[[str], None]) -> None:
-    """An insert-once model's write: when none of the batch's keys is in the table (checked against the keys the
-    engine keeps of it, read again whenever another writer changed the table), a plain append, whose cost does not
-    grow with the table as a MERGE's does; else the MERGE (a key seen before keeps its first row). Either way once
-    per batch (the same transaction id)."""
+                 index: KeyIndex) -> None:
+    """An insert-once model's write: when none of the batch's keys is in the table (checked against the engine's
+    index of its keys on disk, brought up to the table's version first), a plain append, whose cost does not grow
+    with the table as a MERGE's does; else the MERGE (a key seen before keeps its first row). Either way once per
+    batch (the same transaction id)."""
     if batch.done(target, txn):
         return
-    if not index.current(target):
-        started = time.perf_counter()
-        index.loaded(target.version())
-        register_delta(con, f"keys_{model.name}", path, target)
-        index.keys = Hashes()
-        index.keys.add(key_hashes(con, f"keys_{model.name}", model.key))
-        log(f"projection: read the keys of {path} (version {index.version}): {len(index.keys)} "
-            f"({time.perf_counter() - started:.2f}s)")
+    index.up_to_date(con, target)
     rows = cast_to(source, target)
     con.register(f"new_{model.name}", rows)
     hashes = key_hashes(con, f"new_{model.name}", model.key)
-    if index.keys.hits(hashes):
-        index.forget()  # read again after the MERGE
+    if index.hits(hashes):
         merge_into(batch, target, path, txn, source, on, insert)
+        index.add(target.version(), hashes)  # every key of the batch is in the table now
         return
     version = batch.append(rows, path, model.name, txn=txn, table=target)
     if version is not None:
-        index.written(version)
-        index.keys.add(hashes)
+        index.add(version, hashes)
 
 
 def _late_rows(con, model: ReadModel, fresh: str, watermark):

@@ -12,7 +12,7 @@ from projection_core.errors import ProjectionError, ProjectionRun
 from projection_core.plan import ProjectionPlan
 from python_engine import parsing
 from python_engine.batches import archive_batch, read_models_batch
-from python_engine.caches import Known
+from python_engine.key_index import INDEX_FOLDER, KeyIndex
 from python_engine.compaction import Compaction
 from python_engine.delta_writes import Batch
 from python_engine.errors import HandOver
@@ -139,12 +139,21 @@ class PythonProjection:
         self.handed_over = 0
         self.stop_requested = None
         self.shared: tuple | None = None  # (span, event rows) of the read models' last batch, for the archive's
-        self.known: dict[str, Known] = {}  # table -> what this engine keeps of it between batches
+        # table -> the engine's index of its keys (and heads) on disk (python_engine.key_index)
+        self.known: dict[str, KeyIndex] = {}
         self.compaction = Compaction(log, self.known)  # the small files of the tables it writes
         self.delta_tables: dict = {}  # table -> its DeltaTable, brought up to date by each batch (Batch.table)
         self.limit = settings.max_offsets_per_trigger  # records per batch at most (Spark's maxOffsetsPerTrigger)
         self.queries: list[Query] = []
         self.parser = ParseWorker(log)  # a second process parsing large batches with this one
+
+    def key_index(self, path, columns, heads: bool = False) -> KeyIndex:
+        """The index on disk of the keys (hashes of ``columns``) and, with ``heads``, the aggregates' heads of the
+        table at ``path``, under the read models' checkpoint."""
+        key = str(path)
+        if key not in self.known:
+            self.known[key] = KeyIndex(self.plan.checkpoint / INDEX_FOLDER, key, columns, heads=heads, log=self.log)
+        return self.known[key]
 
     # -- Spark for what is not the common path ---------------------------------------------------------------
     def hand_over(self, query: Query, reason: str) -> None:
@@ -259,6 +268,8 @@ class PythonProjection:
                 query.reader.close()
             self.parser.close()
             self.wait_for_compaction()
+            for index in self.known.values():
+                index.close()
         main = self.queries[0]
         run.batches, run.input_rows, run.seconds = main.batches, main.rows, time.monotonic() - started
         return run

@@ -234,10 +234,11 @@ def test_a_merge_into_a_table_compacted_beside_the_batches_waits_for_it_and_read
 
 
 def test_a_row_another_writer_put_in_an_insert_once_table_between_live_batches_keeps_its_key(spark, settings):
-    """A live engine keeps the sequence ledger's heads and ids and an insert-once table's keys in memory between
-    batches, so a batch appends the rows whose keys the table does not hold (no MERGE over a growing table). A row
-    another writer put in the table meanwhile makes the engine read the table again: that key keeps its first row,
-    every other row is the oracle's, and nothing needs Spark."""
+    """A live engine keeps the sequence ledger's heads and ids and an insert-once table's keys in an index on disk
+    (python_engine.key_index), so a batch appends the rows whose keys the table does not hold (no MERGE over a
+    growing table). A row another writer put in the table meanwhile is read into the index (the files added since
+    the version it covers, not the table): that key keeps its first row, every other row is the oracle's, and
+    nothing needs Spark."""
     import datetime as dt
     import threading
     import time
@@ -283,11 +284,14 @@ def test_a_row_another_writer_put_in_an_insert_once_table_between_live_batches_k
         stop.set()
         thread.join(60)
     assert engine.handed_over == 0, "\n".join(line for line in lines if "Spark" in line)
-    reads = "\n".join(line for line in lines if "read the" in line)
-    # Read once when it started; fraud_alerts again after the other writer's row (and after the MERGE it led to).
+    reads = "\n".join(line for line in lines if "read the" in line or "caught up the index" in line)
+    # Each table read once, into its index, when the engine started; fraud_alerts caught up with the other writer's
+    # file (and the MERGE it led to), not read again.
+    ledger = ledger_table(engine.plan.name)
     assert sum("read the keys of" in line and "/payments " in line for line in lines) == 1, reads
-    assert sum("read the sequence ledger" in line for line in lines) == 1, reads
-    assert sum("read the keys of" in line and "/fraud_alerts " in line for line in lines) >= 2, reads
+    assert sum("read the keys of" in line and f"/{ledger} " in line for line in lines) == 1, reads
+    assert sum("read the keys of" in line and "/fraud_alerts " in line for line in lines) == 1, reads
+    assert sum("caught up the index of" in line and "/fraud_alerts from" in line for line in lines) >= 1, reads
     model = read_models.get("fraud_alerts")
     actual = table_rows(spark, settings, model)
     assert actual[key]["evidence"] == "written by another writer"
@@ -354,3 +358,91 @@ def test_the_appended_tables_are_compacted_while_the_batches_go_on_and_lose_noth
     ledger = DeltaTable(str(ledger_path)).to_pyarrow_table(columns=["event_id"]).column("event_id").to_pylist()
     assert len(ledger) == len(set(ledger)) == len(events)
     assert_matches_oracle(spark, settings, events, models)
+
+
+def test_the_key_index_follows_its_table_reading_only_the_files_added_since(tmp_path):
+    """The engine's index of a table (python_engine.key_index) on a real Delta table: read whole the first time;
+    then the engine's own appends cost no read, another writer's append (or an append whose index write a kill -9
+    cut off) is read alone, a compaction the engine told of costs nothing, and a table made anew at the same path
+    is read whole again."""
+    import duckdb
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from python_engine.key_index import KeyIndex, key_hashes
+
+    path = str(tmp_path / "ledger")
+
+    def rows(start, n):
+        return pa.table({"aggregate_id": [f"acc-{i % 10}" for i in range(start, start + n)],
+                         "aggregate_version": [1 + i // 10 for i in range(start, start + n)],
+                         "event_id": [f"ev-{i}" for i in range(start, start + n)]})
+
+    def hashes_of(data):
+        con.register("data", data)
+        return key_hashes(con, "data", ["event_id"])
+
+    con = duckdb.connect()
+    write_deltalake(path, rows(0, 100))
+    lines: list[str] = []
+    index = KeyIndex(tmp_path / "index", path, ("event_id",), heads=True, log=lines.append)
+    index.up_to_date(con, DeltaTable(path))
+    assert len(lines) == 1 and "read the keys of" in lines[0]
+    assert index.heads(["acc-3", "acc-x"]) == {"acc-3": 10} and index.hits(hashes_of(rows(0, 100))) == 100
+
+    own = rows(100, 20)  # the engine's append, applied to the index after its commit
+    table = DeltaTable(path)
+    write_deltalake(table, own, mode="append")
+    index.add(table.version(), hashes_of(own), {"acc-0": 12, "acc-1": 12})
+    index.up_to_date(con, DeltaTable(path))
+    assert len(lines) == 1 and index.stored()["version"] == 1
+
+    write_deltalake(path, rows(120, 10), mode="append")  # another writer, then an append whose index write was cut off
+    write_deltalake(path, rows(130, 10), mode="append")
+    table = DeltaTable(path)
+    index.up_to_date(con, table)
+    assert "caught up the index of" in lines[-1] and "2 file(s) read" in lines[-1], lines
+    assert index.heads(["acc-0"]) == {"acc-0": 14} and index.hits(hashes_of(rows(0, 140))) == 140
+    assert index.hits(hashes_of(rows(140, 50))) == 0
+
+    table.optimize.compact()  # the engine's compaction: the same rows in fewer files
+    index.written(table.version())
+    index.up_to_date(con, DeltaTable(path))
+    assert "caught up" in lines[-1] and len(lines) == 2
+
+    write_deltalake(path, rows(500, 5), mode="overwrite", schema_mode="overwrite")  # same id: added files read
+    index.up_to_date(con, DeltaTable(path))
+    assert "caught up" in lines[-1] and "1 file(s) read" in lines[-1]
+    import shutil
+
+    shutil.rmtree(path)  # another table at the path: read whole
+    write_deltalake(path, rows(1000, 5))
+    index.up_to_date(con, DeltaTable(path))
+    assert "read the keys of" in lines[-1] and index.hits(hashes_of(rows(0, 140))) == 0
+    assert index.heads(["acc-0", "acc-7"]) == {"acc-0": 101} and index.in_memory() == 0
+    index.close()
+
+
+def test_between_batches_the_engine_holds_no_entry_per_event(spark, settings):
+    """Issue 42: the sequence ledger's heads and ids and the insert-once tables' keys are on disk, under the read
+    models' checkpoint; what the engine holds of them in memory between batches (the versions it has not recorded
+    yet) is the same after a short log and after one three times as long."""
+    from deltalake import DeltaTable
+
+    events = events_for(CLEAN, flag_every=5)
+    values = [(e.aggregate_id, e.to_json()) for e in events]
+    third = len(values) // 3
+    held, on_disk = [], []
+    for part in (values[:third], values[third:]):
+        publish(settings, part)
+        engine, run, _ = python_engine(spark, settings, max_offsets_per_trigger=100)
+        assert engine.handed_over == 0 and run.batches >= 2
+        held.append(sum(index.in_memory() for index in engine.known.values()))
+        ledger = engine.known[str(settings.table_path(ledger_table(engine.plan.name)))]
+        rows = DeltaTable(ledger.table_path).to_pyarrow_table()
+        assert ledger.entries() == rows.num_rows + len(set(rows.column("aggregate_id").to_pylist()))
+        assert ledger.path.is_relative_to(engine.plan.checkpoint)
+        on_disk.append(ledger.entries())
+    assert on_disk[1] == len(events) + CLEAN.accounts and on_disk[0] < on_disk[1]
+    assert held[0] == held[1] and held[1] <= len(engine.known), held
+    assert_matches_oracle(spark, settings, events)

@@ -1,15 +1,13 @@
 """What the memory benchmark's longer logs are made of (bench/projection.py ``continued_copies``,
-``relabeled_copies``) and the Python engine's index of keys (``Hashes``), pure."""
+``relabeled_copies``), pure. The Python engine's index of keys: tests/unit/test_known_tables.py."""
 from __future__ import annotations
 
 from collections import Counter
 
-import numpy as np
 import pytest
 
 from bench.projection import continued_copies, generated_events, relabeled_copies
 from event_store.envelope import EventEnvelope
-from python_engine.caches import Hashes
 
 
 @pytest.mark.parametrize("made, accounts", [(continued_copies, 60), (relabeled_copies, 180)])
@@ -29,17 +27,3 @@ def test_copies_make_a_longer_log_of_gap_free_versions_and_ids_of_their_own(tmp_
     opened = sum(1 for e in events if e.event_type == "AccountOpened")
     assert opened == accounts
     assert len(out) == 3 * len(records) - (2 * 60 if made is continued_copies else 0)
-
-
-def test_the_key_index_finds_every_key_added_and_misses_the_others():
-    rng = np.random.default_rng(7)
-    keys = rng.integers(0, 2**63, size=50_000, dtype=np.uint64)
-    index = Hashes()
-    for part in np.array_split(keys, 37):  # chunks of unequal sizes, merged as they grow
-        index.add(part)
-    assert len(index) == len(keys) and len(index.chunks) < 10
-    assert all(np.all(c[:-1] <= c[1:]) for c in index.chunks)
-    assert index.hits(keys[::7]) == len(keys[::7])
-    others = np.setdiff1d(rng.integers(0, 2**63, size=5_000, dtype=np.uint64), keys)
-    assert index.hits(others) == 0
-    assert index.hits(np.concatenate((others, keys[:3]))) == 3

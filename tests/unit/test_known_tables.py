@@ -1,56 +1,78 @@
-"""What the projection's Python engine keeps of a table between batches (``Known``), pure: it holds while every
-commit since it was read is the engine's own (its writes and its compactions, committed in either order, a
-compaction told from the background thread), and is read again after any other writer's commit."""
-from python_engine.caches import Known
+"""What the projection's Python engine knows of a table between batches (``python_engine.key_index``), pure (its
+LMDB file in a temporary folder, no Delta table): the version its index covers moves on through the engine's own
+commits and compactions, told in either order, and stops at any other; the keys and heads a batch adds are found,
+others missed; and what it holds in memory between batches does not grow with the batches (issue 42)."""
+import numpy as np
+
+from python_engine.key_index import KeyIndex, covered
 
 
-class _Table:
-    def __init__(self, version: int):
-        self.at = version
-
-    def version(self) -> int:
-        return self.at
-
-
-def test_own_writes_and_compactions_in_either_order_keep_it_current():
-    known, table = Known(), _Table(7)
-    assert not known.current(table)  # never read
-    known.loaded(7)
-    assert known.current(table)
-    table.at = 8
-    known.written(8)  # the batch's append
-    table.at = 10
-    known.written(10)  # the next batch's append, committed after ...
-    known.written(9)  # ... the background compaction's commit
-    assert known.current(table) and known.version == 10
-    known.written(11)  # a compaction told before the batch sees its commit
-    assert known.current(table) and known.version == 10
-    table.at = 11
-    assert known.current(table) and known.version == 11
+def test_own_writes_and_compactions_in_either_order_move_the_covered_version_on():
+    assert covered(7, set(), 7) == 7
+    assert covered(7, {8}, 8) == 8  # the batch's append
+    assert covered(8, {10, 9}, 10) == 10  # the next batch's append, committed after the compaction's commit
+    assert covered(10, {11}, 10) == 10  # a compaction told before the batch sees its commit
+    assert covered(None, {1, 2}, 2) is None  # never read: rebuilt
 
 
-def test_another_writers_commit_makes_it_read_again():
-    known, table = Known(), _Table(3)
-    known.loaded(3)
-    known.written(5)  # the engine's append, committed after another writer's version 4
-    table.at = 5
-    assert not known.current(table)
-    assert not known.current(table)  # and stays so until read again
-    known.loaded(5)
-    assert known.current(table)
+def test_another_writers_commit_stops_it():
+    assert covered(3, {5}, 5) == 3  # the engine's append at 5, after another writer's 4: caught up from 3
+    assert covered(3, {4, 6}, 6) == 4
 
 
-def test_a_compaction_committed_while_the_table_was_read_is_kept():
-    known, table = Known(), _Table(12)
-    known.written(13)  # the background compaction's commit, told while the batch read version 12
-    known.loaded(12)
-    table.at = 13
-    assert known.current(table)
+def _index(tmp_path, heads=False):
+    index = KeyIndex(tmp_path / "index", str(tmp_path / "table"), ("event_id",), heads=heads, log=lambda *_: None)
+    index.add(None, [])
+    return index
 
 
-def test_forgotten_or_a_table_behind_it_is_not_current():
-    known = Known()
-    known.loaded(4)
-    assert not known.current(_Table(3))  # a table recreated at an older version
-    known.forget()
-    assert not known.current(_Table(4))
+def test_the_index_finds_every_key_and_head_added_and_misses_the_others(tmp_path):
+    rng = np.random.default_rng(7)
+    keys = rng.integers(0, 2**63, size=50_000, dtype=np.uint64)
+    index = _index(tmp_path, heads=True)
+    for part in np.array_split(keys, 37):
+        index.add(None, part, {"acc-1": 3, "acc-2": 5})
+    index.add(None, [], {"acc-1": 2, "acc-3": 1})  # a head never moves back
+    assert index.hits(keys[::7]) == len(keys[::7])
+    others = np.setdiff1d(rng.integers(0, 2**63, size=5_000, dtype=np.uint64), keys)
+    assert index.hits(others) == 0
+    assert index.hits(np.concatenate((others, keys[:3]))) == 3
+    assert index.heads(["acc-1", "acc-2", "acc-3", "acc-4"]) == {"acc-1": 3, "acc-2": 5, "acc-3": 1}
+    assert index.entries() == len(keys) + 3
+    index.close()
+    assert _index(tmp_path, heads=True).hits(keys[:100]) == 100  # on disk: found again by a new process
+
+
+def _entries_held(obj, seen=None) -> int:
+    """Entries of every container reachable from ``obj``'s attributes (what a per-event cache would fill)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, (str, bytes, int, float, bool, type(None))):
+        return 0
+    if hasattr(obj, "shape") and hasattr(obj, "size"):  # a NumPy array
+        return int(obj.size)
+    if isinstance(obj, dict):
+        return len(obj) + sum(_entries_held(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return len(obj) + sum(_entries_held(v, seen) for v in obj)
+    attributes = getattr(obj, "__dict__", None)
+    return sum(_entries_held(v, seen) for v in attributes.values()) if attributes else 0
+
+
+def test_what_the_index_holds_in_memory_does_not_grow_with_the_batches(tmp_path):
+    rng = np.random.default_rng(3)
+    held = []
+    for batches in (5, 50):
+        index = KeyIndex(tmp_path / f"index-{batches}", str(tmp_path / "table"), ("event_id",), heads=True,
+                         log=lambda *_: None)
+        index.add(None, [])
+        index.record(0, "table-id")  # the version a first read records
+        for batch in range(1, batches + 1):  # each batch's append, then a compaction told from its thread
+            index.add(2 * batch - 1, rng.integers(0, 2**63, size=1_000, dtype=np.uint64),
+                      {f"acc-{batch}-{i}": i + 1 for i in range(200)})
+            index.written(2 * batch)
+        assert index.entries() == batches * 1_200
+        held.append((index.in_memory(), _entries_held(index)))
+    assert held[0] == held[1], f"entries in memory after 5 and after 50 batches: {held}"
