@@ -94,3 +94,16 @@ def test_bad_input_is_refused_with_the_file_and_the_reason_and_nothing_is_loaded
     assert str(path) in json.dumps(report)
     if error is MerchantsRefused:
         assert raised.value.lines and (quarantine_folder(home, load_id) / "batch" / "_delta_log").is_dir()
+
+
+def test_the_cli_prints_the_counts_and_the_version_and_a_bad_file_exits_with_its_reason(tmp_path, monkeypatch, capsys):
+    from eventlake.cli import main
+
+    monkeypatch.setenv("EVENTLAKE_HOME", str(tmp_path / "home"))
+    good = write(tmp_path / "m.csv", HEADER + "m1,Shop,5411,US,low\n")
+    assert main(["load", "merchants", good]) == 0
+    assert "1 inserted, 0 changed, 0 closed, 0 unchanged; dim_merchant at Delta version 0" in capsys.readouterr().out
+    bad = write(tmp_path / "bad.csv", "id,name\nm1,Shop\n")
+    assert main(["load", "merchants", bad]) == 2
+    assert f"{bad}: wrong header" in capsys.readouterr().err
+    assert main(["load", "merchants", good, "--from-db", "sqlite:///x.db"]) == 2
