@@ -6,7 +6,7 @@ opened then mostly paying (about 88% authorized, 7% declined), with device locat
 freezes, in three partitions with each account's versions in offset order, and a few re-sent records
 (``--duplicates``) that send their accounts through the ranked path of the sequence rule. The Kafka path (and
 its JSON parsing) is skipped on purpose: this measures the fold, whose input is the archive's columns. Then it
-times ``spark_apps.rebuild.fold_archive`` into fresh folders (after an unmeasured warm-up fold) with each of
+times ``spark_apps.rebuild_fold.fold_archive`` into fresh folders (after an unmeasured warm-up fold) with each of
 ``--engines`` (default: duckdb, what a rebuild uses; ``spark`` for the same fold in Spark, side by side):
 per step (read: the position; sequence: the rule's checks and the ledger written; each model: its fold and
 its one write), events/s, and the time ratio of the largest size to the smallest. ``--limits`` also times a scan of the
@@ -240,7 +240,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the archives and tables (under .eventlake/bench)")
     args = parser.parse_args()
 
-    from spark_apps.rebuild import fold_archive, warehouse_targets
+    from spark_apps.rebuild_fold import fold_archive, warehouse_targets
     from spark_apps.session import build_session
 
     base = Settings.load(role="admin")

@@ -26,7 +26,7 @@ _NAMES = list(read_models.REGISTRY)
 
 
 def _owner() -> str:
-    from spark_apps.rebuild import airflow_owner
+    from projection_core.rebuild_lock import airflow_owner
 
     context = get_current_context()
     return airflow_owner(context["dag"].dag_id, context["run_id"])
@@ -61,7 +61,9 @@ def rebuild_read_model():
             from airflow.sdk.exceptions import AirflowFailException
 
             from lakehouse.settings import Settings
-            from spark_apps.rebuild import RebuildError, RebuildLock, build_generation, start_generation
+            from projection_core.rebuild_errors import RebuildError
+            from projection_core.rebuild_lock import RebuildLock
+            from spark_apps.rebuild import build_generation, start_generation
             from spark_apps.session import build_session
 
             get_current_context()["read_model"] = name
@@ -97,7 +99,9 @@ def rebuild_read_model():
             from airflow.sdk.exceptions import AirflowFailException
 
             from lakehouse.settings import Settings
-            from spark_apps.rebuild import RebuildError, RebuildFailed, RebuildLock, check_generation
+            from projection_core.rebuild_errors import RebuildError, RebuildFailed
+            from projection_core.rebuild_lock import RebuildLock
+            from spark_apps.rebuild import check_generation
 
             name = built["name"]
             get_current_context()["read_model"] = name
@@ -127,7 +131,9 @@ def rebuild_read_model():
             from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
             from lakehouse.settings import Settings
-            from spark_apps.rebuild import RebuildError, RebuildLock, switch_generation
+            from projection_core.rebuild_errors import RebuildError
+            from projection_core.rebuild_lock import RebuildLock
+            from spark_apps.rebuild import switch_generation
 
             context = get_current_context()
             name = checked["name"]

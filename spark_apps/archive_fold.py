@@ -1,6 +1,6 @@
 """The rebuild's fold of ``event_archive`` in DuckDB over delta-rs: columns in, each table written once, no JVM.
 
-The same fold as ``spark_apps.rebuild`` (the sequence rule once over the archived events up to a position,
+The same fold as ``spark_apps.rebuild_fold`` (the sequence rule once over the archived events up to a position,
 then each model's table written whole, with the bookkeeping a streaming catch-up from that position needs),
 done by one DuckDB database in this process: the archive is scanned through delta-rs's pyarrow dataset (only
 the columns and rows a step needs), each model's fold is its ``fold_sql`` (the SQL twin of its vectorised
@@ -8,7 +8,7 @@ the columns and rows a step needs), each model's fold is its ``fold_sql`` (the S
 model's own schema (the Spark ``StructType``, as Arrow) with the rebuild's ``userMetadata`` on the commit.
 The tables are plain Delta tables (protocol 1/2) the streaming projection goes on MERGE-ing into.
 
-The sequence rule as in ``spark_apps.rebuild.admit_archived``: cheap checks (per aggregate: first and last version and
+The sequence rule as in ``spark_apps.rebuild_fold.admit_archived``: cheap checks (per aggregate: first and last version and
 the count; 64-bit hashes of (aggregate, version) and of event ids that come twice) find the aggregates whose
 events are exactly versions 1..n, once each, with no event id repeated (nearly all); their events are admitted
 as they are. Only the others are ranked: dedup by event id (first in log order), the first event at a version
@@ -26,7 +26,7 @@ from lakehouse.settings import Settings
 from read_models.catalog import ARCHIVE_TABLE
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 from spark_apps.arrow_rows import in_schema
-from spark_apps.rebuild_errors import RebuildError
+from projection_core.rebuild_errors import RebuildError
 
 __all__ = ["supports", "archive_position", "fold_archive", "arrow_schema"]
 
@@ -160,7 +160,7 @@ class _Counted:
 
 
 def archive_position(settings: Settings) -> dict[int, int]:
-    """Per Kafka partition, the highest offset in ``event_archive`` (``spark_apps.rebuild.archive_position``)."""
+    """Per Kafka partition, the highest offset in ``event_archive`` (``spark_apps.rebuild_fold.archive_position``)."""
     fold = _Fold(settings, {})
     try:
         rows = fold.con.execute("SELECT kafka_partition, max(kafka_offset) FROM archive GROUP BY 1").fetchall()
@@ -171,7 +171,7 @@ def archive_position(settings: Settings) -> dict[int, int]:
 
 def fold_archive(settings: Settings, models: list[ReadModel], targets: dict, position: dict[int, int],
                  result, step: Callable[[str, float, int, str], None]) -> None:
-    """Steps 2 and 3 of ``spark_apps.rebuild.fold_archive``: fold the archived events at or before ``position``
+    """Steps 2 and 3 of ``spark_apps.rebuild_fold.fold_archive``: fold the archived events at or before ``position``
     (partition -> last offset; checked against the archive by the caller) into ``targets`` (model name ->
     ``FoldTargets``), filling ``result`` (a ``FoldResult``) and reporting each step through
     ``step(name, t0, rows, detail)``."""

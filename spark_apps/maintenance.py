@@ -92,7 +92,8 @@ def maintain(spark, settings: Settings, name: str, retention_hours: int = DEFAUL
     at least 168) the tables of those kept. See the module's docstring for the guarantees."""
     import read_models
     from read_models.catalog import Catalog
-    from spark_apps.rebuild import RebuildLock, RebuildRefused
+    from projection_core.rebuild_errors import RebuildRefused
+    from projection_core.rebuild_lock import RebuildLock
 
     if retention_hours < DEFAULT_RETENTION_HOURS:
         raise MaintenanceError(f"retention_hours={retention_hours}: below Delta's default retention of "

@@ -9,8 +9,8 @@ How, for the current generation (read_models/catalog.py) and windows ``T1 <= win
 
 1. the log position P the table stands at (as the reconciliation finds it); the archive must have reached it;
 2. the archive's events before P of the aggregates that have a model event in the range (whole aggregates, so
-   the sequence rule (``rebuild.admit_archived``) admits exactly what it admits over the whole log), folded with the
-   model's own vectorised ``fold`` (``rebuild._fold_model``'s columns): the range's rows as the log has them;
+   the sequence rule (``rebuild_fold.admit_archived``) admits exactly what it admits over the whole log), folded with the
+   model's own vectorised ``fold`` (``rebuild_fold.insert_rows``'s columns): the range's rows as the log has them;
 3. if they differ from the table's rows in the range: one Delta commit, ``replaceWhere`` on the range;
 4. the model's late events in the range that went into that fold get ``reprocessed_at`` (a column added to the
    late-events table on first use): they stay as the record of what came late, and the reconciliation counts
@@ -178,7 +178,8 @@ def reprocess(spark, settings: Settings, name: str, start, end, by: str = "",
 
     from expectations.reconciliation import archive_end, table_position
     from read_models.catalog import Catalog
-    from spark_apps.rebuild import RebuildError, admit_archived, insert_rows, read_archive
+    from projection_core.rebuild_errors import RebuildError
+    from spark_apps.rebuild_fold import admit_archived, insert_rows, read_archive
 
     model, t1, t2 = validate(name, start, end)
     started = time.monotonic()

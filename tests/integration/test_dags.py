@@ -14,7 +14,8 @@ from eventlake.generator import GeneratorConfig
 from infra.airflow import environment
 from lakehouse.settings import PROJECT_ROOT, Settings
 from read_models.catalog import Catalog
-from spark_apps.rebuild import RebuildLock, RebuildRefused, airflow_owner, lock_path
+from projection_core.rebuild_errors import RebuildRefused
+from projection_core.rebuild_lock import RebuildLock, airflow_owner, lock_path
 from tests.domain_helpers import events_for
 from tests.integration.test_checks import write_folded
 from tests.integration.test_rebuild import project, publish

@@ -7,7 +7,8 @@ import read_models
 from eventlake.generator import GeneratorConfig
 from read_models.catalog import Catalog
 from spark_apps.maintenance import MaintenanceError, generations_to_drop, maintain
-from spark_apps.rebuild import RebuildLock, rebuild
+from projection_core.rebuild_lock import RebuildLock
+from spark_apps.rebuild import rebuild
 from tests.domain_helpers import events_for
 from tests.integration.test_dags import dags_test, output
 from tests.integration.test_rebuild import project, publish

@@ -10,7 +10,9 @@ from event_store import kafka_log
 from eventlake.generator import GeneratorConfig
 from read_models.catalog import Catalog
 from spark_apps.projection import Projection
-from spark_apps.rebuild import RebuildRefused, lock_path, rebuild
+from projection_core.rebuild_errors import RebuildRefused
+from projection_core.rebuild_lock import lock_path
+from spark_apps.rebuild import rebuild
 from tests.domain_helpers import events_for
 from tests.oracle import assert_matches_oracle, late_count
 

@@ -17,7 +17,8 @@ from eventlake.generator import GeneratorConfig
 from eventlake.query import query_duckdb
 from read_models.catalog import Catalog
 from spark_apps.projection import Projection
-from spark_apps.rebuild import lock_path, rebuild
+from projection_core.rebuild_lock import lock_path
+from spark_apps.rebuild import rebuild
 from tests.domain_helpers import events_for
 from tests.integration.services import WORKTREE, service_env
 from tests.integration.test_rebuild import publish

@@ -1,4 +1,4 @@
-"""The rebuild's batch fold of ``event_archive`` (spark_apps/rebuild.py) on a messy log projected for real:
+"""The rebuild's batch fold of ``event_archive`` (spark_apps/rebuild_fold.py) on a messy log projected for real:
 it gives the streaming projection's tables (windowed: with the late events folded in) and the oracle's, and a
 fold up to a midpoint followed by a streaming catch-up from there gives the same tables as the full fold."""
 import json
@@ -14,7 +14,7 @@ from read_models.catalog import ARCHIVE_TABLE, held_table, ledger_table
 from read_models.sequence import sequence
 from read_models.spec import WINDOWED_SUM
 from spark_apps.projection import Projection
-from spark_apps.rebuild import archive_position, catch_up_offsets, fold_archive, warehouse_targets
+from spark_apps.rebuild_fold import archive_position, catch_up_offsets, fold_archive, warehouse_targets
 from tests.domain_helpers import events_for
 from tests.oracle import assert_matches_oracle, late_count, table_rows
 
@@ -82,7 +82,7 @@ def test_the_fold_of_the_archive_equals_the_stream_and_a_catch_up_from_its_midpo
     result = fold_archive(spark, settings, MODELS, warehouse_targets(full, MODELS), log=lines.append)
     assert result.position == archive_position(spark, settings)
     assert result.events == len(log) and result.conflicts == 1 and result.held == 1
-    steps = len(MODELS) + 2  # one per model and two more (spark_apps.rebuild.fold_archive)
+    steps = len(MODELS) + 2  # one per model and two more (spark_apps.rebuild_fold.fold_archive)
     assert [line.split("]")[0] for line in lines[:-1]] == [f"rebuild: [{k}/{steps}" for k in range(1, steps + 1)]
     assert_matches_oracle(spark, full, log)  # windowed: the table alone, as nothing of it is late
     assert late_count(spark, full) == 0

@@ -54,7 +54,7 @@ CLASSES = _exception_classes()
 
 def test_the_walk_finds_the_errors_of_every_layer():
     for name in ("lakehouse.settings.SettingsError", "event_store.errors.InvalidRecord", "infra.kafka.KafkaError",
-                 "read_models.catalog.CatalogRefused", "spark_apps.rebuild_errors.RebuildFailed",
+                 "read_models.catalog.CatalogRefused", "projection_core.rebuild_errors.RebuildFailed",
                  "eventlake.query.QueryError", "event_store.handler._Stopping"):
         assert name in CLASSES, name
 
@@ -79,7 +79,7 @@ def test_the_signals_named_still_exist():
 def test_each_kind_carries_its_exit_code_and_keeps_the_builtin_base():
     from lakehouse.settings import SettingsError
     from read_models.catalog import CatalogError, CatalogRefused
-    from spark_apps.rebuild_errors import RebuildError, RebuildFailed, RebuildRefused
+    from projection_core.rebuild_errors import RebuildError, RebuildFailed, RebuildRefused
 
     assert {k: k.exit_code for k in (BadInput, NotFound, Refused, Unavailable, CheckFailed)} == {
         BadInput: 2, NotFound: 2, Refused: 1, Unavailable: 1, CheckFailed: 1}

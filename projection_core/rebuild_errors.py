@@ -1,5 +1,6 @@
-"""What a rebuild raises. A module of its own so that the fold engines (``spark_apps.archive_fold``) and the
-rebuild's steps (``spark_apps.rebuild``, which names these too) both import it, and neither imports the other."""
+"""What a rebuild raises. A module of its own, below the engines, so that the rebuild lock
+(``projection_core.rebuild_lock``), the fold engines (``spark_apps.rebuild_fold``, ``spark_apps.archive_fold``) and
+the rebuild's steps (``spark_apps.rebuild``) all import it, and none imports another for it."""
 from __future__ import annotations
 from lakehouse.errors import BadInput, CheckFailed, Refused
 
