@@ -91,6 +91,12 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, devi
          f"({anomalies.duplicates} repeats answered as duplicates) -> TelemetryAnomalyDetected events")
     run = Projection(spark, settings, log=log).run_until_caught_up()
     step(f"projection: {run.input_rows} events in {run.batches} batch(es) -> Delta tables under {settings.warehouse}")
+    # Reference data (issue 46): a merchants file dropped in the landing folder, loaded into dim_merchant (SCD2).
+    from reference_data.loads import landing_folder, load_merchants
+    from reference_data.samples import write_sample_merchants
+
+    landed = write_sample_merchants(landing_folder(settings) / f"merchants-{run_id}.csv", cfg.merchants)
+    step("reference data: " + " ".join(load_merchants(settings, str(landed), full=True).lines()))
     ge = context()
     verdicts = [verdict(settings, name, reconcile=True, ge=ge) for name in read_models.REGISTRY]
     failed = [line for v in verdicts if v.failed for line in v.lines()]

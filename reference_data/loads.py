@@ -29,7 +29,11 @@ from reference_data.merchants import MerchantInputError, staged_schema
 from reference_data.scd2 import apply_plan, current_versions, plan_changes
 
 __all__ = ["Staged", "LoadReport", "MerchantsRefused", "new_load_id", "stage", "check", "merge", "load_merchants",
-           "loaded_before", "quarantine_folder"]
+           "loaded_before", "quarantine_folder", "landing_folder", "newest_landed", "LANDED_MARKER"]
+
+# The file a producer writes into the landing folder after its merchants file(s): what the load_merchants DAG's
+# AssetWatcher waits for (Airflow's file triggers delete the file they find, so they watch this flag, never the data).
+LANDED_MARKER = "_READY"
 
 
 class MerchantsRefused(CheckFailed):
@@ -224,3 +228,19 @@ def load_merchants(settings: Settings, source_text: str, full: bool = False, as_
     if loaded_before(settings, staged.content_hash) is None:
         check(settings, staged)
     return merge(settings, staged)
+
+
+def landing_folder(settings: Settings):
+    """Where merchants files land by default: ``<home>/landing/merchants``."""
+    return settings.home / "landing" / "merchants"
+
+
+def newest_landed(settings: Settings) -> str | None:
+    """The newest merchants file in the landing folder (by name: producers name files by time), or None."""
+    from reference_data.extract import FILE_FORMATS
+
+    folder = landing_folder(settings)
+    if not folder.is_dir():
+        return None
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in FILE_FORMATS and not p.name.startswith("."))
+    return str(files[-1]) if files else None

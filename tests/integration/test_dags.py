@@ -24,7 +24,7 @@ from tests.oracle import assert_matches_oracle
 pytestmark = pytest.mark.slow
 
 EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
-DAG_IDS = {"check_read_models", "rebuild_read_model", "reprocess_windows", "maintenance"}
+DAG_IDS = {"check_read_models", "rebuild_read_model", "reprocess_windows", "maintenance", "load_merchants"}
 
 
 def eventlake_env(settings: Settings) -> dict:
