@@ -7,7 +7,7 @@ provider's `DirectoryFileDeleteTrigger` (the trigger deletes the file it finds, 
 data). Without a `source` parameter a run loads the newest file of the landing folder (by name).
 
 **What.** `source`: a CSV or JSON-lines file (a path or a storage URI) or a database URL (`sqlite:////path/ref.db`,
-`postgresql://...`); `full`: a full extract (a merchant missing from it is closed). `stage_merchants` streams the
+`postgresql://...`); or `conn_id`: an Airflow connection (sqlite, postgres) whose table `merchants` to load; `full`: a full extract (a merchant missing from it is closed). `stage_merchants` streams the
 source into a staging Delta table; `check_merchants` runs its Great Expectations suite and, on failure, quarantines
 the batch with its report (`<warehouse>/_quarantine/merchants/<load>`) and fails with the reasons in its log;
 `merge_merchants` runs the SCD2 MERGE and emits an asset event on `dim_merchant` whose extra carries the Delta version
@@ -35,6 +35,8 @@ LANDED = Asset(name="merchants_landed", uri="eventlake://landing/merchants", gro
      max_active_runs=1, doc_md=__doc__, tags=["eventlake", "reference-data"],
      params={"source": Param("", type="string", description="a file, a storage URI or a database URL "
                                                             "(empty: the newest file in the landing folder)"),
+             "conn_id": Param("", type="string", description="an Airflow connection (sqlite or postgres) whose "
+                                                             "merchants table to load, instead of source"),
              "full": Param(False, type="boolean", description="a full extract: merchants missing from it are closed")})
 def load_merchants():
     @task
@@ -48,6 +50,13 @@ def load_merchants():
         settings = Settings.load(role="reader")
         params = get_current_context()["params"]
         source = params["source"] or newest_landed(settings)
+        if params["conn_id"]:
+            from airflow.sdk import BaseHook
+
+            from reference_data.extract import database_url
+
+            c = BaseHook.get_connection(params["conn_id"])
+            source = database_url(c.conn_id, c.conn_type, c.host, c.schema, c.login, c.password, c.port)
         if not source:
             raise AirflowSkipException(f"no merchants file in {landing_folder(settings)} and no source given")
         staged = stage(settings, source, full=params["full"])

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from lakehouse.storage import Location, RemoteLocation, location
 from reference_data.merchants import COLUMNS, MerchantInputError, staged_schema, typed_row
 
-__all__ = ["FileSource", "DatabaseSource", "source_for", "CHUNK_ROWS", "FILE_FORMATS", "DEFAULT_TABLE"]
+__all__ = ["FileSource", "DatabaseSource", "source_for", "database_url", "CHUNK_ROWS", "FILE_FORMATS", "DEFAULT_TABLE"]
 
 CHUNK_ROWS = 10_000
 FILE_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
@@ -213,6 +213,25 @@ def source_for(text: str, max_bytes: int, options=None, full_table: str = DEFAUL
     if scheme in ("sqlite", "postgresql", "postgres", "mysql", "mssql", "oracle"):
         return DatabaseSource.from_url(text, max_bytes, full_table)
     return FileSource(text, max_bytes, options)
+
+
+def database_url(conn_id: str, conn_type: str, host: str | None = None, schema: str | None = None,
+                 login: str | None = None, password: str | None = None, port: int | None = None) -> str:
+    """The SQLAlchemy URL of an Airflow connection's fields (the load_merchants DAG's ``conn_id``): SQLite (the
+    file in ``host``, as the SQLite provider keeps it, or in ``schema``, as a ``sqlite:////path`` URI parses) and
+    PostgreSQL."""
+    from urllib.parse import quote
+
+    if conn_type == "sqlite":
+        path = host or schema
+        if not path:
+            raise MerchantInputError(f"Airflow connection {conn_id!r}: a sqlite connection without a file (host)")
+        return f"sqlite:///{path}"
+    if conn_type in ("postgres", "postgresql"):
+        auth = "" if not login else quote(login, safe="") + (f":{quote(password, safe='')}" if password else "") + "@"
+        return f"postgresql://{auth}{host or 'localhost'}{f':{port}' if port else ''}/{schema or ''}"
+    raise MerchantInputError(f"Airflow connection {conn_id!r}: type {conn_type!r} is not supported for merchants "
+                             f"(sqlite, postgres)")
 
 
 def _check_header(name: str, header: list[str]) -> None:

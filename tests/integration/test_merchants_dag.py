@@ -40,7 +40,7 @@ def test_the_dag_parses_with_its_tasks_schedule_watcher_and_outlet(tmp_path):
     assert proc.returncode == 0, output(proc)[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert found == {"errors": {}, "tasks": ["check_merchants", "merge_merchants", "stage_merchants"],
-                     "outlets": ["dim_merchant"], "params": ["full", "source"], "schedule": "AssetOrTimeSchedule",
+                     "outlets": ["dim_merchant"], "params": ["conn_id", "full", "source"], "schedule": "AssetOrTimeSchedule",
                      "watchers": ["merchants_ready_flag"]}
 
 

@@ -32,3 +32,17 @@ def test_a_database_extract_hashes_its_rows_in_id_order(tmp_path):
         assert [r["merchant_id"] for r in rows] == ["m1", "m2", "m3"] and rows[0]["mcc"] == "5411"
         hashes.append(source.content_hash)
     assert hashes[0] == hashes[1]
+
+
+def test_an_airflow_connection_becomes_a_sqlalchemy_url():
+    import pytest
+
+    from reference_data.extract import database_url
+    from reference_data.merchants import MerchantInputError
+
+    assert database_url("m", "sqlite", host="/data/ref.db") == "sqlite:////data/ref.db"
+    assert database_url("m", "sqlite", schema="/data/ref.db") == "sqlite:////data/ref.db"
+    assert database_url("m", "postgres", "db.example", "ref", "etl", "p@ss", 5432) == (
+        "postgresql://etl:p%40ss@db.example:5432/ref")
+    with pytest.raises(MerchantInputError, match="'m': type 'mysql' is not supported"):
+        database_url("m", "mysql", "h")
