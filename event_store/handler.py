@@ -12,6 +12,11 @@ came from), so an instance that is assigned partition ``p`` rebuilds exactly tha
 results after it. On revoke the partition's state is dropped. The transactional id is stable per instance
 (``<group>-<instance id>``) and the offsets are sent with the consumer's group metadata (KIP-447), so a zombie
 instance is fenced. Its Kafka clients come from ``event_store.kafka_clients``. See docs/DESIGN.md.
+
+This module is the coordinator; each of its jobs has a module: what a batch's records come to
+(``event_store.batch_decision``, pure), the producer, its transactions, retries and fencing
+(``event_store.handler_transactions``), the group membership and the consumer (``event_store.handler_group``),
+the snapshots' schedule (``event_store.handler_snapshots``) and the counters (``event_store.handler_stats``).
 """
 from __future__ import annotations
 
@@ -35,17 +40,11 @@ from event_store.handler_transactions import (BROKER_AWAY_ERRORS, REBALANCE_ERRO
                                               TRANSACTION_TIMEOUT_MS, HandlerError, PartitionsMoved,
                                               TransactionalProducer)
 from event_store.partition_rebuild import PartitionRebuilder, RebuildStats
-from event_store.snapshots import STEP_BYTES, PartitionState, SnapshotWriter
+from event_store.handler_snapshots import SnapshotSchedule, snapshot_due
+from event_store.snapshots import PartitionState
 from lakehouse.settings import Settings
 
-__all__ = ["CommandHandler", "HandlerStats", "HandlerError"]
-
-
-def snapshot_due(part: PartitionState, every: int) -> bool:
-    """Whether ``part`` is due a snapshot. A snapshot holds the partition's whole state, which costs more as the
-    log grows (each account's payment ids): taken after ``every`` new events or a quarter of the events it holds,
-    whichever is more, its cost per event stays flat (and a restart reads at most that many events after it)."""
-    return part.events_since_snapshot >= max(every, part.events_held // 4)
+__all__ = ["CommandHandler", "HandlerStats", "HandlerError", "snapshot_due"]
 
 
 class _Stopping(Exception):
@@ -73,7 +72,6 @@ class CommandHandler:
         self.use_snapshots = use_snapshots
         self.max_poll_records = max_poll_records or settings.handler_max_batch
         self.partitions: dict[int, PartitionState] = {}
-        self._writer: SnapshotWriter | None = None  # the snapshot being written, a step after each commit
         self.stats = HandlerStats()
         self._stopping = threading.Event()
         # Which commands partitions this instance owns; its consumer (event_store.handler_group).
@@ -88,6 +86,8 @@ class CommandHandler:
         self._delivered_events: dict[int, int] = {}
         self._delivered_results: dict[int, int] = {}
         self._tx: TransactionalProducer | None = None  # the transactional producer (start() makes it)
+        # The partitions' snapshots, a step after each commit (event_store.handler_snapshots).
+        self.snapshots = SnapshotSchedule(settings, instance_id, log, self.stats, self.partitions, _Stopping)
 
     @property
     def rebuilds(self) -> list[RebuildStats]:
@@ -120,6 +120,7 @@ class CommandHandler:
                                          drop_state=self.group.drop_partitions, read_again=self.group.seek_committed)
         # Fences any older instance with this id and aborts its open transaction before we read state.
         self._tx.init(60)
+        self.snapshots.tx = self._tx
         self._rebuilder.open()
         self.group.join()
 
@@ -135,7 +136,7 @@ class CommandHandler:
         """Snapshot what changed (so the next start is fast), then close the clients. Bounded in time: with the
         broker away nothing is snapshotted (the next start reads more of the log; nothing is lost)."""
         if self._tx is not None and self.group.consumer is not None and self.settings.snapshot_every_events:
-            self._snapshot_closing([p for p in self.partitions.values() if p.events_since_snapshot])
+            self.snapshots.on_close([p for p in self.partitions.values() if p.events_since_snapshot])
         self.group.close()
         self._rebuilder.close()
         if self._tx is not None:
@@ -318,32 +319,8 @@ class CommandHandler:
             part.flush()
         counts.add_to(self.stats)
         self.stats.transactions += 1
-        self._snapshot_next_due()
+        self.snapshots.after_commit()
         return None
-
-    def _snapshot_next_due(self) -> None:
-        """After a commit: one step (``event_store.snapshots.STEP_BYTES``) of the snapshot being written, or the
-        first step of one of the partition most behind of those due. One snapshot at a time, one step per
-        transaction: the loop handles no command while a step is written, and the partitions of an even load
-        come due together (their pauses would add up)."""
-        every = self.settings.snapshot_every_events
-        if not every:
-            return
-        writer = self._current_writer()
-        if writer is None:
-            due = [part for part in self.partitions.values() if snapshot_due(part, every) and not part.waiting]
-            if not due:
-                return
-            writer = self._writer = SnapshotWriter(max(due, key=lambda part: part.events_since_snapshot))
-        self._snapshot_step(writer, STEP_BYTES)
-
-    def _current_writer(self) -> SnapshotWriter | None:
-        """The snapshot being written, unless its partition was lost or rebuilt meanwhile (what it wrote is then
-        never named by a manifest: event_store.snapshots)."""
-        writer = self._writer
-        if writer is not None and (writer.done or self.partitions.get(writer.partition) is not writer.part):
-            writer = self._writer = None
-        return writer
 
     def _reject_unwritable(self, tp: TopicPartition, record, failure) -> bool:
         """The last resort for a command whose own transaction keeps failing: answer it with a rejection naming
@@ -428,64 +405,3 @@ class CommandHandler:
     def _on_result_delivered(self, error, message) -> None:
         if error is None:
             self._delivered_results[message.partition()] = message.offset()
-
-    # -- snapshots ---------------------------------------------------------------------------------
-    def _snapshot_closing(self, parts: list[PartitionState]) -> None:
-        """On close: finish the snapshot being written and snapshot each of ``parts`` (partitions with events
-        waiting after a gap are not: a snapshot does not keep them), each in as few steps as it can."""
-        current = self._current_writer()
-        for part in parts:
-            if part.waiting:
-                continue
-            writer = current if current is not None and current.part is part else SnapshotWriter(part)
-            while not writer.done:
-                if not self._snapshot_step(writer, None, closing=True):
-                    return
-
-    def _snapshot_step(self, writer: SnapshotWriter, budget: int | None, closing: bool = False) -> bool:
-        """Write the next step of ``writer``'s snapshot in a transaction of its own; True when it went through.
-        A snapshot only saves rebuild time: a step that cannot be written is logged and tried again after the
-        next commit (on close: given up, the next start reads more of the log)."""
-        topic = self.settings.snapshots_topic
-        started = time.monotonic()
-        try:
-            records = writer.step(budget)
-            self._tx.begin()  # may fail when stop() cut a commit short
-            for key, value in records:
-                self._tx.produce(topic, key, value, writer.partition, on_delivery=writer.on_delivery)
-            if closing:  # bounded: a broker that is away gets one call's patience
-                self._tx.commit_once()
-            else:
-                self._tx.commit_retrying("committing a snapshot")
-        except confluent_kafka.KafkaException as e:
-            error = e.args[0]
-            if error.fatal():
-                if closing:  # nothing more is written with this producer: the next start fences it
-                    self.log(f"handler {self.instance_id}: no closing snapshot: fatal producer error ({error})")
-                    return False
-                self._tx.renew(error)
-                return False
-            self.log(f"handler {self.instance_id}: a step of the snapshot of partition {writer.partition} not "
-                     f"written ({error}); " + ("the next start reads more of the log" if closing else "retried"))
-            if closing:
-                self._tx.abort_quietly()
-            else:
-                self._tx.abort(error)
-            return False
-        except _Stopping:
-            self._tx.abort_quietly()
-            raise
-        finally:
-            took = time.monotonic() - started
-            self.stats.snapshot_seconds += took
-            self.stats.longest_snapshot_s = max(self.stats.longest_snapshot_s, took)
-        self.stats.snapshot_steps += 1
-        if not writer.step_written():
-            self.log(f"handler {self.instance_id}: the snapshot of partition {writer.partition} is given up: a "
-                     f"delivery report is missing, so its manifest could not say where it lies; a new one follows")
-            self._writer = None
-            return False
-        if writer.done:
-            writer.part.snapshot_written(writer)
-            self.stats.snapshots += 1
-        return True

@@ -138,18 +138,18 @@ def test_a_restart_from_a_snapshot_reads_only_the_tail_and_gets_the_same_state(s
 
 
 def test_snapshots_written_in_steps_between_command_batches_restore_the_state(settings, monkeypatch):
-    import event_store.handler as handler_module
+    import event_store.handler_snapshots as handler_snapshots
     import event_store.snapshots as snapshots
 
     # Tiny steps and chunks: each snapshot takes several steps, one after each batch of 50 commands, while the
     # partitions go on changing; the handler then stops without its closing snapshot (as if killed).
-    monkeypatch.setattr(handler_module, "STEP_BYTES", 20_000)
+    monkeypatch.setattr(handler_snapshots, "STEP_BYTES", 20_000)
     monkeypatch.setattr(snapshots, "_CHUNK_BYTES", 2000)
     settings = settings.replace(snapshot_every_events=300, handler_max_batch=50)
     with EventStore(settings) as store:
         store.send_raw(generate_commands(GeneratorConfig(accounts=40, commands=3000, seed=7, run_id="steps")))
     with monkeypatch.context() as m:
-        m.setattr(CommandHandler, "_snapshot_closing", lambda self, parts: None)
+        m.setattr(handler_snapshots.SnapshotSchedule, "on_close", lambda self, parts: None)
         with CommandHandler(settings, **QUIET) as handler:
             handler.run(until_caught_up=True, max_seconds=120)
             assert handler.stats.snapshots >= 3 and handler.stats.snapshot_steps >= 3 * handler.stats.snapshots
@@ -158,7 +158,7 @@ def test_snapshots_written_in_steps_between_command_batches_restore_the_state(se
             assert any(len(part.chain or ()) > 1 for part in handler.partitions.values())
             # ... and one has the first steps of its next snapshot written when the handler stops.
             unfinished = snapshots.SnapshotWriter(handler.partitions[0])
-            assert handler._snapshot_step(unfinished, 20_000) and not unfinished.done
+            assert handler.snapshots.write_step(unfinished, 20_000) and not unfinished.done
             assert handler.stats.longest_snapshot_s > 0
     total_events = len(events_of(settings))
     # On a machine that never held the partitions (its own home: this one's state store is not there).
