@@ -65,10 +65,7 @@ def test_both_engines_give_every_model_the_oracles_rows(spark, settings, tmp_pat
         assert all(_rows(spark, home).values()), "a read model without rows: the log must give every model some"
 
 
-# The Spark engine's replay is written but was not run to the end before this was committed (a machine at load
-# 30-115): run it (`-k "replayed and spark"`) and drop the skip when it passes.
-@pytest.mark.parametrize("engine", ["python", pytest.param("spark", marks=pytest.mark.skip(
-    reason="not yet run to the end once (issue 47, point 6): run it and drop this skip"))])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_batch_whose_commit_was_lost_is_replayed_on_purpose_and_counts_once(spark, settings, engine):
     settings = settings.replace(max_offsets_per_trigger=PER_BATCH)
     publish(settings, [(e.aggregate_id, e.to_json()) for e in LOG])
