@@ -299,6 +299,7 @@ def test_the_spark_side_carries_the_sites_payload_fields_next_to_the_other_domai
     from spark_apps.events import payload_columns
 
     assert list(domains.DOMAINS)[:3] == ["account", "device", "site"]
+    verbs, generate = domains.VERBS.get("site", ()), domains.GENERATORS.get("site")  # put back with it below
     domains.unregister("site")  # built in: registered again below, after the device
     try:
         before = payload_columns()
@@ -306,4 +307,4 @@ def test_the_spark_side_carries_the_sites_payload_fields_next_to_the_other_domai
             assert payload_columns() == (*before, "site_name", "host", "view_id", "page", "visitor_id")
     finally:
         if "site" not in domains.DOMAINS:
-            domains.register(site.DOMAIN)
+            domains.register(site.DOMAIN, verbs, generate)
