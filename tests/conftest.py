@@ -1,5 +1,5 @@
-"""Shared fixtures: ONE real Kafka broker and ONE Spark session per test run (per pytest-xdist worker: `make test`
-runs two), unique names per test.
+"""Shared fixtures: ONE real Kafka broker and ONE Spark session per test run (per worker under
+pytest-xdist's `-n`), unique names per test.
 
 The broker is the project's own (infra/kafka.py) on free loopback ports in a temp folder, unless
 KAFKA_BOOTSTRAP_SERVERS is set, in which case that cluster is used and nothing is started.
