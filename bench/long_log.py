@@ -179,7 +179,7 @@ class Handler:
                                      env=env, cwd=str(root or ROOT), stdout=self._log, stderr=subprocess.STDOUT)
         LIVE.append(self)
         self.started = time.perf_counter()
-        self.samples: list[tuple[float, int]] = []  # (seconds since the start, RSS MiB) every ~5 s
+        self.samples: list[tuple[float, int, int]] = []  # (seconds since the start, RSS MiB, RssAnon MiB) every ~5 s
         self.peak = 0
         self.peak_anon = 0  # peak RssAnon: the handler's own memory (heap, caches, batches)
         self.peak_file = 0  # peak RssFile: the state store's mapped pages (and the interpreter's files)
@@ -222,7 +222,7 @@ class Handler:
             self.peak_file = max(self.peak_file, kernel.get("RssFile", 0))
             at = time.perf_counter() - self.started
             if not self.samples or at - self.samples[-1][0] >= 5:
-                self.samples.append((round(at, 1), round(rss / 2**20)))
+                self.samples.append((round(at, 1), round(rss / 2**20), round(kernel.get("RssAnon", 0) / 2**20)))
             time.sleep(0.2)
 
     def rebuilds(self) -> list[tuple[int, int, str, int, int, float]]:

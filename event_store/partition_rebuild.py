@@ -29,6 +29,7 @@ from event_store.envelope import CommandResult, EventEnvelope
 from event_store.errors import InvalidRecord
 from event_store.snapshots import PartitionState, restore_snapshot, segment_ranges
 from event_store.state_store import StateStore, store_path
+from event_store.stored_state import StateCache
 from lakehouse.errors import Refused
 from lakehouse.settings import Settings
 
@@ -36,8 +37,11 @@ __all__ = ["PartitionRebuilder", "RebuildStats", "RebuildCounts", "RebuildDeferr
            "continue_waiting", "FLUSH_EVERY"]
 
 # During a long replay, what changed is written to the state store every so many records (with the positions
-# reached), so a rebuild's memory follows the cache rather than the log.
-FLUSH_EVERY = 20_000
+# reached), so a rebuild's memory follows the cache rather than the log. Also what bounds LMDB's own heap: a write
+# transaction copies each page it changes into memory of its own, which LMDB keeps for reuse afterwards (per
+# partition's store), so the pages one flush touches stay held. Measured with bench/long_log.py at 1M events over
+# 100k accounts: 20,000 -> peak RssAnon 389 MiB; 5,000 -> see bench/README.md (issue 42).
+FLUSH_EVERY = 5_000
 
 
 @dataclass
@@ -147,6 +151,8 @@ class PartitionRebuilder:
         self.watermarks = None  # read_uncommitted, no group: the high watermark, to see open transactions
         self._snapshot_read = [0, False]  # the current rebuild's RebuildStats.snapshot_records and whole_...
         self._stores: dict[int, StateStore] = {}  # per partition, opened on its first rebuild
+        # The decoded states of every partition it rebuilds, one bound for the handler (handler_state_cache_mb).
+        self.cache = StateCache(settings.handler_state_cache_mb << 20)
 
     def open(self) -> None:
         # Short request timeouts: a rebuild that waits for an absent broker gives way to stop() and keepalives.
@@ -165,8 +171,9 @@ class PartitionRebuilder:
 
     def store(self, p: int) -> StateStore:
         """Partition ``p``'s state store under the handler's home (event_store.state_store); its cache is the
-        PartitionState's (``PartitionState.stored``), so a store shared with another owner never serves a
-        value cached before that owner wrote."""
+        PartitionState's (``PartitionState.stored``: the handler's one cache, the partition's entries dropped
+        when it is read anew), so a store shared with another owner never serves a value cached before that
+        owner wrote."""
         store = self._stores.get(p)
         if store is None:
             store = self._stores[p] = StateStore(store_path(self.settings.home, self.settings.events_topic, p),
@@ -198,7 +205,7 @@ class PartitionRebuilder:
         ends = self._wait_until_stable([events_tp, results_tp, snapshots_tp])
         self._snapshot_read = [0, False]
         store = self.store(p)
-        cache_bytes = s.handler_state_cache_mb << 20
+        cache = self.cache
         # The store on this machine's disk first: it covers the log up to its positions, and only the log after
         # them is read. Unless it covers more than the log holds (the topics were made anew), or less than the
         # latest snapshot (this machine held the partition long ago: the log after the store may be gone with
@@ -217,7 +224,7 @@ class PartitionRebuilder:
                          f"{positions}, the latest snapshot more ({snapshot_at}): restored from the snapshot")
         if from_store:
             self._refuse_a_deleted_start(p, events_tp, positions[0], "its state store on this machine")
-            part = PartitionState.stored(p, store, s.idempotency_window, cache_bytes)
+            part = PartitionState.stored(p, store, s.idempotency_window, cache=cache)
             from_snapshot = False
         else:
             # The latest snapshot goes straight into the store (event_store.snapshots.restore_snapshot: memory of
@@ -227,10 +234,10 @@ class PartitionRebuilder:
             self._refuse_a_deleted_start(p, events_tp, loaded.events_offset if loaded else 0,
                                          "its latest snapshot" if loaded else "the start of the log (no snapshot)")
             if loaded is not None:
-                part = PartitionState.stored(p, store, s.idempotency_window, cache_bytes)
+                part = PartitionState.stored(p, store, s.idempotency_window, cache=cache)
                 part.id_segments = loaded.id_segments
             else:
-                part = PartitionState.stored(p, store, s.idempotency_window, cache_bytes,
+                part = PartitionState.stored(p, store, s.idempotency_window, cache=cache,
                                              loaded=PartitionState(p, window=s.idempotency_window))
         end = ends[events_tp]
         events_read = 0

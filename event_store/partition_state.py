@@ -89,14 +89,17 @@ class PartitionState:
     store: Any = None
 
     @classmethod
-    def stored(cls, partition: int, store, window: int, cache_bytes: int,
-               loaded: "PartitionState | None" = None) -> "PartitionState":
-        """A partition's state read through ``store`` (its states and windows on disk, the hot ones in a cache of
-        about ``cache_bytes``): what the store holds when ``loaded`` is None, else ``loaded`` (a snapshot's state
-        or one rebuilt in memory) written into it (the store emptied first) with its positions."""
+    def stored(cls, partition: int, store, window: int, cache_bytes: int | None = None,
+               loaded: "PartitionState | None" = None, cache: StateCache | None = None) -> "PartitionState":
+        """A partition's state read through ``store`` (its states and windows on disk, the hot ones in ``cache``,
+        shared with the handler's other partitions, or a cache of its own of about ``cache_bytes``): what the
+        store holds when ``loaded`` is None, else ``loaded`` (a snapshot's state or one rebuilt in memory) written
+        into it (the store emptied first) with its positions."""
         part = cls(partition, window=window, store=store)
-        cache = StateCache(cache_bytes)
-        part.states = StoredStates(store, cache)
+        if cache is None:
+            cache = StateCache(cache_bytes or 0)
+        cache.forget(partition)  # what it cached of an earlier holding: the store may have changed since
+        part.states = StoredStates(store, cache, scope=partition)
         part.results = StoredWindows(store)
         if loaded is None:
             events_offset, results_offset = store.positions() or (0, 0)
@@ -136,7 +139,7 @@ class PartitionState:
         states, results = self.states, self.results
         meta = json.dumps({"events_since_snapshot": self.events_since_snapshot, "events_held": self.events_held,
                            "slot": self.slot, "manifest_offset": self.manifest_offset,
-                           "aggregates": states.count, "cached_bytes": states.cache.held}).encode()
+                           "aggregates": states.count, "cached_bytes": states.cache.held_by.get(self.partition, 0)}).encode()
         # Each state without its index keys (Domain.index_split: the account's payment ids), which are written
         # as keys of their own; the state kept in memory is the split one too.
         index: list[tuple[str, str, str]] = []

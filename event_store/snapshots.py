@@ -65,7 +65,9 @@ _LOADABLE = (6, 7, 8)
 # A full base after this many incremental snapshots (so the keys on the compacted topic stay bounded: two slots
 # of a base and at most this many increments each).
 MAX_INCREMENTS = 8
-RESTORE_BATCH = 20_000  # snapshot entries per store transaction of a restore
+# Snapshot entries per store transaction of a restore: the pages a transaction changes stay in LMDB's heap
+# (partition_rebuild.FLUSH_EVERY), so a transaction stays small.
+RESTORE_BATCH = 5_000
 _INDEX_PER_ENTRY = 1_000  # index keys of one aggregate per snapshot entry
 _IDS_PER_ENTRY = 10_000
 # What one step of a snapshot encodes and commits while the handler takes no command: ~2 MB is tens of ms.

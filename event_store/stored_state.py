@@ -22,14 +22,21 @@ _STATE_DECODED = 2
 
 
 class StateCache:
-    """The decoded values a partition's state store serves most recently, up to about ``cache_bytes`` (each
+    """The decoded values the handler's state stores serve most recently, up to about ``cache_bytes`` (each
     counted as its encoded size plus ``ENTRY_OVERHEAD``: decoded it takes a few times that; the bound is the
-    setting handler_state_cache_mb). Shared by a partition's states and windows."""
+    setting handler_state_cache_mb). One for all the partitions a handler owns (``PartitionRebuilder``), so the
+    setting bounds the handler whatever it owns; each partition's entries under its own scope (``forget`` drops
+    them when the partition is read anew: another owner may have written its store meanwhile)."""
 
     def __init__(self, cache_bytes: int):
         self.cache_bytes = cache_bytes
         self.entries: OrderedDict[tuple, tuple[Any, int]] = OrderedDict()
         self.held = 0
+        self.held_by: dict[Any, int] = {}  # per scope (partition), what its entries cost
+
+    def _count(self, key: tuple, cost: int) -> None:
+        self.held += cost
+        self.held_by[key[0]] = self.held_by.get(key[0], 0) + cost
 
     def get(self, key: tuple, default=None):
         found = self.entries.get(key)
@@ -42,14 +49,20 @@ class StateCache:
         cost = size + ENTRY_OVERHEAD
         old = self.entries.pop(key, None)
         if old is not None:
-            self.held -= old[1]
+            self._count(key, -old[1])
         if cost > self.cache_bytes:
             return
         self.entries[key] = (value, cost)
-        self.held += cost
+        self._count(key, cost)
         while self.held > self.cache_bytes:
-            _, (_, old_cost) = self.entries.popitem(last=False)
-            self.held -= old_cost
+            old_key, (_, old_cost) = self.entries.popitem(last=False)
+            self._count(old_key, -old_cost)
+
+    def forget(self, scope) -> None:
+        """Drop every entry of ``scope`` (keys ``(scope, ...)``)."""
+        for key in [key for key in self.entries if key[0] == scope]:
+            self._count(key, -self.entries.pop(key)[1])
+        self.held_by.pop(scope, None)
 
 
 class StoredMapping(Mapping):
@@ -60,8 +73,8 @@ class StoredMapping(Mapping):
     kind = ""
     cut_kind = ""
 
-    def __init__(self, store, cache: StateCache):
-        self.store, self.cache = store, cache
+    def __init__(self, store, cache: StateCache, scope=None):
+        self.store, self.cache, self.scope = store, cache, scope
         self.dirty: dict = {}
         self.count = 0  # how many keys the store and ``dirty`` hold together
 
@@ -76,10 +89,10 @@ class StoredMapping(Mapping):
         found = self.dirty.get(key, _MISSING)
         if found is not _MISSING:
             return found
-        cached = self.cache.get((self.kind, key), _MISSING)
+        cached = self.cache.get((self.scope, self.kind, key), _MISSING)
         if cached is _MISSING:
             cached, size = self._load(key)
-            self.cache.put((self.kind, key), cached, size)
+            self.cache.put((self.scope, self.kind, key), cached, size)
         return default if cached is None else cached
 
     def __contains__(self, key) -> bool:
@@ -110,10 +123,10 @@ class StoredMapping(Mapping):
 
     def written(self, encoded: dict) -> None:
         """The changes are in the store: cached as written."""
-        dirty, put, kind, cost = self.dirty, self.cache.put, self.kind, self.cost
+        dirty, put, scope, kind, cost = self.dirty, self.cache.put, self.scope, self.kind, self.cost
         for key, raw in encoded.items():
             value = dirty[key]
-            put((kind, key), value, cost(raw, value))
+            put((scope, kind, key), value, cost(raw, value))
         dirty.clear()
 
 

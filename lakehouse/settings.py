@@ -78,8 +78,9 @@ class Settings:
     snapshot_every_events: int = 10_000
     # Per account, the handler remembers the first result of this many most recent commands (idempotency).
     idempotency_window: int = 100
-    # The handler's in-memory cache of each partition's state store (event_store.state_store: aggregate states,
-    # idempotency windows, log positions on disk under <home>/handler-state), in MB.
+    # The handler's in-memory cache of decoded states, per owned partition, of its state store
+    # (event_store.state_store: aggregate states, idempotency windows, log positions on disk under
+    # <home>/handler-state), in MB.
     handler_state_cache_mb: int = 64
     # The Spark projection's sequence gate (spark_apps/sequence.py): "ledger" joins each batch with every event
     # ever admitted; "heads" reads only the batch's aggregates' heads (flat in the log's length, more jobs per

@@ -147,6 +147,33 @@ def test_states_beyond_the_cache_bound_are_served_from_disk_with_the_same_answer
         assert again.states.cache.held <= bound
 
 
+def test_one_cache_bounds_every_partition_a_handler_holds_and_a_partition_read_anew_drops_its_entries(tmp_path):
+    """Issue 42: handler_state_cache_mb bounds the handler, not each partition it owns (12 partitions held 12
+    times the setting before)."""
+    from event_store.snapshots import PartitionState
+    from event_store.stored_state import StateCache
+
+    bound = 20_000
+    cache = StateCache(bound)
+    with StateStore(tmp_path / "p0", cache_bytes=0) as s0, StateStore(tmp_path / "p1", cache_bytes=0) as s1:
+        parts = [PartitionState.stored(p, store, window=3, loaded=PartitionState(p, window=3), cache=cache)
+                 for p, store in ((0, s0), (1, s1))]
+        for part in parts:
+            _fill(part, 300)
+            assert part.flush()
+        assert 0 < cache.held <= bound and cache.held == sum(cache.held_by.values())
+        assert set(cache.held_by) == {0, 1}
+        # Partition 1 changes on disk under another owner, then comes back: nothing cached of it is served.
+        other = PartitionState.stored(1, s1, window=3, cache_bytes=0)
+        other.states[("account", "acc-299")] = other.state("account", "acc-299").__class__(
+            "acc-299", version=999, opened=True, currency="USD", credit_limit_minor=0)
+        other.events_offset += 1
+        assert other.flush()
+        again = PartitionState.stored(1, s1, window=3, cache=cache)
+        assert 1 not in cache.held_by and again.state("account", "acc-299").version == 999
+        assert _answers(parts[0], 300) == _answers(PartitionState.stored(0, s0, window=3, cache_bytes=0), 300)
+
+
 def test_changes_reach_the_store_only_when_flushed_and_positions_never_go_back(tmp_path):
     from event_store.account import AccountState
     from event_store.snapshots import PartitionState
