@@ -31,6 +31,10 @@ _KEY, _HEAD = b"k", b"h"
 _VERSION = struct.Struct(">Q")
 _MAP_SIZE = 1 << 40  # address space only: the file grows with its content
 _CHUNK_ROWS = 1_000_000  # rows read from the table at a time when rebuilding or catching up
+# Keys per write transaction. LMDB copies each page a write transaction changes into memory of its own and keeps
+# those copies for reuse after the commit: one transaction of a million random keys would hold a page per key
+# for the process's life. The index needs no atomicity across keys (a key is a maybe; ``record`` comes after).
+_PUT_CHUNK = 5_000
 
 
 def key_hashes(con, relation: str, columns) -> "object":
@@ -68,7 +72,7 @@ class KeyIndex:
     # -- what it holds in memory -------------------------------------------------------------------------------
     def in_memory(self) -> int:
         """Entries this holds in memory between batches (the versions not recorded yet): a handful, however long
-        the table (tests/unit/test_key_index.py)."""
+        the table (tests/unit/test_known_tables.py)."""
         with self._lock:
             return len(self._mine)
 
@@ -213,17 +217,19 @@ class KeyIndex:
                 self.record(moved)
 
     def _put(self, hashes, heads: dict[str, int], at_least: bool = True) -> None:
+        env = self._open()
         keys = _hash_keys(hashes)
-        with self._open().begin(write=True) as txn:
-            cursor = txn.cursor()
-            if keys:
-                cursor.putmulti([(k, b"") for k in keys])
-            if heads:
-                items = sorted((_HEAD + a.encode(), v) for a, v in heads.items())
+        for at in range(0, len(keys), _PUT_CHUNK):
+            with env.begin(write=True) as txn:
+                txn.cursor().putmulti([(k, b"") for k in keys[at:at + _PUT_CHUNK]])
+        items = sorted((_HEAD + a.encode(), v) for a, v in heads.items())
+        for at in range(0, len(items), _PUT_CHUNK):
+            with env.begin(write=True) as txn:
+                cursor, chunk = txn.cursor(), items[at:at + _PUT_CHUNK]
                 if at_least:  # a head never moves back (a file read again holds older versions too)
-                    held = {k: _VERSION.unpack(v)[0] for k, v in cursor.getmulti([k for k, _ in items])}
-                    items = [(k, v) for k, v in items if v > held.get(k, 0)]
-                cursor.putmulti([(k, _VERSION.pack(v)) for k, v in items])
+                    held = {k: _VERSION.unpack(v)[0] for k, v in cursor.getmulti([k for k, _ in chunk])}
+                    chunk = [(k, v) for k, v in chunk if v > held.get(k, 0)]
+                cursor.putmulti([(k, _VERSION.pack(v)) for k, v in chunk])
 
 
 def _hash_keys(hashes) -> list[bytes]:

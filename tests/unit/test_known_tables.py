@@ -43,6 +43,19 @@ def test_the_index_finds_every_key_and_head_added_and_misses_the_others(tmp_path
     assert _index(tmp_path, heads=True).hits(keys[:100]) == 100  # on disk: found again by a new process
 
 
+def test_one_batch_of_many_keys_and_heads_is_written_whole_across_the_write_transactions(tmp_path):
+    """A batch's keys and heads go in in transactions of a few thousand (LMDB keeps the pages of a transaction in
+    memory of its own for reuse: one transaction per batch would hold a page per key); all of them found."""
+    rng = np.random.default_rng(11)
+    keys = rng.integers(0, 2**63, size=23_456, dtype=np.uint64)
+    heads = {f"acc-{i}": i % 50 + 2 for i in range(12_345)}
+    index = _index(tmp_path, heads=True)
+    index.add(None, keys, heads)
+    index.add(None, [], {f"acc-{i}": 1 for i in range(0, 12_345, 3)} | {"acc-new": 4})  # never moves back
+    assert index.hits(keys) == len(keys) and index.entries() == len(keys) + len(heads) + 1
+    assert index.heads([f"acc-{i}" for i in range(12_345)] + ["acc-new"]) == heads | {"acc-new": 4}
+
+
 def _entries_held(obj, seen=None) -> int:
     """Entries of every container reachable from ``obj``'s attributes (what a per-event cache would fill)."""
     seen = set() if seen is None else seen
