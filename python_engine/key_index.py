@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 
 import lmdb
 
-__all__ = ["KeyIndex", "INDEX_FOLDER", "key_hashes", "covered"]
+__all__ = ["KeyIndex", "INDEX_FOLDER", "key_hashes", "covered", "index_figures", "status_lines"]
 
 INDEX_FOLDER = "python-engine-index"  # in the read models' checkpoint
 _META = b"\x00meta"
@@ -240,3 +240,39 @@ def _hash_keys(hashes) -> list[bytes]:
         return []
     raw = np.unique(np.asarray(hashes).astype(np.uint64)).astype(">u8").tobytes()
     return [_KEY + raw[i:i + 8] for i in range(0, len(raw), 8)]
+
+
+def index_figures(path: Path | str) -> dict | None:
+    """What the index file at ``path`` holds, read without changing it (for ``eventlake status``, beside a running
+    engine): the table it indexes, the Delta version it covers, its entries and its size on disk; None when it
+    cannot be read."""
+    path = Path(path)
+    try:
+        env = lmdb.open(str(path), subdir=False, readonly=True, max_dbs=0, map_size=_MAP_SIZE)
+    except lmdb.Error:
+        return None
+    try:
+        with env.begin() as txn:
+            meta = txn.get(_META)
+        entries = env.stat()["entries"] - (meta is not None)
+    finally:
+        env.close()
+    meta = json.loads(meta) if meta else {}
+    return {"table": meta.get("table"), "version": meta.get("version"), "entries": entries,
+            "size_on_disk": path.stat().st_size}
+
+
+def status_lines(checkpoints: Path | str) -> list[str]:
+    """One line per table index of the Python engine under each projection checkpoint in ``checkpoints``: the
+    table, the version covered, entries and size on disk (issue 42: what the engine keeps is on disk)."""
+    lines = []
+    for folder in sorted(Path(checkpoints).glob(f"projection-*/{INDEX_FOLDER}")):
+        for path in sorted(folder.glob("*.lmdb")):
+            figures = index_figures(path)
+            if figures is None:
+                continue
+            covers = "covers nothing yet" if figures["version"] is None else f"covers version {figures['version']}"
+            table = figures["table"] or "a table (none recorded yet)"
+            lines.append(f"python engine index of {table}: {figures['size_on_disk'] / 2**20:,.1f} MiB on "
+                         f"disk, {figures['entries']:,} keys and heads, {covers} ({path})")
+    return lines

@@ -47,7 +47,8 @@ def _cmd_status(settings: Settings, args) -> int:
 
     print(render(settings))
     from event_store.state_store import status_lines  # the handler's state store per partition (issue 42)
-    for line in status_lines(settings.home, settings.events_topic):
+    from python_engine import key_index  # the Python engine's table indexes (issue 42)
+    for line in [*status_lines(settings.home, settings.events_topic), *key_index.status_lines(settings.checkpoints)]:
         print(line)
     detector = status_line(settings, log_end(settings))
     if detector:

@@ -56,6 +56,25 @@ def test_one_batch_of_many_keys_and_heads_is_written_whole_across_the_write_tran
     assert index.heads([f"acc-{i}" for i in range(12_345)] + ["acc-new"]) == heads | {"acc-new": 4}
 
 
+def test_status_names_each_index_with_the_version_it_covers_and_its_size(tmp_path):
+    from python_engine.key_index import INDEX_FOLDER, status_lines
+
+    folder = tmp_path / "checkpoints" / "projection-payments" / INDEX_FOLDER
+    index = KeyIndex(folder, "/w/payments", ("payment_id",), log=lambda *_: None)
+    index.add(None, np.arange(1, 1001, dtype=np.uint64))
+    index.record(7, table_id="t-1")
+    index.close()
+    ledger = KeyIndex(folder, "/w/ledger", ("event_id",), heads=True, log=lambda *_: None)
+    ledger.add(None, [], {"acc-1": 2})  # never recorded: the engine was stopped before its first commit
+    ledger.close()
+    lines = status_lines(tmp_path / "checkpoints")
+    assert len(lines) == 2
+    payments = next(line for line in lines if "/w/payments" in line)
+    assert "1,000 keys and heads" in payments and "covers version 7" in payments and "MiB on disk" in payments
+    assert "1 keys and heads, covers nothing yet" in next(line for line in lines if line is not payments)
+    assert status_lines(tmp_path / "nothing-here") == []
+
+
 def _entries_held(obj, seen=None) -> int:
     """Entries of every container reachable from ``obj``'s attributes (what a per-event cache would fill)."""
     seen = set() if seen is None else seen
