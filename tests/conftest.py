@@ -6,6 +6,7 @@ KAFKA_BOOTSTRAP_SERVERS is set, in which case that cluster is used and nothing i
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -73,9 +74,12 @@ def spark(tmp_path_factory):
     from spark_apps.session import build_session
 
     # One session serves the whole run (an hour of tests): a bigger heap than a service's default.
+    # EVENTLAKE_TEST_SPARK_CONF='{"spark.x": "y"}': more Spark settings for the run's session (to compare a setting's
+    # effect on the suite's time, e.g. with farm-bench or --durations).
+    extra = json.loads(os.environ.get("EVENTLAKE_TEST_SPARK_CONF") or "{}")
     session = build_session(Settings.load({}).replace(home=tmp_path_factory.mktemp("spark-home"),
                                                       spark_shuffle_partitions=2, spark_driver_memory="4g"),
-                            app_name="eventlake-tests", log=lambda *_: None)
+                            app_name="eventlake-tests", log=lambda *_: None, extra_conf=extra)
     yield session
     session.stop()
 
