@@ -43,6 +43,8 @@ import json
 import uuid
 from typing import Iterable, Iterator
 
+import orjson
+
 from event_store.domains import DOMAINS
 from event_store.envelope import dumps
 from event_store.errors import InvalidRecord
@@ -65,8 +67,8 @@ _LOADABLE = (6, 7, 8)
 # A full base after this many incremental snapshots (so the keys on the compacted topic stay bounded: two slots
 # of a base and at most this many increments each).
 MAX_INCREMENTS = 8
-# Snapshot entries per store transaction of a restore: the pages a transaction changes stay in LMDB's heap
-# (partition_rebuild.FLUSH_EVERY), so a transaction stays small.
+# Store entries (states, index keys, window rows) per store transaction of a restore: the pages a transaction
+# changes stay in LMDB's heap (partition_rebuild.FLUSH_EVERY), so a transaction stays small.
 RESTORE_BATCH = 5_000
 _INDEX_PER_ENTRY = 1_000  # index keys of one aggregate per snapshot entry
 _IDS_PER_ENTRY = 10_000
@@ -323,7 +325,7 @@ def _chunks(latest: dict, manifest: dict, partition: int) -> Iterator[list]:
                                        "prefix": f"{partition}/{manifest['slot']}"}]
     for piece in parts:
         for i in range(piece["chunks"]):
-            chunk = json.loads(latest.get(f"{piece['prefix']}/{i}", b"{}"))
+            chunk = orjson.loads(latest.get(f"{piece['prefix']}/{i}", b"{}"))  # json's result, ~3x the speed
             if chunk.get("snapshot_id") != piece["snapshot_id"]:
                 raise InvalidRecord(f"snapshot {manifest['snapshot_id']} of partition {partition}: chunk {i} of part "
                                     f"{piece['snapshot_id']} is missing or from another snapshot; delete the "
@@ -333,7 +335,7 @@ def _chunks(latest: dict, manifest: dict, partition: int) -> Iterator[list]:
 
 def restore_snapshot(records: Iterable, partition: int, window: int, store) -> PartitionState | None:
     """The latest complete snapshot of ``partition`` among ``records`` written straight into ``store`` (emptied
-    first), entry by entry in transactions of ``RESTORE_BATCH`` entries, its positions last: memory stays that of
+    first), entry by entry in transactions of about ``RESTORE_BATCH`` store entries, its positions last: memory stays that of
     a batch, whatever the partition holds (``load_snapshot`` decodes it all into memory). Returns the snapshot's
     bookkeeping (offsets, slot, id segments; no states), or None when there is none. InvalidRecord as
     ``load_snapshot``; a restore cut short leaves a store without positions, which the next start restores again."""
@@ -358,13 +360,17 @@ def restore_snapshot(records: Iterable, partition: int, window: int, store) -> P
                 state = domain.decode_state(entry["state"])
                 if domain.index_split is not None:
                     state, keys = domain.index_split(state)
-                    index += [(key[0], key[1], k) for k in keys]
+                    if keys:
+                        index.append((key[0], key[1], keys))
+                        held += len(keys)
                 states[key] = dumps(domain.encode_state(state))
+                held += 1
             elif "index" in entry:
-                index += [(entry["aggregate_type"], entry["aggregate_id"], k) for k in entry["index"]]
+                index.append((entry["aggregate_type"], entry["aggregate_id"], entry["index"]))
+                held += len(entry["index"])
             else:
-                windows[entry["aggregate_id"]] = [(row[0], dumps(row)) for row in entry["results"]]
-            held += 1
+                windows[entry["aggregate_id"]] = rows = [(row[0], dumps(row)) for row in entry["results"]]
+                held += len(rows)
             if held >= RESTORE_BATCH:
                 store.restore(states, index, windows, window)
                 states, index, windows, held = {}, [], {}, 0

@@ -359,13 +359,15 @@ class StateStore:
             self._cache_put(key, value)
         return True
 
-    def restore(self, states: Mapping[tuple[str, str], bytes], index: Iterable[tuple[str, str, str]],
+    def restore(self, states: Mapping[tuple[str, str], bytes], index: Iterable[tuple[str, str, Iterable[str]]],
                 windows: Mapping[str, list[tuple[str, bytes]]], window: int) -> None:
         """Put part of a snapshot being restored (``event_store.snapshots.restore_snapshot``) in one transaction:
-        states, index keys and whole windows ((command id, row) oldest first, each replacing the aggregate's),
-        unmarked and without positions (the restore writes them last)."""
+        states, index keys ((aggregate type, aggregate id, its keys)) and whole windows ((command id, row) oldest
+        first, each replacing the aggregate's), unmarked and without positions (the restore writes them last)."""
         puts = [(_state_key(*key), value) for key, value in states.items()]
-        puts += [(_index_key(*entry), b"") for entry in index]
+        for aggregate_type, aggregate_id, keys in index:
+            prefix = _index_key(aggregate_type, aggregate_id, "")  # the aggregate's part once, then each key
+            puts += [(prefix + k.encode(), b"") for k in keys]
         with self._env.begin(write=True) as txn:
             for aggregate_id, rows in windows.items():
                 aid = aggregate_id.encode()
