@@ -11,11 +11,12 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum
 demo: setup
 	$(BIN)/eventlake demo
 
-# ruff (pyproject.toml: pyflakes' checks) first: a seconds' look before the suite's minutes. One pytest process:
-# two xdist workers (two brokers, two Spark JVMs) on this 2-core machine took 80 minutes against ~52 serial.
+# ruff (pyproject.toml: pyflakes' checks) first: a seconds' look before the suite's minutes. Two xdist workers:
+# every test on the Spark session runs on one (tests/conftest.py groups them), the rest beside it on the other.
+# (Two workers each with a Spark session took 80 minutes on this 2-core machine against ~52 serial.)
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -m "not heavy"
+	$(BIN)/python -m pytest -m "not heavy" -n 2 --dist loadgroup
 
 # Also the heavy tests: Airflow's real services driven through its REST API, the maintenance DAG, kill -9 of a
 # rebuild at each step, the rebuild DAG with `airflow dags test` (about 25 more minutes).

@@ -1,5 +1,5 @@
 """Shared fixtures: ONE real Kafka broker and ONE Spark session per test run (per worker under
-pytest-xdist's `-n`), unique names per test.
+pytest-xdist's `-n`: `make test` runs two, and only one of them starts the Spark session), unique names per test.
 
 The broker is the project's own (infra/kafka.py) on free loopback ports in a temp folder, unless
 KAFKA_BOOTSTRAP_SERVERS is set, in which case that cluster is used and nothing is started.
@@ -76,7 +76,13 @@ def spark(tmp_path_factory):
     # One session serves the whole run (an hour of tests): a bigger heap than a service's default.
     # EVENTLAKE_TEST_SPARK_CONF='{"spark.x": "y"}': more Spark settings for the run's session (to compare a setting's
     # effect on the suite's time, e.g. with farm-bench or --durations).
-    extra = json.loads(os.environ.get("EVENTLAKE_TEST_SPARK_CONF") or "{}")
+    # Expressions run interpreted, not compiled: the tests' batches hold tens to thousands of rows, and a profile of
+    # the session (JFR, under the suite) found 36% of its CPU generating Java source for the projections of Delta's
+    # nested log actions and the event structs, per query. Side by side in one run: test_projection's duplicates
+    # test 260 -> 194 s. The services, the demo and the subprocess tests (SQL server, CLI, DAGs) keep Spark's
+    # codegen, so it is still run end to end.
+    extra = {"spark.sql.codegen.factoryMode": "NO_CODEGEN", "spark.sql.codegen.wholeStage": "false",
+             **json.loads(os.environ.get("EVENTLAKE_TEST_SPARK_CONF") or "{}")}
     session = build_session(Settings.load({}).replace(home=tmp_path_factory.mktemp("spark-home"),
                                                       spark_shuffle_partitions=2, spark_driver_memory="4g"),
                             app_name="eventlake-tests", log=lambda *_: None, extra_conf=extra)
@@ -118,6 +124,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.kafka)
         if "spark" in names or module in _STARTS_SPARK:
             item.add_marker(pytest.mark.spark)
+        if "spark" in names:
+            # `make test` runs two xdist workers with --dist loadgroup: every test on the run's Spark session goes
+            # to one worker (one Spark JVM for them all, as in a serial run); the rest (the broker's tests, the
+            # services and Spark JVMs started in subprocesses, the unit tests) run beside it on the other.
+            item.add_marker(pytest.mark.xdist_group("spark-session"))
         if module in _STARTS_AIRFLOW:
             item.add_marker(pytest.mark.airflow)
         if any(item.get_closest_marker(m) for m in ("kafka", "spark", "airflow")) and not item.get_closest_marker("slow"):

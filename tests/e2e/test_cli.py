@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
 
 
-def run(args, env, timeout=300):
+def run(args, env, timeout=900):  # a bound on a hang, not a time aim
     return subprocess.run([EVENTLAKE, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
