@@ -1,5 +1,5 @@
-"""Shared fixtures: ONE real Kafka broker and ONE Spark session per test run (per worker under
-pytest-xdist's `-n`: `make test` runs two, and only one of them starts the Spark session), unique names per test.
+"""Shared fixtures: ONE real Kafka broker and ONE Spark session per pytest process (`make test` runs two side
+by side, and only one of them, `-m spark_session`, starts the Spark session), unique names per test.
 
 The broker is the project's own (infra/kafka.py) on free loopback ports in a temp folder, unless
 KAFKA_BOOTSTRAP_SERVERS is set, in which case that cluster is used and nothing is started.
@@ -116,6 +116,8 @@ _STARTS_KAFKA = {"test_kafka_security", "test_kafka_cluster", "test_handler_brok
 _STARTS_AIRFLOW = {"test_dags", "test_airflow_ui", "test_maintenance"}
 
 
+# First, before `-m` deselects by the marks added here.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
@@ -125,10 +127,10 @@ def pytest_collection_modifyitems(config, items):
         if "spark" in names or module in _STARTS_SPARK:
             item.add_marker(pytest.mark.spark)
         if "spark" in names:
-            # `make test` runs two xdist workers with --dist loadgroup: every test on the run's Spark session goes
-            # to one worker (one Spark JVM for them all, as in a serial run); the rest (the broker's tests, the
-            # services and Spark JVMs started in subprocesses, the unit tests) run beside it on the other.
-            item.add_marker(pytest.mark.xdist_group("spark-session"))
+            # `make test` runs two pytest processes side by side: `-m spark_session` (every test on the run's Spark
+            # session: one Spark JVM for them all) and the rest (the broker's tests, services and Spark JVMs started
+            # in subprocesses, the unit tests).
+            item.add_marker(pytest.mark.spark_session)
         if module in _STARTS_AIRFLOW:
             item.add_marker(pytest.mark.airflow)
         if any(item.get_closest_marker(m) for m in ("kafka", "spark", "airflow")) and not item.get_closest_marker("slow"):
