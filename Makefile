@@ -12,20 +12,21 @@ demo: setup
 	$(BIN)/eventlake demo
 
 # ruff (pyproject.toml: pyflakes' checks) first: a seconds' look before the suite's minutes. Then two pytest
-# processes side by side: the tests on the Spark session (one JVM for them all) in one, the rest (the broker's tests,
-# services and Spark JVMs started in subprocesses, unit tests) in the other, whose report follows the first's.
-# (pytest-xdist's --dist loadgroup cannot keep them apart: under pytest 9 its group marks do not reach the scheduler;
-# two xdist workers each with a Spark session took 80 minutes on this 2-core machine against ~52 serial.)
+# processes side by side, each with its broker and, when it needs one, its Spark session: most tests on the Spark
+# session in the first; the rest (the broker's tests, services and Spark JVMs started in subprocesses, unit tests)
+# and the modules tests/conftest.py names in `_SECOND_LANE` in the second, whose report follows the first's.
+# (pytest-xdist's --dist loadgroup cannot keep them apart: under pytest 9 its group marks do not reach the scheduler.)
 test: setup
 	$(BIN)/ruff check .
 	@mkdir -p .eventlake
-	@$(BIN)/python -m pytest -m "not heavy and not spark_session" -p no:cacheprovider > .eventlake/test-beside.log 2>&1 & \
-	beside=$$!; \
-	$(BIN)/python -m pytest -m "not heavy and spark_session"; spark=$$?; \
-	wait $$beside; other=$$?; \
-	echo "== beside it, the tests without the Spark session (.eventlake/test-beside.log):"; \
-	cat .eventlake/test-beside.log; \
-	test $$spark = 0 && test $$other = 0
+	@$(BIN)/python -m pytest -m "not heavy and (not spark_session or second_lane)" -p no:cacheprovider \
+	  > .eventlake/test-second-lane.log 2>&1 & \
+	second=$$!; \
+	$(BIN)/python -m pytest -m "not heavy and spark_session and not second_lane"; first_rc=$$?; \
+	wait $$second; second_rc=$$?; \
+	echo "== beside it, the second lane (.eventlake/test-second-lane.log):"; \
+	cat .eventlake/test-second-lane.log; \
+	test $$first_rc = 0 && test $$second_rc = 0
 
 # Also the heavy tests: Airflow's real services driven through its REST API, the maintenance DAG, kill -9 of a
 # rebuild at each step, the rebuild DAG with `airflow dags test` (about 25 more minutes).

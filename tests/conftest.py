@@ -114,6 +114,14 @@ _STARTS_SPARK = {"test_sql_server", "test_sql_functions", "test_sql_literals", "
 _STARTS_KAFKA = {"test_kafka_security", "test_kafka_cluster", "test_handler_broker_restart",
                  "test_services_broker_restart"}
 _STARTS_AIRFLOW = {"test_dags", "test_airflow_ui", "test_maintenance"}
+# `make test` runs two pytest processes side by side, each with its broker: the first runs the tests on the Spark
+# session (`spark_session`) but these modules'; the second the rest (the broker's tests, services and Spark JVMs
+# started in subprocesses, the unit tests) and these modules' Spark tests on a session of its own. The set balances
+# the two (2026-11-29, one lane for every Spark test: 19 minutes against about 55; the session's JVM used about
+# 0.7 of the 2 cores, its driver waits more than it computes).
+_SECOND_LANE = {"test_rebuild", "test_rebuild_faults", "test_rebuild_fold", "test_reprocess", "test_sequence_heads",
+                "test_services_broker_restart", "test_small_files", "test_sql_functions", "test_storage_uri",
+                "test_telemetry_detector"}
 
 
 # First, before `-m` deselects by the marks added here.
@@ -127,10 +135,9 @@ def pytest_collection_modifyitems(config, items):
         if "spark" in names or module in _STARTS_SPARK:
             item.add_marker(pytest.mark.spark)
         if "spark" in names:
-            # `make test` runs two pytest processes side by side: `-m spark_session` (every test on the run's Spark
-            # session: one Spark JVM for them all) and the rest (the broker's tests, services and Spark JVMs started
-            # in subprocesses, the unit tests).
             item.add_marker(pytest.mark.spark_session)
+            if module in _SECOND_LANE:
+                item.add_marker(pytest.mark.second_lane)
         if module in _STARTS_AIRFLOW:
             item.add_marker(pytest.mark.airflow)
         if any(item.get_closest_marker(m) for m in ("kafka", "spark", "airflow")) and not item.get_closest_marker("slow"):
