@@ -1,5 +1,5 @@
 """Shared fixtures: ONE real Kafka broker and ONE Spark session per pytest process (`make test` runs two side
-by side, and only one of them, `-m spark_session`, starts the Spark session), unique names per test.
+by side, each with its own; see `_SECOND_LANE` below), unique names per test.
 
 The broker is the project's own (infra/kafka.py) on free loopback ports in a temp folder, unless
 KAFKA_BOOTSTRAP_SERVERS is set, in which case that cluster is used and nothing is started.
