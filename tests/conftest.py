@@ -18,6 +18,9 @@ import pytest
 # Spark returns timestamps in the process's local zone; the read models are in UTC.
 os.environ["TZ"] = "UTC"
 time.tzset()
+# Every Spark JVM of the run, in this process or a subprocess, reads tests/spark-conf/spark-defaults.conf
+# (expressions interpreted: see that file). A SPARK_CONF_DIR set by the caller wins.
+os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent / "spark-conf"))
 
 from hypothesis import HealthCheck  # noqa: E402
 from hypothesis import settings as hypothesis_settings  # noqa: E402
@@ -76,13 +79,9 @@ def spark(tmp_path_factory):
     # One session serves the whole run (an hour of tests): a bigger heap than a service's default.
     # EVENTLAKE_TEST_SPARK_CONF='{"spark.x": "y"}': more Spark settings for the run's session (to compare a setting's
     # effect on the suite's time, e.g. with farm-bench or --durations).
-    # Expressions run interpreted, not compiled: the tests' batches hold tens to thousands of rows, and a profile of
-    # the session (JFR, under the suite) found 36% of its CPU generating Java source for the projections of Delta's
-    # nested log actions and the event structs, per query. Side by side in one run: test_projection's duplicates
-    # test 260 -> 194 s. The services, the demo and the subprocess tests (SQL server, CLI, DAGs) keep Spark's
-    # codegen, so it is still run end to end.
-    extra = {"spark.sql.codegen.factoryMode": "NO_CODEGEN", "spark.sql.codegen.wholeStage": "false",
-             **json.loads(os.environ.get("EVENTLAKE_TEST_SPARK_CONF") or "{}")}
+    # Expressions run interpreted (tests/spark-conf/spark-defaults.conf, for every JVM of the run; side by side,
+    # test_projection's duplicates test 260 -> 194 s).
+    extra = json.loads(os.environ.get("EVENTLAKE_TEST_SPARK_CONF") or "{}")
     session = build_session(Settings.load({}).replace(home=tmp_path_factory.mktemp("spark-home"),
                                                       spark_shuffle_partitions=2, spark_driver_memory="4g"),
                             app_name="eventlake-tests", log=lambda *_: None, extra_conf=extra)
