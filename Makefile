@@ -21,7 +21,7 @@ test: setup
 	@mkdir -p .eventlake
 	@$(BIN)/python -m pytest -m "not heavy and (not spark_session or second_lane)" -p no:cacheprovider \
 	  > .eventlake/test-second-lane.log 2>&1 & \
-	second=$$!; \
+	second=$$!; trap 'kill -TERM $$second 2>/dev/null; wait $$second; exit 130' INT TERM; \
 	$(BIN)/python -m pytest -m "not heavy and spark_session and not second_lane"; first_rc=$$?; \
 	wait $$second; second_rc=$$?; \
 	echo "== beside it, the second lane (.eventlake/test-second-lane.log):"; \

@@ -123,6 +123,19 @@ _SECOND_LANE = {"test_rebuild", "test_rebuild_faults", "test_rebuild_fold", "tes
                 "test_telemetry_detector"}
 
 
+def pytest_configure(config):
+    """SIGTERM ends the run as Ctrl-C does, fixtures torn down (the broker stopped, the Spark session too): `make
+    test` sends it to the second pytest process when the first is interrupted."""
+    import signal
+    import threading
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
+
+
 # First, before `-m` deselects by the marks added here.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
