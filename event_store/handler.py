@@ -85,6 +85,9 @@ class CommandHandler:
         self.limits: RecordLimits | None = None
         self._delivered_events: dict[int, int] = {}
         self._delivered_results: dict[int, int] = {}
+        # The broker's refusals of this transaction's records (delivery reports with an error): the cause of an
+        # abort that a later call may report only as "Erroneous state".
+        self._refused: list = []
         self._tx: TransactionalProducer | None = None  # the transactional producer (start() makes it)
         # The partitions' snapshots, a step after each commit (event_store.handler_snapshots).
         self.snapshots = SnapshotSchedule(settings, instance_id, log, self.stats, self.partitions, _Stopping)
@@ -218,6 +221,7 @@ class CommandHandler:
     def _process_single(self, tp: TopicPartition, record) -> bool:
         """One command in transactions of its own; False when a rebalance took its partition (rewound)."""
         failure = None
+        refusals: dict = {}  # the broker's own words on this command's records, over its attempts
         for attempt in range(1, _SINGLE_COMMAND_ATTEMPTS + 1):
             failure = self._transact({tp: [record]})
             while failure is not None and failure is not _LOST and failure.code() in BROKER_AWAY_ERRORS:
@@ -229,10 +233,12 @@ class CommandHandler:
             if failure is _LOST:
                 return False
             self.stats.command_retries += 1
+            for error in self._refusals():
+                refusals.setdefault(error.code(), error)
             self.log(f"handler {self.instance_id}: command record {tp.topic}/{tp.partition}/{record.offset()}: its "
                      f"own transaction failed ({failure}), attempt {attempt} of {_SINGLE_COMMAND_ATTEMPTS}")
             self.group.wait(0.5 * attempt)
-        return self._reject_unwritable(tp, record, failure)
+        return self._reject_unwritable(tp, record, failure, list(refusals.values()))
 
     def _transact(self, batch: dict):
         """``batch`` in one transaction: None once committed, _LOST when a rebalance took a partition away (the
@@ -252,7 +258,7 @@ class CommandHandler:
         time_limit = EventTimeLimit.at(now, self.settings.max_event_time_ahead_s)
         staged = StagedChanges()
         counts = DecisionCounts()
-        self._delivered_events, self._delivered_results = {}, {}
+        self._delivered_events, self._delivered_results, self._refused = {}, {}, []
         generations = {tp.partition: self.group.generation.get(tp.partition) for tp in owned}
         tx.begin()
         try:
@@ -322,7 +328,7 @@ class CommandHandler:
         self.snapshots.after_commit()
         return None
 
-    def _reject_unwritable(self, tp: TopicPartition, record, failure) -> bool:
+    def _reject_unwritable(self, tp: TopicPartition, record, failure, refusals: list = ()) -> bool:
         """The last resort for a command whose own transaction keeps failing: answer it with a rejection naming
         the Kafka error (no command id: dead-letter it) and commit its offset, so that it never holds back the
         commands after it. Returns False when a rebalance took the partition meanwhile."""
@@ -332,6 +338,9 @@ class CommandHandler:
         where = f"{tp.topic}/{tp.partition}/{record.offset()}"
         reason = (f"command record {where} could not be written, even in {_SINGLE_COMMAND_ATTEMPTS} transactions "
                   f"of its own: {failure}")
+        unsaid = [str(error) for error in refusals if error.name() not in str(failure)]
+        if unsaid:  # the abort's cause, where the last attempt's error does not name it
+            reason += f"; the broker refused its records: {', '.join(unsaid)}"
         ids = command_ids(value)
         result = None
         if ids is not None:
@@ -401,7 +410,20 @@ class CommandHandler:
     def _on_event_delivered(self, error, message) -> None:
         if error is None:
             self._delivered_events[message.partition()] = message.offset()
+        else:
+            self._refused.append(error)
 
     def _on_result_delivered(self, error, message) -> None:
         if error is None:
             self._delivered_results[message.partition()] = message.offset()
+        else:
+            self._refused.append(error)
+
+    def _refusals(self) -> list:
+        """The distinct errors the broker refused this transaction's records with (its delivery reports served
+        first: after an abort they may still wait in the producer's queue)."""
+        self._tx.producer.poll(0)
+        distinct = {}
+        for error in self._refused:
+            distinct.setdefault(error.code(), error)
+        return list(distinct.values())
