@@ -36,6 +36,33 @@ _CHUNK_ROWS = 1_000_000  # rows read from the table at a time when rebuilding or
 # for the process's life. The index needs no atomicity across keys (a key is a maybe; ``record`` comes after).
 _PUT_CHUNK = 5_000
 
+# LMDB refuses a second open of a file already open in the process ("The environment ... is already open in this
+# process"): every KeyIndex on one file shares one environment, closed with its last user. Two engines one after
+# the other in one process (a test reading an index after a run; a run after another) then work.
+_OPEN: dict[str, list] = {}  # path -> [environment, users]
+_OPEN_LOCK = threading.Lock()
+
+
+def _acquire(path: Path) -> lmdb.Environment:
+    with _OPEN_LOCK:
+        entry = _OPEN.get(str(path))
+        if entry is None:
+            # No fsync per commit: a kill -9 loses nothing LMDB committed; an OS crash may lose the last commits,
+            # which only makes the index lag the table (caught up before the next batch reads it).
+            entry = _OPEN[str(path)] = [lmdb.open(str(path), subdir=False, map_size=_MAP_SIZE, metasync=False,
+                                                  sync=False, readahead=False, max_dbs=0), 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def _release(path: Path) -> None:
+    with _OPEN_LOCK:
+        entry = _OPEN[str(path)]
+        entry[1] -= 1
+        if entry[1] == 0:
+            entry[0].close()
+            del _OPEN[str(path)]
+
 
 def key_hashes(con, relation: str, columns) -> "object":
     """DuckDB's 64-bit hash of ``columns`` (as text: equal keys hash alike whatever their Arrow or Parquet type)
@@ -80,16 +107,13 @@ class KeyIndex:
     def _open(self) -> lmdb.Environment:
         if self._env is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            # No fsync per commit: a kill -9 loses nothing LMDB committed; an OS crash may lose the last commits,
-            # which only makes the index lag the table (caught up before the next batch reads it).
-            self._env = lmdb.open(str(self.path), subdir=False, map_size=_MAP_SIZE, metasync=False, sync=False,
-                                  readahead=False, max_dbs=0)
+            self._env = _acquire(self.path)
         return self._env
 
     def close(self) -> None:
         if self._env is not None:
-            self._env.close()
             self._env = None
+            _release(self.path)
 
     def stored(self) -> dict | None:
         """What the index covers: {"table": path, "id": the Delta table's id, "version": its version}, or None."""
@@ -247,8 +271,13 @@ def index_figures(path: Path | str) -> dict | None:
     engine): the table it indexes, the Delta version it covers, its entries and its size on disk; None when it
     cannot be read."""
     path = Path(path)
+    with _OPEN_LOCK:
+        shared = _OPEN.get(str(path))
+        if shared is not None:
+            shared[1] += 1  # open in this process (an engine beside): its environment, not a second one
     try:
-        env = lmdb.open(str(path), subdir=False, readonly=True, max_dbs=0, map_size=_MAP_SIZE)
+        env = shared[0] if shared else lmdb.open(str(path), subdir=False, readonly=True, max_dbs=0,
+                                                 map_size=_MAP_SIZE)
     except lmdb.Error:
         return None
     try:
@@ -256,7 +285,10 @@ def index_figures(path: Path | str) -> dict | None:
             meta = txn.get(_META)
         entries = env.stat()["entries"] - (meta is not None)
     finally:
-        env.close()
+        if shared:
+            _release(path)
+        else:
+            env.close()
     meta = json.loads(meta) if meta else {}
     return {"table": meta.get("table"), "version": meta.get("version"), "entries": entries,
             "size_on_disk": path.stat().st_size}
