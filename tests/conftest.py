@@ -112,7 +112,7 @@ _STARTS_SPARK = {"test_sql_server", "test_sql_functions", "test_sql_literals", "
                  "test_rebuild_faults", "test_dags", "test_airflow_ui", "test_cli"}
 _STARTS_KAFKA = {"test_kafka_security", "test_kafka_cluster", "test_handler_broker_restart",
                  "test_services_broker_restart"}
-_STARTS_AIRFLOW = {"test_dags", "test_airflow_ui", "test_maintenance"}
+_STARTS_AIRFLOW = {"test_dags", "test_airflow_ui", "test_maintenance", "test_merchants_dag"}
 # `make test` runs two pytest processes side by side, each with its broker: the first runs the tests on the Spark
 # session (`spark_session`) but these modules'; the second the rest (the broker's tests, services and Spark JVMs
 # started in subprocesses, the unit tests) and these modules' Spark tests on a session of its own. The set balances
