@@ -420,10 +420,7 @@ class CommandHandler:
             self._refused.append(error)
 
     def _refusals(self) -> list:
-        """The distinct errors the broker refused this transaction's records with (its delivery reports served
-        first: after an abort they may still wait in the producer's queue)."""
+        """The errors the broker refused this transaction's records with (its delivery reports served first:
+        after an abort they may still wait in the producer's queue)."""
         self._tx.producer.poll(0)
-        distinct = {}
-        for error in self._refused:
-            distinct.setdefault(error.code(), error)
-        return list(distinct.values())
+        return self._refused

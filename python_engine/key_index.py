@@ -43,6 +43,15 @@ _OPEN: dict[str, list] = {}  # path -> [environment, users]
 _OPEN_LOCK = threading.Lock()
 
 
+def _shared(path: Path) -> lmdb.Environment | None:
+    """The environment of ``path`` if the process has it open (one more user, released by ``_release``)."""
+    with _OPEN_LOCK:
+        entry = _OPEN.get(str(path))
+        if entry is not None:
+            entry[1] += 1
+        return entry[0] if entry else None
+
+
 def _acquire(path: Path) -> lmdb.Environment:
     with _OPEN_LOCK:
         entry = _OPEN.get(str(path))
@@ -271,13 +280,10 @@ def index_figures(path: Path | str) -> dict | None:
     engine): the table it indexes, the Delta version it covers, its entries and its size on disk; None when it
     cannot be read."""
     path = Path(path)
-    with _OPEN_LOCK:
-        shared = _OPEN.get(str(path))
-        if shared is not None:
-            shared[1] += 1  # open in this process (an engine beside): its environment, not a second one
+    shared = _shared(path)  # open in this process (an engine beside): its environment, not a second one
     try:
-        env = shared[0] if shared else lmdb.open(str(path), subdir=False, readonly=True, max_dbs=0,
-                                                 map_size=_MAP_SIZE)
+        env = shared if shared is not None else lmdb.open(str(path), subdir=False, readonly=True, max_dbs=0,
+                                                          map_size=_MAP_SIZE)
     except lmdb.Error:
         return None
     try:
@@ -285,7 +291,7 @@ def index_figures(path: Path | str) -> dict | None:
             meta = txn.get(_META)
         entries = env.stat()["entries"] - (meta is not None)
     finally:
-        if shared:
+        if shared is not None:
             _release(path)
         else:
             env.close()
