@@ -12,9 +12,9 @@ from eventlake.generator import GeneratorConfig
 from expectations.cross_model import check_agreement
 from read_models.account.account_summary import MODEL as ACCOUNT_SUMMARY
 from read_models.account.payments import MODEL as PAYMENTS
-from spark_apps.projection import Projection
 from tests.domain_helpers import events_for
 from tests.integration.test_projection import publish
+from tests.projecting import project_in_python
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def check(settings) -> subprocess.CompletedProcess:
 def test_the_check_passes_when_the_models_agree_and_fails_naming_the_account_when_they_do_not(spark, settings):
     events = events_for(GeneratorConfig(accounts=6, commands=120, seed=11, run_id="xmc"))
     publish(settings, [(e.aggregate_id, e.to_json()) for e in events])
-    Projection(spark, settings, [ACCOUNT_SUMMARY, PAYMENTS], log=lambda *_: None).run_until_caught_up()
+    project_in_python(spark, settings, [ACCOUNT_SUMMARY, PAYMENTS])  # the check is the subject (tests/projecting.py)
 
     agreement = check_agreement(settings, CHECK)
     assert agreement.success and agreement.keys == 6, agreement.lines()

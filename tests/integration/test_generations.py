@@ -22,6 +22,7 @@ from spark_apps.projection import Projection
 from spark_apps.status import render
 from tests.domain_helpers import events_for
 from tests.integration.test_projection import publish
+from tests.projecting import project_in_python
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +62,7 @@ def test_readers_and_the_running_projection_follow_switch_and_rollback(spark, se
         publish(settings, [(e.aggregate_id, e.to_json()) for e in events if e.aggregate_id in parts[i]])
 
     publish_part(0)
-    Projection(spark, settings, log=lambda *_: None).run_until_caught_up()
+    project_in_python(spark, settings)  # the starting tables; the running projection below is Spark's
     catalog = Catalog(settings)
     g1 = catalog.current("account_summary")
     assert g1.number == 1 and accounts_in(g1) == parts[0]
@@ -100,7 +101,7 @@ def test_readers_and_the_running_projection_follow_switch_and_rollback(spark, se
     assert "cust-of-g2" in capsys.readouterr().out
     check = run_cli(settings, "check", "account_summary")
     assert check.returncode == 0 and "_generations/account_summary/g0002/table" in check.stdout, check.stdout
-    Projection(spark, settings, log=lambda *_: None).run_until_caught_up()  # the archive catches up too
+    project_in_python(spark, settings)  # the archive catches up too
     differs = reconcile(settings, "account_summary")
     assert differs.compared and differs.differences == 1, differs.lines()
     assert differs.different[0][:2] == ((marked,), "customer_id"), differs.lines()

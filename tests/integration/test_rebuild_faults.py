@@ -16,13 +16,13 @@ import read_models
 from eventlake.generator import GeneratorConfig
 from eventlake.query import query_duckdb
 from read_models.catalog import Catalog
-from spark_apps.projection import Projection
 from projection_core.rebuild_lock import lock_path
 from spark_apps.rebuild import rebuild
 from tests.domain_helpers import events_for
 from tests.integration.services import WORKTREE, service_env
 from tests.integration.test_rebuild import publish
 from tests.oracle import assert_matches_oracle
+from tests.projecting import project_in_python
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ SUMMARY_SQL = "SELECT * FROM account_summary ORDER BY account_id"
 
 def publish_and_project(spark, settings, events):
     publish(settings, events)
-    Projection(spark, settings, log=lambda *_: None).run_until_caught_up()
+    project_in_python(spark, settings)  # the rebuild and its readers are the subject (tests/projecting.py)
 
 
 def test_queries_during_a_rebuild_and_its_switch_never_fail_and_see_one_whole_generation(spark, settings):

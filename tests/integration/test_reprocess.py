@@ -18,11 +18,11 @@ from expectations.reconciliation import reconcile
 from lakehouse.settings import Settings
 from read_models.catalog import REPROCESSED_AT, Catalog
 from read_models.sequence import sequence
-from spark_apps.projection import Projection
 from spark_apps.status import render, watermark_statuses
 from spark_apps.reprocess import (ReprocessError, ReprocessRefused, late_events_waiting, reprocess,
                                   validate)
 from tests.domain_helpers import events_for
+from tests.projecting import project_in_python
 
 NAME = "merchant_minute_volume"
 MODEL = read_models.get(NAME)
@@ -53,8 +53,8 @@ def projected(spark, bootstrap_servers, tmp_path_factory):
     finally:
         producer.close()
     # The windowed model alone (and the archive): the others have nothing to reprocess.
-    Projection(spark, settings, [MODEL], archive=True, log=lambda *_: None).run_until_caught_up(
-        max_offsets_per_trigger=150)
+    # (The reprocess is the subject: the Python engine makes the tables, tests/projecting.py.)
+    project_in_python(spark, settings, [MODEL], archive=True, max_offsets_per_trigger=150)
     return settings, log
 
 
