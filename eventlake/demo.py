@@ -31,7 +31,8 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, devi
     from event_store.account.policy import FraudPolicy
     from event_store.account.fraud_consumer import FraudConsumer
     from spark_apps.telemetry_detector import TelemetryDetector
-    from spark_apps.projection import Projection
+    from python_engine.run import PythonProjection
+    from spark_apps.projection import Projection, default_engine
     from spark_apps.session import build_session
 
     started = time.monotonic()
@@ -89,8 +90,15 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, devi
         anomalies = handler.run(until_caught_up=True)
     step(f"telemetry detector: {anomalies.accepted} FlagTelemetryAnomaly commands accepted "
          f"({anomalies.duplicates} repeats answered as duplicates) -> TelemetryAnomalyDetected events")
-    run = Projection(spark, settings, log=log).run_until_caught_up()
-    step(f"projection: {run.input_rows} events in {run.batches} batch(es) -> Delta tables under {settings.warehouse}")
+    # The engine `eventlake project` runs by default here (spark_apps.projection.default_engine); the Python
+    # engine hands a batch off its common path to this Spark session.
+    engine, _ = default_engine(settings)
+    if engine == "python":
+        run = PythonProjection(settings, log=log, spark_session=lambda: spark).run_until_caught_up()
+    else:
+        run = Projection(spark, settings, log=log).run_until_caught_up()
+    step(f"projection ({engine} engine): {run.input_rows} events in {run.batches} batch(es) -> Delta tables under "
+         f"{settings.warehouse}")
     # Reference data (issue 46): a merchants file dropped in the landing folder, loaded into dim_merchant (SCD2).
     from reference_data.loads import landing_folder, load_merchants
     from reference_data.samples import write_sample_merchants

@@ -16,6 +16,7 @@ from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE
 from spark_apps.projection import Projection
 from tests.domain_helpers import events_for
 from tests.oracle import assert_matches_oracle, late_count, table_rows
+from tests.projecting import project_in_python
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +45,7 @@ def test_duplicates_and_reordering_give_the_same_tables_as_one_clean_pass(spark,
 
     clean = settings.replace(topic_prefix=settings.topic_prefix + "clean.", home=tmp_path / "clean")
     publish(clean, [(e.aggregate_id, e.to_json()) for e in events])
-    project(spark, clean)
+    project_in_python(spark, clean)  # the reference (tests/projecting.py); the messy log below is Spark's
     assert_matches_oracle(spark, clean, events)
     assert late_count(spark, clean) == 0  # one batch: no window had closed yet
     assert delta(spark, clean, ARCHIVE_TABLE).count() == len(events)
