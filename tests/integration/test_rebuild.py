@@ -9,12 +9,12 @@ import read_models
 from event_store import kafka_log
 from eventlake.generator import GeneratorConfig
 from read_models.catalog import Catalog
+from spark_apps.projection import Projection
 from projection_core.rebuild_errors import RebuildRefused
 from projection_core.rebuild_lock import lock_path
 from spark_apps.rebuild import rebuild
 from tests.domain_helpers import events_for
 from tests.oracle import assert_matches_oracle, late_count
-from tests.projecting import project_in_python
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ def publish(settings, events):
 
 
 def project(spark, settings):
-    project_in_python(spark, settings, max_offsets_per_trigger=200)  # the rebuild is the subject (tests/projecting.py)
+    Projection(spark, settings, log=lambda *_: None).run_until_caught_up(max_offsets_per_trigger=200)
 
 
 def test_a_rebuild_switches_to_a_checked_generation_and_a_rollback_finds_the_old_one_up_to_date(spark, settings):
