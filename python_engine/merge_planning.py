@@ -39,11 +39,23 @@ def plan_unit(con, batch: Batch, model: ReadModel, generation: Generation,
         if batch.done(target, txn):  # a batch run again: this model's part committed in its first run
             return lambda: None
         with batch.timed(f"{model.name}: fold"):
-            key = model.key[0]
+            key = model.key[0]  # the aggregate's id (this strategy's rows are aggregates, as in spark_apps.merge)
             con.register(f"folded_{model.name}", _fold(con, model, view))
             register_delta(con, f"target_{model.name}", generation.table, target)
             con.execute(f"CREATE OR REPLACE TEMP VIEW current_{model.name} AS SELECT {key}, version FROM "
                         f"target_{model.name} SEMI JOIN folded_{model.name} USING ({key})")
+            ahead = con.execute(f"SELECT count(*) FROM folded_{model.name} s JOIN current_{model.name} c "
+                                f"USING ({key}) WHERE s.first_version <= c.version").fetchall()[0][0]
+            if ahead:
+                # Rows that already hold some of the batch's versions (a generation a rebuild caught up past the
+                # live projection's position): those versions are dropped, as the Spark engine's slow path
+                # drops versions already applied (spark_apps.merge._ranked), and the rest folded.
+                current = con.sql(f"SELECT {key} AS aggregate_id, version FROM current_{model.name}").to_arrow_table()
+                con.register(f"applied_{model.name}", current)
+                con.execute(f"CREATE OR REPLACE TEMP VIEW unapplied_{model.name} AS SELECT e.* FROM {view} e "
+                            f"LEFT JOIN applied_{model.name} c USING (aggregate_id) "
+                            f"WHERE e.aggregate_version > coalesce(c.version, 0)")
+                con.register(f"folded_{model.name}", _fold(con, model, f"unapplied_{model.name}"))
             stuck = con.execute(f"SELECT count(*) FROM folded_{model.name} s LEFT JOIN current_{model.name} c "
                                 f"USING ({key}) WHERE s.first_version <> coalesce(c.version, 0) + 1 "
                                 f"OR s._events <> s.version - s.first_version + 1").fetchall()[0][0]
