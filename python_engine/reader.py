@@ -1,6 +1,7 @@
 """The Python engine's Kafka reading: the events topic from a checkpoint's position, ``read_committed``."""
 from __future__ import annotations
 
+import math
 import time
 from typing import Mapping
 
@@ -9,7 +10,7 @@ from projection_core.errors import ProjectionError
 from read_models.catalog import ARCHIVE_TABLE
 from spark_apps.event_rows import Records
 
-__all__ = ["Reader", "CALL_TIMEOUT_S"]
+__all__ = ["Reader", "CALL_TIMEOUT_S", "prorated"]
 
 CALL_TIMEOUT_S = 10.0
 
@@ -54,24 +55,32 @@ class Reader:
 
     def read(self, limit: int, wait_s: float, until: Mapping[int, int] | None = None) -> Records:
         """What has arrived since the last batch (at most ``limit`` records), waiting up to ``wait_s`` for the
-        first record; with ``until`` (partition -> offset), no record at or past it."""
+        first record; with ``until`` (partition -> offset), no record at or past it. When the log holds more
+        than ``limit`` past this reader, each partition gets a share of the batch in proportion to its lag, as
+        Spark's ``maxOffsetsPerTrigger`` shares it (``prorated``): a catch-up in small batches then reads the
+        partitions side by side, instead of one partition's fetched records first (which moved the event-time
+        watermark past the other partitions' windows and made their events late)."""
         from confluent_kafka import KafkaError
 
         from event_store import kafka_clients
 
         batch = Records(ends=dict(self.next), starts=dict(self.next))
+        bounds = dict(until or {})
+        for partition, bound in (self._shares(limit) or {}).items():
+            bounds[partition] = min(bound, bounds.get(partition, bound))
         messages, self.buffered = self.buffered, []
-        held: list = []  # past ``until``: the next batch's
+        held: list = []  # at or past a partition's bound: the next batch's
         held_partitions: set[int] = set()
         deadline = time.monotonic() + wait_s
         while True:
-            if held:
-                self.buffered = held
+            if held and all(p in held_partitions or p in self.at_end for p in self.next):
+                self.buffered = held  # every partition has its share, or is read to its end
                 return batch
             if not messages:
-                timeout = max(0.0, deadline - time.monotonic()) if not batch.rows else 0.0
+                timeout = max(0.0, deadline - time.monotonic()) if not batch.rows and not held else 0.0
                 messages = kafka_clients.take(self.consumer, min(limit - len(batch.rows), 10_000), timeout)
                 if not messages:
+                    self.buffered = held
                     return batch
             for i, m in enumerate(messages):
                 error = m.error()
@@ -96,7 +105,7 @@ class Reader:
                 partition, offset = m.partition(), m.offset()
                 if offset < self.next.get(partition, 0):
                     continue  # already read (a re-fetch)
-                if until is not None and offset >= until.get(partition, offset + 1):
+                if partition in held_partitions or offset >= bounds.get(partition, offset + 1):
                     held.append(m)
                     held_partitions.add(partition)
                     self.at_end.discard(partition)
@@ -105,6 +114,25 @@ class Reader:
                 batch.rows.append((partition, offset, m.key(), m.value()))
                 self.next[partition] = batch.ends[partition] = offset + 1
             messages = []
+
+    def _shares(self, limit: int) -> dict[int, int] | None:
+        """Partition -> the offset this batch reads up to, when the log holds more than ``limit`` offsets past
+        this reader (None when it does not: a batch is then whatever has arrived). The high watermarks librdkafka
+        keeps from its fetches are asked first (no round trip), the brokers only when those show the limit may
+        bind or are not known yet."""
+        from confluent_kafka import TopicPartition
+
+        def highs(cached: bool) -> dict[int, int]:
+            return {p: self.consumer.get_watermark_offsets(TopicPartition(self.settings.events_topic, p),
+                                                           timeout=CALL_TIMEOUT_S, cached=cached)[1]
+                    for p in self.next}
+
+        if not self.next:
+            return None
+        ends = highs(cached=True)
+        if all(h >= 0 for h in ends.values()) and sum(max(0, h - self.next[p]) for p, h in ends.items()) <= limit:
+            return None
+        return prorated(self.next, highs(cached=False), limit)
 
     def caught_up(self, partitions: list[int]) -> bool:
         return set(partitions) <= self.at_end
@@ -124,6 +152,21 @@ class Reader:
         from event_store import kafka_clients
 
         kafka_clients.close_within(self.consumer, 5.0, self.name)
+
+
+def prorated(starts: Mapping[int, int], ends: Mapping[int, int], limit: int) -> dict[int, int] | None:
+    """Spark's share of ``limit`` offsets among partitions (KafkaMicroBatchStream's rate limit): partition ->
+    the offset a batch reads up to, each partition's share in proportion to its lag (``ends`` - ``starts``),
+    rounded down, but at least one offset for a partition that has any; None when the lags fit in ``limit``."""
+    lags = {p: max(0, ends.get(p, s) - s) for p, s in starts.items()}
+    total = sum(lags.values())
+    if total <= limit:
+        return None
+    shares = {}
+    for p, lag in lags.items():
+        share = limit * lag / total
+        shares[p] = starts[p] + min(lag, math.ceil(share) if share < 1 else math.floor(share))
+    return shares
 
 
 def _data_loss(settings: Settings, name: str, partition: int, offset: int) -> str:

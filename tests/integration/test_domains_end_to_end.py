@@ -62,8 +62,8 @@ def three_domains(tmp_path_factory, bootstrap_servers, spark):
     events = [EventEnvelope.from_json(r.value) for r in kafka_log.read_all(settings, settings.events_topic)]
     results = [CommandResult.from_json(r.value) for r in kafka_log.read_all(settings, settings.results_topic)]
     # The projection's engines have their own tests (tests/projecting.py): the Python engine makes the tables, in
-    # one batch (with a small limit per batch it would read one partition's records first, and a partition read
-    # ahead moves the watermark past the others' windows: more late events than the generator made).
+    # one batch (the cheapest; smaller batches share the log among partitions as Spark's do, see
+    # test_python_projection's test_a_limited_batch_reads_every_partition_in_proportion_to_its_lag).
     run = project_in_python(spark, settings)
     return settings, events, results, run
 

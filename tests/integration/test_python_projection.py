@@ -65,6 +65,46 @@ def test_a_reader_holding_records_back_still_sees_the_end_after_reading_them(set
         reader.close()
 
 
+def test_a_limited_batch_reads_every_partition_in_proportion_to_its_lag(settings):
+    # Spark's maxOffsetsPerTrigger shares a batch among partitions by their lag; the Python engine's reader did
+    # not: the first partition's fetched records filled a small batch, so a catch-up read one partition ahead of
+    # the others (and its events moved the watermark past their windows: more late events than Spark's).
+    from event_store import kafka_log
+    from python_engine.reader import Reader
+
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    producer = kafka_log.make_producer(settings)
+    try:
+        futures = [producer.send(settings.events_topic, key=f"k{p}".encode(), value=f"{p}:{i}".encode(), partition=p)
+                   for p, count in ((0, 300), (1, 200), (2, 100)) for i in range(count)]
+        producer.flush()
+        for f in futures:
+            f.get(timeout=60)
+    finally:
+        producer.close()
+    reader = Reader(settings, "test-shared-batches")
+    try:
+        partitions = reader.partitions()
+        reader.seek({p: 0 for p in partitions})
+        time.sleep(1.0)  # let the consumer fetch every partition's records before the first read
+        first = reader.read(60, 5.0)
+        by_partition = {p: sum(1 for r in first.rows if r[0] == p) for p in partitions}
+        assert by_partition == {0: 30, 1: 20, 2: 10}, by_partition
+        rows = list(first.rows)
+        for _ in range(40):
+            if reader.caught_up(partitions):
+                break
+            batch = reader.read(60, 1.0)
+            assert len(batch.rows) <= 60
+            rows += batch.rows
+        assert reader.caught_up(partitions)
+        # Nothing lost, nothing twice, each partition in offset order.
+        for p, count in ((0, 300), (1, 200), (2, 100)):
+            assert [r[1] for r in rows if r[0] == p] == list(range(count))
+    finally:
+        reader.close()
+
+
 def test_the_event_row_schema_is_the_spark_parsers(spark):
     from spark_apps.archive_fold import arrow_schema
     from spark_apps.spark_projection import spark_event_row_schema
