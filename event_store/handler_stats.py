@@ -1,10 +1,13 @@
-"""What the command handler has done so far (``HandlerStats``), and its one-line progress report. Pure: counters."""
+"""What the command handler has done so far (``HandlerStats``): its one-line progress report and its Prometheus
+figures (``figures``, served by ``lakehouse.metrics``). Pure: counters."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["HandlerStats"]
+from lakehouse.metrics import Sample
+
+__all__ = ["HandlerStats", "figures"]
 
 
 @dataclass
@@ -56,3 +59,41 @@ class HandlerStats:
                    f"{self.longest_collection_s:.2f}s)" if self.collections else "")
                 + "".join(f"; {n} {what}" for what, n in faults.items() if n))
 
+
+
+def figures(stats: HandlerStats, partitions: int) -> list[Sample]:
+    """The handler's Prometheus figures (``lakehouse.metrics``): its counters as they stand, and the commands
+    partitions it owns."""
+    c = "counter"
+    return [
+        Sample("handler_commands", c, "Commands decided, by outcome", stats.accepted, {"outcome": "accepted"}),
+        Sample("handler_commands", c, "Commands decided, by outcome", stats.rejected, {"outcome": "rejected"}),
+        Sample("handler_commands", c, "Commands decided, by outcome", stats.duplicates, {"outcome": "duplicate"}),
+        Sample("handler_commands", c, "Commands decided, by outcome", stats.dead_lettered,
+               {"outcome": "dead_lettered"}),
+        Sample("handler_events", c, "Events appended to the events topic", stats.events),
+        Sample("handler_transactions", c, "Kafka transactions, by result", stats.transactions,
+               {"result": "committed"}),
+        Sample("handler_transactions", c, "Kafka transactions, by result", stats.aborted, {"result": "aborted"}),
+        Sample("handler_commit_seconds", c, "Time spent committing transactions (offsets and commit)",
+               stats.commit_seconds),
+        Sample("handler_rejected_too_large", c, "Commands rejected because an event or result exceeds the "
+               "topic's record size", stats.too_large),
+        Sample("handler_rejected_unwritable", c, "Commands rejected after transactions of their own failed",
+               stats.unwritable),
+        Sample("handler_batch_retries", c, "Batches redone one command per transaction", stats.batch_retries),
+        Sample("handler_command_retries", c, "Failed transactions of a single command", stats.command_retries),
+        Sample("handler_unreadable_events", c, "Events records a rebuild could not read (their aggregates are "
+               "quarantined until resolved)", stats.unreadable_events),
+        Sample("handler_repeated_events", c, "Repeated or conflicting events records skipped by a rebuild",
+               stats.repeated_events),
+        Sample("handler_clients_renewed", c, "Kafka clients replaced, by kind", stats.producers_renewed,
+               {"client": "producer"}),
+        Sample("handler_clients_renewed", c, "Kafka clients replaced, by kind", stats.consumers_renewed,
+               {"client": "consumer"}),
+        Sample("handler_snapshots", c, "Partition snapshots written", stats.snapshots),
+        Sample("handler_snapshot_seconds", c, "Time spent writing snapshot steps", stats.snapshot_seconds),
+        Sample("handler_collection_seconds", c, "Time spent in the loop's paced garbage collections",
+               stats.collector_seconds),
+        Sample("handler_partitions", "gauge", "Commands partitions this instance owns", partitions),
+    ]

@@ -131,6 +131,13 @@ class Settings:
     sql_server_tls: str = "off"
     sql_server_keystore: Path | None = None
     sql_server_keystore_password: str | None = field(default=None, repr=False)
+    # Every long-running service (handler, projection) serves Prometheus metrics at http://metrics_host:port/metrics
+    # (lakehouse/metrics.py): "on" or "off". metrics_port 0 takes a free port; each service then registers its
+    # address under <home>/metrics/ (Prometheus' file_sd format), where `eventlake metrics` and Prometheus find
+    # it. A fixed port suits one service per host or container (Kubernetes).
+    metrics: str = "on"
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0
     # The largest reference-data file (merchants) a load reads, in bytes (reference_data; issue 46).
     reference_max_bytes: int = 256 * 1024 * 1024
     # Free-form extras, e.g. {"projection_id": "..."} from tests; not read from the environment.

@@ -27,6 +27,7 @@ class Reader:
         self.next: dict[int, int] = {}  # partition -> the next offset the consumer hands out
         self.at_end: set[int] = set()
         self.buffered: list = []
+        self.highs: dict[int, int] = {}  # partition -> its high watermark when last asked (``earliest``)
 
     def partitions(self) -> list[int]:
         topic = self.consumer.list_topics(self.settings.events_topic, timeout=CALL_TIMEOUT_S).topics[
@@ -38,8 +39,9 @@ class Reader:
     def earliest(self, partition: int) -> int:
         from confluent_kafka import TopicPartition
 
-        low, _ = self.consumer.get_watermark_offsets(TopicPartition(self.settings.events_topic, partition),
-                                                     timeout=CALL_TIMEOUT_S, cached=False)
+        low, high = self.consumer.get_watermark_offsets(TopicPartition(self.settings.events_topic, partition),
+                                                        timeout=CALL_TIMEOUT_S, cached=False)
+        self.highs[partition] = high
         return low
 
     def seek(self, starts: dict[int, int]) -> None:
@@ -117,25 +119,40 @@ class Reader:
 
     def _shares(self, limit: int) -> dict[int, int] | None:
         """Partition -> the offset this batch reads up to, when the log holds more than ``limit`` offsets past
-        this reader (None when it does not: a batch is then whatever has arrived). The high watermarks librdkafka
-        keeps from its fetches are asked first (no round trip), the brokers only when those show the limit may
-        bind or are not known yet."""
-        from confluent_kafka import TopicPartition
-
-        def highs(cached: bool) -> dict[int, int]:
-            return {p: self.consumer.get_watermark_offsets(TopicPartition(self.settings.events_topic, p),
-                                                           timeout=CALL_TIMEOUT_S, cached=cached)[1]
-                    for p in self.next}
-
-        if not self.next:
+        this reader (None when it does not: a batch is then whatever has arrived). From the high watermarks
+        librdkafka keeps from its fetches, or those the brokers gave when the reader was positioned: no round
+        trip, so a batch never waits for an absent broker here."""
+        highs = self._cached_highs()
+        highs = {p: highs.get(p, self.highs.get(p, -1)) for p in self.next}
+        if not highs or min(highs.values()) < 0:
             return None
-        ends = highs(cached=True)
-        if all(h >= 0 for h in ends.values()) and sum(max(0, h - self.next[p]) for p, h in ends.items()) <= limit:
-            return None
-        return prorated(self.next, highs(cached=False), limit)
+        return prorated(self.next, highs, limit)
+
+    def _cached_highs(self) -> dict[int, int]:
+        """Partition -> the high watermark of librdkafka's last fetch of it (partitions it does not know now, e.g.
+        while the broker is away, are left out)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        highs = {}
+        for partition in self.next:
+            try:
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(self.settings.events_topic, partition),
+                                                              cached=True)
+            except KafkaException:
+                continue
+            if high >= 0:
+                highs[partition] = high
+        return highs
 
     def caught_up(self, partitions: list[int]) -> bool:
         return set(partitions) <= self.at_end
+
+    def lag(self) -> dict[int, int]:
+        """Partition -> offsets in the log past this reader, as of librdkafka's last fetch of it (no round trip; a
+        partition it does not know now is left out): 0 for a partition read to its end, where a transaction's
+        commit marker takes the last offset (``projection_core.positions``); otherwise records, and the markers
+        between them (read_committed: an upper bound)."""
+        return {p: 0 if p in self.at_end else max(0, high - self.next[p]) for p, high in self._cached_highs().items()}
 
     def backlog(self) -> int:
         """Records in the log past where this reader is (read_committed: an upper bound)."""

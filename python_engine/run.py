@@ -52,6 +52,12 @@ class Query:
         self.batch_id = 0
         self.rows = 0
         self.batches = 0
+        # For its metrics (python_engine.figures): seconds in batches in all and by step, the last commit's time,
+        # and the records each partition holds past this reader (from librdkafka's last fetch: no round trip).
+        self.batch_seconds = 0.0
+        self.step_seconds: dict[str, float] = {}
+        self.last_commit_at: float | None = None
+        self.lag: dict[int, int] = {}
 
     def resume(self, starting_offsets: Mapping[int, int] | None = None) -> None:
         """Position the reader after the last committed batch; an uncommitted planned batch is run first, with
@@ -111,6 +117,10 @@ class Query:
         self.engine.cluster(batch.to_cluster, steps)
         self.rows += len(records.rows)
         self.batches += 1
+        self.batch_seconds += time.perf_counter() - started
+        for step, t in steps.items():
+            self.step_seconds[step] = self.step_seconds.get(step, 0.0) + t
+        self.last_commit_at = time.time()
         parts = "; ".join(f"{step} {t:.2f}s" for step, t in steps.items() if t >= 0.005)
         self.engine.log(f"{self.name}: batch {self.batch_id} done in {time.perf_counter() - started:.2f}s "
                         f"({len(records.rows)} records{'; ' + parts if parts else ''})")
@@ -259,6 +269,8 @@ class PythonProjection:
                         # The archive reads no further than the read models did: in step with them, its batch
                         # holds the read models' batch's records, parsed once for both (``shared``).
                         worked += query.step(limit, 0.0, until=dict(main.reader.next))
+                    for query in self.queries:
+                        query.lag = query.reader.lag()
                     if until_caught_up and not worked and all(q.reader.caught_up(q.partitions)
                                                               for q in self.queries):
                         break

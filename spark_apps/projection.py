@@ -86,11 +86,19 @@ def project(settings: Settings, names: list[str], until_caught_up: bool = False,
 
 
 def _run_python_engine(settings: Settings, models, archive: bool, until_caught_up: bool, stop_requested) -> int:
-    engine = PythonProjection(settings, models, archive=archive, log=lambda line: print(line, flush=True))
+    from lakehouse import metrics
+    from python_engine.figures import figures
+
+    log = lambda line: print(line, flush=True)  # noqa: E731 -- a service's log, seen even if it is killed
+    engine = PythonProjection(settings, models, archive=archive, log=log)
+    server = metrics.serve(settings, "projection", lambda: figures(engine), log)
     try:
         run = engine.run(until_caught_up=until_caught_up, stop_requested=stop_requested)
     except KeyboardInterrupt:
         return 0
+    finally:
+        if server is not None:
+            server.close()
     if until_caught_up:
         print(f"projection: caught up: {run.input_rows} events in {run.batches} batches, {run.seconds:.1f}s "
               f"({engine.handed_over} handed to the Spark engine, {engine.parser.batches} parsed by two processes); "

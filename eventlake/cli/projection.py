@@ -8,7 +8,7 @@ from lakehouse.settings import Settings
 __all__ = ["ROLES", "add_verbs", "SparkApps"]
 
 # The Kafka principal each verb runs as when SASL is on (the others: admin); see eventlake.cli.roles.
-ROLES = {"detect-anomalies": "client", "project": "reader", "status": "reader"}
+ROLES = {"detect-anomalies": "client", "project": "reader", "status": "reader", "metrics": "reader"}
 
 
 def _cmd_project(settings: Settings, args) -> int:
@@ -56,6 +56,14 @@ def _cmd_status(settings: Settings, args) -> int:
     return 0
 
 
+def _cmd_metrics(settings: Settings, args) -> int:
+    from lakehouse import metrics
+
+    for line in metrics.table(settings):
+        print(line)
+    return 0
+
+
 def add_verbs(sub) -> None:
     """Add this group's verbs to the ``eventlake`` parser's subparsers."""
     p = sub.add_parser("project", help="run the projection into the Delta read models and the event archive")
@@ -77,3 +85,7 @@ def add_verbs(sub) -> None:
 
     p = sub.add_parser("status", help="per projection: lag, last batch and rate; per table: rows and Delta version")
     p.set_defaults(run=_cmd_status)
+
+    p = sub.add_parser("metrics", help="the Prometheus metrics of the services running from this home (handler, "
+                                       "projection), read from their /metrics endpoints")
+    p.set_defaults(run=_cmd_metrics)

@@ -108,14 +108,21 @@ def _cmd_handler(settings: Settings, args) -> int:
     log = lambda message: print(message, flush=True)  # noqa: E731 -- a service's log, seen even if it is killed
     with CommandHandler(settings, instance_id=args.instance_id, use_snapshots=not args.no_snapshots,
                         log=log) as handler:
+        from event_store.handler_stats import figures
+        from lakehouse import metrics
         from lakehouse.signals import stop_requested_on_sigterm
 
         # SIGTERM (e.g. from Kubernetes) stops after the current batch; closing then writes the snapshots.
         stop_requested_on_sigterm(handler.stop)
+        server = metrics.serve(settings, f"handler-{args.instance_id}",
+                               lambda: figures(handler.stats, len(handler.partitions)), log)
         try:
             stats = handler.run(until_caught_up=args.until_caught_up)
         except KeyboardInterrupt:
             stats = handler.stats
+        finally:
+            if server is not None:
+                server.close()
     print(f"handler: {stats.line()}")
     return 0
 

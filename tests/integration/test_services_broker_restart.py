@@ -14,8 +14,9 @@ import time
 import pytest
 
 from event_store import kafka_log
+from lakehouse import metrics
 from lakehouse.settings import Settings
-from tests.integration.fraud_stream import SERVICES, FraudStream
+from tests.integration.fraud_stream import SERVICES, FraudStream, read_log
 from tests.integration.restartable_broker import (  # noqa: F401 -- own_broker is a fixture
     BROKER_AWAY_S, STOP_WITHIN_S, broker_down, broker_up, needs_local_broker, own_broker, settings_on)
 from tests.integration.services import Service, service_env
@@ -48,6 +49,8 @@ def test_every_service_resumes_after_a_broker_restart_and_stops_on_sigterm_while
         assert stream.feeding_done.wait(300)
         # After the restart: every command answered, the fraud loop closed, every event projected once.
         stream.assert_answered_and_projected_once(spark)
+        # ... and the handler's and the projection's metrics say so (issue 44).
+        assert_metrics_tell_the_log(settings)
 
         # -- SIGTERM while the broker is away: each service ends within seconds, cleanly ------------------------
         broker_down(own_broker)
@@ -67,8 +70,42 @@ def test_every_service_resumes_after_a_broker_restart_and_stops_on_sigterm_while
         problems.update({name: "a traceback in its output" for name, service in services.items()
                          if "Traceback" in service.output()})
         assert not problems, f"{problems}; " + "".join(f"\n--- {n}:\n{services[n].tail(25)}" for n in problems)
+        assert metrics.local_targets(settings) == []  # a stopped service's registration goes with it
+        assert not list((settings.home / "metrics").glob("*.json"))
     finally:
         for service in services.values():
             service.kill()
         if not broker_is_up:
             broker_up(own_broker)
+
+
+def assert_metrics_tell_the_log(settings) -> None:
+    """The handler and the projection, running as services, serve /metrics and register it under the home (where
+    `eventlake metrics` finds them): the handler counts every event the log holds, the projection catches up to
+    no lag, and `eventlake metrics` shows both."""
+    _, _, events = read_log(settings)
+    targets = {t.service: t for t in metrics.local_targets(settings)}
+    assert {"handler-0", "projection"} <= set(targets), targets
+
+    def value(samples, name, **labels):
+        found = [v for n, ls, v in samples if n == name and all(ls.get(k) == w for k, w in labels.items())]
+        assert found, f"{name} {labels} not served: {[n for n, _, _ in samples]}"
+        return sum(found)
+
+    handler = metrics.scrape(targets["handler-0"].url)
+    assert value(handler, "eventlake_handler_events_total") == len(events)
+    assert value(handler, "eventlake_handler_commands_total", outcome="accepted") > 0
+    assert value(handler, "eventlake_handler_partitions") == settings.topic_partitions
+    assert value(handler, "process_resident_memory_bytes") > 0
+    deadline = time.monotonic() + 60  # the lag is read from the consumer's last fetch, after the projection's
+    while True:
+        projection = metrics.scrape(targets["projection"].url)
+        lag = value(projection, "eventlake_projection_lag_records", query="read_models")
+        if lag == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert lag == 0
+    assert value(projection, "eventlake_projection_batches_total", query="read_models") >= 1
+    assert value(projection, "eventlake_projection_last_commit_timestamp_seconds", query="event_archive") > 0
+    shown = "\n".join(metrics.table(settings))
+    assert "handler-0 (pid" in shown and "projection (pid" in shown and "eventlake_handler_events_total" in shown

@@ -1,0 +1,107 @@
+"""A service's /metrics (lakehouse/metrics.py): served from the figures it keeps, registered under its home for
+`eventlake metrics` and Prometheus' file discovery, gone with it; the handler's and the engine's figures."""
+import json
+import socket
+
+import pytest
+
+from event_store.handler_stats import HandlerStats, figures
+from lakehouse import metrics
+from lakehouse.metrics import MetricsError, Sample
+from lakehouse.settings import Settings, SettingsError
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return Settings.load({}).replace(home=tmp_path / "home")
+
+
+def test_a_service_serves_its_figures_and_registers_where_prometheus_and_the_cli_find_it(settings):
+    stats = HandlerStats(accepted=7, rejected=2, events=9, transactions=3, aborted=1)
+    server = metrics.serve(settings, "handler-0", lambda: figures(stats, 2), log=lambda *_: None)
+    try:
+        samples = metrics.scrape(server.url)
+        served = {(n, tuple(sorted(ls.items()))): v for n, ls, v in samples}
+        assert served[("eventlake_handler_commands_total", (("outcome", "accepted"), ("service", "handler-0")))] == 7
+        assert served[("eventlake_handler_events_total", (("service", "handler-0"),))] == 9
+        assert served[("eventlake_handler_transactions_total", (("result", "aborted"), ("service", "handler-0")))] == 1
+        assert served[("eventlake_handler_partitions", (("service", "handler-0"),))] == 2
+        assert any(n == "process_resident_memory_bytes" for n, _, _ in samples)
+        stats.events += 1  # read at each scrape: nothing to update on the command path
+        assert ("eventlake_handler_events_total", {"service": "handler-0"}, 10.0) in metrics.scrape(server.url)
+        # Prometheus' file_sd format, and `eventlake metrics`.
+        [entry] = json.loads(server.registration.read_text())
+        assert entry["targets"] == [f"127.0.0.1:{server.port}"] and entry["labels"]["service"] == "handler-0"
+        assert [t.url for t in metrics.local_targets(settings)] == [server.url]
+        table = "\n".join(metrics.table(settings))
+        assert "handler-0 (pid" in table and "eventlake_handler_events_total" in table and "10" in table
+    finally:
+        server.close()
+    assert not server.registration.exists() and metrics.local_targets(settings) == []
+    assert metrics.table(settings)[0].startswith("no service of this home serves metrics now")
+
+
+def test_a_registration_left_by_a_killed_service_is_skipped(settings):
+    folder = settings.home / "metrics"
+    folder.mkdir(parents=True)
+    gone = 2 ** 22 + 12345  # above Linux's largest pid
+    (folder / f"projection-{gone}.json").write_text(json.dumps(
+        [{"targets": ["127.0.0.1:1"], "labels": {"service": "projection", "pid": str(gone)}}]))
+    (folder / "junk.json").write_text("not json")
+    assert metrics.local_targets(settings) == []
+
+
+def test_off_serves_nothing_and_a_wrong_value_or_a_taken_port_is_named(settings):
+    assert metrics.serve(settings.replace(metrics="off"), "handler-0", list) is None
+    with pytest.raises(SettingsError, match="metrics='yes'.*EVENTLAKE_METRICS"):
+        metrics.serve(settings.replace(metrics="yes"), "handler-0", list)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(MetricsError, match=f"handler-0: cannot serve metrics on 127.0.0.1:{port}.*"
+                                               f"EVENTLAKE_METRICS_PORT"):
+            metrics.serve(settings.replace(metrics_port=port), "handler-0", list, log=lambda *_: None)
+    assert Settings.load({"EVENTLAKE_METRICS_PORT": "9464", "EVENTLAKE_METRICS": "off"}).metrics_port == 9464
+
+
+def test_an_unreadable_endpoint_is_an_error_naming_it():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(MetricsError, match=f"metrics at http://127.0.0.1:{port}/metrics not readable"):
+        metrics.scrape(f"http://127.0.0.1:{port}/metrics", timeout_s=2)
+
+
+def test_a_figure_of_an_unknown_kind_is_refused(settings):
+    server = metrics.serve(settings, "x", lambda: [Sample("y", "histogram", "h", 1.0)], log=lambda *_: None)
+    try:
+        with pytest.raises(MetricsError):  # the scrape fails (500): the figure is refused, not served wrong
+            metrics.scrape(server.url)
+    finally:
+        server.close()
+
+
+def test_the_handlers_figures_follow_prometheus_names():
+    names = {s.name for s in figures(HandlerStats(), 0)}
+    assert all(n.startswith("handler_") and not n.endswith("_total") for n in names)
+    kinds = {s.kind for s in figures(HandlerStats(), 0)}
+    assert kinds <= {"counter", "gauge"}
+
+
+def test_the_python_engines_figures_per_query():
+    from types import SimpleNamespace
+
+    from python_engine.figures import figures as engine_figures
+
+    def query(name, lag):
+        return SimpleNamespace(name=name, batches=3, rows=120, batch_seconds=1.5,
+                               step_seconds={"payments: merge": 0.5}, last_commit_at=1_800_000_000.0, lag=lag)
+
+    engine = SimpleNamespace(handed_over=1, plan=SimpleNamespace(name="projection-payments"),
+                             queries=[query("projection-payments", {0: 4, 1: 0}), query("projection-event_archive", {})])
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in engine_figures(engine)}
+    assert got[("projection_lag_records", (("partition", "0"), ("query", "read_models")))] == 4
+    assert got[("projection_records", (("query", "event_archive"),))] == 120
+    assert got[("projection_step_seconds", (("query", "read_models"), ("step", "payments: merge")))] == 0.5
+    assert got[("projection_handed_over_batches", ())] == 1
