@@ -8,7 +8,8 @@ __all__ = ["figures"]
 
 
 def figures(engine) -> list[Sample]:
-    """``engine``: a running ``python_engine.run.PythonProjection``."""
+    """``engine``: a running ``python_engine.run.PythonProjection`` (read from the scrape's thread while the engine's
+    loop goes on: its dicts are copied before they are walked)."""
     out = [Sample("projection_handed_over_batches", "counter",
                   "Batches off the Python engine's common path, run by the Spark engine", engine.handed_over)]
     for query in list(engine.queries):
@@ -17,8 +18,9 @@ def figures(engine) -> list[Sample]:
                 Sample("projection_records", "counter", "Records of the events topic projected", query.rows, which),
                 Sample("projection_batch_seconds", "counter", "Time spent in committed batches",
                        query.batch_seconds, which)]
+        steps = dict(query.step_seconds)
         out += [Sample("projection_step_seconds", "counter", "Time spent in committed batches, by step",
-                       seconds, {**which, "step": step}) for step, seconds in sorted(query.step_seconds.items())]
+                       seconds, {**which, "step": step}) for step, seconds in sorted(steps.items())]
         if query.last_commit_at is not None:
             out.append(Sample("projection_last_commit_timestamp_seconds", "gauge",
                               "When the last batch committed (Unix time)", query.last_commit_at, which))
