@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
 from lakehouse.errors import Unavailable
+from lakehouse.processes import pid_alive
 from lakehouse.settings import Settings, SettingsError
 
 __all__ = ["Sample", "MetricsServer", "serve", "local_targets", "scrape", "Target", "MetricsError", "table"]
@@ -102,13 +102,13 @@ class MetricsServer:
         temporary.write_text(json.dumps([{"targets": [f"{settings.metrics_host}:{self.port}"],
                                           "labels": {"service": service, "pid": str(os.getpid())}}]))
         temporary.replace(self.registration)  # Prometheus never reads half a file
-        self._closed = threading.Event()
+        self._closed = False
         log(f"{service}: metrics at {self.url}")
 
     def close(self) -> None:
-        if self._closed.is_set():
+        if self._closed:
             return
-        self._closed.set()
+        self._closed = True
         self.registration.unlink(missing_ok=True)
         self.httpd.shutdown()
         self.httpd.server_close()
@@ -136,9 +136,10 @@ def local_targets(settings: Settings) -> list[Target]:
         try:
             entry = json.loads(path.read_text())[0]
             pid = int(entry["labels"]["pid"])
-            os.kill(pid, 0)
-        except (OSError, ValueError, KeyError, IndexError, json.JSONDecodeError):
-            continue  # gone (killed without cleaning up) or not ours
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            continue  # not a registration of ours
+        if not pid_alive(pid):
+            continue  # gone (killed without cleaning up)
         targets.append(Target(entry["labels"]["service"], pid, f"http://{entry['targets'][0]}/metrics"))
     return targets
 
