@@ -9,6 +9,7 @@ from event_store.collector import CollectorPaced
 from lakehouse.settings import Settings
 from projection_core.checkpoint import Checkpoint
 from projection_core.errors import ProjectionError, ProjectionRun
+from projection_core.figures import QueryFigures
 from projection_core.plan import ProjectionPlan
 from python_engine import parsing
 from python_engine.batches import archive_batch, read_models_batch
@@ -39,10 +40,13 @@ def supports(settings: Settings) -> str:
     return ""
 
 
-class Query:
-    """One of the projection's queries (the read models' or the archive's): its checkpoint, reader and batches."""
+class Query(QueryFigures):
+    """One of the projection's queries (the read models' or the archive's): its checkpoint, reader and batches; its
+    figures (``QueryFigures``: batches, records, seconds in all and by step, the last commit's time, the records each
+    partition holds past this reader, from librdkafka's last fetch: no round trip) are served as metrics."""
 
     def __init__(self, engine: "PythonProjection", name: str, checkpoint, process):
+        super().__init__()
         self.engine, self.name, self.process = engine, name, process
         settings = engine.settings
         self.checkpoint = Checkpoint(checkpoint, settings.events_topic, settings.spark_shuffle_partitions)
@@ -50,14 +54,6 @@ class Query:
         self.reader = Reader(settings, name)
         self.partitions: list[int] = []
         self.batch_id = 0
-        self.rows = 0
-        self.batches = 0
-        # For its metrics (python_engine.figures): seconds in batches in all and by step, the last commit's time,
-        # and the records each partition holds past this reader (from librdkafka's last fetch: no round trip).
-        self.batch_seconds = 0.0
-        self.step_seconds: dict[str, float] = {}
-        self.last_commit_at: float | None = None
-        self.lag: dict[int, int] = {}
 
     def resume(self, starting_offsets: Mapping[int, int] | None = None) -> None:
         """Position the reader after the last committed batch; an uncommitted planned batch is run first, with

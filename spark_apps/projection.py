@@ -56,6 +56,7 @@ def project(settings: Settings, names: list[str], until_caught_up: bool = False,
     with ``engine`` (python or spark), until caught up or, as a service, until SIGTERM; what ``main`` and
     ``eventlake project`` run."""
     from event_store.kafka_access import check_access
+    from lakehouse import metrics
     from lakehouse.signals import stop_requested_on_sigterm
     from spark_apps.session import build_session
 
@@ -69,16 +70,21 @@ def project(settings: Settings, names: list[str], until_caught_up: bool = False,
         return _run_python_engine(settings, models, archive, until_caught_up, stop_requested)
     spark = build_session(settings, app_name="eventlake-projection")
     projection = Projection(spark, settings, models, archive=archive)
-    if until_caught_up:
-        run = projection.run_until_caught_up()
-        print(f"projection: caught up: {run.input_rows} events in {run.batches} batches, {run.seconds:.1f}s; "
-              f"tables under {settings.warehouse}")
-        return 0
-    projection.start()
+    server = metrics.serve(settings, "projection", projection.figures.samples)
     try:
-        projection.await_termination(stop_requested)
-    except KeyboardInterrupt:
-        projection.stop()
+        if until_caught_up:
+            run = projection.run_until_caught_up()
+            print(f"projection: caught up: {run.input_rows} events in {run.batches} batches, {run.seconds:.1f}s; "
+                  f"tables under {settings.warehouse}")
+            return 0
+        projection.start()
+        try:
+            projection.await_termination(stop_requested)
+        except KeyboardInterrupt:
+            projection.stop()
+    finally:
+        if server is not None:
+            server.close()
     if stop_requested.is_set():
         print(f"projection: stopped (SIGTERM); the next start resumes from the checkpoints under "
               f"{settings.checkpoints}")

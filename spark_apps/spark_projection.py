@@ -25,12 +25,14 @@ from typing import Callable, Mapping
 
 from lakehouse.settings import Settings
 from projection_core.errors import ProjectionError, ProjectionRun
+from projection_core.figures import ARCHIVE_QUERY, READ_MODELS_QUERY
 from projection_core.plan import ARCHIVE, ARCHIVE_STATS_COLUMNS, DEAD_LETTERS, HELD, LEDGER, ProjectionPlan
 from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Generation
 from read_models.spec import ReadModel
 from spark_apps.events import check_records, parse_events, read_event_records, split_checked
 from spark_apps.merge import EVENT_TIME_FORMAT, BatchContext, apply, bookkeeping_tables, ensure_table
 from spark_apps import sequence
+from spark_apps.progress_figures import ProgressFigures
 
 __all__ = ["Projection", "ProjectionError", "ProjectionRun", "ARCHIVE_STATS_COLUMNS", "QUERY_STOP_TIMEOUT_S",
            "bound_query_stop", "stop_query", "dead_letter_schema", "spark_event_row_schema"]
@@ -62,6 +64,8 @@ class Projection:
         self.queries: list = []
         self._tables_ready = False
         self.step_seconds: dict[str, float] = {}
+        # Its queries' metrics (batches, records, seconds by step, lag), served by `eventlake project`.
+        self.figures = ProgressFigures(settings.events_topic, self.step_seconds, log)
         self._model_sessions: dict = {}  # read model name -> its Spark session for side-by-side writes
 
     def ensure_tables(self) -> None:
@@ -209,7 +213,9 @@ class Projection:
         if self.starting_offsets is not None and checkpoint == self.checkpoint:
             starting = json.dumps({s.events_topic: {str(p): o for p, o in sorted(self.starting_offsets.items())}})
         records = read_event_records(self.spark, s, max_offsets_per_trigger, starting)
-        writer = (records.writeStream.queryName(name.replace("+", "_").replace("-", "_"))
+        query_name = name.replace("+", "_").replace("-", "_")
+        self.figures.track(query_name, READ_MODELS_QUERY if checkpoint == self.checkpoint else ARCHIVE_QUERY)
+        writer = (records.writeStream.queryName(query_name)
                   .foreachBatch(process(self._app_id(checkpoint, name)))
                   .option("checkpointLocation", str(checkpoint)))
         writer = writer.trigger(availableNow=True) if until_caught_up else writer.trigger(
@@ -225,6 +231,7 @@ class Projection:
         end. Returns the read models' query (``self.queries`` holds all)."""
         if not self._tables_ready:
             self.ensure_tables()
+        self.figures.attach(self.spark)
         query = None
         if self.models:
             query = self._start_query(self.name, self.checkpoint, self._process_batch, until_caught_up,
@@ -243,6 +250,7 @@ class Projection:
         for query in self.queries:
             if query.isActive:
                 stop_query(query, self.log)
+        self.figures.detach(self.queries)
         self.queries = []
 
     def await_termination(self, stop_requested: threading.Event | None = None) -> None:

@@ -20,10 +20,20 @@ def _cmd_demo(settings: Settings, args) -> int:
     return 0
 
 
+# Debian packages that some tests use when present (skipped, with this reason, when absent).
+OPTIONAL_TOOLS = {"prometheus": "the real-Prometheus test of the metrics (sudo apt-get install prometheus)",
+                  "promtool": "the alert rules' checks (in the same package)"}
+
+
 def _cmd_setup(settings: Settings, args) -> int:
+    import shutil
+
     from infra import kafka
     from spark_apps.session import SPARK_PACKAGES, build_session
 
+    for tool, why in OPTIONAL_TOOLS.items():
+        if shutil.which(tool) is None:
+            print(f"setup: {tool} not found; optional, for {why}")
     if settings.uses_local_kafka:
         kafka.resolve_libs(settings)
         print(f"setup: Kafka broker jars ready in {kafka.libs_dir(settings)}")

@@ -91,6 +91,18 @@ def test_stopping_mid_stream_and_restarting_from_the_checkpoint_gives_the_same_t
         assert query.exception() is None
         time.sleep(0.5)
     projection.stop()
+    # Its metrics (what `eventlake project` serves with the Spark engine, under the Python engine's names): per
+    # query, the batches its commit log holds and the records they read; the records past it, by partition, make
+    # up the rest of the log.
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in projection.figures.samples()}
+    for label, checkpoint in (("read_models", projection.checkpoint), ("event_archive", projection.archive_checkpoint)):
+        which = ("query", label)
+        commits = [p for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
+        assert got[("projection_batches", (which,))] == len(commits) >= 2, (label, got)
+        lag = sum(v for (name, labels), v in got.items() if name == "projection_lag_records" and which in labels)
+        assert got[("projection_records", (which,))] + lag == len(events), (label, got)
+        assert lag > 0 or label == "event_archive", got  # the archive's lighter query may have read everything
+    assert got[("projection_step_seconds", (("query", "read_models"), ("step", "read, parse, cache")))] > 0
     applied = sum(r["version"] for r in table_rows(spark, settings, ACCOUNT_SUMMARY).values())
     assert 0 < applied < sum(e.event_type in ACCOUNT_SUMMARY.event_types for e in events), \
         "the first run should have stopped part-way"

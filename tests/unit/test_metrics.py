@@ -105,3 +105,54 @@ def test_the_python_engines_figures_per_query():
     assert got[("projection_records", (("query", "event_archive"),))] == 120
     assert got[("projection_step_seconds", (("query", "read_models"), ("step", "payments: merge")))] == 0.5
     assert got[("projection_handed_over_batches", ())] == 1
+
+
+def _progress(batch_id, rows, ends, latest, executed=True, timestamp=None, name="projection_payments"):
+    """A progress report as Structured Streaming's Kafka source gives it (offsets as JSON text)."""
+    durations = {"triggerExecution": 2500, "latestOffset": 5, **({"addBatch": 2000} if executed else {})}
+    return {"name": name, "batchId": batch_id, "numInputRows": rows if executed else 0, "durationMs": durations,
+            "timestamp": timestamp or f"2026-11-29T12:00:{batch_id:02d}.000Z",
+            "sources": [{"startOffset": "null", "endOffset": json.dumps({"events": ends}),
+                         "latestOffset": json.dumps({"events": latest})}]}
+
+
+def test_the_spark_engines_progress_reports_give_the_python_engines_figures():
+    from projection_core.figures import QueryFigures
+    from spark_apps.progress_figures import ProgressFigures, observe
+
+    steps = {"payments: merge": 0.75}
+    progress = ProgressFigures("events", steps, log=lambda *_: None)
+    progress.track("projection_payments", "read_models")
+    progress.track("projection_event_archive", "event_archive")
+    progress.on_progress(_progress(0, 150, {"0": 100, "1": 50}, {"0": 400, "1": 50}))
+    progress.on_progress(_progress(0, 150, {"0": 100, "1": 50}, {"0": 400, "1": 50}))  # delivered twice: once
+    progress.on_progress(_progress(1, 0, {"0": 100, "1": 50}, {"0": 420, "1": 60}, executed=False))  # idle report
+    progress.on_progress(_progress(0, 9, {"0": 9}, {"0": 9}, name="someone_elses_query"))
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in progress.samples()}
+    rm = ("query", "read_models")
+    assert got[("projection_batches", (rm,))] == 1 and got[("projection_records", (rm,))] == 150
+    assert got[("projection_batch_seconds", (rm,))] == 2.5
+    assert got[("projection_lag_records", (("partition", "0"), rm))] == 320  # from the latest report, idle or not
+    assert got[("projection_lag_records", (("partition", "1"), rm))] == 10
+    assert got[("projection_step_seconds", (rm, ("step", "payments: merge")))] == 0.75
+    assert ("projection_last_commit_timestamp_seconds", (rm,)) in got
+    assert got[("projection_batches", (("query", "event_archive"),))] == 0  # tracked, nothing reported yet
+    # The names and labels are the Python engine's: one dashboard for both engines.
+    from types import SimpleNamespace
+
+    from python_engine.figures import figures as engine_figures
+    python = QueryFigures()
+    python.last_commit_at, python.lag, python.step_seconds = 1.0, {0: 0}, {"payments: merge": 0.1}
+    engine = SimpleNamespace(handed_over=0, plan=SimpleNamespace(name="p"), queries=[SimpleNamespace(
+        name="p", **vars(python))])
+    assert {(s.name, s.kind, tuple(s.labels)) for s in engine_figures(engine)} - {
+        ("projection_handed_over_batches", "counter", ())} == {
+        (s.name, s.kind, tuple(s.labels)) for s in progress.samples() if s.labels.get("query") == "read_models"}
+    # A query read to the log's end (a transaction marker included in both offsets) has no lag; no offsets yet: none.
+    caught_up = QueryFigures()
+    observe(caught_up, _progress(3, 5, {"0": 401}, {"0": 401}), "events")
+    assert caught_up.lag == {0: 0} and caught_up.batches == 1
+    fresh = QueryFigures()
+    observe(fresh, {"name": "q", "batchId": 0, "durationMs": {}, "sources": [{"endOffset": "null",
+                                                                              "latestOffset": "null"}]}, "events")
+    assert fresh.lag == {} and fresh.batches == 0

@@ -1,0 +1,65 @@
+"""A real Prometheus server for a test (Debian's ``prometheus`` package): on loopback, scraping every service that
+registers under a home (``<home>/metrics/*.json``, file_sd) each second, with eventlake's alert rules loaded."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from tests.integration.sql_fixtures import free_port
+
+PROMETHEUS = shutil.which("prometheus")
+NO_PROMETHEUS = "prometheus is not on the PATH: sudo apt-get install prometheus (Debian's package)"
+RULES = Path(__file__).resolve().parents[2] / "infra" / "prometheus" / "alerts.yml"
+
+
+class PrometheusServer:
+    def __init__(self, home: Path, folder: Path):
+        folder.mkdir(parents=True, exist_ok=True)
+        config = folder / "prometheus.yml"
+        config.write_text(json.dumps({  # JSON is YAML
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            "rule_files": [str(RULES)],
+            "scrape_configs": [{"job_name": "eventlake", "file_sd_configs": [
+                {"files": [str(home / "metrics" / "*.json")], "refresh_interval": "1s"}]}]}))
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.log_path = folder / "prometheus.log"
+        with open(self.log_path, "wb") as out:
+            self.process = subprocess.Popen(
+                [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
+                 f"--web.listen-address={self.url.removeprefix('http://')}"], stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while not self._ready():
+            assert self.process.poll() is None and time.monotonic() < deadline, self.log_path.read_text()[-2000:]
+            time.sleep(0.3)
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def api(self, path: str, **params) -> dict:
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        with urllib.request.urlopen(f"{self.url}/api/v1/{path}{query}", timeout=10) as response:
+            body = json.loads(response.read())
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str) -> dict[tuple, float]:
+        """An instant query: labels (sorted items, without __name__) -> value."""
+        return {tuple(sorted((k, v) for k, v in r["metric"].items() if k != "__name__")): float(r["value"][1])
+                for r in self.api("query", query=expr)["result"]}
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
