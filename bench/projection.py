@@ -220,9 +220,10 @@ def plain_agrees(settings: Settings) -> dict[str, bool]:
     return tables_agree(settings, settings.home / "plain")
 
 
-def python_engine(settings: Settings, models: list, max_offsets: int) -> dict:
+def python_engine(settings: Settings, models: list, max_offsets: int,
+                  env_extra: dict[str, str] | None = None) -> dict:
     """``eventlake project --engine python --until-caught-up`` of ``models`` on the topic, in a process of its own
-    (its own GIL and memory) with tables and checkpoints of its own: events, seconds (its run, as it reports it:
+    (its own GIL and memory, ``env_extra`` added to its environment) with tables and checkpoints of its own: events, seconds (its run, as it reports it:
     from its start, tables created, to caught up; the interpreter's start and imports are in ``wall_seconds``),
     batches, batches handed to Spark, peak RSS and the time by step."""
     import re
@@ -237,7 +238,7 @@ def python_engine(settings: Settings, models: list, max_offsets: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLAKE_")}
     env.update({**security_env(settings), "EVENTLAKE_HOME": str(home), "PYTHONPATH": str(root),
                 "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "EVENTLAKE_TOPIC_PREFIX": settings.topic_prefix,
-                "EVENTLAKE_MAX_OFFSETS_PER_TRIGGER": str(min(max_offsets, MAX_BATCH_RECORDS))})
+                "EVENTLAKE_MAX_OFFSETS_PER_TRIGGER": str(min(max_offsets, MAX_BATCH_RECORDS)), **(env_extra or {})})
     log = home / "project.log"
     started = time.monotonic()
     with open(log, "wb") as out:
