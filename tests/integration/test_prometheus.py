@@ -47,7 +47,10 @@ def test_prometheus_scrapes_the_services_and_their_series_tell_the_log(settings,
         producer = kafka_log.make_producer(settings)
         kafka_log.produce_all(producer, settings.commands_topic, [(c.aggregate_id, c.to_json()) for c in sent])
         producer.close()
-        answered = wait_for(lambda: len(read_results(settings)) == len(sent) and read_results(settings), 120, 1.0)
+        def all_answered():
+            got = read_results(settings)
+            return got if len(got) == len(sent) else None
+        answered = wait_for(all_answered, 120, 1.0)
         assert answered, services["handler"].tail()
         outcomes = {s: sum(r.status == s for r in answered.values()) for s in ("accepted", "rejected")}
         assert outcomes["rejected"] == ACCOUNTS, answered  # each account's second opening
