@@ -38,10 +38,12 @@ def test_prometheus_scrapes_the_services_and_their_series_tell_the_log(settings,
     services = {"handler": Service("handler", ["handler"], env, tmp_path),
                 "projection": Service("projection", ["project", "--engine", "python"], env, tmp_path)}
     try:
-        # Both found through their registrations and scraped.
-        up = wait_for(lambda: prometheus.query('up{job="eventlake"} == 1'), 120, 1.0)
-        assert {dict(labels)["service"] for labels in up} == {"handler-0", "projection"}, (
-            up, {n: s.tail() for n, s in services.items()})
+        # Both found through their registrations and scraped (each in its own time: wait for both).
+        def services_up():
+            return {dict(labels)["service"] for labels in prometheus.query('up{job="eventlake"} == 1')}
+        wait_for(lambda: services_up() == {"handler-0", "projection"}, 120, 1.0)
+        assert services_up() == {"handler-0", "projection"}, (
+            prometheus.query('up{job="eventlake"}'), {n: s.tail() for n, s in services.items()})
 
         sent = commands()
         producer = kafka_log.make_producer(settings)
