@@ -6,7 +6,7 @@ from python_engine.key_index import key_hashes
 from python_engine.delta_writes import Batch, register_delta, side_by_side
 from python_engine.errors import HandOver
 from python_engine.merge_planning import plan_unit
-from read_models.catalog import ARCHIVE_TABLE, held_table, ledger_table
+from read_models.catalog import ARCHIVE_TABLE, SHARED_LATE_EVENTS_TABLE, held_table, ledger_table
 from read_models.spec import CURRENT_STATE_BY_VERSION
 from spark_apps.event_rows import Records
 
@@ -27,8 +27,12 @@ def archive_batch(query, records: Records, batch: Batch) -> None:
 
 
 # -- the read models' batch ------------------------------------------------------------------------------------
-def read_models_batch(query, records: Records, batch: Batch) -> None:
+def read_models_batch(query, records: Records, batch: Batch) -> dict:
+    """-> the batch's figures for ``QueryFigures.add_outcomes``: every event applied (the Python engine's common
+    path admits them all: anything else goes to the Spark engine), the windowed models' late ones, and the newest
+    event's ``recorded_at``."""
     import duckdb
+    import pyarrow.compute as pc
 
     engine = query.engine
     settings = engine.settings
@@ -110,6 +114,10 @@ def read_models_batch(query, records: Records, batch: Batch) -> None:
                 index.add(version, ids, {aggregate: last for aggregate, _, last, _, _ in runs})
         with batch.timed("the models' writes, side by side"):
             side_by_side(writes)
+        newest = pc.max(events["recorded_at"]).as_py() if events.num_rows else None
+        late = sum(n for (name, _), n in batch.appended.items() if name == SHARED_LATE_EVENTS_TABLE)
+        return {"events": {"applied": events.num_rows, "late": late}, "held": 0,
+                "newest_event_at": newest.timestamp() if newest is not None else None}
     except HandOver:
         raise
     except Exception as e:  # noqa: BLE001 -- a lost commit race, a table in a shape this engine cannot write ...

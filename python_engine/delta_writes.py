@@ -26,6 +26,7 @@ class Batch:
         self.settle = settle
         self.windowed: set[str] = set()  # of those, windowed tables (clustered, not compacted)
         self.to_cluster: set[str] = set()  # windowed tables whose MERGE copied too many unchanged rows
+        self.appended: dict[tuple[str, str], int] = {}  # (name, writer) -> rows this batch appended (one write each)
         self.tables = {} if tables is None else tables  # path -> DeltaTable, kept between batches
         self._locks: dict[str, threading.Lock] = {}  # path -> the lock of its DeltaTable, for writes side by side
 
@@ -88,6 +89,7 @@ class Batch:
             write_deltalake(table, cast_to(data, table), mode="append", commit_properties=self.commit(txn),
                             post_commithook_properties=self.hooks())
             self.written.add(str(path))
+            self.appended[(name, writer)] = data.num_rows
             return table.version()  # this commit's version (after any other writer's, resolved by delta-rs)
 
 

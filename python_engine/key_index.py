@@ -200,12 +200,12 @@ class KeyIndex:
 
     def _load(self, con, relation: str, replace_heads: bool) -> None:
         """Every row of ``relation``'s keys (and heads) put, a chunk at a time (memory bounded by the chunk)."""
-        reader = con.execute(f"SELECT {_hash_sql(self.columns)} AS h FROM {relation}").to_arrow_reader(_CHUNK_ROWS)
+        reader = con.sql(f"SELECT {_hash_sql(self.columns)} AS h FROM {relation}").to_arrow_reader(_CHUNK_ROWS)
         for chunk in reader:
             self._put(chunk.column(0).to_numpy(), {})
         if self.with_heads:
-            reader = con.execute(f"SELECT aggregate_id, max(aggregate_version) AS v FROM {relation} GROUP BY 1"
-                                 ).to_arrow_reader(_CHUNK_ROWS)
+            reader = con.sql(f"SELECT aggregate_id, max(aggregate_version) AS v FROM {relation} GROUP BY 1"
+                             ).to_arrow_reader(_CHUNK_ROWS)
             for chunk in reader:
                 heads = dict(zip(chunk.column(0).to_pylist(), chunk.column(1).to_pylist()))
                 self._put([], heads, at_least=not replace_heads)

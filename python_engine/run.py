@@ -9,7 +9,7 @@ from event_store.collector import CollectorPaced
 from lakehouse.settings import Settings
 from projection_core.checkpoint import Checkpoint
 from projection_core.errors import ProjectionError, ProjectionRun
-from projection_core.figures import QueryFigures
+from projection_core.figures import READ_MODELS_QUERY, QueryFigures
 from projection_core.plan import ProjectionPlan
 from python_engine import parsing
 from python_engine.batches import archive_batch, read_models_batch
@@ -100,7 +100,7 @@ class Query(QueryFigures):
         steps: dict[str, float] = {}
         batch = Batch(self.name, self.app_id, self.batch_id, steps, self.engine.delta_tables, self.engine.settle)
         try:
-            self.process(self, records, batch)
+            outcomes = self.process(self, records, batch)
         except HandOver as reason:
             self.engine.delta_tables.clear()  # loaded anew after what Spark writes (and whatever failed)
             self.engine.hand_over(self, str(reason))
@@ -109,6 +109,8 @@ class Query(QueryFigures):
             self.engine.delta_tables.clear()
             raise
         self.checkpoint.commit(self.batch_id)
+        if outcomes:
+            self.add_outcomes(**outcomes)
         self.engine.compact(batch.written, steps, batch.windowed, batch.merged)
         self.engine.cluster(batch.to_cluster, steps)
         self.rows += len(records.rows)
@@ -178,6 +180,9 @@ class PythonProjection:
                                       generations=self.plan.pinned, checkpoint=query.checkpoint.path,
                                       starting_offsets=self.starting_offsets)
         run = spark_projection.run_until_caught_up(max_offsets_per_trigger=self.limit)
+        if query.name == self.plan.name:  # what the Spark engine's batches did with their events, in this query's figures
+            for figures in spark_projection.figures.query_figures(READ_MODELS_QUERY):
+                query.add_outcomes(figures.events, figures.held, figures.newest_event_at)
         self.log(f"{query.name}: the Spark engine ran {run.batches} batch(es), {run.input_rows} records; "
                  f"this engine goes on")
         self._with_broker(query.resume)

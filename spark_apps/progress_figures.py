@@ -64,6 +64,9 @@ class ProgressFigures:
         self.topic, self.step_seconds, self.log = topic, step_seconds, log
         self.queries: dict[str, tuple[str, QueryFigures]] = {}
         self._last: dict[str, tuple] = {}  # query name -> (batchId, timestamp) of the last report folded
+        # (label, batch id) -> the batch's outcomes (``QueryFigures.add_outcomes``' arguments), folded with the report
+        # of its commit
+        self._outcomes: dict[tuple[str, int], dict] = {}
         self._lock = threading.Lock()
         self._listener = None
         self._spark = None
@@ -90,11 +93,30 @@ class ProgressFigures:
             self._last[name] = key
             try:
                 observe(entry[1], progress, self.topic)
+                if "addBatch" in (progress.get("durationMs") or {}):
+                    outcomes = self._outcomes.pop((entry[0], key[0]), None)
+                    for older in [k for k in self._outcomes if k[0] == entry[0] and k[1] < key[0]]:
+                        del self._outcomes[older]  # a batch whose report was never delivered (the query stopped)
+                    if outcomes is not None:
+                        entry[1].add_outcomes(**outcomes)
             except (TypeError, ValueError, KeyError) as e:  # a report of a shape we do not know: said once
                 if not self._failed:
                     self._failed = True
                     self.log(f"projection: a progress report of {name} not understood ({e!r}); its metrics may "
                              f"stand still")
+
+    def batch_outcomes(self, label: str, batch_id: int, events: Mapping[str, int], held: int | None = None,
+                       newest_event_at: float | None = None) -> None:
+        """What batch ``batch_id`` of the query labelled ``label`` did with its events (``QueryFigures.add_outcomes``),
+        counted when its commit is reported (a batch run again after a failure: its last run counts)."""
+        with self._lock:
+            self._outcomes[(label, batch_id)] = {"events": dict(events), "held": held,
+                                                 "newest_event_at": newest_event_at}
+
+    def query_figures(self, label: str) -> list[QueryFigures]:
+        """The figures of the queries labelled ``label``."""
+        with self._lock:
+            return [figures for which, figures in self.queries.values() if which == label]
 
     def attach(self, spark) -> None:
         """Listen to ``spark``'s streaming queries (reports of queries not tracked here are ignored)."""

@@ -125,7 +125,9 @@ class Projection:
                                    generations={name: gs[0] for name, gs in generations.items()}, log=self.log)
                 has_dead = not dead.isEmpty()  # the first pass over the batch: it also fills the cache
                 steps["read, parse, cache"] = steps.get("read, parse, cache", 0.0) + time.monotonic() - started
+                dead_lettered = 0
                 if has_dead:
+                    dead_lettered = dead.count()  # over the cache; only in a batch holding bad records
                     ctx.append(dead, DEAD_LETTER_TABLE)
                     self.log(f"projection: batch {batch_id}: record(s) that are not valid events -> "
                              f"dead-letter table {self.settings.table_path(DEAD_LETTER_TABLE)}")
@@ -136,14 +138,22 @@ class Projection:
                              f"event at a version already taken) -> dead-letter table "
                              f"{self.settings.table_path(DEAD_LETTER_TABLE)}")
                 units = self._units(generations) if self.models else []
-                if len(units) > 1:
-                    units, ctx.event_times = self._units_with_events(units, admission.events)
+                applied, newest = 0, None
+                if units:
+                    units, ctx.event_times, applied, newest = self._units_with_events(units, admission.events)
                 if len(units) == 1:
                     model, generation = units[0]
                     ctx.generations = {model.name: generation}
-                    self._apply_timed(ctx, model, admission.events)
+                    counts = [self._apply_timed(ctx, model, admission.events)]
                 elif units:
-                    self._apply_side_by_side(ctx, units, admission.events)
+                    counts = self._apply_side_by_side(ctx, units, admission.events)
+                else:
+                    counts = []
+                late = sum(max(0, c.get("late", 0)) for c in counts if c)
+                self.figures.batch_outcomes(
+                    READ_MODELS_QUERY, batch_id,
+                    {"applied": applied, "late": late, "dead_lettered": dead_lettered + admission.conflicts},
+                    held=admission.waiting, newest_event_at=newest)
                 self.log(_batch_line(batch_id, time.monotonic() - started, before, steps))
             finally:
                 checked.unpersist()
@@ -155,20 +165,26 @@ class Projection:
         earlier batch kept back included): with several domains, a batch of one domain's events leaves the
         others' models alone (no Spark job, no commit: there is nothing for them to apply). And each type's first
         and last event time, which the windowed models read their applied-ids ledger by. One pass over the
-        admitted events, which the sequence gate has materialised. -> (units, event times by type)."""
+        admitted events, which the sequence gate has materialised; it also counts them and finds the newest
+        ``recorded_at`` (the projection's metrics). -> (units, event times by type, events, newest recorded_at as
+        Unix time or None)."""
         from pyspark.sql import functions as F
 
         rows = events.groupBy("event_type").agg(
             F.date_format(F.min("occurred_at"), EVENT_TIME_FORMAT).alias("first"),
-            F.date_format(F.max("occurred_at"), EVENT_TIME_FORMAT).alias("last")).collect()
+            F.date_format(F.max("occurred_at"), EVENT_TIME_FORMAT).alias("last"),
+            F.count(F.lit(1)).alias("events"), F.unix_micros(F.max("recorded_at")).alias("newest")).collect()
         times = {r["event_type"]: (r["first"], r["last"]) for r in rows}
-        return [(model, generation) for model, generation in units if set(times).intersection(model.event_types)], times
+        newest = max((r["newest"] for r in rows if r["newest"] is not None), default=None)
+        return ([(model, generation) for model, generation in units if set(times).intersection(model.event_types)],
+                times, sum(r["events"] for r in rows), None if newest is None else newest / 1e6)
 
-    def _apply_timed(self, ctx: BatchContext, model: ReadModel, events) -> None:
+    def _apply_timed(self, ctx: BatchContext, model: ReadModel, events) -> dict[str, int]:
         with ctx.timed(model.name):
-            apply(ctx, model, events)
+            return apply(ctx, model, events)
 
-    def _apply_side_by_side(self, ctx: BatchContext, units: list[tuple[ReadModel, Generation]], events) -> None:
+    def _apply_side_by_side(self, ctx: BatchContext, units: list[tuple[ReadModel, Generation]],
+                            events) -> list[dict[str, int]]:
         """Every read model's writes at once (each generation it writes: the current one and any followed),
         one thread and one Spark session each (its own conf, so each MERGE carries its own idempotent-write ids),
         reading the batch's admitted events (over the one cached batch) through a global temporary view. While
@@ -179,7 +195,7 @@ class Projection:
         view = f"eventlake_batch_{ctx.app_id}_{ctx.batch_id}"
         events.createOrReplaceGlobalTempView(view)
 
-        def run(model: ReadModel, generation: Generation) -> None:
+        def run(model: ReadModel, generation: Generation) -> dict[str, int]:
             key = (model.name, generation.number)
             session = self._model_sessions.get(key)
             if session is None:  # one per model and generation for the projection's life (sessions pile up)
@@ -188,13 +204,13 @@ class Projection:
             own = BatchContext(session, self.settings, ctx.app_id, ctx.projection, ctx.batch_id, ctx.input_rows,
                                steps=ctx.steps, generations={model.name: generation}, log=ctx.log)
             own.event_times = ctx.event_times
-            self._apply_timed(own, model, events)
+            return self._apply_timed(own, model, events)
 
         try:
             with ThreadPoolExecutor(max_workers=len(units), thread_name_prefix="read-model") as pool:
                 futures = [pool.submit(run, model, generation) for model, generation in units]
-                for future in futures:
-                    future.result()  # a failed model fails the batch; Spark re-runs it, the writes are idempotent
+                # a failed model fails the batch; Spark re-runs it, the writes are idempotent
+                return [future.result() for future in futures]
         finally:
             spark.catalog.dropGlobalTempView(view)
 

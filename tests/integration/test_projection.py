@@ -9,6 +9,7 @@ from deltalake import DeltaTable
 
 import read_models
 from event_store import kafka_log
+from event_store.envelope import parse_time
 from eventlake.generator import GeneratorConfig
 from expectations.reconciliation import reconcile
 from read_models.account.account_summary import MODEL as ACCOUNT_SUMMARY
@@ -55,10 +56,17 @@ def test_duplicates_and_reordering_give_the_same_tables_as_one_clean_pass(spark,
     random.Random(1).shuffle(records)  # later versions of an account now often come before earlier ones
     records.insert(len(records) // 2, ("acc-proj-00001", b"{this is not an event"))
     publish(messy, records)
-    run = project(spark, messy, max_offsets_per_trigger=400)
+    projection = Projection(spark, messy, log=lambda *_: None)
+    run = projection.run_until_caught_up(max_offsets_per_trigger=400)
     assert run.batches >= 3  # the disorder really spans batches
     assert_matches_oracle(spark, messy, events)
     assert late_count(spark, messy) > 0  # shuffled event times: some arrive after their window closed
+    # Its metrics count each event applied once (its repeats are no outcome), the late ones, the one bad record;
+    # nothing is left held.
+    [figures] = projection.figures.query_figures("read_models")
+    assert figures.events == {"applied": len(events), "late": late_count(spark, messy), "dead_lettered": 1}, \
+        figures.events
+    assert figures.held == 0
     assert table_rows(spark, clean, ACCOUNT_SUMMARY) == table_rows(spark, messy, ACCOUNT_SUMMARY)
     assert delta(spark, messy, "_pending/account_summary").count() == 0
     dead = delta(spark, messy, DEAD_LETTER_TABLE).collect()
@@ -103,6 +111,14 @@ def test_stopping_mid_stream_and_restarting_from_the_checkpoint_gives_the_same_t
         assert got[("projection_records", (which,))] + lag == len(events), (label, got)
         assert lag > 0 or label == "event_archive", got  # the archive's lighter query may have read everything
     assert got[("projection_step_seconds", (("query", "read_models"), ("step", "read, parse, cache")))] > 0
+    # Every record read was a valid event in its aggregate's order: each applied, none dead-lettered or held.
+    rm = ("query", "read_models")
+    assert got[("projection_events", (("outcome", "applied"), rm))] == got[("projection_records", (rm,))], got
+    assert got[("projection_events", (("outcome", "dead_lettered"), rm))] == 0
+    assert got[("projection_held_events", (rm,))] == 0
+    newest = max(parse_time(e.recorded_at, "recorded_at").timestamp() for e in events)
+    assert 0 < got[("projection_newest_event_timestamp_seconds", (rm,))] <= newest
+    assert got[("projection_lag_seconds", (rm,))] > 0  # records wait past it
     applied = sum(r["version"] for r in table_rows(spark, settings, ACCOUNT_SUMMARY).values())
     assert 0 < applied < sum(e.event_type in ACCOUNT_SUMMARY.event_types for e in events), \
         "the first run should have stopped part-way"

@@ -31,6 +31,12 @@ def python_engine(spark, settings, models=None, **kw):
     return engine, run, lines
 
 
+def read_models_figures(engine):
+    """The figures (``QueryFigures``) of a Python engine's read models' query."""
+    [query] = [q for q in engine.queries if q.name == engine.plan.name]
+    return query
+
+
 def test_a_reader_holding_records_back_still_sees_the_end_after_reading_them(settings):
     # The archive's reader reads no further than the read models' (``until``): records it fetched past that are
     # held for its next batch. librdkafka tells of a partition's end once; an end that came with held records
@@ -143,6 +149,9 @@ def test_a_clean_log_with_late_events_is_projected_without_spark_and_equals_the_
     late = delta(spark, settings, "late_events").collect()
     assert late and late_count(spark, settings) == len(late)
     assert all(json.loads(r["event"])["event_id"] == r["event_id"] and r["event_time"] < r["watermark"] for r in late)
+    # Its metrics: every event applied, the late ones counted as the late_events table holds them.
+    figures = read_models_figures(engine)
+    assert (figures.events, figures.held) == ({"applied": len(events), "late": len(late)}, 0)
 
     # The same checkpoint, taken on by the Spark engine: nothing to do, nothing changes.
     before = {m.name: table_rows(spark, settings, m) for m in read_models.select(None)}
@@ -159,6 +168,7 @@ def test_batches_off_the_common_path_go_to_spark_and_the_engine_goes_on_after(sp
     publish(settings, values[:third])
     engine, first, _ = python_engine(spark, settings, max_offsets_per_trigger=100)
     assert engine.handed_over == 0 and first.batches >= 2
+    applied = read_models_figures(engine).events.get("applied", 0)
     # Written around the handler: a record that is not an event, a replay of an earlier event, and one event
     # held back (its successors come first: a version gap until it arrives).
     held_back = values[third + 5]
@@ -169,9 +179,15 @@ def test_batches_off_the_common_path_go_to_spark_and_the_engine_goes_on_after(sp
     assert engine.handed_over >= 1
     assert any("goes to the Spark engine: 1 record(s) that are not valid events (partition" in line
                for line in lines), "\n".join(lines)
+    # The Spark engine's batches count in the Python engine's metrics: the bad record dead-lettered, the replay
+    # no outcome (applied once before), nothing left held once the held-back event came.
+    figures = read_models_figures(engine)
+    assert figures.events.get("dead_lettered") == 1 and figures.held == 0, figures.events
+    applied += figures.events.get("applied", 0)
     publish(settings, values[2 * third:])
     engine, last, _ = python_engine(spark, settings, max_offsets_per_trigger=100)
     assert engine.handed_over == 0 and last.input_rows == len(values) - 2 * third
+    assert applied + read_models_figures(engine).events.get("applied", 0) == len(events)
     assert_matches_oracle(spark, settings, events)
     dead = delta(spark, settings, DEAD_LETTER_TABLE).collect()
     assert [d["raw_value"] for d in dead] == ["{this is not an event"]

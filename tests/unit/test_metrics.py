@@ -96,7 +96,8 @@ def test_the_python_engines_figures_per_query():
 
     def query(name, lag):
         return SimpleNamespace(name=name, batches=3, rows=120, batch_seconds=1.5,
-                               step_seconds={"payments: merge": 0.5}, last_commit_at=1_800_000_000.0, lag=lag)
+                               step_seconds={"payments: merge": 0.5}, last_commit_at=1_800_000_000.0, lag=lag,
+                               events={"applied": 118, "late": 2}, held=0, newest_event_at=1_700_000_000.0)
 
     engine = SimpleNamespace(handed_over=1, plan=SimpleNamespace(name="projection-payments"),
                              queries=[query("projection-payments", {0: 4, 1: 0}), query("projection-event_archive", {})])
@@ -105,6 +106,29 @@ def test_the_python_engines_figures_per_query():
     assert got[("projection_records", (("query", "event_archive"),))] == 120
     assert got[("projection_step_seconds", (("query", "read_models"), ("step", "payments: merge")))] == 0.5
     assert got[("projection_handed_over_batches", ())] == 1
+    rm = ("query", "read_models")
+    assert got[("projection_events", (("outcome", "applied"), rm))] == 118
+    assert got[("projection_events", (("outcome", "dead_lettered"), rm))] == 0  # every outcome, 0 included
+    assert got[("projection_held_events", (rm,))] == 0
+    assert got[("projection_lag_seconds", (rm,))] > 0  # records wait: now less the newest event applied
+    assert ("projection_events", (("outcome", "applied"), ("query", "event_archive"))) not in got
+
+
+def test_how_far_behind_a_projection_is_in_seconds():
+    from projection_core.figures import QueryFigures, seconds_behind
+
+    query = QueryFigures()
+    assert seconds_behind(query, now=100.0) is None  # no lag known yet
+    query.lag = {0: 0, 1: 0}
+    assert seconds_behind(query, now=100.0) == 0.0  # read to the end: not behind, however old its last event
+    query.lag = {0: 3, 1: 0}
+    assert seconds_behind(query, now=100.0) is None  # records wait, none applied since the start
+    query.add_outcomes({"applied": 5}, held=0, newest_event_at=90.0)
+    query.add_outcomes({"applied": 1, "late": 1}, held=2, newest_event_at=80.0)  # an older newest does not win
+    assert seconds_behind(query, now=100.0) == 10.0
+    assert query.events == {"applied": 6, "late": 1} and query.held == 2
+    with pytest.raises(ValueError, match="'skipped'"):
+        query.add_outcomes({"skipped": 1})
 
 
 def _progress(batch_id, rows, ends, latest, executed=True, timestamp=None, name="projection_payments"):
@@ -124,6 +148,8 @@ def test_the_spark_engines_progress_reports_give_the_python_engines_figures():
     progress = ProgressFigures("events", steps, log=lambda *_: None)
     progress.track("projection_payments", "read_models")
     progress.track("projection_event_archive", "event_archive")
+    progress.batch_outcomes("read_models", 0, {"applied": 149, "dead_lettered": 1}, held=0, newest_event_at=5.0)
+    progress.batch_outcomes("read_models", 1, {"applied": 7}, held=0, newest_event_at=6.0)  # not committed yet
     progress.on_progress(_progress(0, 150, {"0": 100, "1": 50}, {"0": 400, "1": 50}))
     progress.on_progress(_progress(0, 150, {"0": 100, "1": 50}, {"0": 400, "1": 50}))  # delivered twice: once
     progress.on_progress(_progress(1, 0, {"0": 100, "1": 50}, {"0": 420, "1": 60}, executed=False))  # idle report
@@ -137,12 +163,17 @@ def test_the_spark_engines_progress_reports_give_the_python_engines_figures():
     assert got[("projection_step_seconds", (rm, ("step", "payments: merge")))] == 0.75
     assert ("projection_last_commit_timestamp_seconds", (rm,)) in got
     assert got[("projection_batches", (("query", "event_archive"),))] == 0  # tracked, nothing reported yet
+    # A batch's outcomes count with its commit's report, once; a batch not reported committed is not counted.
+    assert got[("projection_events", (("outcome", "applied"), rm))] == 149
+    assert got[("projection_events", (("outcome", "dead_lettered"), rm))] == 1
+    assert got[("projection_newest_event_timestamp_seconds", (rm,))] == 5.0
     # The names and labels are the Python engine's: one dashboard for both engines.
     from types import SimpleNamespace
 
     from python_engine.figures import figures as engine_figures
     python = QueryFigures()
     python.last_commit_at, python.lag, python.step_seconds = 1.0, {0: 0}, {"payments: merge": 0.1}
+    python.add_outcomes({"applied": 3}, held=0, newest_event_at=1.0)
     engine = SimpleNamespace(handed_over=0, plan=SimpleNamespace(name="p"), queries=[SimpleNamespace(
         name="p", **vars(python))])
     assert {(s.name, s.kind, tuple(s.labels)) for s in engine_figures(engine)} - {

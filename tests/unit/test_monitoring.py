@@ -27,6 +27,7 @@ def served_names() -> set[str]:
     """Every series name the handler and the projection serve (counters with ``_total``)."""
     query = QueryFigures()
     query.last_commit_at, query.lag, query.step_seconds = 1.0, {0: 1}, {"step": 1.0}
+    query.add_outcomes({"applied": 1}, held=0, newest_event_at=1.0)
     samples: list[Sample] = [*handler_figures(HandlerStats(), 1), *query_samples([("read_models", query)])]
     samples += engine_figures(type("Engine", (), {"handed_over": 0, "queries": [], "plan": None})())
     return {f"eventlake_{s.name}" + ("_total" if s.kind == "counter" else "") for s in samples}
