@@ -74,11 +74,19 @@ class DecisionCounts:
     dead_lettered: int = 0
     events: int = 0
     too_large: int = 0  # rejected EventTooLarge (counted in rejected too)
+    # (command type, outcome) -> commands decided (of a registered type: accepted, rejected, duplicate)
+    by_type: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def add_to(self, stats: Any) -> None:
         """Add these counts to the same-named counters of ``stats``."""
         for f in dataclasses.fields(self):
-            setattr(stats, f.name, getattr(stats, f.name) + getattr(self, f.name))
+            mine = getattr(self, f.name)
+            if isinstance(mine, dict):
+                theirs = getattr(stats, f.name)
+                for key, n in mine.items():
+                    theirs[key] = theirs.get(key, 0) + n
+            else:
+                setattr(stats, f.name, getattr(stats, f.name) + mine)
 
 
 @dataclass
@@ -118,6 +126,7 @@ def decide_records(records: list, part: PartitionState, staged: StagedChanges, c
     staged_states, staged_results = staged.states, staged.results
     max_event_bytes, max_result_bytes = limits.max_event_bytes, limits.max_result_bytes
     accepted = rejected = new_events_total = 0
+    by_type = counts.by_type
     for record in records:
         value = record.value()
         try:
@@ -131,6 +140,8 @@ def decide_records(records: list, part: PartitionState, staged: StagedChanges, c
         first = staged_first[1] if staged_first else first_result(aggregate_id, command_id)
         if first is not None and first.aggregate_id == aggregate_id:
             counts.duplicates += 1
+            key = (command.command_type, "duplicate")
+            by_type[key] = by_type.get(key, 0) + 1
             add_result((command_id.encode(), CommandResult(
                 first.command_id, aggregate_id, first.status, first.version, first.event_ids, first.error_type,
                 first.reason, recorded_at, duplicate=True).to_json()))
@@ -166,8 +177,11 @@ def decide_records(records: list, part: PartitionState, staged: StagedChanges, c
             staged_states[state_key] = (part, state)
             accepted += 1
             new_events_total += len(new_events)
+            outcome = (command.command_type, "accepted")
         else:
             rejected += 1
+            outcome = (command.command_type, "rejected")
+        by_type[outcome] = by_type.get(outcome, 0) + 1
         staged_results[command_id] = (part, result)
         add_result((result_key, result_value))
     counts.commands += len(records)

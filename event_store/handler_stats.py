@@ -37,6 +37,9 @@ class HandlerStats:
     collections: int = 0  # the loop's paced garbage collections (event_store.collector)
     collector_seconds: float = 0.0
     longest_collection_s: float = 0.0
+    # (command type, outcome) -> commands of a registered type decided (the rest, records that are no valid
+    # command, count under the type "unknown")
+    by_type: dict[tuple[str, str], int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
 
     def line(self) -> str:
@@ -66,11 +69,7 @@ def figures(stats: HandlerStats, partitions: int) -> list[Sample]:
     partitions it owns."""
     c = "counter"
     return [
-        Sample("handler_commands", c, "Commands decided, by outcome", stats.accepted, {"outcome": "accepted"}),
-        Sample("handler_commands", c, "Commands decided, by outcome", stats.rejected, {"outcome": "rejected"}),
-        Sample("handler_commands", c, "Commands decided, by outcome", stats.duplicates, {"outcome": "duplicate"}),
-        Sample("handler_commands", c, "Commands decided, by outcome", stats.dead_lettered,
-               {"outcome": "dead_lettered"}),
+        *commands_by_type(stats),
         Sample("handler_events", c, "Events appended to the events topic", stats.events),
         Sample("handler_transactions", c, "Kafka transactions, by result", stats.transactions,
                {"result": "committed"}),
@@ -97,3 +96,21 @@ def figures(stats: HandlerStats, partitions: int) -> list[Sample]:
                stats.collector_seconds),
         Sample("handler_partitions", "gauge", "Commands partitions this instance owns", partitions),
     ]
+
+
+def commands_by_type(stats: HandlerStats) -> list[Sample]:
+    """Commands decided by type and outcome: a registered type's as counted, the rest of each outcome (records that
+    are no valid command: rejected as invalid, dead-lettered) under the type "unknown". Every outcome is served, 0
+    included."""
+    totals = {"accepted": stats.accepted, "rejected": stats.rejected, "duplicate": stats.duplicates,
+              "dead_lettered": stats.dead_lettered}
+    by_type = dict(stats.by_type)  # copied: the loop may add a key while a scrape reads
+    out = []
+    for outcome, total in totals.items():
+        typed = {kind: n for (kind, which), n in by_type.items() if which == outcome}
+        rest = total - sum(typed.values())
+        if rest > 0 or not typed:
+            typed["unknown"] = max(0, rest)
+        out += [Sample("handler_commands", "counter", "Commands decided, by command type and outcome", n,
+                       {"type": kind, "outcome": outcome}) for kind, n in sorted(typed.items())]
+    return out

@@ -1,8 +1,10 @@
 """A real Prometheus server for a test (Debian's ``prometheus`` package): on loopback, scraping every service that
-registers under a home (``<home>/metrics/*.json``, file_sd) each second, with eventlake's alert rules loaded."""
+registers under a home (``<home>/metrics/*.json``, file_sd) each second, with eventlake's alert rules loaded (their
+windows in seconds, if asked)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -17,13 +19,26 @@ NO_PROMETHEUS = "prometheus is not on the PATH: sudo apt-get install prometheus 
 RULES = Path(__file__).resolve().parents[2] / "infra" / "prometheus" / "alerts.yml"
 
 
+def rules_in_seconds(text: str) -> str:
+    """The alert rules with each window and ``for`` in seconds where they say minutes or hours (5m -> 5s, 1h -> 60s):
+    the same expressions, seen fire within a test."""
+    text = re.sub(r"(\[|for: )(\d+)m\b", r"\g<1>\2s", text)
+    return re.sub(r"(\[|for: )(\d+)h\b", lambda m: f"{m.group(1)}{int(m.group(2)) * 60}s", text)
+
+
 class PrometheusServer:
-    def __init__(self, home: Path, folder: Path):
+    """``fast_rules``: the alert rules with their windows in seconds (``rules_in_seconds``)."""
+
+    def __init__(self, home: Path, folder: Path, fast_rules: bool = False):
         folder.mkdir(parents=True, exist_ok=True)
+        rules = RULES
+        if fast_rules:
+            rules = folder / "alerts.yml"
+            rules.write_text(rules_in_seconds(RULES.read_text()))
         config = folder / "prometheus.yml"
         config.write_text(json.dumps({  # JSON is YAML
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
-            "rule_files": [str(RULES)],
+            "rule_files": [str(rules)],
             "scrape_configs": [{"job_name": "eventlake", "file_sd_configs": [
                 {"files": [str(home / "metrics" / "*.json")], "refresh_interval": "1s"}]}]}))
         self.url = f"http://127.0.0.1:{free_port()}"

@@ -1,10 +1,14 @@
 """The services' metrics through a real Prometheus server (issue 44): it finds the handler and the projection
 (Python engine) by their registrations under the home, scrapes them, and its series tell what the log holds; the
-alert rules load and evaluate, and a killed service's failed scrapes raise EventlakeServiceDown. Skipped with the
+alert rules load and evaluate, and fire on what they are meant for, with their windows in seconds rather than
+minutes (the same expressions): a command record written around our producers is dead-lettered and counted; a
+projection that cannot keep up under load falls behind (its lag grows, its freshness goes past its aim) and, once
+one that can takes over, catches up; a killed service's failed scrapes raise EventlakeServiceDown. Skipped with the
 reason where Debian's ``prometheus`` package is not installed."""
 from __future__ import annotations
 
 import signal
+import threading
 
 import pytest
 
@@ -27,14 +31,50 @@ def commands() -> list[CommandEnvelope]:
     pays = [CommandEnvelope.create("AuthorizePayment", f"acc-{a}", {
         "payment_id": f"p{a}-{i}", "amount_minor": 400, "currency": "USD", "merchant_id": "m1",
         "location": "US-NYC", "occurred_at": "2026-01-01T10:00:00.000Z"}) for a in range(ACCOUNTS) for i in range(3)]
-    return opens() + pays + opens()
+    # A frozen account's payment is declined (an event all the same): the freeze shows in the commands by type.
+    freeze = [CommandEnvelope.create("FreezeAccount", "acc-0", {"reason": "test"}), CommandEnvelope.create(
+        "AuthorizePayment", "acc-0", {"payment_id": "p-frozen", "amount_minor": 1, "currency": "USD",
+                                      "merchant_id": "m1", "location": "US-NYC",
+                                      "occurred_at": "2026-01-01T10:00:00.000Z"})]
+    return opens() + pays + opens() + freeze
+
+
+def alerts(prometheus, name: str, state: str = "firing") -> dict:
+    return prometheus.query(f'ALERTS{{alertname="{name}", alertstate="{state}"}}')
+
+
+class Load:
+    """Commands opening new accounts, about ``per_second`` a second, until stopped."""
+
+    def __init__(self, settings, per_second: int = 40):
+        self.settings, self.per_second, self.sent = settings, per_second, 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        producer = kafka_log.make_producer(self.settings)
+        try:
+            while not self.stop.is_set():
+                chunk = [CommandEnvelope.create("OpenAccount", f"acc-load-{self.sent + i}", {
+                    "customer_id": "c", "credit_limit_minor": 1, "currency": "USD"}) for i in range(self.per_second // 4)]
+                kafka_log.produce_all(producer, self.settings.commands_topic, [(c.aggregate_id, c.to_json())
+                                                                               for c in chunk])
+                self.sent += len(chunk)
+                self.stop.wait(0.25)
+        finally:
+            producer.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(60)
 
 
 def test_prometheus_scrapes_the_services_and_their_series_tell_the_log(settings, tmp_path):
     settings = settings.replace(trigger_interval="1 second")
     kafka_log.ensure_topics(settings, log=lambda *_: None)
     env = service_env(settings)
-    prometheus = PrometheusServer(settings.home, tmp_path / "prometheus")
+    prometheus = PrometheusServer(settings.home, tmp_path / "prometheus", fast_rules=True)
     services = {"handler": Service("handler", ["handler"], env, tmp_path),
                 "projection": Service("projection", ["project", "--engine", "python"], env, tmp_path)}
     try:
@@ -67,16 +107,58 @@ def test_prometheus_scrapes_the_services_and_their_series_tell_the_log(settings,
                     and list(records.values()) == [float(events)]), by_outcome, lag, records
         matched = wait_for(lambda: series_match()[0], 60, 1.0)
         assert matched, series_match()
-        # Every alert rule is loaded and evaluates without error.
+        by_type = {(dict(k)["type"], dict(k)["outcome"]): v for k, v in prometheus.query(
+            'sum by (type, outcome) (eventlake_handler_commands_total) > 0').items()}
+        assert by_type == {("OpenAccount", "accepted"): ACCOUNTS, ("OpenAccount", "rejected"): ACCOUNTS,
+                           ("AuthorizePayment", "accepted"): 3 * ACCOUNTS + 1, ("FreezeAccount", "accepted"): 1}
+        applied = prometheus.query('sum(eventlake_projection_events_total{query="read_models", outcome="applied"})')
+        assert list(applied.values()) == [float(events)]
+        # Every alert rule is loaded and evaluates without error; none fires on a healthy pair.
         rules = [r for g in prometheus.api("rules")["groups"] for r in g["rules"]]
-        assert len(rules) >= 6 and all(r["health"] == "ok" for r in rules), rules
+        assert len(rules) >= 8 and all(r["health"] == "ok" for r in rules), rules
+        assert not prometheus.query('ALERTS{alertstate="firing"}')
 
-        # A killed service leaves its registration: Prometheus' scrapes fail and the service-down alert is raised
-        # (pending for its first 2 minutes).
+        # A record written around our producers to the commands topic: dead-lettered, counted, alerted on.
+        producer = kafka_log.make_producer(settings)
+        kafka_log.produce_all(producer, settings.commands_topic, [("acc-0", b"{not a command")])
+        producer.close()
+        dead = wait_for(lambda: alerts(prometheus, "EventlakeCommandsDeadLettered"), 60, 1.0)
+        assert dead and list(prometheus.query('sum(eventlake_handler_commands_total{outcome="dead_lettered"})')
+                             .values()) == [1.0], dead
+
+        # Under load, a projection that cannot keep up (two records a batch) falls behind: its lag grows and its
+        # freshness goes past its aim, and both alerts fire.
+        services["projection"].process.send_signal(signal.SIGTERM)
+        assert services["projection"].process.wait(60) == 0, services["projection"].tail()
+        services["slow projection"] = Service("slow projection", ["project", "--engine", "python"],
+                                              {**env, "EVENTLAKE_MAX_OFFSETS_PER_TRIGGER": "2"}, tmp_path)
+        load = Load(settings)
+        try:
+            behind = wait_for(lambda: alerts(prometheus, "EventlakeProjectionLagGrowing")
+                              and alerts(prometheus, "EventlakeReadModelsBehind"), 90, 1.0)
+            assert behind, (prometheus.query('eventlake_projection_lag_records{query="read_models"}'),
+                            prometheus.query("eventlake_projection_lag_seconds"), services["slow projection"].tail())
+        finally:
+            load.close()
+        # One that keeps up takes over: it reads to the log's end, and the alerts go.
+        services["slow projection"].process.send_signal(signal.SIGTERM)
+        assert services["slow projection"].process.wait(60) == 0, services["slow projection"].tail()
+        services["projection"] = Service("projection", ["project", "--engine", "python"], env, tmp_path)
+
+        def caught_up():
+            lag = prometheus.query('sum(eventlake_projection_lag_records{query="read_models"})')
+            seconds = prometheus.query('max(eventlake_projection_lag_seconds{query="read_models"})')
+            return (list(lag.values()) == [0.0] and list(seconds.values()) == [0.0]
+                    and not alerts(prometheus, "EventlakeProjectionLagGrowing")
+                    and not alerts(prometheus, "EventlakeReadModelsBehind"))
+        assert wait_for(caught_up, 120, 1.0), (prometheus.query("eventlake_projection_lag_records"),
+                                               services["projection"].tail())
+
+        # A killed service leaves its registration: Prometheus' scrapes fail and the service-down alert fires.
         services["handler"].process.send_signal(signal.SIGKILL)
         services["handler"].process.wait(30)
         down = wait_for(lambda: prometheus.query(
-            'ALERTS{alertname="EventlakeServiceDown", service="handler-0", alertstate="pending"}'), 60, 1.0)
+            'ALERTS{alertname="EventlakeServiceDown", service="handler-0", alertstate="firing"}'), 60, 1.0)
         assert down, prometheus.query('up{job="eventlake"}')
     finally:
         for service in services.values():

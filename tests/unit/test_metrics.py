@@ -17,12 +17,22 @@ def settings(tmp_path):
 
 
 def test_a_service_serves_its_figures_and_registers_where_prometheus_and_the_cli_find_it(settings):
-    stats = HandlerStats(accepted=7, rejected=2, events=9, transactions=3, aborted=1)
+    stats = HandlerStats(accepted=7, rejected=2, events=9, transactions=3, aborted=1,
+                         by_type={("OpenAccount", "accepted"): 3, ("AuthorizePayment", "accepted"): 4,
+                                  ("OpenAccount", "rejected"): 1})
     server = metrics.serve(settings, "handler-0", lambda: figures(stats, 2), log=lambda *_: None)
     try:
         samples = metrics.scrape(server.url)
         served = {(n, tuple(sorted(ls.items()))): v for n, ls, v in samples}
-        assert served[("eventlake_handler_commands_total", (("outcome", "accepted"), ("service", "handler-0")))] == 7
+        def commands(outcome, kind):
+            return served[("eventlake_handler_commands_total", (("outcome", outcome), ("service", "handler-0"),
+                                                                ("type", kind)))]
+        # By command type and outcome: a rejection not of a registered type (an invalid record) is "unknown".
+        assert (commands("accepted", "OpenAccount"), commands("accepted", "AuthorizePayment")) == (3, 4)
+        assert (commands("rejected", "OpenAccount"), commands("rejected", "unknown")) == (1, 1)
+        assert (commands("duplicate", "unknown"), commands("dead_lettered", "unknown")) == (0, 0)
+        assert ("eventlake_handler_commands_total", (("outcome", "accepted"), ("service", "handler-0"),
+                                                     ("type", "unknown"))) not in served
         assert served[("eventlake_handler_events_total", (("service", "handler-0"),))] == 9
         assert served[("eventlake_handler_transactions_total", (("result", "aborted"), ("service", "handler-0")))] == 1
         assert served[("eventlake_handler_partitions", (("service", "handler-0"),))] == 2
