@@ -26,7 +26,7 @@ from lakehouse.settings import Settings
 
 __all__ = ["transactional_producer_config", "new_producer", "group_consumer", "group_reader", "range_reader",
            "bulk_producer", "admin_client", "access_probe", "produce", "produce_records", "RecordSender",
-           "close_within", "take", "REJOIN_WAIT_S", "RejoinWatch"]
+           "close_within", "take", "REJOIN_WAIT_S", "RejoinWatch", "LagWatch"]
 
 # After its group session was lost (e.g. the broker restarted), a consumer is assigned partitions again within a
 # few heartbeats. librdkafka (2.16, cooperative-sticky) sometimes never rejoins: seen in
@@ -206,6 +206,38 @@ def close_within(consumer: confluent_kafka.Consumer, timeout_s: float, name: str
     closing = threading.Thread(target=consumer.close, name=f"{name}-close-consumer", daemon=True)
     closing.start()
     closing.join(timeout_s)
+
+
+class LagWatch:
+    """The records past a group consumer's position in each partition it owns (``lag``: partition -> records), from
+    its last fetch (no round trip), refreshed by its owner between polls at most every ``every_s``: a scrape reads
+    ``lag`` from another thread. A partition read to its end is 0 (its last offset may be a transaction marker);
+    one the consumer has no position or no fetch for yet is left out."""
+
+    def __init__(self, every_s: float = 1.0):
+        self.every_s = every_s
+        self.lag: dict[int, int] = {}
+        self._next = 0.0
+
+    def refresh(self, consumer: confluent_kafka.Consumer, at_end=frozenset()) -> bool:
+        """-> whether it refreshed (``every_s`` had passed)."""
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + self.every_s
+        lag = {}
+        try:
+            for tp in consumer.position(consumer.assignment()):
+                if tp.partition in at_end:
+                    lag[tp.partition] = 0
+                    continue
+                _, high = consumer.get_watermark_offsets(tp, cached=True)
+                if tp.offset >= 0 and high >= 0:
+                    lag[tp.partition] = max(0, high - tp.offset)
+        except (confluent_kafka.KafkaException, RuntimeError):  # a consumer being replaced or closed: next time
+            return True
+        self.lag = lag
+        return True
 
 
 class RejoinWatch:

@@ -24,7 +24,7 @@ from lakehouse.errors import Unavailable
 from lakehouse.processes import pid_alive
 from lakehouse.settings import Settings, SettingsError
 
-__all__ = ["Sample", "MetricsServer", "serve", "local_targets", "scrape", "Target", "MetricsError", "table"]
+__all__ = ["Sample", "MetricsServer", "serve", "consumer_lag_samples", "local_targets", "scrape", "Target", "MetricsError", "table"]
 
 KINDS = ("counter", "gauge")
 
@@ -50,6 +50,14 @@ class Target:
     service: str
     pid: int
     url: str
+
+
+def consumer_lag_samples(lag: dict[int, int]) -> list[Sample]:
+    """The lag of a service reading the events topic through a consumer group (the fraud policy, the fraud
+    detector): records past it, by partition it owns. One name for every such service (its ``service`` label says
+    which), so one alert rule serves them all."""
+    return [Sample("consumer_lag_records", "gauge", "Events records past this consumer, by partition it owns", n,
+                   {"partition": str(partition)}) for partition, n in sorted(dict(lag).items())]
 
 
 class _Figures:

@@ -42,9 +42,10 @@ from event_store.account import AGGREGATE_TYPE
 from event_store.account.fraud_rules import FraudState, Observation, detect, flag_command_id
 from event_store.envelope import CommandEnvelope, EventEnvelope, dumps, format_time, parse_time, utc_now
 from event_store.errors import InvalidRecord
+from lakehouse.metrics import Sample, consumer_lag_samples
 from lakehouse.settings import Settings
 
-__all__ = ["event_time_ms", "FraudConsumer", "FraudStats", "findings_for", "encode_state", "decode_state", "SNAPSHOT_FOLDER",
+__all__ = ["event_time_ms", "FraudConsumer", "FraudStats", "figures", "findings_for", "encode_state", "decode_state", "SNAPSHOT_FOLDER",
            "observation", "snapshot_positions", "status_line"]
 
 SNAPSHOT_FOLDER = "fraud-detector-consumer"
@@ -141,6 +142,9 @@ class FraudStats:
     skipped: int = 0
     snapshots: int = 0
     consumers_renewed: int = 0  # consumers replaced after not rejoining their group (kafka_clients.RejoinWatch)
+    by_rule: dict[str, int] = field(default_factory=dict)  # rule -> FlagFraud commands sent
+    accounts: int = 0  # accounts whose state this instance holds (its partitions'), as of the last lag refresh
+    lag: dict[int, int] = field(default_factory=dict)  # partition -> events past this instance (kafka_clients.LagWatch)
     started: float = field(default_factory=time.monotonic)
 
     def line(self) -> str:
@@ -148,6 +152,22 @@ class FraudStats:
                 f"commands sent, {self.skipped} unreadable events skipped, {self.snapshots} state snapshots written"
                 + (f", {self.consumers_renewed} consumers renewed after not rejoining their group"
                    if self.consumers_renewed else ""))
+
+
+def figures(stats: FraudStats) -> list[Sample]:
+    """The fraud detector's Prometheus figures (``lakehouse.metrics``), read from ``stats`` at scrape time."""
+    c = "counter"
+    return [Sample("fraud_detector_events", c, "Events records read", stats.events),
+            Sample("fraud_detector_observed_events", c, "Payments and device reports folded", stats.observed),
+            *[Sample("fraud_detector_findings", c, "FlagFraud commands sent, by rule", n, {"rule": rule})
+              for rule, n in sorted(dict(stats.by_rule).items())],
+            Sample("fraud_detector_skipped_events", c, "Unreadable events records skipped", stats.skipped),
+            Sample("fraud_detector_snapshots", c, "State snapshots written", stats.snapshots),
+            Sample("fraud_detector_consumers_renewed", c, "Consumers replaced after not rejoining their group",
+                   stats.consumers_renewed),
+            Sample("fraud_detector_state_accounts", "gauge", "Accounts whose state this instance holds",
+                   stats.accounts),
+            *consumer_lag_samples(stats.lag)]
 
 
 class _Partition:
@@ -179,6 +199,7 @@ class FraudConsumer:
         self._sender: kafka_clients.RecordSender | None = None
         self._consumer = None
         self._rejoin = kafka_clients.RejoinWatch()
+        self._lag = kafka_clients.LagWatch()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -303,6 +324,9 @@ class FraudConsumer:
                             held.offset = max(held.offset, r.offset() + 1)
                 elif until_caught_up and self._caught_up(consumer):
                     break
+                if self._lag.refresh(consumer, self._at_end):
+                    self.stats.lag = self._lag.lag
+                    self.stats.accounts = sum(len(held.states) for held in self._partitions.values())
                 # One partition at a time, each every snapshot_every_s: the detector reads nothing while it
                 # writes one, and all at once their pauses would add up.
                 if self._partitions and time.monotonic() - last_snapshot >= self.snapshot_every_s / len(
@@ -372,6 +396,9 @@ class FraudConsumer:
                 self.stats.skipped += 1
                 self.log(f"fraud detector: skipped a batch of partition {partition}: {e}")
         self.stats.findings += len(commands)
+        for command in commands:
+            rule = str(command.payload.get("rule"))
+            self.stats.by_rule[rule] = self.stats.by_rule.get(rule, 0) + 1
         return commands
 
     def _caught_up(self, consumer) -> bool:

@@ -49,12 +49,19 @@ def run_policy(settings: Settings, args, host) -> int:
     from event_store.account.policy import FraudPolicy
     from lakehouse.signals import stop_requested_on_sigterm
 
+    from event_store.account.policy import figures
+    from lakehouse import metrics
+
     policy = FraudPolicy(settings)
     stop_requested_on_sigterm(policy.stop)  # ends run() within seconds, whatever it waits for
+    server = metrics.serve(settings, "policy", lambda: figures(policy.stats), lambda m: print(m, flush=True))
     try:
         stats = policy.run(until_caught_up=args.until_caught_up)
     except KeyboardInterrupt:
         stats = policy.stats
+    finally:
+        if server is not None:
+            server.close()
     print(f"policy: {stats.line()} to {settings.commands_topic}")
     return 0
 
@@ -68,11 +75,19 @@ def detect_fraud(settings: Settings, args, host) -> int:
     from lakehouse.signals import stop_requested_on_sigterm
 
     check_access(settings, timeout_s=5.0, require_answer=False)
-    detector = FraudConsumer(settings, log=lambda message: print(message, flush=True))
+    from event_store.account.fraud_consumer import figures
+    from lakehouse import metrics
+
+    log = lambda message: print(message, flush=True)  # noqa: E731 -- a service's log, seen even if it is killed
+    detector = FraudConsumer(settings, log=log)
     stop_requested_on_sigterm(detector.stop)  # ends run() within seconds, whatever it waits for
+    server = metrics.serve(settings, "fraud-detector", lambda: figures(detector.stats), log)
     try:
         stats = detector.run(until_caught_up=args.until_caught_up)
     except KeyboardInterrupt:
         stats = detector.stats
+    finally:
+        if server is not None:
+            server.close()
     print(f"fraud detector: {stats.line()}; findings are FlagFraud commands on {settings.commands_topic}")
     return 0

@@ -18,9 +18,10 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from event_store import kafka_clients, kafka_log
 from event_store.envelope import CommandEnvelope, EventEnvelope
 from event_store.errors import InvalidRecord
+from lakehouse.metrics import Sample, consumer_lag_samples
 from lakehouse.settings import Settings
 
-__all__ = ["FraudPolicy", "PolicyStats", "commands_for"]
+__all__ = ["FraudPolicy", "PolicyStats", "commands_for", "figures"]
 
 _POLICY_NAMESPACE = uuid.UUID("0b6d7a52-39c2-4c55-8f5e-6c1f7b0e2d94")
 # Every blocking client call waits at most this long before stop() is looked at again.
@@ -46,6 +47,7 @@ class PolicyStats:
     commands: int = 0
     skipped: int = 0
     consumers_renewed: int = 0  # consumers replaced after not rejoining their group (kafka_clients.RejoinWatch)
+    lag: dict[int, int] = field(default_factory=dict)  # partition -> events past this instance (kafka_clients.LagWatch)
     started: float = field(default_factory=time.monotonic)
 
     def line(self) -> str:
@@ -53,6 +55,17 @@ class PolicyStats:
                 f"{self.skipped} unreadable events skipped"
                 + (f", {self.consumers_renewed} consumers renewed after not rejoining their group"
                    if self.consumers_renewed else ""))
+
+
+def figures(stats: PolicyStats) -> list[Sample]:
+    """The fraud policy's Prometheus figures (``lakehouse.metrics``), read from ``stats`` at scrape time."""
+    c = "counter"
+    return [Sample("policy_events", c, "Events records read", stats.events),
+            Sample("policy_commands", c, "FreezeAccount commands sent", stats.commands),
+            Sample("policy_skipped_events", c, "Unreadable events records skipped", stats.skipped),
+            Sample("policy_consumers_renewed", c, "Consumers replaced after not rejoining their group",
+                   stats.consumers_renewed),
+            *consumer_lag_samples(stats.lag)]
 
 
 class FraudPolicy:
@@ -73,6 +86,7 @@ class FraudPolicy:
         self._at_end: set[tuple[str, int]] = set()  # partitions read to their end (nothing newer seen since)
         self._broker_error: str | None = None
         self._rejoin = kafka_clients.RejoinWatch()
+        self._lag = kafka_clients.LagWatch()
 
     def stop(self) -> None:
         """Ask ``run()`` (in another thread, or from a signal handler) to return within seconds."""
@@ -101,6 +115,8 @@ class FraudPolicy:
                     self._commit(consumer, records)
                 elif until_caught_up and self._caught_up(consumer):
                     break
+                if self._lag.refresh(consumer, {p for topic, p in self._at_end if topic == s.events_topic}):
+                    self.stats.lag = self._lag.lag
         finally:
             sender.flush(_CALL_TIMEOUT_S)  # what is not delivered now is sent again after the next start
             kafka_clients.close_within(consumer, _CALL_TIMEOUT_S, "policy")

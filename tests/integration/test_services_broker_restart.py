@@ -16,7 +16,7 @@ import pytest
 from event_store import kafka_log
 from lakehouse import metrics
 from lakehouse.settings import Settings
-from tests.integration.fraud_stream import SERVICES, FraudStream, read_log
+from tests.integration.fraud_stream import EXPECTED_FLAGS, FLAGGED_ACCOUNTS, SERVICES, FraudStream, read_log
 from tests.integration.restartable_broker import (  # noqa: F401 -- own_broker is a fixture
     BROKER_AWAY_S, STOP_WITHIN_S, broker_down, broker_up, needs_local_broker, own_broker, settings_on)
 from tests.integration.services import Service, service_env
@@ -107,5 +107,26 @@ def assert_metrics_tell_the_log(settings) -> None:
     assert lag == 0
     assert value(projection, "eventlake_projection_batches_total", query="read_models") >= 1
     assert value(projection, "eventlake_projection_last_commit_timestamp_seconds", query="event_archive") > 0
+    # The fraud detector and the policy: every finding by its rule (a finding sent again after the restart counts
+    # again: its command id repeats, the handler answers it once), the freezes, and no lag once caught up.
+    assert {"fraud-detector", "policy"} <= set(targets), targets
+    deadline = time.monotonic() + 60
+    while True:
+        detector, policy = metrics.scrape(targets["fraud-detector"].url), metrics.scrape(targets["policy"].url)
+        # partition -> lag: each owns every partition (one instance of each), once it has a position in each
+        lags = [{ls["partition"]: v for n, ls, v in samples if n == "eventlake_consumer_lag_records"}
+                for samples in (detector, policy)]
+        if all(len(lag) == settings.topic_partitions and not any(lag.values()) for lag in lags) \
+                or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert all(len(lag) == settings.topic_partitions and not any(lag.values()) for lag in lags), lags
+    for _, rule in EXPECTED_FLAGS:
+        assert value(detector, "eventlake_fraud_detector_findings_total", rule=rule) >= 1, rule
+    assert {ls["rule"] for n, ls, _ in detector if n == "eventlake_fraud_detector_findings_total"} == {
+        rule for _, rule in EXPECTED_FLAGS}
+    assert value(detector, "eventlake_fraud_detector_state_accounts") >= len(FLAGGED_ACCOUNTS)
+    assert value(policy, "eventlake_policy_commands_total") >= len(FLAGGED_ACCOUNTS)
+    assert value(policy, "eventlake_policy_events_total") >= len(events)
     shown = "\n".join(metrics.table(settings))
     assert "handler-0 (pid" in shown and "projection (pid" in shown and "eventlake_handler_events_total" in shown

@@ -197,3 +197,18 @@ def test_the_spark_engines_progress_reports_give_the_python_engines_figures():
     observe(fresh, {"name": "q", "batchId": 0, "durationMs": {}, "sources": [{"endOffset": "null",
                                                                               "latestOffset": "null"}]}, "events")
     assert fresh.lag == {} and fresh.batches == 0
+
+
+def test_the_fraud_detectors_and_the_policys_figures():
+    from event_store.account.fraud_consumer import FraudStats, figures as detector_figures
+    from event_store.account.policy import PolicyStats, figures as policy_figures
+
+    detector = FraudStats(events=40, observed=30, findings=3, by_rule={"velocity": 2, "amount_above_max": 1},
+                          accounts=7, lag={0: 5, 1: 0})
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in detector_figures(detector)}
+    assert got[("fraud_detector_findings", (("rule", "velocity"),))] == 2
+    assert got[("fraud_detector_state_accounts", ())] == 7
+    assert got[("consumer_lag_records", (("partition", "0"),))] == 5
+    policy = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in policy_figures(PolicyStats(commands=2))}
+    assert policy[("policy_commands", ())] == 2
+    assert not [k for k in policy if k[0] == "consumer_lag_records"]  # no position yet: no lag served
