@@ -50,7 +50,7 @@ from lakehouse.settings import PROJECT_ROOT, Settings
 from lakehouse.errors import Unavailable
 
 __all__ = ["SqlServerError", "SqlServerStatus", "guard_jar", "serve", "start", "stop", "status", "jdbc_url",
-           "tls_enabled", "trust_store"]
+           "tls_enabled", "trust_store", "figures"]
 
 GUARD_SOURCE = GUARD_SOURCES / "ReadOnlyExtension.java"
 GRANTS_CLASS = "eventlake.sql.GrantsExtension"
@@ -243,17 +243,39 @@ def serve(settings: Settings, log=print, stop_event=None) -> None:
     _write_state(p, views.names)
     log(f"sql-server: serving {jdbc_url(settings)} (read-only; logins: {settings.sql_server_auth}; TLS: "
         f"{'on' if tls_enabled(settings) else 'off'}): {', '.join(views.names) or 'no table yet'}")
+    from lakehouse import metrics
+
+    counts = jvm.eventlake.sql.ServerCounts
+    metrics_server = metrics.serve(settings, "sql-server", lambda: figures(list(counts.counts())), log)
     try:
         while not stop_event.wait(1.0):
             if views.refresh():
                 _write_state(p, views.names)
     finally:
         log("sql-server: stopping")
+        if metrics_server is not None:
+            metrics_server.close()
         try:
             server.stop()
         finally:
             p["state"].unlink(missing_ok=True)
             spark.stop()
+
+
+def figures(counts: list[int]):
+    """The SQL server's Prometheus figures (``lakehouse.metrics``) from ``eventlake.sql.ServerCounts.counts()``:
+    [statements, refused by eventlake's guards, failed otherwise, logins accepted, logins refused]."""
+    from lakehouse.metrics import Sample
+
+    queries, refused, failed, accepted, logins_refused = counts
+    c = "counter"
+    return [Sample("sql_server_queries", c, "Statements received", queries),
+            Sample("sql_server_query_errors", c, "Statements that ended in an error, by cause (refused: by the "
+                   "read-only guard or the grants)", refused, {"cause": "refused"}),
+            Sample("sql_server_query_errors", c, "Statements that ended in an error, by cause (refused: by the "
+                   "read-only guard or the grants)", failed, {"cause": "error"}),
+            Sample("sql_server_logins", c, "Logins, by outcome", accepted, {"outcome": "accepted"}),
+            Sample("sql_server_logins", c, "Logins, by outcome", logins_refused, {"outcome": "refused"})]
 
 
 class _Views:

@@ -84,6 +84,33 @@ def audit_lines(settings: Settings, wanted: str) -> list[str]:
         time.sleep(0.2)
 
 
+def server_figures(settings: Settings) -> dict[tuple, float]:
+    """The SQL server's metrics (it registers under its home as every service does): (name, labels) -> value."""
+    from lakehouse import metrics
+
+    [target] = [t for t in metrics.local_targets(settings) if t.service == "sql-server"]
+    return {(n, tuple(sorted((k, v) for k, v in ls.items() if k != "service"))): v
+            for n, ls, v in metrics.scrape(target.url) if n.startswith("eventlake_sql_server_")}
+
+
+def figures_become(settings: Settings, wanted: dict[tuple, float]) -> dict[tuple, float]:
+    """The server's figures once those of ``wanted`` hold its values (counted off Spark's listener bus, a moment
+    after the statements end), or as they stand after 30 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        got = server_figures(settings)
+        if all(got.get(k) == v for k, v in wanted.items()) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.2)
+
+
+QUERIES = ("eventlake_sql_server_queries_total", ())
+REFUSED = ("eventlake_sql_server_query_errors_total", (("cause", "refused"),))
+FAILED = ("eventlake_sql_server_query_errors_total", (("cause", "error"),))
+LOGINS_REFUSED = ("eventlake_sql_server_logins_total", (("outcome", "refused"),))
+LOGINS_ACCEPTED = ("eventlake_sql_server_logins_total", (("outcome", "accepted"),))
+
+
 def tls_connect(settings: Settings, user: str, password: str, cafile):
     """A HiveServer2 connection over TLS (thrift's TSSLSocket under SASL PLAIN), trusting only ``cafile``."""
     import thrift_sasl
@@ -153,6 +180,7 @@ def test_the_thrift_server_refuses_every_write_and_every_path_and_changes_nothin
     from pyhive.exc import OperationalError
 
     before = state(server)
+    counted = figures_become(server, {})
     path = payments_path(server)
     refused = {
         "INSERT INTO payments SELECT * FROM payments": "INSERT is refused",
@@ -185,6 +213,12 @@ def test_the_thrift_server_refuses_every_write_and_every_path_and_changes_nothin
     # Still serving reads afterwards.
     count = "SELECT count(*) FROM payments"
     assert thrift_rows(server, count) == query_duckdb(server, count)[1]
+    # Its metrics: every refusal by eventlake's guard counted as refused, Spark's own refusal as an error.
+    # Every statement received is counted: these, and the USE each PyHive connection sends first.
+    wanted = {REFUSED: counted[REFUSED] + len(refused) - 1, FAILED: counted[FAILED] + 1,
+              QUERIES: counted[QUERIES] + 2 * (len(refused) + 1)}
+    got = figures_become(server, wanted)
+    assert {k: got[k] for k in wanted} == wanted
 
 
 def test_a_switch_to_another_generation_is_followed_without_a_restart(server):
@@ -256,6 +290,7 @@ def test_a_login_needs_a_user_of_the_password_file_and_their_password(server):
     from thrift.transport.TTransport import TTransportException
 
     port = server.sql_server_port
+    counted = figures_become(server, {})
     # No password (PyHive's default, SASL PLAIN with a placeholder), no SASL at all, a wrong password, a user not
     # in the file: each refused at login, before any statement.
     with pytest.raises(TTransportException, match="Error validating the login"):
@@ -275,6 +310,9 @@ def test_a_login_needs_a_user_of_the_password_file_and_their_password(server):
     assert thrift_rows(server, sql) == query_duckdb(server, sql)[1]
     assert audit_lines(server, f"query by user 'analyst': '{sql}'")
     assert audit_lines(server, "login accepted for user 'analyst'")
+    # The metrics count the three logins the password check refused (the one without SASL never reaches it).
+    got = figures_become(server, {LOGINS_REFUSED: counted[LOGINS_REFUSED] + 3})
+    assert got[LOGINS_REFUSED] == counted[LOGINS_REFUSED] + 3 and got[LOGINS_ACCEPTED] > counted[LOGINS_ACCEPTED]
 
 
 def test_users_added_by_the_cli_log_in_and_read_only_the_tables_granted(server, monkeypatch, capsys):

@@ -14,6 +14,7 @@ import yaml
 from event_store.account.fraud_consumer import FraudStats, figures as detector_figures
 from event_store.account.policy import PolicyStats, figures as policy_figures
 from event_store.handler_stats import HandlerStats, figures as handler_figures
+from eventlake.sql_server import figures as sql_server_figures
 from lakehouse.metrics import Sample
 from projection_core.figures import QueryFigures, query_samples
 from python_engine.figures import figures as engine_figures
@@ -26,15 +27,15 @@ NO_PROMTOOL = "promtool is not on the PATH: sudo apt-get install prometheus (Deb
 
 
 def served_names() -> set[str]:
-    """Every series name the handler, the projection, the fraud detector and the policy serve (counters with
-    ``_total``)."""
+    """Every series name the handler, the projection, the fraud detector, the policy and the SQL server serve
+    (counters with ``_total``)."""
     query = QueryFigures()
     query.last_commit_at, query.lag, query.step_seconds = 1.0, {0: 1}, {"step": 1.0}
     query.add_outcomes({"applied": 1}, held=0, newest_event_at=1.0)
     samples: list[Sample] = [*handler_figures(HandlerStats(), 1), *query_samples([("read_models", query)])]
     samples += engine_figures(type("Engine", (), {"handed_over": 0, "queries": [], "plan": None})())
     detector = FraudStats(by_rule={"velocity": 1}, lag={0: 1})
-    samples += [*detector_figures(detector), *policy_figures(PolicyStats(lag={0: 1}))]
+    samples += [*detector_figures(detector), *policy_figures(PolicyStats(lag={0: 1})), *sql_server_figures([1] * 5)]
     return {f"eventlake_{s.name}" + ("_total" if s.kind == "counter" else "") for s in samples}
 
 

@@ -25,6 +25,7 @@ public final class PasswordFileAuthenticator implements PasswdAuthenticationProv
         } catch (IOException | RuntimeException e) {
             SqlUsers.log("login refused for user " + SqlUsers.quoted(user) + ": the password file "
                     + SqlUsers.file() + " cannot be read (" + e + ")");
+            ServerCounts.login(false);
             throw new AuthenticationException("login refused for user " + user);
         }
         boolean known = entry != null;
@@ -32,8 +33,10 @@ public final class PasswordFileAuthenticator implements PasswdAuthenticationProv
         if (!right) {
             SqlUsers.log("login refused for user " + SqlUsers.quoted(user) + ": "
                     + (known ? "wrong password" : "no such user in " + SqlUsers.file()));
+            ServerCounts.login(false);
             throw new AuthenticationException("login refused for user " + user);
         }
         SqlUsers.log("login accepted for user " + SqlUsers.quoted(user));
+        ServerCounts.login(true);
     }
 }

@@ -24,11 +24,13 @@ public final class QueryLog extends SparkListener {
         if (event instanceof SparkListenerThriftServerOperationStart) {
             SparkListenerThriftServerOperationStart start = (SparkListenerThriftServerOperationStart) event;
             users.put(start.id(), start.userName());
+            ServerCounts.query();
             SqlUsers.log("query by user " + SqlUsers.quoted(start.userName()) + ": "
                     + SqlUsers.quoted(start.statement()));
         } else if (event instanceof SparkListenerThriftServerOperationError) {
             SparkListenerThriftServerOperationError error = (SparkListenerThriftServerOperationError) event;
             String message = error.errorMsg() == null ? "" : error.errorMsg().strip();
+            ServerCounts.error(message);
             int end = message.indexOf('\n');
             SqlUsers.log("query by user " + SqlUsers.quoted(users.remove(error.id())) + " failed: "
                     + SqlUsers.quoted(end < 0 ? message : message.substring(0, end)));
