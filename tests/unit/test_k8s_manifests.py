@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import re
 import tomllib
 from functools import cache
@@ -568,3 +569,18 @@ def test_the_services_that_serve_metrics_listen_beyond_the_pod_on_the_port_their
                                "prometheus.io/path": "/metrics"}, what
         assert {"name": "metrics", "containerPort": settings.metrics_port} in [
             {k: v for k, v in p.items() if k != "protocol"} for p in container["ports"]], what
+
+
+def test_the_alert_rules_and_the_dashboard_are_mounted_as_written():
+    """monitoring.yaml holds infra/prometheus/alerts.yml and infra/grafana's dashboard as they are (kustomize loads
+    no file outside infra/k8s: infra/k8s_monitoring.py writes it from them)."""
+    from infra import k8s_monitoring
+
+    assert k8s_monitoring.MANIFEST.read_text() == k8s_monitoring.manifest(), (
+        "infra/k8s/monitoring.yaml is not what the rules and the dashboard make now: "
+        "run `.venv/bin/python -m infra.k8s_monitoring`")
+    rules = _one("ConfigMap", "eventlake-alert-rules")["data"]["eventlake-alerts.yml"]
+    assert yaml.safe_load(rules) == yaml.safe_load(k8s_monitoring.RULES.read_text())
+    dashboard = _one("ConfigMap", "eventlake-grafana-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["eventlake-dashboard.json"])["uid"] == "eventlake"
