@@ -32,12 +32,15 @@ def check_read_models():
         from airflow.sdk.exceptions import AirflowFailException
 
         from expectations.checks import verdict
+        from lakehouse import metrics
         from lakehouse.settings import Settings
 
         context = get_current_context()
         context["table"] = name
-        result = verdict(Settings.load(role="reader"), name, reconcile=context["params"]["reconcile"])
+        settings = Settings.load(role="reader")
+        result = verdict(settings, name, reconcile=context["params"]["reconcile"])
         print("\n".join(result.lines()))
+        metrics.push(settings, "check_read_models", {"table": name}, result.samples())
         if result.report is not None and result.report.data_docs:
             print(f"Data Docs of every suite: file://{result.report.data_docs_index}")
         if result.failed:

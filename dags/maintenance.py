@@ -33,6 +33,7 @@ def maintenance():
     def maintain_read_model(name: str) -> dict:
         from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+        from lakehouse import metrics
         from lakehouse.settings import Settings
         from spark_apps.maintenance import MaintenanceError, maintain
         from spark_apps.session import build_session
@@ -50,6 +51,7 @@ def maintenance():
         finally:
             spark.stop()
         print("\n".join(report.lines()), flush=True)
+        metrics.push(settings, "maintenance", {"read_model": name}, report.samples(), log)
         if report.skipped:
             raise AirflowSkipException(report.skipped)
         return {"name": name, "current": report.current, "kept": report.kept, "dropped": report.dropped,

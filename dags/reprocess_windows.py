@@ -35,6 +35,7 @@ def reprocess_windows():
     def reprocess_read_model(name: str) -> dict:
         from airflow.sdk.exceptions import AirflowFailException
 
+        from lakehouse import metrics
         from lakehouse.settings import Settings
         from spark_apps.reprocess import ReprocessError, ReprocessRefused, late_events_waiting, reprocess
         from spark_apps.session import build_session
@@ -66,6 +67,7 @@ def reprocess_windows():
             raise RuntimeError(str(e)) from None
         finally:
             spark.stop()
+        metrics.push(settings, "reprocess_windows", {"read_model": name}, outcome.samples())
         return {"read_model": name, "generation": outcome.generation, "windows": outcome.windows,
                 "windows_changed": outcome.windows_changed, "late_folded": outcome.late_folded,
                 "table_version": outcome.table_version, "seconds": round(outcome.seconds, 1)}

@@ -254,6 +254,27 @@ class Verdict:
         out = [f"{self.table}: not checked: {self.missing}"] if self.report is None else self.report.lines()
         return out + (self.reconciliation.lines() if self.reconciliation is not None else [])
 
+    def samples(self) -> list:
+        """Its Prometheus figures (``lakehouse.metrics.push``, labelled by table): passed (1) or failed (0), the
+        expectations that passed and failed, the rows checked, and when (Unix time)."""
+        import time
+
+        from lakehouse.metrics import Sample
+
+        which = {"table": self.table}
+        evaluated = 0 if self.report is None else self.report.evaluated
+        failed = 0 if self.report is None else len(self.report.failures)
+        return [Sample("check_success", "gauge", "1 when the table passed its checks, 0 when it failed", 0.0 if
+                       self.failed else 1.0, which),
+                Sample("check_expectations", "gauge", "Expectations of the last check, by result",
+                       evaluated - failed, {**which, "result": "passed"}),
+                Sample("check_expectations", "gauge", "Expectations of the last check, by result", failed,
+                       {**which, "result": "failed"}),
+                Sample("check_rows", "gauge", "Rows of the table checked", 0 if self.report is None
+                       else self.report.rows, which),
+                Sample("check_last_run_timestamp_seconds", "gauge", "When the last check ran (Unix time)",
+                       time.time(), which)]
+
     def summary(self) -> dict:
         r = self.reconciliation
         return {"table": self.table, "rows": None if self.report is None else self.report.rows,

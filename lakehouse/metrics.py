@@ -24,7 +24,7 @@ from lakehouse.errors import Unavailable
 from lakehouse.processes import pid_alive
 from lakehouse.settings import Settings, SettingsError
 
-__all__ = ["Sample", "MetricsServer", "serve", "consumer_lag_samples", "local_targets", "scrape", "Target", "MetricsError", "table"]
+__all__ = ["Sample", "MetricsServer", "serve", "push", "consumer_lag_samples", "local_targets", "scrape", "Target", "MetricsError", "table"]
 
 KINDS = ("counter", "gauge")
 
@@ -50,6 +50,28 @@ class Target:
     service: str
     pid: int
     url: str
+
+
+def push(settings: Settings, job: str, group: dict[str, str], samples: Iterable[Sample],
+         log: Callable[[str], None] = print) -> bool:
+    """Push ``samples`` to the Pushgateway at ``settings.pushgateway_url`` under ``job`` and the grouping key
+    ``group`` (each group's figures replace only that group's: one table's check does not erase another's), with a
+    ``service`` label of ``job``. Nothing when no Pushgateway is configured. A push that fails is said, never
+    raised: a task's outcome is its own, not its metrics'. -> whether it was pushed."""
+    if not settings.pushgateway_url:
+        return False
+    from prometheus_client import CollectorRegistry, push_to_gateway
+
+    samples = list(samples)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Figures(lambda: samples, job))
+    try:
+        push_to_gateway(settings.pushgateway_url, job=job, registry=registry, grouping_key=group, timeout=10)
+    except (OSError, ValueError) as e:
+        log(f"{job}: could not push its metrics to the Pushgateway at {settings.pushgateway_url} "
+            f"(EVENTLAKE_PUSHGATEWAY_URL): {e}")
+        return False
+    return True
 
 
 def consumer_lag_samples(lag: dict[int, int]) -> list[Sample]:

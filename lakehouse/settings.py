@@ -138,6 +138,9 @@ class Settings:
     metrics: str = "on"
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0
+    # Where Airflow's tasks push their outcome (checks, rebuilds, reprocessing, maintenance) for Prometheus: a
+    # Pushgateway's URL (http://host:9091); empty: nothing is pushed.
+    pushgateway_url: str = ""
     # The largest reference-data file (merchants) a load reads, in bytes (reference_data; issue 46).
     reference_max_bytes: int = 256 * 1024 * 1024
     # Free-form extras, e.g. {"projection_id": "..."} from tests; not read from the environment.

@@ -52,6 +52,19 @@ class MaintenanceReport:
     skipped: str = ""  # the whole model was left alone, and why
     seconds: float = 0.0
 
+    def samples(self) -> list:
+        """Its Prometheus figures (``lakehouse.metrics.push``, labelled by read model)."""
+        from lakehouse.metrics import Sample
+
+        which = {"read_model": self.name}
+        return [Sample("maintenance_generations_dropped", "gauge", "Generations the last run dropped",
+                       len(self.dropped), which),
+                Sample("maintenance_problems", "gauge", "Tables the last run could not maintain",
+                       len(self.problems), which),
+                Sample("maintenance_seconds", "gauge", "How long the last run took", self.seconds, which),
+                Sample("maintenance_last_run_timestamp_seconds", "gauge", "When the last run ended (Unix time)",
+                       time.time(), which)]
+
     def lines(self) -> list[str]:
         if self.skipped:
             return [f"maintenance: {self.name}: skipped: {self.skipped}"]

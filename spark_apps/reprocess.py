@@ -68,6 +68,24 @@ class ReprocessOutcome:
     table_version: int | None = None  # the Delta version the replace committed (None: nothing differed)
     seconds: float = 0.0
 
+    def samples(self) -> list:
+        """Its Prometheus figures (``lakehouse.metrics.push``, labelled by read model)."""
+        import time
+
+        from lakehouse.metrics import Sample
+
+        which = {"read_model": self.name}
+        return [Sample("reprocess_windows", "gauge", "Windows in the last reprocessed range", self.windows, which),
+                Sample("reprocess_windows_changed", "gauge", "Windows the last run added, changed or removed",
+                       self.windows_changed, which),
+                Sample("reprocess_late_events_folded", "gauge", "Late events the last run folded in",
+                       self.late_folded, which),
+                Sample("reprocess_seconds", "gauge", "How long the last run took", self.seconds, which),
+                Sample("reprocess_range_end_timestamp_seconds", "gauge", "The end of the last range reprocessed "
+                       "(Unix time)", self.end.timestamp(), which),
+                Sample("reprocess_last_run_timestamp_seconds", "gauge", "When the last run ended (Unix time)",
+                       time.time(), which)]
+
     def line(self) -> str:
         commit = (f"replaced in one commit (Delta version {self.table_version})" if self.table_version is not None
                   else "nothing differed: no commit")

@@ -22,7 +22,9 @@ def _cmd_demo(settings: Settings, args) -> int:
 
 # Debian packages that some tests use when present (skipped, with this reason, when absent).
 OPTIONAL_TOOLS = {"prometheus": "the real-Prometheus test of the metrics (sudo apt-get install prometheus)",
-                  "promtool": "the alert rules' checks (in the same package)"}
+                  "promtool": "the alert rules' checks (in the same package)",
+                  "prometheus-pushgateway": "the test of what Airflow's tasks push (sudo apt-get install "
+                                            "prometheus-pushgateway)"}
 
 
 def _cmd_setup(settings: Settings, args) -> int:

@@ -16,6 +16,9 @@ from tests.integration.sql_fixtures import free_port
 
 PROMETHEUS = shutil.which("prometheus")
 NO_PROMETHEUS = "prometheus is not on the PATH: sudo apt-get install prometheus (Debian's package)"
+PUSHGATEWAY = shutil.which("prometheus-pushgateway")
+NO_PUSHGATEWAY = ("prometheus-pushgateway is not on the PATH: sudo apt-get install prometheus-pushgateway (Debian's "
+                  "package)")
 RULES = Path(__file__).resolve().parents[2] / "infra" / "prometheus" / "alerts.yml"
 
 
@@ -70,6 +73,46 @@ class PrometheusServer:
         """An instant query: labels (sorted items, without __name__) -> value."""
         return {tuple(sorted((k, v) for k, v in r["metric"].items() if k != "__name__")): float(r["value"][1])
                 for r in self.api("query", query=expr)["result"]}
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class PushgatewayServer:
+    """A real Pushgateway (Debian's ``prometheus-pushgateway``) on loopback, holding what is pushed in memory."""
+
+    def __init__(self, folder: Path):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.log_path = folder / "pushgateway.log"
+        with open(self.log_path, "wb") as out:
+            # Its own persistence file: Debian's default is one shared file under /var/lib/prometheus.
+            self.process = subprocess.Popen([PUSHGATEWAY, f"--web.listen-address={self.url.removeprefix('http://')}",
+                                             f"--persistence.file={folder / 'pushgateway.data'}"],
+                                            stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while not self._ready():
+            assert self.process.poll() is None and time.monotonic() < deadline, self.log_path.read_text()[-2000:]
+            time.sleep(0.2)
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def series(self, name: str) -> dict[tuple, float]:
+        """The pushed series named ``name``: labels (sorted items) -> value."""
+        from lakehouse import metrics
+
+        return {tuple(sorted(labels.items())): value for n, labels, value in metrics.scrape(f"{self.url}/metrics")
+                if n == name}
 
     def close(self) -> None:
         self.process.terminate()

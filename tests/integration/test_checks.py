@@ -90,32 +90,57 @@ def _env(home: Path) -> dict:
     return env
 
 
+@pytest.fixture
+def pushgateway(tmp_path):
+    """A real Pushgateway where Debian's package is installed (the DAG's tasks push their outcome to it), else
+    None: the DAG runs without one, as it does where none is configured."""
+    from tests.integration.prometheus_server import PUSHGATEWAY, PushgatewayServer
+
+    if PUSHGATEWAY is None:
+        yield None
+        return
+    server = PushgatewayServer(tmp_path / "pushgateway")
+    try:
+        yield server
+    finally:
+        server.close()
+
+
 @pytest.mark.slow
-def test_the_cli_and_the_dag_fail_on_a_broken_table_and_pass_on_a_good_one(tmp_path, folded_events):
+def test_the_cli_and_the_dag_fail_on_a_broken_table_and_pass_on_a_good_one(tmp_path, folded_events, pushgateway):
     settings = Settings(home=tmp_path)
     write_folded(settings, folded_events)
-    good = subprocess.run([EVENTLAKE, "check"], env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    env = {**_env(tmp_path), **({"EVENTLAKE_PUSHGATEWAY_URL": pushgateway.url} if pushgateway else {})}
+    good = subprocess.run([EVENTLAKE, "check"], env=env, capture_output=True, text=True, timeout=300)
     assert good.returncode == 0, good.stdout + good.stderr
     assert good.stdout.strip().endswith("check: all passed")
 
-    dag = subprocess.run([EVENTLAKE, "airflow", "dags", "test", "check_read_models"], env=_env(tmp_path),
+    dag = subprocess.run([EVENTLAKE, "airflow", "dags", "test", "check_read_models"], env=env,
                          capture_output=True, text=True, timeout=600)
     assert dag.returncode == 0, dag.stdout[-4000:] + dag.stderr[-4000:]
     for name in read_models.REGISTRY:
         assert f"{name}: passed all" in dag.stdout + dag.stderr
+    if pushgateway:  # each table's task pushed its verdict, under its own group
+        success = pushgateway.series("eventlake_check_success")
+        assert {dict(k)["table"]: v for k, v in success.items()} == {name: 1.0 for name in read_models.REGISTRY}
 
     path = str(settings.table_path("payments"))
     from deltalake import DeltaTable
     rows = DeltaTable(path).to_pandas()
     rows.loc[rows.index[0], "amount_minor"] = -5
     write_deltalake(path, rows, mode="overwrite")
-    bad = subprocess.run([EVENTLAKE, "check", "payments"], env=_env(tmp_path), capture_output=True, text=True,
+    bad = subprocess.run([EVENTLAKE, "check", "payments"], env=env, capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 1
     assert "payments: FAILED 1 of" in bad.stdout and "expect_column_values_to_be_between(column='amount_minor'" \
         in bad.stdout and "e.g. -5" in bad.stdout, bad.stdout
 
-    dag = subprocess.run([EVENTLAKE, "airflow", "dags", "test", "check_read_models"], env=_env(tmp_path),
+    dag = subprocess.run([EVENTLAKE, "airflow", "dags", "test", "check_read_models"], env=env,
                          capture_output=True, text=True, timeout=600)
     assert dag.returncode != 0
     assert "payments: FAILED 1 of" in dag.stdout + dag.stderr
+    if pushgateway:  # the failed table's verdict replaced its own group only; what failed is counted
+        success = {dict(k)["table"]: v for k, v in pushgateway.series("eventlake_check_success").items()}
+        assert success == {name: float(name != "payments") for name in read_models.REGISTRY}
+        failed = pushgateway.series("eventlake_check_expectations")
+        assert {dict(k)["table"]: v for k, v in failed.items() if dict(k)["result"] == "failed"}["payments"] == 1

@@ -212,3 +212,16 @@ def test_the_fraud_detectors_and_the_policys_figures():
     policy = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in policy_figures(PolicyStats(commands=2))}
     assert policy[("policy_commands", ())] == 2
     assert not [k for k in policy if k[0] == "consumer_lag_records"]  # no position yet: no lag served
+
+
+def test_a_push_without_a_pushgateway_does_nothing_and_a_failed_one_is_said_not_raised(settings):
+    said = []
+    samples = [Sample("check_success", "gauge", "h", 1.0, {"table": "payments"})]
+    assert metrics.push(settings, "check_read_models", {"table": "payments"}, samples, said.append) is False
+    assert said == []  # none configured: nothing to say
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once this block ends: nothing listens there
+    unreachable = settings.replace(pushgateway_url=f"http://127.0.0.1:{port}")
+    assert metrics.push(unreachable, "check_read_models", {"table": "payments"}, samples, said.append) is False
+    assert len(said) == 1 and f"127.0.0.1:{port}" in said[0] and "EVENTLAKE_PUSHGATEWAY_URL" in said[0], said

@@ -3,6 +3,7 @@ dashboard (infra/grafana/eventlake-dashboard.json) name only metrics the service
 the rules and fire each alert where its rule test says (``promtool check rules``, ``promtool test rules
 alerts_test.yml``; skipped where Debian's ``prometheus`` package, which holds promtool, is not installed)."""
 import json
+from datetime import datetime, timezone
 import re
 import shutil
 import subprocess
@@ -14,6 +15,9 @@ import yaml
 from event_store.account.fraud_consumer import FraudStats, figures as detector_figures
 from event_store.account.policy import PolicyStats, figures as policy_figures
 from event_store.handler_stats import HandlerStats, figures as handler_figures
+from expectations.checks import Verdict
+from spark_apps.maintenance import MaintenanceReport
+from spark_apps.reprocess import ReprocessOutcome
 from eventlake.sql_server import figures as sql_server_figures
 from lakehouse.metrics import Sample
 from projection_core.figures import QueryFigures, query_samples
@@ -27,8 +31,8 @@ NO_PROMTOOL = "promtool is not on the PATH: sudo apt-get install prometheus (Deb
 
 
 def served_names() -> set[str]:
-    """Every series name the handler, the projection, the fraud detector, the policy and the SQL server serve
-    (counters with ``_total``)."""
+    """Every series name the handler, the projection, the fraud detector, the policy and the SQL server serve,
+    and Airflow's tasks push (counters with ``_total``)."""
     query = QueryFigures()
     query.last_commit_at, query.lag, query.step_seconds = 1.0, {0: 1}, {"step": 1.0}
     query.add_outcomes({"applied": 1}, held=0, newest_event_at=1.0)
@@ -36,6 +40,10 @@ def served_names() -> set[str]:
     samples += engine_figures(type("Engine", (), {"handed_over": 0, "queries": [], "plan": None})())
     detector = FraudStats(by_rule={"velocity": 1}, lag={0: 1})
     samples += [*detector_figures(detector), *policy_figures(PolicyStats(lag={0: 1})), *sql_server_figures([1] * 5)]
+    # What Airflow's tasks push (lakehouse.metrics.push).
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    samples += [*Verdict("payments", None, missing="no table").samples(), *MaintenanceReport("payments").samples(),
+                *ReprocessOutcome("spend", 1, at, at, {}, at).samples()]
     return {f"eventlake_{s.name}" + ("_total" if s.kind == "counter" else "") for s in samples}
 
 
