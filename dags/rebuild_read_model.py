@@ -60,6 +60,7 @@ def rebuild_read_model():
             """Fold + catch-ups + mark ready, under the model's lock (kept for this run's next task)."""
             from airflow.sdk.exceptions import AirflowFailException
 
+            from lakehouse import metrics
             from lakehouse.settings import Settings
             from projection_core.rebuild_errors import RebuildError
             from projection_core.rebuild_lock import RebuildLock
@@ -87,6 +88,7 @@ def rebuild_read_model():
                 lock.release()
                 raise
             lock.hand_over()
+            metrics.push(settings, "rebuild_read_model", {"read_model": name}, built.samples(), _log)
             f = built.fold
             _log(f"rebuild: {name}: generation {generation.number} built: {f.events:,} archived events folded at "
                  f"{f.events_per_second:,.0f} events/s, {built.caught_up_events:,} caught up from Kafka "

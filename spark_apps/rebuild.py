@@ -45,6 +45,21 @@ class BuildResult:
     caught_up_events: int = 0
     seconds: float = 0.0
 
+    def samples(self) -> list:
+        """Its Prometheus figures (``lakehouse.metrics.push``, labelled by read model)."""
+        import time
+
+        from lakehouse.metrics import Sample
+
+        which = {"read_model": self.name}
+        return [Sample("rebuild_generation", "gauge", "The generation the last rebuild built", self.generation, which),
+                Sample("rebuild_archived_events", "gauge", "Archived events the last rebuild folded", self.fold.events,
+                       which),
+                Sample("rebuild_caught_up_events", "gauge", "Events the last rebuild caught up from Kafka after its "
+                       "fold", self.caught_up_events, which),
+                Sample("rebuild_seconds", "gauge", "How long the last rebuild's build took", self.seconds, which),
+                Sample("rebuild_built_timestamp_seconds", "gauge", "When the last rebuild's build ended (Unix time)",
+                       time.time(), which)]
 
 
 def start_generation(settings: Settings, name: str, by: str, reason: str = "",

@@ -18,6 +18,7 @@ from projection_core.rebuild_errors import RebuildRefused
 from projection_core.rebuild_lock import RebuildLock, airflow_owner, lock_path
 from tests.domain_helpers import events_for
 from tests.integration.test_checks import write_folded
+from tests.integration.prometheus_server import PUSHGATEWAY, PushgatewayServer
 from tests.integration.test_rebuild import project, publish
 from tests.oracle import assert_matches_oracle
 
@@ -36,6 +37,8 @@ def eventlake_env(settings: Settings) -> dict:
                EVENTLAKE_TOPIC_PARTITIONS=str(settings.topic_partitions), EVENTLAKE_SPARK_SHUFFLE_PARTITIONS="2")
     if settings.kafka_bootstrap_servers:
         env["KAFKA_BOOTSTRAP_SERVERS"] = settings.kafka_bootstrap_servers
+    if settings.pushgateway_url:
+        env["EVENTLAKE_PUSHGATEWAY_URL"] = settings.pushgateway_url
     return env
 
 
@@ -92,7 +95,8 @@ def test_a_run_owns_the_lock_across_its_tasks_and_refuses_everyone_else(tmp_path
 
 
 @pytest.mark.heavy
-def test_the_rebuild_dag_switches_readers_to_a_checked_generation_and_a_dry_run_leaves_them(spark, settings):
+def test_the_rebuild_dag_switches_readers_to_a_checked_generation_and_a_dry_run_leaves_them(spark, settings,
+                                                                                             tmp_path):
     events = events_for(GeneratorConfig(accounts=12, commands=200, seed=29, run_id="dag", late_rate=0.05),
                         flag_every=9)
     publish(settings, events[:-30])
@@ -100,13 +104,22 @@ def test_the_rebuild_dag_switches_readers_to_a_checked_generation_and_a_dry_run_
     publish(settings, events[-30:])  # in Kafka, not yet archived: the build catches them up
 
     rebuilt = ["account_summary", "merchant_minute_volume"]
-    proc = dags_test(settings, "rebuild_read_model", {"read_models": rebuilt, "dry_run": False})
+    pushgateway = PushgatewayServer(tmp_path / "pushgateway") if PUSHGATEWAY else None  # where installed
+    try:
+        proc = dags_test(settings.replace(pushgateway_url=pushgateway.url) if pushgateway else settings,
+                         "rebuild_read_model", {"read_models": rebuilt, "dry_run": False})
+        pushed = pushgateway.series("eventlake_rebuild_generation") if pushgateway else None
+    finally:
+        if pushgateway:
+            pushgateway.close()
     text = output(proc)
     assert proc.returncode == 0, text[-6000:]
+    if pushgateway:  # each build task pushed the generation it built
+        assert {dict(k)["read_model"]: v for k, v in pushed.items()} == {name: 2.0 for name in rebuilt}, pushed
     assert "ETA" in text and "steps over" in text and "catch-up [2/2]" in text  # progress in the task log
     catalog = Catalog(settings)
     assert {n: catalog.current(n).number for n in read_models.REGISTRY} == {
-        "account_summary": 2, "payments": 1, "merchant_minute_volume": 2, "fraud_alerts": 1}
+        n: 2 if n in rebuilt else 1 for n in read_models.REGISTRY}
     assert_matches_oracle(spark, settings, events, models=[read_models.get(n) for n in rebuilt])
     assert not any(lock_path(settings, n).exists() for n in rebuilt)
 

@@ -4,6 +4,7 @@ the rules and fire each alert where its rule test says (``promtool check rules``
 alerts_test.yml``; skipped where Debian's ``prometheus`` package, which holds promtool, is not installed)."""
 import json
 from datetime import datetime, timezone
+from types import SimpleNamespace
 import re
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ from event_store.account.policy import PolicyStats, figures as policy_figures
 from event_store.handler_stats import HandlerStats, figures as handler_figures
 from expectations.checks import Verdict
 from spark_apps.maintenance import MaintenanceReport
+from spark_apps.rebuild import BuildResult
 from spark_apps.reprocess import ReprocessOutcome
 from eventlake.sql_server import figures as sql_server_figures
 from lakehouse.metrics import Sample
@@ -43,7 +45,8 @@ def served_names() -> set[str]:
     # What Airflow's tasks push (lakehouse.metrics.push).
     at = datetime(2026, 1, 1, tzinfo=timezone.utc)
     samples += [*Verdict("payments", None, missing="no table").samples(), *MaintenanceReport("payments").samples(),
-                *ReprocessOutcome("spend", 1, at, at, {}, at).samples()]
+                *ReprocessOutcome("spend", 1, at, at, {}, at).samples(),
+                *BuildResult("payments", 2, SimpleNamespace(events=10)).samples()]
     return {f"eventlake_{s.name}" + ("_total" if s.kind == "counter" else "") for s in samples}
 
 
