@@ -379,7 +379,8 @@ def start(settings: Settings, log=print, timeout: float = 240.0) -> SqlServerSta
         "home", "cache_dir", "sql_server_host", "sql_server_port", "spark_master", "spark_driver_memory",
         "spark_shuffle_partitions", "sql_server_auth", "sql_server_users_file", "sql_server_ldap_url",
         "sql_server_ldap_base_dn", "sql_server_tls", "sql_server_keystore", "sql_server_keystore_password",
-        "kafka_credentials_file", "kafka_ssl_cafile") if getattr(settings, name) is not None}}
+        "kafka_credentials_file", "kafka_ssl_cafile", "metrics", "metrics_host", "metrics_port", "spark_metrics",
+        "spark_ui_port") if getattr(settings, name) is not None}}
     with open(p["log"], "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "eventlake.cli", "sql-server", "serve"], stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=str(PROJECT_ROOT),

@@ -24,7 +24,7 @@ from lakehouse.errors import Unavailable
 from lakehouse.processes import pid_alive
 from lakehouse.settings import Settings, SettingsError
 
-__all__ = ["Sample", "MetricsServer", "serve", "push", "consumer_lag_samples", "local_targets", "scrape", "Target", "MetricsError", "table"]
+__all__ = ["Sample", "MetricsServer", "serve", "push", "register", "SPARK_METRICS_PATH", "consumer_lag_samples", "local_targets", "scrape", "Target", "MetricsError", "table"]
 
 KINDS = ("counter", "gauge")
 
@@ -105,6 +105,25 @@ class _Figures:
         yield from families.values()
 
 
+SPARK_METRICS_PATH = "/metrics/prometheus"  # Spark's PrometheusServlet (spark_apps.session, spark_metrics = "on")
+
+
+def register(settings: Settings, service: str, address: str, metrics_path: str = "/metrics") -> Path:
+    """Register ``address`` (host:port) as ``service``'s metrics endpoint in ``<home>/metrics/<service>-<pid>.json``
+    (Prometheus' file_sd format; ``metrics_path`` as its ``__metrics_path__`` when not /metrics): -> the file,
+    which its owner removes when it stops."""
+    folder = targets_folder(settings)
+    folder.mkdir(parents=True, exist_ok=True)
+    registration = folder / f"{service}-{os.getpid()}.json"
+    labels = {"service": service, "pid": str(os.getpid())}
+    if metrics_path != "/metrics":
+        labels["__metrics_path__"] = metrics_path
+    temporary = registration.with_suffix(".tmp")
+    temporary.write_text(json.dumps([{"targets": [address], "labels": labels}]))
+    temporary.replace(registration)  # Prometheus never reads half a file
+    return registration
+
+
 class MetricsServer:
     """A running ``/metrics`` endpoint; ``close()`` stops it and removes its registration."""
 
@@ -125,13 +144,7 @@ class MetricsServer:
                                f"EVENTLAKE_METRICS=off") from None
         self.port = self.httpd.server_address[1]
         self.url = f"http://{settings.metrics_host}:{self.port}/metrics"
-        folder = targets_folder(settings)
-        folder.mkdir(parents=True, exist_ok=True)
-        self.registration = folder / f"{service}-{os.getpid()}.json"
-        temporary = self.registration.with_suffix(".tmp")
-        temporary.write_text(json.dumps([{"targets": [f"{settings.metrics_host}:{self.port}"],
-                                          "labels": {"service": service, "pid": str(os.getpid())}}]))
-        temporary.replace(self.registration)  # Prometheus never reads half a file
+        self.registration = register(settings, service, f"{settings.metrics_host}:{self.port}")
         self._closed = False
         log(f"{service}: metrics at {self.url}")
 
@@ -170,7 +183,8 @@ def local_targets(settings: Settings) -> list[Target]:
             continue  # not a registration of ours
         if not pid_alive(pid):
             continue  # gone (killed without cleaning up)
-        targets.append(Target(entry["labels"]["service"], pid, f"http://{entry['targets'][0]}/metrics"))
+        path = entry["labels"].get("__metrics_path__", "/metrics")
+        targets.append(Target(entry["labels"]["service"], pid, f"http://{entry['targets'][0]}{path}"))
     return targets
 
 

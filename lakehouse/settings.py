@@ -138,6 +138,12 @@ class Settings:
     metrics: str = "on"
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0
+    # Spark's own metrics (its PrometheusServlet: the driver's and executors' memory, GC, streaming queries) at
+    # http://<driver>:spark_ui_port/metrics/prometheus, with Spark's UI, in every Spark session of eventlake:
+    # "on" or "off". Registered under <home>/metrics beside the services' (Prometheus' file_sd finds them).
+    # spark_ui_port 0 takes a free port.
+    spark_metrics: str = "off"
+    spark_ui_port: int = 4040
     # Where Airflow's tasks push their outcome (checks, rebuilds, reprocessing, maintenance) for Prometheus: a
     # Pushgateway's URL (http://host:9091); empty: nothing is pushed.
     pushgateway_url: str = ""

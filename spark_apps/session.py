@@ -12,9 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lakehouse.settings import Settings
+from lakehouse.settings import Settings, SettingsError
 
-__all__ = ["SPARK_PACKAGES", "build_session", "delta_table_exists", "extra_jars"]
+__all__ = ["SPARK_PACKAGES", "build_session", "delta_table_exists", "extra_jars", "spark_metrics_conf"]
 
 SPARK_PACKAGES = (
     "io.delta:delta-spark_4.2_2.13:4.4.0",
@@ -115,6 +115,8 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print, ex
                .config("spark.sql.warehouse.dir", str(settings.home / "spark-warehouse"))
                .config("spark.driver.extraJavaOptions", f"{JVM_OPTIONS} -Dderby.system.home={settings.home / 'derby'}")
                .config("spark.executor.extraJavaOptions", JVM_OPTIONS))
+    for key, value in spark_metrics_conf(settings).items():
+        builder = builder.config(key, value)
     for key, value in (extra_conf or {}).items():
         if key not in _APPENDED:
             builder = builder.config(key, value)
@@ -137,7 +139,46 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print, ex
     if not under_spark_submit and not settings.spark_master.startswith("local"):
         _ship_packages_to_executors(spark, settings.cache_dir / "ivy" / "jars")
     log(f"spark: {spark.version} session {app_name} ({spark.sparkContext.master}); JVM log {log_file}")
+    if settings.spark_metrics == "on":
+        _register_spark_metrics(settings, spark, app_name, log)
     return spark
+
+
+def spark_metrics_conf(settings: Settings) -> dict[str, str]:
+    """With ``spark_metrics = "on"``: Spark's UI on ``spark_ui_port``, serving every metric of Spark's metrics
+    system (driver, executors, streaming queries) in Prometheus' format at ``/metrics/prometheus``
+    (PrometheusServlet), named under the ``eventlake`` namespace rather than each run's application id."""
+    from lakehouse.metrics import SPARK_METRICS_PATH
+
+    if settings.spark_metrics not in ("on", "off"):
+        raise SettingsError(f"setting spark_metrics={settings.spark_metrics!r} (EVENTLAKE_SPARK_METRICS): expected "
+                            f"on or off")
+    if settings.spark_metrics == "off":
+        return {}
+    return {"spark.ui.enabled": "true", "spark.ui.port": str(settings.spark_ui_port),
+            "spark.ui.prometheus.enabled": "true", "spark.sql.streaming.metricsEnabled": "true",
+            "spark.metrics.namespace": "eventlake",
+            "spark.metrics.conf.*.sink.prometheusServlet.class": "org.apache.spark.metrics.sink.PrometheusServlet",
+            "spark.metrics.conf.*.sink.prometheusServlet.path": SPARK_METRICS_PATH}
+
+
+def _register_spark_metrics(settings: Settings, spark, app_name: str, log) -> None:
+    """Register the session's PrometheusServlet under the home (``lakehouse.metrics.register``) as service
+    ``spark-<app name>``; the registration goes when the process exits."""
+    import atexit
+    import urllib.parse
+
+    from lakehouse.metrics import SPARK_METRICS_PATH, register
+
+    url = spark.sparkContext.uiWebUrl
+    if not url:
+        log(f"spark: {app_name}: spark_metrics is on but Spark serves no UI here; its metrics are not served")
+        return
+    port = urllib.parse.urlparse(url).port
+    host = "127.0.0.1" if settings.metrics_host in ("0.0.0.0", "127.0.0.1", "localhost") else settings.metrics_host
+    registration = register(settings, f"spark-{app_name}", f"{host}:{port}", SPARK_METRICS_PATH)
+    atexit.register(registration.unlink, missing_ok=True)
+    log(f"spark: {app_name}: Spark's own metrics at http://{host}:{port}{SPARK_METRICS_PATH}")
 
 
 def delta_table_exists(spark, path) -> bool:

@@ -47,7 +47,8 @@ def fresh_settings(home) -> Settings:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    settings = fresh_settings(tmp_path_factory.mktemp("sql-server-home"))
+    # Spark's own metrics on (a free port for its UI): test_sparks_own_metrics_are_served_and_registered.
+    settings = fresh_settings(tmp_path_factory.mktemp("sql-server-home")).replace(spark_metrics="on", spark_ui_port=0)
     write_folded(settings, events_for(GeneratorConfig(accounts=6, commands=80, seed=9, run_id="sqls")))
     said: list[str] = []
     sql_server.start(settings, log=said.append)
@@ -256,6 +257,22 @@ def listening_addresses(port: int) -> set[str]:
             ip = ipaddress.ip_address(raw)
             found.add(str(getattr(ip, "ipv4_mapped", None) or ip))
     return found
+
+
+def test_sparks_own_metrics_are_served_and_registered(server):
+    """With spark_metrics on, the server's Spark session serves Spark's metrics system (PrometheusServlet) and
+    registers it under the home beside the server's own figures: Prometheus' file_sd and `eventlake metrics` find
+    both."""
+    from lakehouse import metrics
+
+    targets = {t.service: t for t in metrics.local_targets(server)}
+    assert {"sql-server", "spark-eventlake-sql-server"} <= set(targets), targets
+    spark = targets["spark-eventlake-sql-server"]
+    assert spark.url.endswith("/metrics/prometheus")
+    names = {name for name, _, _ in metrics.scrape(spark.url)}
+    # The driver's memory and its block manager, named under the eventlake namespace (not each run's app id).
+    assert any(n.startswith("metrics_eventlake_driver_") and "JVMHeapMemory" in n for n in names), sorted(names)[:40]
+    assert any(n.startswith("metrics_eventlake_driver_BlockManager_") for n in names), sorted(names)[:40]
 
 
 def test_status_start_and_stop_behave_as_a_service(server, monkeypatch, capsys):

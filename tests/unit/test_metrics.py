@@ -225,3 +225,14 @@ def test_a_push_without_a_pushgateway_does_nothing_and_a_failed_one_is_said_not_
     unreachable = settings.replace(pushgateway_url=f"http://127.0.0.1:{port}")
     assert metrics.push(unreachable, "check_read_models", {"table": "payments"}, samples, said.append) is False
     assert len(said) == 1 and f"127.0.0.1:{port}" in said[0] and "EVENTLAKE_PUSHGATEWAY_URL" in said[0], said
+
+
+def test_sparks_own_metrics_are_asked_of_spark_only_when_on(settings):
+    from spark_apps.session import spark_metrics_conf as conf
+
+    assert conf(settings) == {}  # off by default: no UI, nothing served
+    on = conf(settings.replace(spark_metrics="on", spark_ui_port=4050))
+    assert on["spark.ui.enabled"] == "true" and on["spark.ui.port"] == "4050"
+    assert on["spark.metrics.conf.*.sink.prometheusServlet.path"] == metrics.SPARK_METRICS_PATH
+    with pytest.raises(SettingsError, match="EVENTLAKE_SPARK_METRICS"):
+        conf(settings.replace(spark_metrics="yes"))
