@@ -29,7 +29,38 @@ def rules_in_seconds(text: str) -> str:
     return re.sub(r"(\[|for: )(\d+)h\b", lambda m: f"{m.group(1)}{int(m.group(2)) * 60}s", text)
 
 
-class PrometheusServer:
+class _LoopbackServer:
+    """A server process of Prometheus' family on loopback: started with ``args`` (its listen address appended),
+    its output in ``<folder>/<name>.log``, ready once ``/-/ready`` answers; ``close()`` stops it."""
+
+    def _start(self, name: str, folder: Path, args: list[str]) -> None:
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.log_path = folder / f"{name}.log"
+        with open(self.log_path, "wb") as out:
+            self.process = subprocess.Popen([*args, f"--web.listen-address={self.url.removeprefix('http://')}"],
+                                            stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while not self._ready():
+            assert self.process.poll() is None and time.monotonic() < deadline, self.log_path.read_text()[-2000:]
+            time.sleep(0.2)
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class PrometheusServer(_LoopbackServer):
     """``fast_rules``: the alert rules with their windows in seconds (``rules_in_seconds``)."""
 
     def __init__(self, home: Path, folder: Path, fast_rules: bool = False):
@@ -44,23 +75,8 @@ class PrometheusServer:
             "rule_files": [str(rules)],
             "scrape_configs": [{"job_name": "eventlake", "file_sd_configs": [
                 {"files": [str(home / "metrics" / "*.json")], "refresh_interval": "1s"}]}]}))
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.log_path = folder / "prometheus.log"
-        with open(self.log_path, "wb") as out:
-            self.process = subprocess.Popen(
-                [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
-                 f"--web.listen-address={self.url.removeprefix('http://')}"], stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while not self._ready():
-            assert self.process.poll() is None and time.monotonic() < deadline, self.log_path.read_text()[-2000:]
-            time.sleep(0.3)
-
-    def _ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
+        self._start("prometheus", folder, [PROMETHEUS, f"--config.file={config}",
+                                           f"--storage.tsdb.path={folder / 'data'}"])
 
     def api(self, path: str, **params) -> dict:
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
@@ -74,38 +90,14 @@ class PrometheusServer:
         return {tuple(sorted((k, v) for k, v in r["metric"].items() if k != "__name__")): float(r["value"][1])
                 for r in self.api("query", query=expr)["result"]}
 
-    def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
 
-
-class PushgatewayServer:
+class PushgatewayServer(_LoopbackServer):
     """A real Pushgateway (Debian's ``prometheus-pushgateway``) on loopback, holding what is pushed in memory."""
 
     def __init__(self, folder: Path):
         folder.mkdir(parents=True, exist_ok=True)
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.log_path = folder / "pushgateway.log"
-        with open(self.log_path, "wb") as out:
-            # Its own persistence file: Debian's default is one shared file under /var/lib/prometheus.
-            self.process = subprocess.Popen([PUSHGATEWAY, f"--web.listen-address={self.url.removeprefix('http://')}",
-                                             f"--persistence.file={folder / 'pushgateway.data'}"],
-                                            stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while not self._ready():
-            assert self.process.poll() is None and time.monotonic() < deadline, self.log_path.read_text()[-2000:]
-            time.sleep(0.2)
-
-    def _ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
+        # Its own persistence file: Debian's default is one shared file under /var/lib/prometheus.
+        self._start("pushgateway", folder, [PUSHGATEWAY, f"--persistence.file={folder / 'pushgateway.data'}"])
 
     def series(self, name: str) -> dict[tuple, float]:
         """The pushed series named ``name``: labels (sorted items) -> value."""
@@ -113,11 +105,3 @@ class PushgatewayServer:
 
         return {tuple(sorted(labels.items())): value for n, labels, value in metrics.scrape(f"{self.url}/metrics")
                 if n == name}
-
-    def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
