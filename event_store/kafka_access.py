@@ -8,7 +8,7 @@ and the cluster's authorizer allows only what ``grant_acls`` granted:
 |---|---|
 | handler | read commands (its group, ``handler_group_id``); write (and read back) events, command-results, dead-letters, handler-snapshots; its transactional ids (prefix ``handler_group_id``) |
 | client | write commands; read command-results and events (the fraud policy's group, Spark's ``spark-kafka-source-*`` groups): the CLI, the policy, the detectors |
-| reader | read events and dead-letters (Spark's groups): the projection, status, rebuild and reprocess |
+| reader | read events and dead-letters (Spark's groups); describe the services' groups (their committed offsets): the projection, status, rebuild, reprocess and the lag exporter |
 | admin | everything (the super user): creates topics and grants these ACLs |
 
 Every role may describe every topic of the prefix (``ensure_topics`` lists them). So the events topic has one
@@ -57,7 +57,9 @@ def _rules(settings: Settings) -> dict[str, list[tuple[ResourceType, str, Resour
                    (group, SPARK_GROUP_PREFIX, prefixed, _READ)],
         "reader": [*describe_all,
                    (topic, s.events_topic, literal, _READ), (topic, s.dead_letters_topic, literal, _READ),
-                   (group, SPARK_GROUP_PREFIX, prefixed, _READ)],
+                   (group, SPARK_GROUP_PREFIX, prefixed, _READ),
+                   *[(group, name, literal, _DESCRIBE)
+                     for name in (s.handler_group_id, s.policy_group_id, s.fraud_detector_group)]],
     }
 
 

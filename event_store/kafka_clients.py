@@ -25,7 +25,7 @@ from lakehouse.kafka_security import confluent_config
 from lakehouse.settings import Settings
 
 __all__ = ["transactional_producer_config", "new_producer", "group_consumer", "group_reader", "range_reader",
-           "bulk_producer", "admin_client", "access_probe", "produce", "produce_records", "RecordSender",
+           "offsets_reader", "bulk_producer", "admin_client", "access_probe", "produce", "produce_records", "RecordSender",
            "close_within", "take", "REJOIN_WAIT_S", "RejoinWatch", "LagWatch"]
 
 # After its group session was lost (e.g. the broker restarted), a consumer is assigned partitions again within a
@@ -92,6 +92,13 @@ def range_reader(settings: Settings, name: str) -> confluent_kafka.Consumer:
         **confluent_config(settings), "group.id": f"eventlake-{name}-unused", "isolation.level": "read_committed",
         "enable.auto.commit": False, "auto.offset.reset": "error", "enable.partition.eof": True,
         "topic.metadata.refresh.interval.ms": 10_000, "fetch.wait.max.ms": 20})
+
+
+def offsets_reader(settings: Settings, group_id: str) -> confluent_kafka.Consumer:
+    """A consumer in ``group_id``'s name that only asks the group's committed offsets (``committed()``): it never
+    subscribes, so it joins no group and takes no partition from its members."""
+    return confluent_kafka.Consumer({**confluent_config(settings), "group.id": group_id,
+                                     "enable.auto.commit": False, "enable.auto.offset.store": False})
 
 
 def bulk_producer(settings: Settings, on_failed_delivery: Callable) -> confluent_kafka.Producer:

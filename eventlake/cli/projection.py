@@ -8,7 +8,8 @@ from lakehouse.settings import Settings
 __all__ = ["ROLES", "add_verbs", "SparkApps"]
 
 # The Kafka principal each verb runs as when SASL is on (the others: admin); see eventlake.cli.roles.
-ROLES = {"detect-anomalies": "client", "project": "reader", "status": "reader", "metrics": "reader"}
+ROLES = {"detect-anomalies": "client", "project": "reader", "status": "reader", "metrics": "reader",
+         "lag-exporter": "reader"}
 
 
 def _cmd_project(settings: Settings, args) -> int:
@@ -64,6 +65,31 @@ def _cmd_metrics(settings: Settings, args) -> int:
     return 0
 
 
+def _cmd_lag_exporter(settings: Settings, args) -> int:
+    from eventlake.lag_exporter import LagExporter, lines
+    from lakehouse import metrics
+    from lakehouse.signals import stop_requested_on_sigterm
+
+    log = lambda message: print(message, flush=True)  # noqa: E731 -- a service's log, seen even if it is killed
+    projections = [[n for n in value.replace(",", " ").split() if n] for value in args.projection]
+    exporter = LagExporter(settings, projections, args.every, log)
+    if args.once:
+        exporter.run(once=True)
+        for line in lines(exporter.snapshot):
+            print(line)
+        return 0 if exporter.snapshot.refreshed_at is not None else 1
+    stop_requested_on_sigterm(exporter.stop)
+    server = metrics.serve(settings, "lag-exporter", exporter.figures, log)
+    try:
+        exporter.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if server is not None:
+            server.close()
+    return 0
+
+
 def add_verbs(sub) -> None:
     """Add this group's verbs to the ``eventlake`` parser's subparsers."""
     p = sub.add_parser("project", help="run the projection into the Delta read models and the event archive")
@@ -85,6 +111,16 @@ def add_verbs(sub) -> None:
 
     p = sub.add_parser("status", help="per projection: lag, last batch and rate; per table: rows and Delta version")
     p.set_defaults(run=_cmd_status)
+
+    p = sub.add_parser("lag-exporter", help="serve how far each projection and each service's consumer group is "
+                                            "behind the log, from their committed positions (while they are stopped "
+                                            "too) as Prometheus metrics")
+    p.add_argument("--projection", action="append", default=[], metavar="NAMES",
+                   help="a projection to watch, named as `eventlake project NAMES` names it (comma- or space-separated"
+                        "); repeat for each; default: the default projection (every read model, and event_archive)")
+    p.add_argument("--every", type=float, default=10.0, metavar="SECONDS", help="how often to read the positions")
+    p.add_argument("--once", action="store_true", help="read the positions once, print them and stop")
+    p.set_defaults(run=_cmd_lag_exporter)
 
     p = sub.add_parser("metrics", help="the Prometheus metrics of the services running from this home (handler, "
                                        "projection), read from their /metrics endpoints")

@@ -278,6 +278,15 @@ def _through_the_handler_to_the_reader(secured: Settings, spark) -> None:
     assert sorted((e.aggregate_id, e.event_type, e.aggregate_version) for e in events) == \
         [("acc-sec-1", "AccountOpened", 1), ("acc-sec-2", "AccountOpened", 1)]
 
+    # The lag exporter runs as the reader: it may ask the handler's group's committed offsets and the log's ends.
+    from eventlake.lag_exporter import LagExporter
+    from projection_core.positions import lag
+
+    snapshot = LagExporter(reader, log=lambda *_: None).run(once=True)
+    groups = {p.consumer: p for p in snapshot.positions if p.kind == "group"}
+    assert snapshot.failures == 0 and handler.handler_group_id in groups, snapshot
+    assert lag(groups[handler.handler_group_id].committed, snapshot.ends[reader.commands_topic]) == 0, snapshot
+
     # Spark's Kafka source, as the projection reads the log (spark_apps.events), with the reader's credentials.
     from spark_apps.events import read_event_records
 

@@ -2,8 +2,9 @@
 (Python engine) by their registrations under the home, scrapes them, and its series tell what the log holds; the
 alert rules load and evaluate, and fire on what they are meant for, with their windows in seconds rather than
 minutes (the same expressions): a command record written around our producers is dead-lettered and counted; a
-projection that cannot keep up under load falls behind (its lag grows, its freshness goes past its aim) and, once
-one that can takes over, catches up; a killed service's failed scrapes raise EventlakeServiceDown. Skipped with the
+projection stopped under load is seen falling behind by the lag exporter (from its checkpoint: its own metrics went
+with it); one that cannot keep up falls behind (its lag grows, its freshness goes past its aim) and, once one that
+can takes over, catches up; a killed service's failed scrapes raise EventlakeServiceDown. Skipped with the
 reason where Debian's ``prometheus`` package is not installed."""
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import threading
 
 import pytest
 
+import read_models
 from event_store import kafka_log
 from event_store.envelope import CommandEnvelope, CommandResult
 from tests.integration.prometheus_server import NO_PROMETHEUS, PROMETHEUS, PrometheusServer
@@ -20,6 +22,7 @@ from tests.integration.services import Service, service_env, wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(PROMETHEUS is None, reason=NO_PROMETHEUS)]
 
 ACCOUNTS = 5
+READ_MODELS = "projection-" + "+".join(read_models.REGISTRY)  # the default projection's read models' checkpoint
 
 
 def commands() -> list[CommandEnvelope]:
@@ -76,13 +79,16 @@ def test_prometheus_scrapes_the_services_and_their_series_tell_the_log(settings,
     env = service_env(settings)
     prometheus = PrometheusServer(settings.home, tmp_path / "prometheus", fast_rules=True)
     services = {"handler": Service("handler", ["handler"], env, tmp_path),
-                "projection": Service("projection", ["project", "--engine", "python"], env, tmp_path)}
+                "projection": Service("projection", ["project", "--engine", "python"], env, tmp_path),
+                "lag-exporter": Service("lag-exporter", ["lag-exporter", "--every", "1"], env, tmp_path)}
     try:
-        # Both found through their registrations and scraped (each in its own time: wait for both).
+        # All found through their registrations and scraped (each in its own time: wait for all).
         def services_up():
             return {dict(labels)["service"] for labels in prometheus.query('up{job="eventlake"} == 1')}
-        wait_for(lambda: services_up() == {"handler-0", "projection"}, 120, 1.0)
-        assert services_up() == {"handler-0", "projection"}, (
+        expected = {"handler-0", "projection", "lag-exporter"}
+        wait_for(lambda: services_up() == expected, 120, 1.0)
+        assert services_up() == expected, ([(t["labels"].get("service"), t["lastError"]) for t in
+                                            prometheus.api("targets")["activeTargets"]],
             prometheus.query('up{job="eventlake"}'), {n: s.tail() for n, s in services.items()})
 
         sent = commands()
@@ -103,8 +109,12 @@ def test_prometheus_scrapes_the_services_and_their_series_tell_the_log(settings,
                 'sum by (outcome) (eventlake_handler_commands_total{outcome=~"accepted|rejected"})').items()}
             lag = prometheus.query('sum(eventlake_projection_lag_records{query="read_models"})')
             records = prometheus.query('sum(eventlake_projection_records_total{query="read_models"})')
+            committed = prometheus.query('sum by (consumer) (eventlake_committed_lag_records)')
             return (by_outcome == {k: float(v) for k, v in outcomes.items()} and list(lag.values()) == [0.0]
-                    and list(records.values()) == [float(events)]), by_outcome, lag, records
+                    and list(records.values()) == [float(events)]
+                    and {dict(k)["consumer"]: v for k, v in committed.items()} == {
+                        READ_MODELS: 0.0, "projection-event_archive": 0.0, settings.handler_group_id: 0.0}
+                    ), by_outcome, lag, records, committed
         matched = wait_for(lambda: series_match()[0], 60, 1.0)
         assert matched, series_match()
         by_type = {(dict(k)["type"], dict(k)["outcome"]): v for k, v in prometheus.query(
@@ -126,14 +136,26 @@ def test_prometheus_scrapes_the_services_and_their_series_tell_the_log(settings,
         assert dead and list(prometheus.query('sum(eventlake_handler_commands_total{outcome="dead_lettered"})')
                              .values()) == [1.0], dead
 
-        # Under load, a projection that cannot keep up (two records a batch) falls behind: its lag grows and its
-        # freshness goes past its aim, and both alerts fire.
+        # Under load, a stopped projection serves no figure of its own, but the lag exporter reads its checkpoint:
+        # the records past it rise, its position stays, and both of the exporter's alerts fire for its queries.
         services["projection"].process.send_signal(signal.SIGTERM)
         assert services["projection"].process.wait(60) == 0, services["projection"].tail()
-        services["slow projection"] = Service("slow projection", ["project", "--engine", "python"],
-                                              {**env, "EVENTLAKE_MAX_OFFSETS_PER_TRIGGER": "2"}, tmp_path)
         load = Load(settings)
         try:
+            def stopped_alerts():
+                growing = {dict(k)["consumer"] for k in alerts(prometheus, "EventlakeLagGrowing")}
+                stopped = {dict(k)["consumer"] for k in alerts(prometheus, "EventlakeConsumerStopped")}
+                return {READ_MODELS, "projection-event_archive"} <= growing & stopped
+            assert wait_for(stopped_alerts, 90, 1.0), (
+                prometheus.query("sum by (consumer) (eventlake_committed_lag_records)"), prometheus.query("ALERTS"),
+                services["lag-exporter"].tail())
+            waiting = prometheus.query(f'sum(eventlake_committed_lag_records{{consumer="{READ_MODELS}"}})')
+            assert list(waiting.values())[0] > 0, waiting
+
+            # A projection that cannot keep up (two records a batch) falls behind: its lag grows and its freshness
+            # goes past its aim, and both of its alerts fire.
+            services["slow projection"] = Service("slow projection", ["project", "--engine", "python"],
+                                                  {**env, "EVENTLAKE_MAX_OFFSETS_PER_TRIGGER": "2"}, tmp_path)
             behind = wait_for(lambda: alerts(prometheus, "EventlakeProjectionLagGrowing")
                               and alerts(prometheus, "EventlakeReadModelsBehind"), 90, 1.0)
             assert behind, (prometheus.query('eventlake_projection_lag_records{query="read_models"}'),
@@ -148,9 +170,13 @@ def test_prometheus_scrapes_the_services_and_their_series_tell_the_log(settings,
         def caught_up():
             lag = prometheus.query('sum(eventlake_projection_lag_records{query="read_models"})')
             seconds = prometheus.query('max(eventlake_projection_lag_seconds{query="read_models"})')
+            committed = prometheus.query('sum(eventlake_committed_lag_records{kind="projection"})')
             return (list(lag.values()) == [0.0] and list(seconds.values()) == [0.0]
+                    and list(committed.values()) == [0.0]
                     and not alerts(prometheus, "EventlakeProjectionLagGrowing")
-                    and not alerts(prometheus, "EventlakeReadModelsBehind"))
+                    and not alerts(prometheus, "EventlakeReadModelsBehind")
+                    and not [k for name in ("EventlakeLagGrowing", "EventlakeConsumerStopped")
+                             for k in alerts(prometheus, name) if dict(k)["consumer"].startswith("projection-")])
         assert wait_for(caught_up, 120, 1.0), (prometheus.query("eventlake_projection_lag_records"),
                                                services["projection"].tail())
 

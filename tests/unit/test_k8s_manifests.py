@@ -554,13 +554,13 @@ def test_what_kustomize_renders_is_valid_in_the_namespace_with_the_image_it_is_t
 
 
 def test_the_services_that_serve_metrics_listen_beyond_the_pod_on_the_port_their_annotations_name():
-    """The handler, the fraud policy, the fraud detector and the projection's driver serve /metrics
+    """The handler, the fraud policy, the fraud detector, the lag exporter and the projection's driver serve /metrics
     (docs/metrics.md): on loopback, Prometheus in another pod could not scrape them; the port their pods'
     prometheus.io annotations and container ports name is the one the settings give."""
     settings = Settings.load(_settings_data())
     assert settings.metrics == "on" and settings.metrics_host == "0.0.0.0" and settings.metrics_port > 0
     pods = {name: _one("Deployment", name)["spec"]["template"]
-            for name in ("command-handler", "fraud-policy", "fraud-detector")}
+            for name in ("command-handler", "fraud-policy", "fraud-detector", "lag-exporter")}
     projection = _one("SparkApplication", "projection")["spec"]["driver"]
     for what, pod_annotations, container in (
             *((name, pod["metadata"]["annotations"], pod["spec"]["containers"][0]) for name, pod in pods.items()),

@@ -214,6 +214,42 @@ def test_the_fraud_detectors_and_the_policys_figures():
     assert not [k for k in policy if k[0] == "consumer_lag_records"]  # no position yet: no lag served
 
 
+def test_the_lag_exporters_figures_from_committed_positions(settings):
+    """``eventlake lag-exporter``: records past each consumer's committed position by partition (a position past the
+    last record, after a transaction marker, is no lag; a partition it has not committed reads from the start), its
+    committed offsets, the log's ends, when a projection last committed; refreshes by result."""
+    from eventlake.lag_exporter import LagExporter, LagExporterError, Position, Snapshot, figures, lines
+
+    snapshot = Snapshot([Position("projection-p", "projection", "events", {0: 10, 1: 8}, committed_at=1_000.0),
+                         Position("handler", "group", "commands", {0: 3})],
+                        {"events": {0: 7, 1: 9, 2: 4}, "commands": {0: 5}}, refreshed_at=2_000.0, refreshes=3,
+                        failures=1)
+    got = {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("kind", "topic")))): s.value
+           for s in figures(snapshot)}
+    lag = {k[1]: v for k, v in got.items() if k[0] == "committed_lag_records"}
+    assert lag == {(("consumer", "projection-p"), ("partition", "0")): 0,   # past the last record: a marker
+                   (("consumer", "projection-p"), ("partition", "1")): 1,
+                   (("consumer", "projection-p"), ("partition", "2")): 4,   # nothing committed: from the start
+                   (("consumer", "handler"), ("partition", "0")): 2}
+    assert got[("committed_offset", (("consumer", "projection-p"), ("partition", "1")))] == 8
+    assert got[("log_end_offset", (("partition", "2"),))] == 4
+    assert got[("committed_timestamp_seconds", (("consumer", "projection-p"),))] == 1_000.0
+    assert not [k for k in got if k[0] == "committed_timestamp_seconds" and ("consumer", "handler") in k[1]]
+    assert got[("lag_exporter_refreshes", (("result", "ok"),))] == 3
+    assert got[("lag_exporter_refreshes", (("result", "failed"),))] == 1
+    assert lines(snapshot)[0].startswith("projection-p (projection, events): 5 record(s) behind, last commit")
+    # Nothing read yet: no position is shown as if it were known.
+    assert [s.name for s in figures(Snapshot())] == ["lag_exporter_refreshes"] * 2
+    # The projections it watches are named as `eventlake project` names them.
+    exporter = LagExporter(settings, [["account_summary", "payments"], ["event_archive"]])
+    assert set(exporter.checkpoints) == {"projection-account_summary+payments", "projection-event_archive"}
+    assert exporter.checkpoints["projection-event_archive"] == settings.checkpoints / "projection-event_archive"
+    with pytest.raises(LagExporterError, match="--projection nosuch: unknown read model 'nosuch'"):
+        LagExporter(settings, [["nosuch"]])
+    with pytest.raises(LagExporterError, match="--every 0: expected a number of seconds above 0"):
+        LagExporter(settings, every_s=0)
+
+
 def test_a_push_without_a_pushgateway_does_nothing_and_a_failed_one_is_said_not_raised(settings):
     said = []
     samples = [Sample("check_success", "gauge", "h", 1.0, {"table": "payments"})]

@@ -20,6 +20,7 @@ from expectations.checks import Verdict
 from spark_apps.maintenance import MaintenanceReport
 from spark_apps.rebuild import BuildResult
 from spark_apps.reprocess import ReprocessOutcome
+from eventlake.lag_exporter import Position, Snapshot, figures as lag_exporter_figures
 from eventlake.sql_server import figures as sql_server_figures
 from lakehouse.metrics import Sample
 from projection_core.figures import QueryFigures, query_samples
@@ -33,8 +34,8 @@ NO_PROMTOOL = "promtool is not on the PATH: sudo apt-get install prometheus (Deb
 
 
 def served_names() -> set[str]:
-    """Every series name the handler, the projection, the fraud detector, the policy and the SQL server serve,
-    and Airflow's tasks push (counters with ``_total``)."""
+    """Every series name the handler, the projection, the fraud detector, the policy, the SQL server and the lag
+    exporter serve, and Airflow's tasks push (counters with ``_total``)."""
     query = QueryFigures()
     query.last_commit_at, query.lag, query.step_seconds = 1.0, {0: 1}, {"step": 1.0}
     query.add_outcomes({"applied": 1}, held=0, newest_event_at=1.0)
@@ -42,6 +43,8 @@ def served_names() -> set[str]:
     samples += engine_figures(type("Engine", (), {"handed_over": 0, "queries": [], "plan": None})())
     detector = FraudStats(by_rule={"velocity": 1}, lag={0: 1})
     samples += [*detector_figures(detector), *policy_figures(PolicyStats(lag={0: 1})), *sql_server_figures([1] * 5)]
+    samples += lag_exporter_figures(Snapshot([Position("projection-p", "projection", "events", {0: 1}, 1.0)],
+                                             {"events": {0: 2}}, refreshed_at=1.0))
     # What Airflow's tasks push (lakehouse.metrics.push).
     at = datetime(2026, 1, 1, tzinfo=timezone.utc)
     samples += [*Verdict("payments", None, missing="no table").samples(), *MaintenanceReport("payments").samples(),

@@ -1,0 +1,254 @@
+"""``eventlake lag-exporter``: how far each consumer of the log is behind it, watched from outside (issue 44).
+
+A service's own ``/metrics`` goes when the service goes, so its lag cannot rise while it is stopped; and a
+projection's Structured Streaming queries commit no offsets to a consumer group, so Kafka's lag exporters cannot see
+it. This service reads the committed positions where they are kept, every ``every_s`` seconds:
+
+- each projection's queries: the end offsets of the last batch their checkpoint's commit log holds
+  (``projection_core.checkpoint``, the same files either engine resumes from); a checkpoint that does not exist yet
+  stands at the log's start, so a projection that was never started shows the whole log waiting;
+- the consumer groups of the handler (commands topic), the fraud policy and the fraud detector (events topic): their
+  committed offsets (asked by a consumer in the group's name that never joins it; librdkafka 2.16's admin call for
+  them crashed the process on a broker whose offsets topic was not created yet); a group that has committed nothing
+  is not shown;
+
+and compares them with each topic's end, counted in records: the events topic's is the offset after its last record
+(``projection_core.positions.record_ends``: the handler's transaction markers are no records); the commands topic,
+written without transactions, ends at its high watermark (asked of the broker: no command is read). It serves ``eventlake_committed_lag_records{consumer, topic, partition}``, the committed
+offsets and the log's end offsets, and the time each projection last committed. A refresh the broker does not
+answer is counted and said once; the figures stay as the last refresh left them, and their refresh time says how
+old they are.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from lakehouse.errors import BadInput
+from lakehouse.metrics import Sample
+from lakehouse.settings import Settings
+
+__all__ = ["LagExporterError", "Position", "Snapshot", "LagExporter", "projection_checkpoints", "group_topics",
+           "group_positions", "high_watermarks", "figures", "lines"]
+
+DEFAULT_EVERY_S = 10.0
+
+
+class LagExporterError(BadInput, ValueError):
+    """An option the exporter cannot work with (an unknown read model, a refresh period of no time)."""
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where one consumer stands on one topic: ``committed`` (partition -> next offset to read)."""
+    consumer: str
+    kind: str  # "projection" (a checkpoint) or "group" (a consumer group)
+    topic: str
+    committed: dict[int, int]
+    committed_at: float | None = None  # a projection's last commit (Unix time); None: none yet, or a group
+
+
+@dataclass
+class Snapshot:
+    """The last refresh: the positions, the log's ends per topic, when, and the refreshes so far."""
+    positions: list[Position] = field(default_factory=list)
+    ends: dict[str, dict[int, int]] = field(default_factory=dict)
+    refreshed_at: float | None = None
+    refreshes: int = 0
+    failures: int = 0
+
+
+def projection_checkpoints(settings: Settings, projections: list[list[str]]) -> dict[str, Path]:
+    """The checkpoints of the projections ``eventlake project NAMES...`` runs, one list of names per projection (an
+    empty list: the default projection, every read model plus the archive's query): checkpoint name -> folder."""
+    import read_models
+    from projection_core.plan import ARCHIVE_QUERY, ProjectionPlan
+    from read_models.catalog import ARCHIVE_TABLE
+
+    out = {}
+    for names in projections or [[]]:
+        named = [n for n in names if n != ARCHIVE_TABLE]
+        try:
+            models = read_models.select(named) if named else ([] if names else None)
+        except KeyError as e:
+            raise LagExporterError(f"lag-exporter: --projection {','.join(names)}: {e.args[0]}") from None
+        plan = ProjectionPlan(settings, models, archive=not names or ARCHIVE_TABLE in names, log=lambda _: None)
+        if plan.models:
+            out[plan.name] = plan.checkpoint
+        if plan.archive:
+            out[ARCHIVE_QUERY] = plan.archive_checkpoint
+    return out
+
+
+def group_topics(settings: Settings) -> dict[str, str]:
+    """The consumer groups of eventlake's services -> the topic each reads."""
+    return {settings.handler_group_id: settings.commands_topic, settings.policy_group_id: settings.events_topic,
+            settings.fraud_detector_group: settings.events_topic}
+
+
+def checkpoint_position(name: str, checkpoint: Path, topic: str) -> Position:
+    from projection_core import checkpoint as checkpoint_log
+
+    commits = checkpoint_log.committed_batches(checkpoint)
+    if not commits:
+        return Position(name, "projection", topic, {})
+    last = commits[-1]
+    return Position(name, "projection", topic, checkpoint_log.batch_offsets(checkpoint, last, topic) or {},
+                    checkpoint_log.committed_at(checkpoint, last).timestamp())
+
+
+def group_positions(readers: dict, ends: dict[str, dict[int, int]], timeout_s: float = 10.0) -> list[Position]:
+    """Each group's committed offsets on its topic's partitions (``ends``: topic -> partition -> end), asked through
+    ``readers`` (group -> (a consumer in that group that never joins it, its topic)); groups that committed none are
+    left out."""
+    from confluent_kafka import TopicPartition
+
+    out = []
+    for group, (consumer, topic) in readers.items():
+        partitions = [TopicPartition(topic, p) for p in sorted(ends.get(topic, {}))]
+        committed = {tp.partition: tp.offset for tp in consumer.committed(partitions, timeout=timeout_s)
+                     if tp.error is None and tp.offset >= 0} if partitions else {}
+        consumer.poll(0)  # serves the client's queued events (errors while the broker was away): none piles up
+        if committed:
+            out.append(Position(group, "group", topic, committed))
+    return out
+
+
+def high_watermarks(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict[int, int]:
+    """Partition -> the offset after the last record of a topic written without transactions (no command is read:
+    describing the topic is enough)."""
+    from confluent_kafka import TopicPartition
+
+    from event_store import kafka_clients
+
+    consumer = kafka_clients.range_reader(settings, "lag-exporter")
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+        if metadata.error is not None:
+            return {}
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)[1]
+                for p in sorted(metadata.partitions)}
+    finally:
+        kafka_clients.close_within(consumer, 5.0, "lag-exporter")
+
+
+def figures(snapshot: Snapshot) -> list[Sample]:
+    """The exporter's Prometheus figures (``lakehouse.metrics``) from its last refresh."""
+    from projection_core.positions import lag
+
+    g = "gauge"
+    out = [Sample("lag_exporter_refreshes", "counter", "Refreshes of the committed positions and the log's end",
+                  snapshot.refreshes, {"result": "ok"}),
+           Sample("lag_exporter_refreshes", "counter", "Refreshes of the committed positions and the log's end",
+                  snapshot.failures, {"result": "failed"})]
+    if snapshot.refreshed_at is not None:
+        out.append(Sample("lag_exporter_last_refresh_timestamp_seconds", g,
+                          "When the figures below were read (Unix time)", snapshot.refreshed_at))
+    for topic, ends in sorted(snapshot.ends.items()):
+        out += [Sample("log_end_offset", g, "The offset after the partition's last record", end,
+                       {"topic": topic, "partition": str(p)}) for p, end in sorted(ends.items())]
+    for position in snapshot.positions:
+        ends = snapshot.ends.get(position.topic, {})
+        labels = {"consumer": position.consumer, "kind": position.kind, "topic": position.topic}
+        for partition, end in sorted(ends.items()):
+            at = {**labels, "partition": str(partition)}
+            out.append(Sample("committed_lag_records", g, "Records in the log past the consumer's committed position",
+                              lag({partition: position.committed.get(partition, 0)}, {partition: end}), at))
+            out.append(Sample("committed_offset", g, "The consumer's committed position (the next offset to read)",
+                              position.committed.get(partition, 0), at))
+        if position.committed_at is not None:
+            out.append(Sample("committed_timestamp_seconds", g, "When the projection last committed a batch "
+                              "(Unix time)", position.committed_at, labels))
+    return out
+
+
+class LagExporter:
+    """Refresh the positions every ``every_s`` seconds until ``stop()``; ``figures()`` serves the last refresh."""
+
+    def __init__(self, settings: Settings, projections: list[list[str]] | None = None,
+                 every_s: float = DEFAULT_EVERY_S, log: Callable[[str], None] = print):
+        if every_s <= 0:
+            raise LagExporterError(f"lag-exporter: --every {every_s:g}: expected a number of seconds above 0")
+        self.settings, self.every_s, self.log = settings, every_s, log
+        self.checkpoints = projection_checkpoints(settings, projections or [])
+        self.groups = group_topics(settings)
+        self.snapshot = Snapshot()
+        self._stopping = threading.Event()
+        self._failing = False
+        self._readers = None
+
+    def figures(self) -> list[Sample]:
+        return figures(self.snapshot)
+
+    def _group_readers(self) -> dict:
+        """A consumer per group, for the exporter's life (it reconnects by itself after a broker restart): in the
+        group's name to ask its committed offsets, never subscribing (it joins no group, takes no partition)."""
+        if self._readers is None:
+            from event_store import kafka_clients
+
+            self._readers = {group: (kafka_clients.offsets_reader(self.settings, group), topic)
+                             for group, topic in self.groups.items()}
+        return self._readers
+
+    def close(self) -> None:
+        from event_store import kafka_clients
+
+        for consumer, _ in (self._readers or {}).values():
+            kafka_clients.close_within(consumer, 5.0, "lag-exporter")
+        self._readers = None
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def refresh(self) -> bool:
+        """Read every position and the log's ends once. -> whether the broker answered."""
+        from projection_core.positions import record_ends
+
+        try:
+            topics = sorted(set(self.groups.values()) | {self.settings.events_topic})
+            ends = {topic: record_ends(self.settings, topic) if topic == self.settings.events_topic
+                    else high_watermarks(self.settings, topic) for topic in topics}
+            positions = [checkpoint_position(name, path, self.settings.events_topic)
+                         for name, path in self.checkpoints.items()]
+            positions += group_positions(self._group_readers(), ends)
+        except Exception as e:  # the broker away or refusing, a checkpoint mid-write: said once, tried again
+            self.snapshot.failures += 1
+            if not self._failing:
+                self.log(f"lag-exporter: cannot read the positions ({type(e).__name__}: {e}); the figures stay as "
+                         f"the last refresh left them; trying again every {self.every_s:g} s")
+            self._failing = True
+            return False
+        if self._failing:
+            self.log("lag-exporter: positions read again")
+        self._failing = False
+        self.snapshot = Snapshot(positions, ends, time.time(), self.snapshot.refreshes + 1, self.snapshot.failures)
+        return True
+
+    def run(self, once: bool = False) -> Snapshot:
+        self.log(f"lag-exporter: watching {', '.join([*self.checkpoints, *self.groups])} every {self.every_s:g} s")
+        try:
+            while not self._stopping.is_set():
+                self.refresh()
+                if once:
+                    break
+                self._stopping.wait(self.every_s)
+        finally:
+            self.close()
+        return self.snapshot
+
+
+def lines(snapshot: Snapshot) -> list[str]:
+    """The last refresh for a person at a terminal (``eventlake lag-exporter --once``)."""
+    from projection_core.positions import lag
+
+    if snapshot.refreshed_at is None:
+        return ["lag-exporter: the positions could not be read (the broker did not answer)"]
+    out = []
+    for p in snapshot.positions:
+        behind = lag(p.committed, snapshot.ends.get(p.topic, {}))
+        since = "" if p.committed_at is None else f", last commit {time.time() - p.committed_at:,.0f} s ago"
+        out.append(f"{p.consumer} ({p.kind}, {p.topic}): {behind:,} record(s) behind{since}")
+    return out
