@@ -203,6 +203,14 @@ class CommandHandler:
         """Handle one polled batch of command records in one transaction. Never loops on a batch: if its
         transaction fails for any reason but a rebalance, its commands are redone one per transaction, and a
         command that cannot be written even alone is answered NotWritable and skipped."""
+        started = time.monotonic()
+        try:
+            self._process(batch)
+        finally:
+            self.stats.batches += 1
+            self.stats.batch_seconds += time.monotonic() - started
+
+    def _process(self, batch: dict) -> None:
         failure = self._transact(batch)
         while failure is not None and failure is not _LOST and failure.code() in BROKER_AWAY_ERRORS:
             self._tx.wait_for_broker(failure, "redoing a transaction", self.settings.events_topic)

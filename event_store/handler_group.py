@@ -110,6 +110,7 @@ class GroupMembership:
     def on_assign(self, consumer, partitions) -> None:
         consumer.incremental_assign(partitions)
         consumer.pause(partitions)  # until the partition's state is rebuilt (rebuild_unready resumes it)
+        self.stats.rebalances["assigned"] += len(partitions)
         for tp in partitions:
             self.generation[tp.partition] = self.generation.get(tp.partition, 0) + 1
             self.unready.add(tp.partition)
@@ -118,8 +119,12 @@ class GroupMembership:
         self.log(f"handler {self.instance_id}: partitions assigned: {sorted(tp.partition for tp in partitions)}")
 
     def on_revoke(self, consumer, partitions) -> None:
+        self.stats.rebalances["revoked"] += len(partitions)
+        self.log(f"handler {self.instance_id}: partitions revoked: {sorted(tp.partition for tp in partitions)}")
+        self._drop(partitions)
+
+    def _drop(self, partitions) -> None:
         revoked = {tp.partition for tp in partitions}
-        self.log(f"handler {self.instance_id}: partitions revoked: {sorted(revoked)}")
         for p in revoked:
             self.generation[p] = self.generation.get(p, 0) + 1
             self.unready.discard(p)
@@ -131,8 +136,10 @@ class GroupMembership:
         """The group session timed out (the coordinator did not answer, e.g. the broker restarted): the
         partitions may be someone else's already. Dropped like a revocation; see rejoin_if_stuck."""
         self.rejoin.lost()
-        self.log(f"handler {self.instance_id}: group session lost")
-        self.on_revoke(consumer, partitions)
+        self.stats.rebalances["lost"] += len(partitions)
+        self.log(f"handler {self.instance_id}: group session lost; partitions dropped: "
+                 f"{sorted(tp.partition for tp in partitions)}")
+        self._drop(partitions)
 
     def moved(self, generations: dict[int, int | None]) -> bool:
         """Whether any of the partitions (with the generation they had) was revoked or assigned anew since."""

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from lakehouse.metrics import Sample
 
-__all__ = ["HandlerStats", "figures"]
+__all__ = ["HandlerStats", "figures", "state_figures"]
 
 
 @dataclass
@@ -34,6 +35,11 @@ class HandlerStats:
     commit_seconds: float = 0.0  # waiting for send_offsets_to_transaction + commit_transaction
     snapshot_seconds: float = 0.0  # writing snapshots' steps (the loop handles no command meanwhile)
     longest_snapshot_s: float = 0.0  # the longest step
+    batches: int = 0  # polled batches of command records handled (each in one transaction unless redone)
+    batch_seconds: float = 0.0  # handling them, transactions included
+    quarantined_aggregates: int = 0  # aggregates a rebuild quarantined after an unreadable events record
+    # Rebalances of the handlers' group as this instance saw them: partitions assigned, revoked, lost.
+    rebalances: dict[str, int] = field(default_factory=lambda: {"assigned": 0, "revoked": 0, "lost": 0})
     collections: int = 0  # the loop's paced garbage collections (event_store.collector)
     collector_seconds: float = 0.0
     longest_collection_s: float = 0.0
@@ -64,10 +70,12 @@ class HandlerStats:
 
 
 
-def figures(stats: HandlerStats, partitions: int) -> list[Sample]:
-    """The handler's Prometheus figures (``lakehouse.metrics``): its counters as they stand, and the commands
-    partitions it owns."""
+def figures(stats: HandlerStats, states: Mapping[int, Any]) -> list[Sample]:
+    """The handler's Prometheus figures (``lakehouse.metrics``): its counters as they stand, the commands
+    partitions it owns and the size of their states (``states``: partition -> its PartitionState, read from the
+    scrape's thread while the loop runs: a state closed meanwhile is skipped)."""
     c = "counter"
+    owned = list(states.items())  # one copy: the loop adds and drops partitions meanwhile
     return [
         *commands_by_type(stats),
         Sample("handler_events", c, "Events appended to the events topic", stats.events),
@@ -94,8 +102,39 @@ def figures(stats: HandlerStats, partitions: int) -> list[Sample]:
         Sample("handler_snapshot_seconds", c, "Time spent writing snapshot steps", stats.snapshot_seconds),
         Sample("handler_collection_seconds", c, "Time spent in the loop's paced garbage collections",
                stats.collector_seconds),
-        Sample("handler_partitions", "gauge", "Commands partitions this instance owns", partitions),
-    ]
+        Sample("handler_partitions", "gauge", "Commands partitions this instance owns", len(owned)),
+        Sample("handler_batches", c, "Polled batches of command records handled", stats.batches),
+        Sample("handler_batch_seconds", c, "Time handling batches, their transactions included",
+               stats.batch_seconds),
+        Sample("handler_quarantined_aggregates", c, "Aggregates quarantined by a rebuild after an unreadable "
+               "events record (they refuse commands until resolved)", stats.quarantined_aggregates),
+        *[Sample("handler_rebalances", c, "Partitions of the handlers' group assigned, revoked or lost to this "
+                 "instance", n, {"kind": kind}) for kind, n in sorted(dict(stats.rebalances).items())],
+    ] + state_figures(owned)
+
+
+def state_figures(owned: list[tuple[int, Any]]) -> list[Sample]:
+    """Per owned partition, what its state holds: aggregates in memory, or its state store's entries, cached bytes
+    and bytes on disk (event_store.state_store)."""
+    g = "gauge"
+    out = []
+    for partition, part in sorted(owned, key=lambda item: item[0]):
+        at = {"partition": str(partition)}
+        store = part.store
+        if store is None:
+            out.append(Sample("handler_state_aggregates", g, "Aggregates whose state a partition holds in memory",
+                              len(part.states), at))
+            continue
+        try:
+            figures = [("handler_state_store_entries", "Keys in a partition's state store", store.entries()),
+                       ("handler_state_store_cached_bytes", "What a partition's state store caches in memory",
+                        store.cached_bytes()),
+                       ("handler_state_store_bytes", "A partition's state store's files on disk",
+                        store.size_on_disk())]
+        except Exception:  # closed by the loop meanwhile (the partition was revoked): not served this time
+            continue
+        out += [Sample(name, g, text, value, at) for name, text, value in figures]
+    return out
 
 
 def commands_by_type(stats: HandlerStats) -> list[Sample]:

@@ -65,6 +65,7 @@ class RebuildCounts:
     unreadable_events: int = 0  # events records that could not be read (their aggregates are quarantined)
     repeated_events: int = 0  # an event id seen before, or an event at a version already taken (forged)
     unreadable_results: int = 0  # command-results records skipped
+    quarantined_aggregates: int = 0  # aggregates quarantined after an unreadable events record
 
 
 class RetainedLogMissing(Refused):
@@ -354,6 +355,7 @@ class PartitionRebuilder:
         for aggregate_type in types:
             key = (aggregate_type, aggregate_id)
             part.states[key] = DOMAINS[aggregate_type].quarantined(part.state(*key), where, reason)
+            self.stats.quarantined_aggregates += 1
         self.log(f"handler {self.instance_id}: unreadable events record {where}: {' or '.join(types)} "
                  f"{aggregate_id} quarantined until resolved (eventlake resolve-quarantine {aggregate_id} --record "
                  f"{where} --reason ...): {reason}")

@@ -115,7 +115,7 @@ def _cmd_handler(settings: Settings, args) -> int:
         # SIGTERM (e.g. from Kubernetes) stops after the current batch; closing then writes the snapshots.
         stop_requested_on_sigterm(handler.stop)
         server = metrics.serve(settings, f"handler-{args.instance_id}",
-                               lambda: figures(handler.stats, len(handler.partitions)), log)
+                               lambda: figures(handler.stats, handler.partitions), log)
         try:
             stats = handler.run(until_caught_up=args.until_caught_up)
         except KeyboardInterrupt:

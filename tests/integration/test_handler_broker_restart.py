@@ -207,3 +207,6 @@ def test_a_handler_whose_consumer_does_not_rejoin_after_a_lost_session_replaces_
     assert all(r.status == "accepted" for r in got.values())
     assert any("replacing its consumer" in line for line in lines)
     assert handler.stats.consumers_renewed == 1
+    # Served as eventlake_handler_rebalances_total: the partitions lost, and assigned to both consumers.
+    assert handler.stats.rebalances["lost"] == len(assigned) == settings.topic_partitions
+    assert handler.stats.rebalances["assigned"] == 2 * len(assigned)

@@ -220,3 +220,4 @@ def test_an_unreadable_event_quarantines_its_account_alone_until_an_operator_res
         (4, record, "ops-anna")]
     assert "amount_minor" in audit[0].payload["evidence"]
     assert stats.unreadable_events == 1 and any("account acc-q quarantined" in line for line in lines)
+    assert stats.quarantined_aggregates == 1  # served as eventlake_handler_quarantined_aggregates_total

@@ -6,6 +6,7 @@ import socket
 import pytest
 
 from event_store.handler_stats import HandlerStats, figures
+from event_store.partition_state import PartitionState
 from lakehouse import metrics
 from lakehouse.metrics import MetricsError, Sample
 from lakehouse.settings import Settings, SettingsError
@@ -20,7 +21,8 @@ def test_a_service_serves_its_figures_and_registers_where_prometheus_and_the_cli
     stats = HandlerStats(accepted=7, rejected=2, events=9, transactions=3, aborted=1,
                          by_type={("OpenAccount", "accepted"): 3, ("AuthorizePayment", "accepted"): 4,
                                   ("OpenAccount", "rejected"): 1})
-    server = metrics.serve(settings, "handler-0", lambda: figures(stats, 2), log=lambda *_: None)
+    owned = {0: PartitionState(0), 1: PartitionState(1)}
+    server = metrics.serve(settings, "handler-0", lambda: figures(stats, owned), log=lambda *_: None)
     try:
         samples = metrics.scrape(server.url)
         served = {(n, tuple(sorted(ls.items()))): v for n, ls, v in samples}
@@ -92,10 +94,39 @@ def test_a_figure_of_an_unknown_kind_is_refused(settings):
         server.close()
 
 
+def test_the_handlers_batches_rebalances_quarantines_and_state_sizes(tmp_path):
+    """Batches and their time, partitions moved by rebalances, aggregates quarantined, and per owned partition the
+    size of its state: aggregates in memory, or its state store's entries, cache and bytes on disk; a store closed
+    by the loop while a scrape reads is skipped, not an error."""
+    from event_store.state_store import StateStore
+
+    stats = HandlerStats(batches=4, batch_seconds=0.5, quarantined_aggregates=2)
+    stats.rebalances["assigned"] += 3
+    stats.rebalances["lost"] += 1
+    in_memory = PartitionState(0, states={("account", "a-1"): object(), ("account", "a-2"): object()})
+    store = StateStore(tmp_path / "store")
+    store.write(10, 5, {("account", "a-3"): b"{}"})
+    closed = StateStore(tmp_path / "closed")
+    closed.close()
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in figures(stats, {
+        0: in_memory, 1: PartitionState(1, store=store), 2: PartitionState(2, store=closed)})}
+    assert got[("handler_batches", ())] == 4 and got[("handler_batch_seconds", ())] == 0.5
+    assert got[("handler_quarantined_aggregates", ())] == 2
+    assert {k[1]: v for k, v in got.items() if k[0] == "handler_rebalances"} == {
+        (("kind", "assigned"),): 3, (("kind", "revoked"),): 0, (("kind", "lost"),): 1}
+    assert got[("handler_partitions", ())] == 3
+    assert got[("handler_state_aggregates", (("partition", "0"),))] == 2
+    assert got[("handler_state_store_entries", (("partition", "1"),))] == store.entries() >= 2
+    assert got[("handler_state_store_bytes", (("partition", "1"),))] == store.size_on_disk() > 0
+    assert ("handler_state_store_cached_bytes", (("partition", "1"),)) in got
+    assert not [k for k in got if ("partition", "2") in k[1]]
+    store.close()
+
+
 def test_the_handlers_figures_follow_prometheus_names():
-    names = {s.name for s in figures(HandlerStats(), 0)}
+    names = {s.name for s in figures(HandlerStats(), {})}
     assert all(n.startswith("handler_") and not n.endswith("_total") for n in names)
-    kinds = {s.kind for s in figures(HandlerStats(), 0)}
+    kinds = {s.kind for s in figures(HandlerStats(), {})}
     assert kinds <= {"counter", "gauge"}
 
 

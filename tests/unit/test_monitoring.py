@@ -3,6 +3,7 @@ dashboard (infra/grafana/eventlake-dashboard.json) name only metrics the service
 the rules and fire each alert where its rule test says (``promtool check rules``, ``promtool test rules
 alerts_test.yml``; skipped where Debian's ``prometheus`` package, which holds promtool, is not installed)."""
 import json
+from collections import namedtuple
 from datetime import datetime, timezone
 from types import SimpleNamespace
 import re
@@ -33,13 +34,22 @@ PROMTOOL = shutil.which("promtool")
 NO_PROMTOOL = "promtool is not on the PATH: sudo apt-get install prometheus (Debian's package holds promtool)"
 
 
+class _Store:
+    def entries(self): return 1
+    def cached_bytes(self): return 1
+    def size_on_disk(self): return 1
+
+
+_Part = namedtuple("_Part", "partition store states")
+
+
 def served_names() -> set[str]:
     """Every series name the handler, the projection, the fraud detector, the policy, the SQL server and the lag
     exporter serve, and Airflow's tasks push (counters with ``_total``)."""
     query = QueryFigures()
     query.last_commit_at, query.lag, query.step_seconds = 1.0, {0: 1}, {"step": 1.0}
     query.add_outcomes({"applied": 1}, held=0, newest_event_at=1.0)
-    samples: list[Sample] = [*handler_figures(HandlerStats(), 1), *query_samples([("read_models", query)])]
+    samples: list[Sample] = [*handler_figures(HandlerStats(), {0: _Part(0, None, {}), 1: _Part(1, _Store(), {})}), *query_samples([("read_models", query)])]
     samples += engine_figures(type("Engine", (), {"handed_over": 0, "queries": [], "plan": None})())
     detector = FraudStats(by_rule={"velocity": 1}, lag={0: 1})
     samples += [*detector_figures(detector), *policy_figures(PolicyStats(lag={0: 1})), *sql_server_figures([1] * 5)]
