@@ -19,8 +19,8 @@ from typing import Iterator, Mapping, Union
 from urllib.parse import urlsplit
 from lakehouse.errors import Unavailable
 
-__all__ = ["Location", "RemoteLocation", "StorageError", "location", "is_remote", "remove_tree", "storage_options",
-           "delta_table"]
+__all__ = ["Location", "RemoteLocation", "StorageError", "location", "is_remote", "remove_tree", "tree_bytes",
+           "storage_options", "delta_table"]
 
 
 class StorageError(Unavailable, OSError):
@@ -212,6 +212,14 @@ class RemoteLocation:
         elif self.exists():
             self._handler().delete_dir(self._key)
 
+    def tree_bytes(self) -> int:
+        """The bytes of every file under this folder (0 when there is none)."""
+        import pyarrow.fs as pafs
+
+        selector = pafs.FileSelector(self._key, allow_not_found=True, recursive=True)
+        return sum(info.size or 0 for info in self._handler().get_file_info_selector(selector)
+                   if info.type == pafs.FileType.File)
+
     def remove_tree(self) -> None:
         if urlsplit(self.uri).scheme == "file":
             import shutil
@@ -251,6 +259,14 @@ def remove_tree(where: Location) -> None:
         import shutil
 
         shutil.rmtree(where, ignore_errors=True)
+
+
+def tree_bytes(where: Location) -> int:
+    """The bytes of every file under a folder (0 when it does not exist), a path or a URI."""
+    if isinstance(where, RemoteLocation):
+        return where.tree_bytes()
+    where = Path(where)
+    return sum(f.stat().st_size for f in where.rglob("*") if f.is_file()) if where.is_dir() else 0
 
 
 def storage_options(where) -> dict[str, str] | None:

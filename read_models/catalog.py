@@ -59,7 +59,7 @@ from typing import Iterable, Mapping
 
 import read_models
 from lakehouse.settings import Settings
-from lakehouse.storage import Location, delta_table, remove_tree, storage_options
+from lakehouse.storage import Location, delta_table, remove_tree, storage_options, tree_bytes
 from lakehouse.errors import NotFound, Refused
 
 __all__ = ["Catalog", "CatalogError", "CatalogEntry", "CatalogRefused", "Generation", "ModelState",
@@ -420,10 +420,12 @@ class Catalog:
         return state.generations[state.current]
 
     def drop(self, name: str, number: int, by: str, reason: str = "maintenance",
-             delete_files: bool = True) -> Generation:
+             delete_files: bool = True, freed: list[int] | None = None) -> Generation:
         """Mark generation ``number`` dropped and delete its files (never the current generation; dropping one
         already dropped only deletes what is left of its files). Generation 1's checkpoint is the live
-        projection's and is never deleted; its late events are deleted from the shared table."""
+        projection's and is never deleted; its late events are deleted from the shared table. The bytes of the
+        folders deleted are appended to ``freed`` when given (rows deleted from the shared table are not counted:
+        their files go at that table's next VACUUM)."""
         state = self.state(name)
         self._require(state, number, allow_dropped=True)
         if number not in state.dropped:
@@ -437,7 +439,9 @@ class Catalog:
             state = self._change(name, plan)
         generation = state.generations[number]
         if delete_files:
-            _delete_files(generation, self.settings)
+            deleted = _delete_files(generation, self.settings)
+            if freed is not None:
+                freed.append(deleted)
         return generation
 
     # -- internals ----------------------------------------------------------------------------------------------
@@ -516,21 +520,26 @@ def _changed_by(state: ModelState) -> str:
     return f"switched {s.at:%Y-%m-%d %H:%M:%S}Z by {s.by or '?'}: {s.reason or 'no reason given'}"
 
 
-def _delete_files(generation: Generation, settings: Settings) -> None:
-    """Delete a dropped generation's tables (and, for a generation of its own, its checkpoint)."""
-    for path in (generation.table, generation.pending, generation.applied):
-        remove_tree(path)
+def _delete_files(generation: Generation, settings: Settings) -> int:
+    """Delete a dropped generation's tables (and, for a generation of its own, its checkpoint). -> the bytes of the
+    folders deleted."""
+    folders = [generation.table, generation.pending, generation.applied]
     if generation.late_events_shared:
         if (generation.late_events / "_delta_log").is_dir():
             delta_table(generation.late_events).delete(f"read_model = '{generation.name}'")
     else:
-        remove_tree(generation.late_events)
+        folders.append(generation.late_events)
     generations_root = settings.checkpoints / GENERATIONS_FOLDER
     if generations_root in generation.checkpoint.parents:
-        remove_tree(generation.checkpoint)
+        folders.append(generation.checkpoint)
+    freed = 0
+    for path in folders:
+        freed += tree_bytes(path)
+        remove_tree(path)
     folder = generation.table.parent
     if settings.warehouse / GENERATIONS_FOLDER in folder.parents and folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
+    return freed
 
 
 def late_events_sources(generations: Mapping[str, Generation]) -> list[tuple[Location, list[str]]]:

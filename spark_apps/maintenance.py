@@ -49,6 +49,8 @@ class MaintenanceReport:
     optimized: dict[str, str] = field(default_factory=dict)  # table path -> what OPTIMIZE did
     vacuumed: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # tables a step could not do (left for the next run)
+    dropped_bytes: int = 0  # the files of the generations dropped
+    vacuumed_bytes: int = 0  # the files VACUUM deleted
     skipped: str = ""  # the whole model was left alone, and why
     seconds: float = 0.0
 
@@ -61,6 +63,10 @@ class MaintenanceReport:
                        len(self.dropped), which),
                 Sample("maintenance_problems", "gauge", "Tables the last run could not maintain",
                        len(self.problems), which),
+                Sample("maintenance_freed_bytes", "gauge", "Bytes the last run freed, by the dropped generations' "
+                       "files and VACUUM's", self.dropped_bytes, {**which, "by": "drop"}),
+                Sample("maintenance_freed_bytes", "gauge", "Bytes the last run freed, by the dropped generations' "
+                       "files and VACUUM's", self.vacuumed_bytes, {**which, "by": "vacuum"}),
                 Sample("maintenance_seconds", "gauge", "How long the last run took", self.seconds, which),
                 Sample("maintenance_last_run_timestamp_seconds", "gauge", "When the last run ended (Unix time)",
                        time.time(), which)]
@@ -70,7 +76,8 @@ class MaintenanceReport:
             return [f"maintenance: {self.name}: skipped: {self.skipped}"]
         out = [f"maintenance: {self.name}: generation {self.current} is current; kept "
                f"{', '.join(map(str, self.kept))}; dropped " + (", ".join(map(str, self.dropped)) or "none")
-               + f" ({self.seconds:.0f}s)"]
+               + f"; freed {_size(self.dropped_bytes + self.vacuumed_bytes)} ({_size(self.dropped_bytes)} dropped, "
+               f"{_size(self.vacuumed_bytes)} vacuumed) ({self.seconds:.0f}s)"]
         out += [f"  optimize {path}: {what}" for path, what in self.optimized.items()]
         out += [f"  vacuum {path}: {what}" for path, what in self.vacuumed.items()]
         out += [f"  problem: {p}" for p in self.problems]
@@ -127,9 +134,11 @@ def maintain(spark, settings: Settings, name: str, retention_hours: int = DEFAUL
         for number in generations_to_drop(state):
             if number in state.ready or number in state.unfinished:  # what a killed rebuild left
                 catalog.abandon(name, number, by, "maintenance: left by a rebuild that did not finish")
-            catalog.drop(name, number, by, "maintenance: beyond the last two generations")
+            freed: list[int] = []
+            catalog.drop(name, number, by, "maintenance: beyond the last two generations", freed=freed)
             report.dropped.append(number)
-            log(f"maintenance: {name}: dropped generation {number} (beyond the last two)")
+            report.dropped_bytes += sum(freed)
+            log(f"maintenance: {name}: dropped generation {number} (beyond the last two), {_size(sum(freed))} freed")
         state = catalog.state(name)
         report.current = state.current
         report.kept = [state.current, *state.followed]
@@ -160,13 +169,15 @@ def _vacuum(spark, path: str, retention_hours: int, report: MaintenanceReport, l
     from delta.tables import DeltaTable
 
     try:
-        before = _file_count(path)
+        before, before_bytes = _data_files(path)
         # Delta 4 ignores VACUUM's retention argument unless this (internal) switch is off, and keeps the table's
         # deletedFileRetentionDuration (a week) instead: a longer retention asked for would silently not apply.
         spark.conf.set("spark.databricks.delta.vacuum.retentionWindowIgnore.enabled", "false")
         DeltaTable.forPath(spark, path).vacuum(float(retention_hours))
-        after = _file_count(path)
-        what = f"{before - after} unreferenced file(s) older than {retention_hours}h deleted"
+        after, after_bytes = _data_files(path)
+        report.vacuumed_bytes += max(0, before_bytes - after_bytes)
+        what = (f"{before - after} unreferenced file(s) older than {retention_hours}h deleted"
+                + (f" ({_size(before_bytes - after_bytes)})" if before_bytes > after_bytes else ""))
         report.vacuumed[path] = what
         log(f"maintenance: {report.name}: vacuum {path}: {what}")
     except Exception as e:  # noqa: BLE001
@@ -174,10 +185,16 @@ def _vacuum(spark, path: str, retention_hours: int, report: MaintenanceReport, l
         log(f"maintenance: {report.name}: vacuum {path} not done ({_first_line(e)}); the next run tries again")
 
 
-def _file_count(path: str) -> int:
+def _data_files(path: str) -> tuple[int, int]:
+    """A table's data files: how many, and their bytes."""
     from pathlib import Path
 
-    return sum(1 for p in Path(path).rglob("*.parquet"))
+    sizes = [p.stat().st_size for p in Path(path).rglob("*.parquet")]
+    return len(sizes), sum(sizes)
+
+
+def _size(n: int) -> str:
+    return f"{n:,} bytes" if n < 2 ** 20 else f"{n / 2 ** 20:,.1f} MiB"
 
 
 def _first_line(e: BaseException) -> str:

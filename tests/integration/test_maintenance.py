@@ -38,6 +38,10 @@ def test_maintenance_drops_beyond_the_last_two_generations_and_rollback_still_wo
     assert (state.current, state.rollback_target()) == (3, 2) and generations_to_drop(state) == [1]
     oldest = catalog.generation(NAME, 1).table
     assert (oldest / "_delta_log").is_dir()
+    # What dropping generation 1 frees: its table and its pending events' (its checkpoint is the live projection's).
+    first = catalog.generation(NAME, 1)
+    held = sum(f.stat().st_size for folder in (first.table, first.pending) if folder.is_dir()
+               for f in folder.rglob("*") if f.is_file())
 
     with pytest.raises(MaintenanceError, match="below Delta's default retention of 168 hours"):
         maintain(spark, settings, NAME, retention_hours=24, log=quiet)
@@ -51,7 +55,9 @@ def test_maintenance_drops_beyond_the_last_two_generations_and_rollback_still_wo
     state = Catalog(settings).state(NAME)
     assert state.dropped == {1} and state.current == 3 and state.rollback_target() == 2
     assert not oldest.exists()
-    assert f"maintenance: {NAME}: generation 3 is current; kept 3, 2; dropped 1" in text
+    assert f"maintenance: {NAME}: generation 3 is current; kept 3, 2; dropped 1; freed {held:,} bytes ({held:,} " \
+           f"bytes dropped, 0 bytes vacuumed)" in text, text[-3000:]
+    assert held > 0
     compacted = []
     for number in (3, 2):  # compacted (where there was something to compact) and vacuumed, Delta's default retention
         table = catalog.generation(NAME, number).table

@@ -123,7 +123,12 @@ def test_drop_never_the_current_and_deletes_files(settings):
         catalog.drop("payments", 2, by="a")
     catalog.create_next("payments", by="a", reason="r")
     g3 = catalog.switch("payments", 3, 2, by="a", reason="ok")
-    catalog.drop("payments", 2, by="maintenance")
+    (g2.table / "part-0.parquet").write_bytes(b"x" * 1000)  # its files, and its own checkpoint's
+    g2.checkpoint.mkdir(parents=True, exist_ok=True)
+    (g2.checkpoint / "metadata").write_bytes(b"y" * 24)
+    freed: list[int] = []
+    catalog.drop("payments", 2, by="maintenance", freed=freed)
+    assert freed == [1024]
     assert not g2.table.exists() and not g2.checkpoint.exists() and g3.checkpoint.exists()
     assert [g.number for g in catalog.generations("payments")] == [1, 3]
     assert catalog.rollback("payments", by="a").number == 1  # the dropped one is skipped

@@ -8,7 +8,8 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from lakehouse.settings import Settings, SettingsError
-from lakehouse.storage import RemoteLocation, StorageError, delta_table, is_remote, location, remove_tree
+from lakehouse.storage import RemoteLocation, StorageError, delta_table, is_remote, location, remove_tree, \
+    tree_bytes
 
 
 def test_a_plain_path_stays_a_local_path_and_a_uri_becomes_a_remote_location(tmp_path):
@@ -52,6 +53,10 @@ def test_files_and_folders_at_a_uri(tmp_path):
         (offsets / "0").read_text()
     with pytest.raises(StorageError, match="one level only"):
         list(root.glob("*/offsets"))
+    # What a folder holds, every level down (what maintenance counts as freed), at a URI as at a path.
+    assert tree_bytes(root / "checkpoint") == tree_bytes(tmp_path / "store" / "checkpoint") == 15 + len("partial") == \
+        sum((offsets / b).stat().st_size for b in ("1", "2"))
+    assert tree_bytes(root / "nothing") == tree_bytes(tmp_path / "nothing") == 0
     remove_tree(root / "checkpoint")
     assert not (tmp_path / "store" / "checkpoint").exists()
     (root / "empty").mkdir()
