@@ -15,7 +15,7 @@ from lakehouse.settings import Settings
 from spark_apps.events import read_event_records
 from spark_apps.spark_projection import bound_query_stop
 
-__all__ = ["STATE_STORE_CONF", "start_findings_query", "run_service", "run_detector"]
+__all__ = ["STATE_STORE_CONF", "DetectorFigures", "start_findings_query", "run_service", "run_detector"]
 
 # Where per-aggregate state (and timers) live: RocksDB (off the JVM heap, so the driver's memory does not grow with
 # the number of aggregates; transformWithState requires it) with changelog checkpoints (a batch writes only the
@@ -26,6 +26,46 @@ STATE_STORE_CONF = {
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
 }
+
+
+class DetectorFigures:
+    """A Spark detector's Prometheus figures (``lakehouse.metrics``), folded from its query's progress reports
+    (``observe``, each report once, in order): committed batches, the events records they read and the findings they
+    wrote as commands, their time, the last commit, and the records past it per partition of the events topic (the
+    fraud detector's and the policy's name for it, ``consumer_lag_records``, so one alert rule serves them all)."""
+
+    def __init__(self, topic: str):
+        from projection_core.figures import QueryFigures
+
+        self.topic = topic
+        self.query = QueryFigures()
+        self.findings = 0
+        self._last = (-2, "")
+
+    def observe(self, reports) -> None:
+        from spark_apps.progress_figures import observe
+
+        for progress in reports:
+            key = (int(progress.get("batchId", -1)), str(progress.get("timestamp", "")))
+            if key <= self._last:
+                continue
+            self._last = key
+            observe(self.query, progress, self.topic)
+            if "addBatch" in (progress.get("durationMs") or {}):
+                self.findings += max(0, int((progress.get("sink") or {}).get("numOutputRows") or 0))  # -1: unknown
+
+    def samples(self) -> list:
+        from lakehouse.metrics import Sample, consumer_lag_samples
+
+        c, q = "counter", self.query
+        out = [Sample("detector_batches", c, "Committed batches", q.batches),
+               Sample("detector_events", c, "Events records the committed batches read", q.rows),
+               Sample("detector_batch_seconds", c, "Time running the committed batches", q.batch_seconds),
+               Sample("detector_findings", c, "Findings written to the commands topic as commands", self.findings)]
+        if q.last_commit_at is not None:
+            out.append(Sample("detector_last_commit_timestamp_seconds", "gauge", "When the last batch committed "
+                              "(Unix time)", q.last_commit_at))
+        return out + consumer_lag_samples(q.lag)
 
 
 def start_findings_query(detector, query_name: str, label: str, until_caught_up: bool = False,
@@ -67,6 +107,7 @@ def run_detector(settings: Settings, prog: str, label: str, command_type: str,
     """Run the detector ``make`` builds until caught up or, as a service, until SIGTERM (``run_service`` and the
     CLI's detector verbs)."""
     from event_store.kafka_access import check_access
+    from lakehouse import metrics
     from lakehouse.signals import stop_requested_on_sigterm
     from spark_apps.session import build_session
     from spark_apps.spark_projection import stop_query
@@ -76,15 +117,19 @@ def run_detector(settings: Settings, prog: str, label: str, command_type: str,
     stop_requested = stop_requested_on_sigterm()
     spark = build_session(settings, app_name=f"eventlake-{prog.replace('_', '-')}")
     query = make(spark, settings).start(until_caught_up=until_caught_up)
+    figures = DetectorFigures(settings.events_topic)
+    server = metrics.serve(settings, prog.replace("_", "-"), figures.samples, lambda line: print(line, flush=True))
     try:
         # Checked every second, whatever the query waits for (the broker may be away): a batch cut short commits
         # nothing, and the next start redoes it from the checkpoint (its findings' command ids repeat).
         while not stop_requested.is_set() and not query.awaitTermination(1):  # raises the query's failure
-            pass
+            figures.observe(query.recentProgress)
     except KeyboardInterrupt:
         pass
     finally:
         stop_query(query)  # bounded: a query waiting for an absent broker is left to end with the process
+        if server is not None:
+            server.close()
     read = sum(p["numInputRows"] for p in query.recentProgress)
     print(f"{label}: {'stopped (SIGTERM) after reading' if stop_requested.is_set() else 'read'} {read} "
           f"events; findings are {command_type} commands on {settings.commands_topic}")

@@ -44,6 +44,7 @@ class BuildResult:
     fold: FoldResult
     caught_up_events: int = 0
     seconds: float = 0.0
+    steps: int = 0  # of the build: the fold's, then two catch-ups
 
     def samples(self) -> list:
         """Its Prometheus figures (``lakehouse.metrics.push``, labelled by read model)."""
@@ -59,7 +60,49 @@ class BuildResult:
                        "fold", self.caught_up_events, which),
                 Sample("rebuild_seconds", "gauge", "How long the last rebuild's build took", self.seconds, which),
                 Sample("rebuild_built_timestamp_seconds", "gauge", "When the last rebuild's build ended (Unix time)",
-                       time.time(), which)]
+                       time.time(), which),
+                *progress_samples(self.name, self.steps, self.steps, self.seconds, running=False)]
+
+
+def progress_samples(name: str, done: int, total: int, elapsed_s: float, running: bool = True) -> list:
+    """A build's progress as Prometheus figures (pushed by the rebuild DAG after each step, and with its outcome):
+    steps done of all (the fold's steps, then two catch-ups), whether it runs, for how long."""
+    import time
+
+    from lakehouse.metrics import Sample
+
+    which = {"read_model": name}
+    return [Sample("rebuild_running", "gauge", "1 while a rebuild's build runs", 1 if running else 0, which),
+            Sample("rebuild_steps_done", "gauge", "Steps of the build done (the fold's, then two catch-ups)", done,
+                   which),
+            Sample("rebuild_steps", "gauge", "Steps of the build in all", total, which),
+            Sample("rebuild_elapsed_seconds", "gauge", "How long the build has run", elapsed_s, which),
+            Sample("rebuild_progress_timestamp_seconds", "gauge", "When the build last reported (Unix time)",
+                   time.time(), which)]
+
+
+class ProgressPush:
+    """A build's progress pushed to the Pushgateway (``lakehouse.metrics.push``, when one is configured) after each
+    step: give it as ``build_generation(progress=...)``; ``ended()`` says the build is no longer running when it
+    failed (a build that succeeds says so with its outcome, ``BuildResult.samples``)."""
+
+    def __init__(self, settings: Settings, name: str, job: str, log: Callable[[str], None] = print):
+        self.settings, self.name, self.job, self.log = settings, name, job, log
+        self.last = (0, 0, 0.0)
+        self.pushed = 0  # progress reports the Pushgateway took
+
+    def __call__(self, done: int, total: int, elapsed_s: float) -> None:
+        from lakehouse import metrics
+
+        self.last = (done, total, elapsed_s)
+        self.pushed += metrics.push(self.settings, self.job, {"read_model": self.name},
+                                    progress_samples(self.name, done, total, elapsed_s), self.log)
+
+    def ended(self) -> None:
+        from lakehouse import metrics
+
+        metrics.push(self.settings, self.job, {"read_model": self.name},
+                     progress_samples(self.name, *self.last, running=False), self.log)
 
 
 def start_generation(settings: Settings, name: str, by: str, reason: str = "",
@@ -83,10 +126,12 @@ def start_generation(settings: Settings, name: str, by: str, reason: str = "",
 
 
 def build_generation(spark, settings: Settings, name: str, number: int, by: str,
-                     log: Callable[[str], None] = print) -> BuildResult:
+                     log: Callable[[str], None] = print,
+                     progress: Callable[[int, int, float], None] | None = None) -> BuildResult:
     """Steps 1-3 on a reserved generation: fold the archive into it, catch it up from Kafka, mark it ready (the
     live projection writes it too from its next batch) and catch up once more. Progress lines name the events
-    done of the total and an ETA. An error abandons the generation (readers never saw it) and is raised."""
+    done of the total and an ETA; ``progress(done, total, elapsed_s)`` is called after each step (the fold's,
+    then each catch-up). An error abandons the generation (readers never saw it) and is raised."""
     import read_models
     from read_models.catalog import Catalog
     from spark_apps.spark_projection import Projection
@@ -102,8 +147,15 @@ def build_generation(spark, settings: Settings, name: str, number: int, by: str,
         pending=str(generation.pending) if model.merge_strategy == CURRENT_STATE_BY_VERSION else None,
         applied=str(generation.applied) if model.merge_strategy == WINDOWED_SUM else None,
         late=str(generation.late_events) if model.merge_strategy == WINDOWED_SUM else None)}
+    fold_steps = 2 + 1  # fold_archive's steps for one model: read, sequence, the model
+    steps = fold_steps + 2  # and two catch-ups
+
+    def report(done: int) -> None:
+        if progress is not None:
+            progress(done, steps, time.monotonic() - started)
+
     try:
-        folded = fold_archive(spark, settings, [model], targets, log=log)
+        folded = fold_archive(spark, settings, [model], targets, log=log, on_step=lambda done, _total: report(done))
         catalog.record_position(name, number, folded.position, by)
         generation = catalog.generation(name, number)
 
@@ -125,12 +177,14 @@ def build_generation(spark, settings: Settings, name: str, number: int, by: str,
             return run.input_rows
 
         caught = catch_up("catch-up [1/2]")
+        report(fold_steps + 1)
         catalog.mark_ready(name, number, by)
         caught += catch_up("catch-up [2/2] (the live projection follows it now)")
+        report(steps)
     except BaseException:
         _abandon_quietly(catalog, name, number, by, "the rebuild stopped with an error", log)
         raise
-    return BuildResult(name, number, folded, caught, time.monotonic() - started)
+    return BuildResult(name, number, folded, caught, time.monotonic() - started, steps)
 
 
 def check_generation(settings: Settings, name: str, number: int, previous: int, by: str,

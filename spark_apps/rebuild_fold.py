@@ -129,14 +129,15 @@ def catch_up_offsets(settings: Settings, position: dict[int, int]) -> dict[int, 
 
 def fold_archive(spark, settings: Settings, models: list[ReadModel], targets: dict[str, FoldTargets],
                  up_to: dict[int, int] | None = None, log: Callable[[str], None] = print,
-                 engine: str | None = None) -> FoldResult:
+                 engine: str | None = None, on_step: Callable[[int, int], None] | None = None) -> FoldResult:
     """Fold the archived events up to ``up_to`` (partition -> last offset included; default: all archived) into
     ``targets`` (model name -> FoldTargets), each table written whole. Logs one line per step ("[k/n]", with the
     elapsed time) and returns the position, the counts and each step's time.
 
     ``engine`` (default ``settings.rebuild_engine``): ``duckdb`` folds in this process with each model's
     ``fold_sql`` (``spark_apps.archive_fold``; no Spark job), ``spark`` with each model's ``fold`` on ``spark``.
-    DuckDB falls back to Spark, saying why, where it cannot do the job (a model without ``fold_sql``, a URI)."""
+    DuckDB falls back to Spark, saying why, where it cannot do the job (a model without ``fold_sql``, a URI).
+    ``on_step(done, total)`` is called after each step, with the line (a rebuild's progress, pushed while it runs)."""
     from spark_apps import archive_fold
 
     missing = [m.name for m in models if m.name not in targets]
@@ -172,6 +173,8 @@ def fold_archive(spark, settings: Settings, models: list[ReadModel], targets: di
         log(f"rebuild: [{done}/{total_steps}] {name}: {rows:,} {detail or 'rows'} in {seconds:.1f}s "
             f"({done}/{total_steps} steps over {'' if result.events else '~'}{events:,} events done; "
             f"elapsed {elapsed:.1f}s, {_eta(elapsed, done, total_steps)})")
+        if on_step is not None:
+            on_step(done, total_steps)
 
     # 1. read: where the fold stops, and the archive's columns up to there.
     t0 = time.monotonic()

@@ -94,6 +94,30 @@ def test_a_run_owns_the_lock_across_its_tasks_and_refuses_everyone_else(tmp_path
     assert any("taking over" in line for line in lines) and not lock_path(settings, "payments").exists()
 
 
+@pytest.mark.skipif(not PUSHGATEWAY, reason="prometheus-pushgateway is not installed (sudo apt-get install "
+                                             "prometheus-pushgateway)")
+def test_a_builds_progress_is_pushed_after_each_step_and_a_failed_build_says_it_stopped(tmp_path):
+    """What the rebuild DAG's build task pushes while it runs (spark_apps.rebuild.ProgressPush): each step done of
+    all, running; when the build fails, no longer running, where it stopped."""
+    from spark_apps.rebuild import ProgressPush
+
+    pushgateway = PushgatewayServer(tmp_path / "pushgateway")
+    try:
+        settings = Settings(home=tmp_path, pushgateway_url=pushgateway.url)
+        progress = ProgressPush(settings, "payments", "rebuild_read_model", log=lambda *_: None)
+        def figures():
+            return {n: list(pushgateway.series(f"eventlake_rebuild_{n}").values()) for n in ("running", "steps_done",
+                                                                                              "steps")}
+        progress(1, 5, 0.5)
+        assert figures() == {"running": [1.0], "steps_done": [1.0], "steps": [5.0]}
+        progress(3, 5, 2.0)
+        assert figures() == {"running": [1.0], "steps_done": [3.0], "steps": [5.0]}
+        progress.ended()
+        assert figures() == {"running": [0.0], "steps_done": [3.0], "steps": [5.0]} and progress.pushed == 2
+    finally:
+        pushgateway.close()
+
+
 @pytest.mark.heavy
 def test_the_rebuild_dag_switches_readers_to_a_checked_generation_and_a_dry_run_leaves_them(spark, settings,
                                                                                              tmp_path):
@@ -109,13 +133,18 @@ def test_the_rebuild_dag_switches_readers_to_a_checked_generation_and_a_dry_run_
         proc = dags_test(settings.replace(pushgateway_url=pushgateway.url) if pushgateway else settings,
                          "rebuild_read_model", {"read_models": rebuilt, "dry_run": False})
         pushed = pushgateway.series("eventlake_rebuild_generation") if pushgateway else None
+        progress = {figure: pushgateway.series(f"eventlake_rebuild_{figure}")
+                    for figure in ("running", "steps_done", "steps")} if pushgateway else None
     finally:
         if pushgateway:
             pushgateway.close()
     text = output(proc)
     assert proc.returncode == 0, text[-6000:]
-    if pushgateway:  # each build task pushed the generation it built
+    if pushgateway:  # each build task pushed its progress after each step, then the generation it built
         assert {dict(k)["read_model"]: v for k, v in pushed.items()} == {name: 2.0 for name in rebuilt}, pushed
+        assert {figure: sorted(v.values()) for figure, v in progress.items()} == {
+            "running": [0.0, 0.0], "steps_done": [5.0, 5.0], "steps": [5.0, 5.0]}, progress
+        assert text.count("its progress pushed after 5 of 5 steps") == len(rebuilt), text[-6000:]
     assert "ETA" in text and "steps over" in text and "catch-up [2/2]" in text  # progress in the task log
     catalog = Catalog(settings)
     assert {n: catalog.current(n).number for n in read_models.REGISTRY} == {

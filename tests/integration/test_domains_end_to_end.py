@@ -18,6 +18,7 @@ from eventlake.generator import (GeneratorConfig, IotGeneratorConfig, SiteGenera
 from eventlake.query import query_duckdb
 from expectations.checks import context, verdict
 from read_models.spec import WINDOWED_SUM
+from spark_apps.detector_app import DetectorFigures
 from spark_apps.rebuild import rebuild
 from spark_apps.status import render
 from spark_apps.telemetry_detector import TelemetryDetector
@@ -56,7 +57,11 @@ def three_domains(tmp_path_factory, bootstrap_servers, spark):
     with CommandHandler(settings, **QUIET) as handler:
         handler.run(until_caught_up=True)
     # The device domain's detector flags what the generator made to be flagged; the handler records the flags.
-    TelemetryDetector(spark, settings, **QUIET).start(until_caught_up=True).awaitTermination()
+    written = sum(1 for _ in kafka_log.read_all(settings, settings.events_topic))
+    query = TelemetryDetector(spark, settings, **QUIET).start(until_caught_up=True)
+    query.awaitTermination()
+    detector = DetectorFigures(settings.events_topic)  # what `eventlake detect-anomalies` serves as metrics
+    detector.observe(query.recentProgress)
     with CommandHandler(settings, **QUIET) as handler:
         handler.run(until_caught_up=True)
     events = [EventEnvelope.from_json(r.value) for r in kafka_log.read_all(settings, settings.events_topic)]
@@ -65,11 +70,11 @@ def three_domains(tmp_path_factory, bootstrap_servers, spark):
     # one batch (the cheapest; smaller batches share the log among partitions as Spark's do, see
     # test_python_projection's test_a_limited_batch_reads_every_partition_in_proportion_to_its_lag).
     run = project_in_python(spark, settings)
-    return settings, events, results, run
+    return settings, events, results, run, (detector, written)
 
 
 def test_the_handler_decides_every_domains_commands_with_their_reasons(three_domains):
-    _, events, results, _ = three_domains
+    _, events, results, _, _ = three_domains
     assert Counter(e.aggregate_type for e in events).keys() == {"account", "device", "site"}
     rejected = Counter(r.error_type for r in results if r.status == "rejected")
     # The generators' deliberate cases (IotGeneratorConfig and SiteGeneratorConfig defaults).
@@ -85,10 +90,17 @@ def test_the_telemetry_detector_flags_each_deliberate_case_once(three_domains):
     _, rows = query_duckdb(settings, "SELECT rule, count(*), count(DISTINCT device_id) FROM telemetry_anomalies "
                                      "GROUP BY rule ORDER BY rule")
     assert rows == [("out_of_range_run", 3, 3), ("silent_device", 1, 1)]
+    # Its metrics (spark_apps.detector_app.DetectorFigures, from its query's progress reports): every events record
+    # read, each finding written once, nothing left past it.
+    detector, written = three_domains[4]
+    samples = {(s.name, tuple(s.labels.items())): s.value for s in detector.samples()}
+    assert samples[("detector_events", ())] == written and samples[("detector_findings", ())] == 4, samples
+    assert samples[("detector_batches", ())] >= 1
+    assert [v for (name, _), v in samples.items() if name == "consumer_lag_records"] == [0] * settings.topic_partitions
 
 
 def test_every_read_model_equals_its_oracle_across_the_three_domains(spark, three_domains):
-    settings, events, _, run = three_domains
+    settings, events, _, run, _ = three_domains
     assert run.input_rows == len(events)  # the domains' events mixed in one log
     assert_matches_oracle(spark, settings, events)
     for name in NEW_MODELS:
@@ -104,7 +116,7 @@ def test_the_suites_and_the_reconciliation_pass_on_the_new_tables(three_domains)
 
 
 def test_sql_and_status_see_the_new_tables(three_domains):
-    settings, events, _, _ = three_domains
+    settings, events, _, _, _ = three_domains
     readings = sum(e.event_type == "ReadingRecorded" for e in events)
     cols, rows = query_duckdb(settings, "SELECT sum(readings) AS readings, count(DISTINCT device_id) AS devices "
                                         "FROM device_minute_readings")

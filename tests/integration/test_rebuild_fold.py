@@ -79,11 +79,14 @@ def test_the_fold_of_the_archive_equals_the_stream_and_a_catch_up_from_its_midpo
     # The whole archive, into a fresh generation's folders.
     full = settings.replace(home=tmp_path / "full")
     lines = []
-    result = fold_archive(spark, settings, MODELS, warehouse_targets(full, MODELS), log=lines.append)
+    reported = []
+    result = fold_archive(spark, settings, MODELS, warehouse_targets(full, MODELS), log=lines.append,
+                          on_step=lambda done, total: reported.append((done, total)))
     assert result.position == archive_position(spark, settings)
     assert result.events == len(log) and result.conflicts == 1 and result.held == 1
     steps = len(MODELS) + 2  # one per model and two more (spark_apps.rebuild_fold.fold_archive)
     assert [line.split("]")[0] for line in lines[:-1]] == [f"rebuild: [{k}/{steps}" for k in range(1, steps + 1)]
+    assert reported == [(k, steps) for k in range(1, steps + 1)]  # a rebuild's progress, pushed while it runs
     assert_matches_oracle(spark, full, log)  # windowed: the table alone, as nothing of it is late
     assert late_count(spark, full) == 0
     # The stream's windowed tables: the same fold less the late events it recorded (so, with them, the fold).

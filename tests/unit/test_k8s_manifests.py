@@ -554,17 +554,17 @@ def test_what_kustomize_renders_is_valid_in_the_namespace_with_the_image_it_is_t
 
 
 def test_the_services_that_serve_metrics_listen_beyond_the_pod_on_the_port_their_annotations_name():
-    """The handler, the fraud policy, the fraud detector, the lag exporter and the projection's driver serve /metrics
-    (docs/metrics.md): on loopback, Prometheus in another pod could not scrape them; the port their pods'
+    """The handler, the fraud policy, the fraud detector, the lag exporter and the projection's and telemetry
+    detector's drivers serve /metrics (docs/metrics.md): on loopback, Prometheus in another pod could not scrape them; the port their pods'
     prometheus.io annotations and container ports name is the one the settings give."""
     settings = Settings.load(_settings_data())
     assert settings.metrics == "on" and settings.metrics_host == "0.0.0.0" and settings.metrics_port > 0
     pods = {name: _one("Deployment", name)["spec"]["template"]
             for name in ("command-handler", "fraud-policy", "fraud-detector", "lag-exporter")}
-    projection = _one("SparkApplication", "projection")["spec"]["driver"]
+    drivers = {name: _one("SparkApplication", name)["spec"]["driver"] for name in ("projection", "telemetry-detector")}
     for what, pod_annotations, container in (
             *((name, pod["metadata"]["annotations"], pod["spec"]["containers"][0]) for name, pod in pods.items()),
-            ("projection driver", projection["annotations"], projection)):
+            *((f"{name} driver", driver["annotations"], driver) for name, driver in drivers.items())):
         assert pod_annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": str(settings.metrics_port),
                                "prometheus.io/path": "/metrics"}, what
         assert {"name": "metrics", "containerPort": settings.metrics_port} in [

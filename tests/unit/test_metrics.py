@@ -281,6 +281,32 @@ def test_the_lag_exporters_figures_from_committed_positions(settings):
         LagExporter(settings, every_s=0)
 
 
+def test_a_spark_detectors_figures_from_its_progress_reports():
+    """`eventlake detect-anomalies` / `detect-fraud --engine spark` (spark_apps.detector_app.DetectorFigures): each
+    report folded once however often the query's recent reports are read again; a committed batch counts its events
+    and the findings its sink wrote; an idle report gives the lag only."""
+    from spark_apps.detector_app import DetectorFigures
+
+    def report(batch, timestamp, rows, written, latest, committed=True):
+        return {"batchId": batch, "timestamp": timestamp, "numInputRows": rows,
+                "durationMs": {"addBatch": 100, "triggerExecution": 250} if committed else {"triggerExecution": 1},
+                "sink": {"numOutputRows": written},
+                "sources": [{"endOffset": '{"events": {"0": 5, "1": 3}}',
+                             "latestOffset": json.dumps({"events": latest})}]}
+
+    figures = DetectorFigures("events")
+    first = [report(0, "t1", 8, 2, {"0": 9, "1": 3})]
+    figures.observe(first)
+    figures.observe(first + [report(1, "t2", 4, 1, {"0": 5, "1": 3}), report(1, "t3", 0, -1, {"0": 5, "1": 3},
+                                                                            committed=False)])
+    got = {(s.name, tuple(s.labels.items())): s.value for s in figures.samples()}
+    assert got[("detector_batches", ())] == 2 and got[("detector_events", ())] == 12
+    assert got[("detector_findings", ())] == 3 and got[("detector_batch_seconds", ())] == 0.5
+    assert got[("consumer_lag_records", (("partition", "0"),))] == 0 == got[("consumer_lag_records",
+                                                                             (("partition", "1"),))]
+    assert ("detector_last_commit_timestamp_seconds", ()) in got
+
+
 def test_a_push_without_a_pushgateway_does_nothing_and_a_failed_one_is_said_not_raised(settings):
     said = []
     samples = [Sample("check_success", "gauge", "h", 1.0, {"table": "payments"})]

@@ -18,6 +18,7 @@ from event_store.account.fraud_consumer import FraudStats, figures as detector_f
 from event_store.account.policy import PolicyStats, figures as policy_figures
 from event_store.handler_stats import HandlerStats, figures as handler_figures
 from expectations.checks import Verdict
+from spark_apps.detector_app import DetectorFigures
 from spark_apps.maintenance import MaintenanceReport
 from spark_apps.rebuild import BuildResult
 from spark_apps.reprocess import ReprocessOutcome
@@ -55,6 +56,7 @@ def served_names() -> set[str]:
     samples += [*detector_figures(detector), *policy_figures(PolicyStats(lag={0: 1})), *sql_server_figures([1] * 5)]
     samples += lag_exporter_figures(Snapshot([Position("projection-p", "projection", "events", {0: 1}, 1.0)],
                                              {"events": {0: 2}}, refreshed_at=1.0))
+    samples += DetectorFigures("events").samples()
     # What Airflow's tasks push (lakehouse.metrics.push).
     at = datetime(2026, 1, 1, tzinfo=timezone.utc)
     samples += [*Verdict("payments", None, missing="no table").samples(), *MaintenanceReport("payments").samples(),
