@@ -119,7 +119,8 @@ def group_positions(readers: dict, ends: dict[str, dict[int, int]], timeout_s: f
 
 def high_watermarks(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict[int, int]:
     """Partition -> the offset after the last record of a topic written without transactions (no command is read:
-    describing the topic is enough)."""
+    describing the topic is enough). Not ``event_store.kafka_log.end_offsets``: its kafka-python client may wait
+    minutes for an absent broker, where a service must stay stoppable within seconds."""
     from confluent_kafka import TopicPartition
 
     from event_store import kafka_clients

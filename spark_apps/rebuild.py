@@ -18,7 +18,7 @@ from projection_core.rebuild_errors import RebuildError, RebuildFailed
 from projection_core.rebuild_lock import RebuildLock
 from read_models.catalog import held_table, ledger_table
 from read_models.spec import CURRENT_STATE_BY_VERSION, WINDOWED_SUM
-from spark_apps.rebuild_fold import FoldResult, FoldTargets, catch_up_offsets, fold_archive
+from spark_apps.rebuild_fold import FoldResult, FoldTargets, catch_up_offsets, fold_archive, fold_steps
 
 __all__ = ["RebuildOutcome", "BuildResult", "rebuild", "start_generation", "build_generation", "check_generation",
            "switch_generation", "rebuild_models", "main"]
@@ -147,8 +147,8 @@ def build_generation(spark, settings: Settings, name: str, number: int, by: str,
         pending=str(generation.pending) if model.merge_strategy == CURRENT_STATE_BY_VERSION else None,
         applied=str(generation.applied) if model.merge_strategy == WINDOWED_SUM else None,
         late=str(generation.late_events) if model.merge_strategy == WINDOWED_SUM else None)}
-    fold_steps = 2 + 1  # fold_archive's steps for one model: read, sequence, the model
-    steps = fold_steps + 2  # and two catch-ups
+    folding = fold_steps([model])
+    steps = folding + 2  # and two catch-ups
 
     def report(done: int) -> None:
         if progress is not None:
@@ -177,7 +177,7 @@ def build_generation(spark, settings: Settings, name: str, number: int, by: str,
             return run.input_rows
 
         caught = catch_up("catch-up [1/2]")
-        report(fold_steps + 1)
+        report(folding + 1)
         catalog.mark_ready(name, number, by)
         caught += catch_up("catch-up [2/2] (the live projection follows it now)")
         report(steps)

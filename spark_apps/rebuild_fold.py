@@ -29,7 +29,7 @@ from projection_core.rebuild_errors import RebuildError
 from read_models.catalog import ARCHIVE_TABLE, SHARED_LATE_EVENTS_TABLE, held_table, ledger_table
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
-__all__ = ["REBUILD_ENGINES", "FoldTargets", "FoldStep", "FoldResult", "Admission", "warehouse_targets",
+__all__ = ["REBUILD_ENGINES", "fold_steps", "FoldTargets", "FoldStep", "FoldResult", "Admission", "warehouse_targets",
            "read_archive", "archive_position", "catch_up_offsets", "fold_archive", "admit_archived", "insert_rows"]
 
 # How a rebuild folds the archive (``fold_archive``'s ``engine``).
@@ -127,6 +127,11 @@ def catch_up_offsets(settings: Settings, position: dict[int, int]) -> dict[int, 
     return {p: position[p] + 1 if p in position else -2 for p in partitions}
 
 
+def fold_steps(models: list[ReadModel]) -> int:
+    """How many steps ``fold_archive`` takes for ``models``: reading the archive, the sequence rule, one per model."""
+    return 2 + len(models)
+
+
 def fold_archive(spark, settings: Settings, models: list[ReadModel], targets: dict[str, FoldTargets],
                  up_to: dict[int, int] | None = None, log: Callable[[str], None] = print,
                  engine: str | None = None, on_step: Callable[[int, int], None] | None = None) -> FoldResult:
@@ -157,7 +162,7 @@ def fold_archive(spark, settings: Settings, models: list[ReadModel], targets: di
     started = time.monotonic()
     ledgers = sorted({targets[m.name].ledger for m in models})
     helds = sorted({targets[m.name].held for m in models})
-    total_steps = 2 + len(models)
+    total_steps = fold_steps(models)
     result = FoldResult(position={})
 
     estimated = _archived_events(settings)
