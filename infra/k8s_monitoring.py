@@ -3,7 +3,8 @@
 Kustomize loads no file outside ``infra/k8s`` (its load restrictor), and the rules and the dashboard live in
 ``infra/prometheus`` and ``infra/grafana`` (where promtool and a Grafana import read them): ``python -m
 infra.k8s_monitoring`` writes ``monitoring.yaml`` from them, and a test (tests/unit/test_k8s_manifests.py) checks it
-is still what this writes. ``eventlake-alert-rules`` is mounted by a Prometheus as a rule file; the dashboard's
+is still what this writes. ``eventlake-alert-rules`` is mounted by a Prometheus as a rule file (under
+``/etc/prometheus/rules``, where ``eventlake-prometheus-config``'s ``prometheus.yml`` looks); the dashboard's
 ConfigMap carries the label the Grafana Helm chart's dashboard sidecar looks for (``grafana_dashboard: "1"``).
 """
 from __future__ import annotations
@@ -13,16 +14,18 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["MANIFEST", "RULES", "DASHBOARD", "manifest"]
+__all__ = ["MANIFEST", "RULES", "DASHBOARD", "SCRAPE_CONFIG", "manifest"]
 
 INFRA = Path(__file__).resolve().parent
 MANIFEST = INFRA / "k8s" / "monitoring.yaml"
 RULES = INFRA / "prometheus" / "alerts.yml"
 DASHBOARD = INFRA / "grafana" / "eventlake-dashboard.json"
+SCRAPE_CONFIG = INFRA / "prometheus" / "kubernetes.yml"
 
 HEADER = """\
-# The Prometheus alert rules and the Grafana dashboard (infra/prometheus/alerts.yml, infra/grafana/
-# eventlake-dashboard.json) as ConfigMaps. Written by `python -m infra.k8s_monitoring`; do not edit by hand.
+# The Prometheus alert rules, Prometheus' configuration on Kubernetes and the Grafana dashboard
+# (infra/prometheus/alerts.yml and kubernetes.yml, infra/grafana/eventlake-dashboard.json) as ConfigMaps.
+# Written by `python -m infra.k8s_monitoring`; do not edit by hand.
 """
 
 
@@ -42,6 +45,9 @@ def manifest() -> str:
         {"apiVersion": "v1", "kind": "ConfigMap",
          "metadata": {"name": "eventlake-alert-rules", "labels": {"app.kubernetes.io/part-of": "eventlake"}},
          "data": {"eventlake-alerts.yml": _Literal(RULES.read_text())}},
+        {"apiVersion": "v1", "kind": "ConfigMap",
+         "metadata": {"name": "eventlake-prometheus-config", "labels": {"app.kubernetes.io/part-of": "eventlake"}},
+         "data": {"prometheus.yml": _Literal(SCRAPE_CONFIG.read_text())}},
         {"apiVersion": "v1", "kind": "ConfigMap",
          "metadata": {"name": "eventlake-grafana-dashboard",
                       "labels": {"app.kubernetes.io/part-of": "eventlake", "grafana_dashboard": "1"}},

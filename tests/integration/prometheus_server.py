@@ -61,21 +61,23 @@ class _LoopbackServer:
 
 
 class PrometheusServer(_LoopbackServer):
-    """``fast_rules``: the alert rules with their windows in seconds (``rules_in_seconds``)."""
+    """``fast_rules``: the alert rules with their windows in seconds (``rules_in_seconds``). ``config``: this
+    configuration instead of one scraping the registrations under ``home`` each second."""
 
-    def __init__(self, home: Path, folder: Path, fast_rules: bool = False):
+    def __init__(self, home: Path, folder: Path, fast_rules: bool = False, config: dict | None = None):
         folder.mkdir(parents=True, exist_ok=True)
         rules = RULES
         if fast_rules:
             rules = folder / "alerts.yml"
             rules.write_text(rules_in_seconds(RULES.read_text()))
-        config = folder / "prometheus.yml"
-        config.write_text(json.dumps({  # JSON is YAML
+        config = config or {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
             "rule_files": [str(rules)],
             "scrape_configs": [{"job_name": "eventlake", "file_sd_configs": [
-                {"files": [str(home / "metrics" / "*.json")], "refresh_interval": "1s"}]}]}))
-        self._start("prometheus", folder, [PROMETHEUS, f"--config.file={config}",
+                {"files": [str(home / "metrics" / "*.json")], "refresh_interval": "1s"}]}]}
+        config_file = folder / "prometheus.yml"
+        config_file.write_text(json.dumps(config))  # JSON is YAML
+        self._start("prometheus", folder, [PROMETHEUS, f"--config.file={config_file}",
                                            f"--storage.tsdb.path={folder / 'data'}"])
 
     def api(self, path: str, **params) -> dict:

@@ -8,15 +8,18 @@ can takes over, catches up; a killed service's failed scrapes raise EventlakeSer
 reason where Debian's ``prometheus`` package is not installed."""
 from __future__ import annotations
 
+import json
+import re
 import signal
 import threading
+from pathlib import Path
 
 import pytest
 
 import read_models
 from event_store import kafka_log
 from event_store.envelope import CommandEnvelope, CommandResult
-from tests.integration.prometheus_server import NO_PROMETHEUS, PROMETHEUS, PrometheusServer
+from tests.integration.prometheus_server import NO_PROMETHEUS, PROMETHEUS, RULES, PrometheusServer
 from tests.integration.services import Service, service_env, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(PROMETHEUS is None, reason=NO_PROMETHEUS)]
@@ -195,3 +198,84 @@ def test_prometheus_scrapes_the_services_and_their_series_tell_the_log(settings,
 def read_results(settings) -> dict[str, CommandResult]:
     return {r.command_id: r for r in (CommandResult.from_json(rec.value)
                                       for rec in kafka_log.read_all(settings, settings.results_topic))}
+
+
+def kubernetes_pods() -> list[dict]:
+    """The pods our manifests make, as Prometheus' Kubernetes discovery (role pod) sees them: each Deployment's pod
+    and each SparkApplication's driver and executor pod, with their labels, annotations and container ports."""
+    import yaml
+
+    k8s = Path(__file__).resolve().parents[2] / "infra" / "k8s"
+    pods = []
+    for doc in (d for f in ("services.yaml", "spark-apps.yaml") for d in yaml.safe_load_all((k8s / f).read_text())):
+        if doc and doc["kind"] == "Deployment":
+            template = doc["spec"]["template"]
+            pods.append({"name": f"{doc['metadata']['name']}-0", **template["metadata"],
+                         "ports": [p for c in template["spec"]["containers"] for p in c.get("ports", [])]})
+        elif doc and doc["kind"] == "SparkApplication":
+            for role in ("driver", "executor"):
+                spec = doc["spec"][role]
+                pods.append({"name": f"{doc['metadata']['name']}-{role}", "labels": spec.get("labels", {}),
+                             "annotations": spec.get("annotations", {}), "ports": spec.get("ports", [])})
+    return pods
+
+
+def discovered(pods: list[dict]) -> list[dict]:
+    """The targets Kubernetes' pod discovery gives for ``pods``: one per container port (one without a port for a
+    pod that declares none), labelled with the ``__meta_kubernetes_pod_*`` labels it documents."""
+    def clean(name: str) -> str:
+        return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+    targets = []
+    for n, pod in enumerate(pods):
+        meta = {"__meta_kubernetes_namespace": "eventlake", "__meta_kubernetes_pod_name": pod["name"],
+                **{f"__meta_kubernetes_pod_label_{clean(k)}": v for k, v in pod["labels"].items()},
+                **{f"__meta_kubernetes_pod_annotation_{clean(k)}": str(v) for k, v in pod["annotations"].items()}}
+        ip = f"10.1.0.{n + 1}"
+        for port in pod["ports"] or [None]:
+            if port is None:
+                targets.append({"targets": [ip], "labels": meta})
+            else:
+                targets.append({"targets": [f"{ip}:{port['containerPort']}"], "labels": {
+                    **meta, "__meta_kubernetes_pod_container_port_name": port["name"],
+                    "__meta_kubernetes_pod_container_port_number": str(port["containerPort"])}})
+    return targets
+
+
+def test_on_kubernetes_prometheus_scrapes_every_service_and_sparks_own_metrics(tmp_path):
+    """infra/prometheus/kubernetes.yml, run by a real Prometheus on the targets Kubernetes' pod discovery would give
+    for our manifests (Debian's Prometheus is built without that discovery: the same targets come from a file here,
+    with the same meta labels): our figures from every service's metrics port and the projection's driver, Spark's
+    own from each driver's spark-ui port (the driver's and the executors' paths), nothing from executors."""
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "infra" / "prometheus" /
+                             "kubernetes.yml").read_text())
+    pods = tmp_path / "pods.json"
+    pods.write_text(json.dumps(discovered(kubernetes_pods())))
+    for job in config["scrape_configs"]:
+        assert [sd["role"] for sd in job.pop("kubernetes_sd_configs")] == ["pod"], job["job_name"]
+        job["file_sd_configs"] = [{"files": [str(pods)]}]
+    config["rule_files"] = [str(RULES)]
+    prometheus = PrometheusServer(tmp_path, tmp_path / "prometheus", config=config)
+    try:
+        settings = yaml.safe_load((Path(__file__).resolve().parents[2] / "infra" / "k8s" /
+                                   "settings.yaml").read_text().split("---")[0])["data"]
+        assert settings["EVENTLAKE_SPARK_METRICS"] == "on"
+        ours = {("eventlake", s, "metrics") for s in ("command-handler", "fraud-policy", "fraud-detector",
+                                                       "lag-exporter", "projection", "telemetry-detector")}
+        sparks = {(job, f"spark-{s}", path) for s in ("projection", "telemetry-detector")
+                  for job, path in (("eventlake-spark", "metrics/prometheus"),
+                                    ("eventlake-spark-executors", "metrics/executors/prometheus"))}
+
+        def targets():
+            return {(t["labels"]["job"], t["labels"]["service"], t["scrapeUrl"].split("/", 3)[-1])
+                    for t in prometheus.api("targets", state="active")["activeTargets"]}
+        wait_for(lambda: targets() == ours | sparks, 30, 0.5)
+        assert targets() == ours | sparks
+        spark_ports = {t["scrapeUrl"].split("/")[2].split(":")[1]
+                       for t in prometheus.api("targets", state="active")["activeTargets"]
+                       if t["labels"]["job"] != "eventlake"}
+        assert spark_ports == {settings["EVENTLAKE_SPARK_UI_PORT"]}
+    finally:
+        prometheus.close()

@@ -569,6 +569,13 @@ def test_the_services_that_serve_metrics_listen_beyond_the_pod_on_the_port_their
                                "prometheus.io/path": "/metrics"}, what
         assert {"name": "metrics", "containerPort": settings.metrics_port} in [
             {k: v for k, v in p.items() if k != "protocol"} for p in container["ports"]], what
+    # Spark's own metrics: the drivers' UI, on the port the settings give, which their spark-ui port names
+    # (infra/prometheus/kubernetes.yml scrapes it; tests/integration/test_prometheus.py runs that configuration).
+    assert settings.spark_metrics == "on"
+    for name, driver in drivers.items():
+        assert {"name": "spark-ui", "containerPort": settings.spark_ui_port} in [
+            {k: v for k, v in p.items() if k != "protocol"} for p in driver["ports"]], name
+        assert "spark.ui.enabled" not in _one("SparkApplication", name)["spec"]["sparkConf"], name
 
 
 def test_the_alert_rules_and_the_dashboard_are_mounted_as_written():
@@ -581,6 +588,8 @@ def test_the_alert_rules_and_the_dashboard_are_mounted_as_written():
         "run `.venv/bin/python -m infra.k8s_monitoring`")
     rules = _one("ConfigMap", "eventlake-alert-rules")["data"]["eventlake-alerts.yml"]
     assert yaml.safe_load(rules) == yaml.safe_load(k8s_monitoring.RULES.read_text())
+    scrape = _one("ConfigMap", "eventlake-prometheus-config")["data"]["prometheus.yml"]
+    assert yaml.safe_load(scrape) == yaml.safe_load(k8s_monitoring.SCRAPE_CONFIG.read_text())
     dashboard = _one("ConfigMap", "eventlake-grafana-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dashboard["data"]["eventlake-dashboard.json"])["uid"] == "eventlake"
