@@ -25,7 +25,7 @@ from lakehouse.kafka_security import confluent_config
 from lakehouse.settings import Settings
 
 __all__ = ["transactional_producer_config", "new_producer", "group_consumer", "group_reader", "range_reader",
-           "offsets_reader", "bulk_producer", "admin_client", "access_probe", "produce", "produce_records", "RecordSender",
+           "offsets_reader", "peek_reader", "bulk_producer", "admin_client", "access_probe", "produce", "produce_records", "RecordSender",
            "close_within", "take", "REJOIN_WAIT_S", "RejoinWatch", "LagWatch"]
 
 # After its group session was lost (e.g. the broker restarted), a consumer is assigned partitions again within a
@@ -99,6 +99,17 @@ def offsets_reader(settings: Settings, group_id: str) -> confluent_kafka.Consume
     subscribes, so it joins no group and takes no partition from its members."""
     return confluent_kafka.Consumer({**confluent_config(settings), "group.id": group_id,
                                      "enable.auto.commit": False, "enable.auto.offset.store": False})
+
+
+def peek_reader(settings: Settings, name: str) -> confluent_kafka.Consumer:
+    """A ``read_committed`` consumer that reads one record where it is assigned (no group membership, nothing
+    committed), fetching little ahead: the lag exporter's look at the oldest record waiting past a position. A
+    position the log no longer holds reads from the log's start (the oldest record it still holds); a
+    ``_PARTITION_EOF`` message says nothing is there."""
+    return confluent_kafka.Consumer({
+        **confluent_config(settings), "group.id": f"eventlake-{name}-unused", "isolation.level": "read_committed",
+        "enable.auto.commit": False, "auto.offset.reset": "earliest", "enable.partition.eof": True,
+        "queued.min.messages": 1, "fetch.wait.max.ms": 20})
 
 
 def bulk_producer(settings: Settings, on_failed_delivery: Callable) -> confluent_kafka.Producer:

@@ -31,8 +31,9 @@ from lakehouse.errors import BadInput
 from lakehouse.metrics import Sample
 from lakehouse.settings import Settings
 
-__all__ = ["LagExporterError", "Position", "Snapshot", "LagExporter", "projection_checkpoints", "group_topics",
-           "group_positions", "high_watermarks", "figures", "lines"]
+__all__ = ["LagExporterError", "Position", "Snapshot", "LagExporter", "TableCommits", "WaitingSince",
+           "projection_checkpoints", "projection_tables", "group_topics", "group_positions", "with_waiting_since",
+           "high_watermarks", "figures", "lines"]
 
 DEFAULT_EVERY_S = 10.0
 
@@ -49,6 +50,9 @@ class Position:
     topic: str
     committed: dict[int, int]
     committed_at: float | None = None  # a projection's last commit (Unix time); None: none yet, or a group
+    # partition -> when the oldest record past ``committed`` was written (its Kafka timestamp, Unix time); only
+    # partitions where records wait and that record could be read
+    waiting_since: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -59,28 +63,113 @@ class Snapshot:
     refreshed_at: float | None = None
     refreshes: int = 0
     failures: int = 0
+    tables: dict[str, float] = field(default_factory=dict)  # table -> its last commit (Unix time)
 
 
-def projection_checkpoints(settings: Settings, projections: list[list[str]]) -> dict[str, Path]:
-    """The checkpoints of the projections ``eventlake project NAMES...`` runs, one list of names per projection (an
-    empty list: the default projection, every read model plus the archive's query): checkpoint name -> folder."""
+def _plans(settings: Settings, projections: list[list[str]]) -> list:
+    """The plans of the projections ``eventlake project NAMES...`` runs, one list of names per projection (an empty
+    list: the default projection, every read model plus the archive's query)."""
     import read_models
-    from projection_core.plan import ARCHIVE_QUERY, ProjectionPlan
+    from projection_core.plan import ProjectionPlan
     from read_models.catalog import ARCHIVE_TABLE
 
-    out = {}
+    plans = []
     for names in projections or [[]]:
         named = [n for n in names if n != ARCHIVE_TABLE]
         try:
             models = read_models.select(named) if named else ([] if names else None)
         except KeyError as e:
             raise LagExporterError(f"lag-exporter: --projection {','.join(names)}: {e.args[0]}") from None
-        plan = ProjectionPlan(settings, models, archive=not names or ARCHIVE_TABLE in names, log=lambda _: None)
+        plans.append(ProjectionPlan(settings, models, archive=not names or ARCHIVE_TABLE in names,
+                                    log=lambda _: None))
+    return plans
+
+
+def projection_checkpoints(settings: Settings, projections: list[list[str]]) -> dict[str, Path]:
+    """The checkpoints of the projections (``_plans``): checkpoint name -> folder."""
+    from projection_core.plan import ARCHIVE_QUERY
+
+    out = {}
+    for plan in _plans(settings, projections):
         if plan.models:
             out[plan.name] = plan.checkpoint
         if plan.archive:
             out[ARCHIVE_QUERY] = plan.archive_checkpoint
     return out
+
+
+def projection_tables(settings: Settings, projections: list[list[str]]) -> list[str]:
+    """The tables the projections (``_plans``) write: their read models, and the archive when one archives."""
+    from read_models.catalog import ARCHIVE_TABLE
+
+    plans = _plans(settings, projections)
+    names = list(dict.fromkeys(m.name for plan in plans for m in plan.models))
+    return names + ([ARCHIVE_TABLE] if any(plan.archive for plan in plans) else [])
+
+
+class TableCommits:
+    """When each table last committed, read from its Delta log (``deltalake``: the newest commit's timestamp; each
+    table's log is followed incrementally): a read model's current generation (from the catalog: a rebuild's switch
+    moves it), the archive at its fixed place. A table not created yet is left out; one that cannot be read is said
+    once and left out until it can."""
+
+    def __init__(self, settings: Settings, names: list[str], log: Callable[[str], None]):
+        self.settings, self.names, self.log = settings, names, log
+        self._tables: dict[str, object] = {}  # location -> DeltaTable, for the current locations only
+        self._failing: set[str] = set()
+        self._catalog = None
+
+    def locations(self) -> dict[str, object]:
+        from read_models.catalog import ARCHIVE_TABLE, Catalog
+
+        if self._catalog is None:
+            self._catalog = Catalog(self.settings)  # kept: it reads the catalog again only when it changed
+        models = [n for n in self.names if n != ARCHIVE_TABLE]
+        out = {name: g.table for name, g in self._catalog.current_all(models).items()} if models else {}
+        if ARCHIVE_TABLE in self.names:
+            out[ARCHIVE_TABLE] = self.settings.table_path(ARCHIVE_TABLE)
+        return out
+
+    def read(self) -> dict[str, float]:
+        """table -> its last commit (Unix time)."""
+        from lakehouse.storage import delta_table
+
+        out, tables = {}, {}
+        try:
+            locations = self.locations()
+        except Exception as e:  # the catalog mid-write or unreadable
+            if "_catalog" not in self._failing:
+                self.log(f"lag-exporter: cannot read the catalog ({type(e).__name__}: {e}); the tables' last "
+                         f"commits are left out until it can")
+            self._failing.add("_catalog")
+            return {}
+        self._failing.discard("_catalog")
+        for name, location in locations.items():
+            key = str(location)
+            try:
+                table = self._tables.get(key)
+                if table is None:
+                    from deltalake.exceptions import TableNotFoundError
+
+                    try:
+                        table = delta_table(location)
+                    except TableNotFoundError:
+                        continue  # not created yet
+                else:
+                    table.update_incremental()
+                tables[key] = table
+                out[name] = table.history(1)[0]["timestamp"] / 1000.0
+            except Exception as e:  # a log mid-write or unreadable: said once, tried again at the next refresh
+                if name not in self._failing:
+                    self.log(f"lag-exporter: cannot read table {name}'s last commit at {location} "
+                             f"({type(e).__name__}: {e}); trying again at each refresh")
+                self._failing.add(name)
+                continue
+            if name in self._failing:
+                self.log(f"lag-exporter: table {name}'s last commit read again")
+                self._failing.discard(name)
+        self._tables = tables
+        return out
 
 
 def group_topics(settings: Settings) -> dict[str, str]:
@@ -136,6 +225,82 @@ def high_watermarks(settings: Settings, topic: str, timeout_s: float = 10.0) -> 
         kafka_clients.close_within(consumer, 5.0, "lag-exporter")
 
 
+class WaitingSince:
+    """When the oldest record past each position was written: its Kafka timestamp, read by one consumer assigned
+    at the position (``kafka_clients.peek_reader``). Below its end the log does not change, so what is read is
+    kept while the position stays (only the current positions' are kept): a consumer that keeps still costs no
+    read. A record that cannot be read leaves its figure out, said once."""
+
+    def __init__(self, settings: Settings, log: Callable[[str], None], timeout_s: float = 5.0):
+        self.settings, self.log, self.timeout_s = settings, log, timeout_s
+        self._consumer = None
+        self._seen: dict[tuple[str, int, int], float] = {}
+        self._failing = False
+
+    def read(self, wanted: set[tuple[str, int, int]]) -> dict[tuple[str, int, int], float]:
+        """(topic, partition, offset) -> the timestamp of the first record at or after it (Unix time)."""
+        seen = {key: self._seen[key] for key in wanted if key in self._seen}
+        for key in sorted(wanted - seen.keys()):
+            at = self._peek(*key)
+            if at is not None:
+                seen[key] = at
+        self._seen = seen
+        return seen
+
+    def _peek(self, topic: str, partition: int, offset: int) -> float | None:
+        from confluent_kafka import KafkaError, TopicPartition
+
+        from event_store import kafka_clients
+
+        if self._consumer is None:
+            self._consumer = kafka_clients.peek_reader(self.settings, "lag-exporter")
+        self._consumer.assign([TopicPartition(topic, partition, offset)])
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while time.monotonic() < deadline:
+                m = self._consumer.poll(0.2)
+                if m is None:
+                    continue
+                if m.error() is not None:
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        return None  # nothing waits there (any more)
+                    raise RuntimeError(m.error().str())
+                self._failing = False
+                return m.timestamp()[1] / 1000.0
+            raise TimeoutError(f"no record within {self.timeout_s:g} s")
+        except Exception as e:
+            if not self._failing:
+                self.log(f"lag-exporter: cannot read the record at {topic} partition {partition} offset {offset} "
+                         f"({type(e).__name__}: {e}); its lag in seconds is left out")
+            self._failing = True
+            return None
+        finally:
+            self._consumer.unassign()
+
+    def close(self) -> None:
+        from event_store import kafka_clients
+
+        if self._consumer is not None:
+            kafka_clients.close_within(self._consumer, 5.0, "lag-exporter")
+        self._consumer = None
+
+
+def with_waiting_since(positions: list[Position], ends: dict[str, dict[int, int]], waiting: WaitingSince
+                       ) -> list[Position]:
+    """``positions`` with, where records wait past them, when the oldest of those was written."""
+    import dataclasses
+
+    from projection_core.positions import lag
+
+    behind = {(p.topic, partition, p.committed.get(partition, 0))
+              for p in positions for partition, end in ends.get(p.topic, {}).items()
+              if lag({partition: p.committed.get(partition, 0)}, {partition: end})}
+    seen = waiting.read(behind)
+    return [dataclasses.replace(p, waiting_since={
+        partition: seen[key] for partition in ends.get(p.topic, {})
+        if (key := (p.topic, partition, p.committed.get(partition, 0))) in seen}) for p in positions]
+
+
 def figures(snapshot: Snapshot) -> list[Sample]:
     """The exporter's Prometheus figures (``lakehouse.metrics``) from its last refresh."""
     from projection_core.positions import lag
@@ -156,13 +321,22 @@ def figures(snapshot: Snapshot) -> list[Sample]:
         labels = {"consumer": position.consumer, "kind": position.kind, "topic": position.topic}
         for partition, end in sorted(ends.items()):
             at = {**labels, "partition": str(partition)}
+            behind = lag({partition: position.committed.get(partition, 0)}, {partition: end})
             out.append(Sample("committed_lag_records", g, "Records in the log past the consumer's committed position",
-                              lag({partition: position.committed.get(partition, 0)}, {partition: end}), at))
+                              behind, at))
             out.append(Sample("committed_offset", g, "The consumer's committed position (the next offset to read)",
                               position.committed.get(partition, 0), at))
+            if not behind or partition in position.waiting_since:
+                waited = 0.0 if not behind else max(0.0, snapshot.refreshed_at - position.waiting_since[partition])
+                out.append(Sample("committed_lag_seconds", g, "How long the oldest record past the consumer's "
+                                  "committed position has waited (its Kafka timestamp to the refresh; 0: none "
+                                  "waits)", waited, at))
         if position.committed_at is not None:
             out.append(Sample("committed_timestamp_seconds", g, "When the projection last committed a batch "
                               "(Unix time)", position.committed_at, labels))
+    out += [Sample("table_last_commit_timestamp_seconds", g, "When the table last committed (its Delta log's newest "
+                   "commit, Unix time): a read model's current generation, or the archive", at, {"table": table})
+            for table, at in sorted(snapshot.tables.items())]
     return out
 
 
@@ -175,6 +349,8 @@ class LagExporter:
             raise LagExporterError(f"lag-exporter: --every {every_s:g}: expected a number of seconds above 0")
         self.settings, self.every_s, self.log = settings, every_s, log
         self.checkpoints = projection_checkpoints(settings, projections or [])
+        self.tables = TableCommits(settings, projection_tables(settings, projections or []), log)
+        self.waiting = WaitingSince(settings, log)
         self.groups = group_topics(settings)
         self.snapshot = Snapshot()
         self._stopping = threading.Event()
@@ -200,6 +376,7 @@ class LagExporter:
         for consumer, _ in (self._readers or {}).values():
             kafka_clients.close_within(consumer, 5.0, "lag-exporter")
         self._readers = None
+        self.waiting.close()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -215,6 +392,7 @@ class LagExporter:
             positions = [checkpoint_position(name, path, self.settings.events_topic)
                          for name, path in self.checkpoints.items()]
             positions += group_positions(self._group_readers(), ends)
+            positions = with_waiting_since(positions, ends, self.waiting)
         except Exception as e:  # the broker away or refusing, a checkpoint mid-write: said once, tried again
             self.snapshot.failures += 1
             if not self._failing:
@@ -225,7 +403,9 @@ class LagExporter:
         if self._failing:
             self.log("lag-exporter: positions read again")
         self._failing = False
-        self.snapshot = Snapshot(positions, ends, time.time(), self.snapshot.refreshes + 1, self.snapshot.failures)
+        tables = self.tables.read()
+        self.snapshot = Snapshot(positions, ends, time.time(), self.snapshot.refreshes + 1, self.snapshot.failures,
+                                 tables)
         return True
 
     def run(self, once: bool = False) -> Snapshot:
@@ -250,6 +430,9 @@ def lines(snapshot: Snapshot) -> list[str]:
     out = []
     for p in snapshot.positions:
         behind = lag(p.committed, snapshot.ends.get(p.topic, {}))
+        waited = f", the oldest waiting {snapshot.refreshed_at - min(p.waiting_since.values()):,.0f} s" \
+            if behind and p.waiting_since else ""
         since = "" if p.committed_at is None else f", last commit {time.time() - p.committed_at:,.0f} s ago"
-        out.append(f"{p.consumer} ({p.kind}, {p.topic}): {behind:,} record(s) behind{since}")
+        out.append(f"{p.consumer} ({p.kind}, {p.topic}): {behind:,} record(s) behind{waited}{since}")
+    out += [f"table {table}: last commit {time.time() - at:,.0f} s ago" for table, at in sorted(snapshot.tables.items())]
     return out

@@ -54,3 +54,45 @@ def test_an_idle_log_ending_in_a_transaction_marker_is_caught_up(spark, settings
     assert "lag 1 events" not in render(settings) and render(settings).count("lag 0 events") == 2
     result = reconcile(settings, model.name)
     assert result.success and result.differences == 0, result.lines()
+
+
+def test_the_lag_exporter_tells_how_long_the_oldest_waiting_record_has_waited(settings):
+    """``eventlake lag-exporter``'s lag in seconds by partition: the Kafka timestamp of the first record past a
+    committed position (one past a transaction marker: the next transaction's first record), 0 where none waits,
+    read once while the position stays."""
+    import time
+
+    from eventlake.lag_exporter import Position, Snapshot, WaitingSince, figures, with_waiting_since
+
+    settings = settings.replace(topic_partitions=1)
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    topic = settings.events_topic
+    producer = kafka_log.make_producer(settings, transactional_id=f"{settings.topic_prefix}waiting")
+    hour_ago = int(time.time() * 1000) - 3_600_000
+    try:
+        producer.init_transactions()
+        for start in (0, 3):  # two transactions of 3 records, a minute apart: offsets 0-2, marker 3, 4-6, marker 7
+            producer.begin_transaction()
+            for i in range(start, start + 3):
+                producer.send(topic, key=b"k", value=b"{}", partition=0, timestamp_ms=hour_ago + i * 60_000)
+            producer.commit_transaction()
+    finally:
+        producer.close()
+    ends = {topic: positions.record_ends(settings, topic)}
+    assert ends == {topic: {0: 7}}
+    logged = []
+    waiting = WaitingSince(settings, logged.append)
+    try:
+        at = [Position(name, "group", topic, {0: offset}) for name, offset in
+              (("from-start", 0), ("mid-first", 2), ("at-marker", 3), ("read-all", 7))]
+        found = {p.consumer: p.waiting_since for p in with_waiting_since(at, ends, waiting)}
+        assert found == {"from-start": {0: (hour_ago) / 1000}, "mid-first": {0: (hour_ago + 120_000) / 1000},
+                         "at-marker": {0: (hour_ago + 180_000) / 1000}, "read-all": {}}
+        assert not logged
+        refreshed = time.time()
+        lag_s = {s.labels["consumer"]: s.value for s in figures(Snapshot(
+            with_waiting_since(at, ends, waiting), ends, refreshed_at=refreshed)) if s.name == "committed_lag_seconds"}
+        assert lag_s == {"from-start": refreshed - hour_ago / 1000, "mid-first": refreshed - (hour_ago + 120_000) / 1000,
+                         "at-marker": refreshed - (hour_ago + 180_000) / 1000, "read-all": 0.0}
+    finally:
+        waiting.close()

@@ -35,6 +35,8 @@ def test_every_service_resumes_after_a_broker_restart_and_stops_on_sigterm_while
     kafka_log.ensure_topics(settings, log=lambda *_: None)
     env = service_env(settings)
     services = {name: Service(name, args, env, tmp_path) for name, args in SERVICES.items()}
+    # Watching them all from outside, through the restart (issue 44).
+    services["lag-exporter"] = Service("lag-exporter", ["lag-exporter", "--every", "1"], env, tmp_path)
     stream = FraudStream(settings, services)
     broker_is_up = True
     try:
@@ -51,6 +53,7 @@ def test_every_service_resumes_after_a_broker_restart_and_stops_on_sigterm_while
         stream.assert_answered_and_projected_once(spark)
         # ... and the handler's and the projection's metrics say so (issue 44).
         assert_metrics_tell_the_log(settings)
+        assert_the_lag_exporter_saw_the_outage_and_now_no_lag(settings, services["lag-exporter"])
 
         # -- SIGTERM while the broker is away: each service ends within seconds, cleanly ------------------------
         broker_down(own_broker)
@@ -77,6 +80,49 @@ def test_every_service_resumes_after_a_broker_restart_and_stops_on_sigterm_while
             service.kill()
         if not broker_is_up:
             broker_up(own_broker)
+
+
+def assert_the_lag_exporter_saw_the_outage_and_now_no_lag(settings, exporter: Service) -> None:
+    """`eventlake lag-exporter`, refreshing each second through the restart: its refreshes failed while the broker
+    was away (said once, then that it reads again; a topic just created may
+    refuse a moment too); now every consumer it watches (the projection's two queries, the
+    handler's, policy's and fraud detector's groups) is at the log's end on every partition, with no record
+    waiting, and each table's last commit is its Delta log's newest."""
+    import read_models
+    from lakehouse.storage import delta_table
+    from projection_core.plan import ARCHIVE_QUERY
+    from read_models.catalog import ARCHIVE_TABLE, Catalog
+
+    consumers = {"projection-" + "+".join(read_models.REGISTRY), ARCHIVE_QUERY, settings.handler_group_id,
+                 settings.policy_group_id, settings.fraud_detector_group}
+    tables = {name: g.table for name, g in Catalog(settings).current_all().items()}
+    tables[ARCHIVE_TABLE] = settings.table_path(ARCHIVE_TABLE)
+    newest = {name: delta_table(where).history(1)[0]["timestamp"] / 1000 for name, where in tables.items()}
+    target = {t.service: t for t in metrics.local_targets(settings)}["lag-exporter"]
+
+    def figures():
+        samples = metrics.scrape(target.url)
+        by = lambda name, key: {tuple(ls[k] for k in key): v for n, ls, v in samples if n == name}  # noqa: E731
+        return (by("eventlake_committed_lag_records", ("consumer", "partition")),
+                by("eventlake_committed_lag_seconds", ("consumer", "partition")),
+                by("eventlake_table_last_commit_timestamp_seconds", ("table",)),
+                by("eventlake_lag_exporter_refreshes_total", ("result",)))
+    deadline = time.monotonic() + 60
+    while True:
+        lag, seconds, commits, refreshes = figures()
+        every = {(c, str(p)) for c in consumers for p in range(settings.topic_partitions)}
+        if (set(lag) == every and not any(lag.values()) and {(t,): at for (t,), at in commits.items()} ==
+                {(t,): at for t, at in newest.items()}) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert set(lag) == every and not any(lag.values()), lag
+    assert seconds == {key: 0.0 for key in every}, seconds
+    assert commits == {(t,): at for t, at in newest.items()}, (commits, newest)
+    assert refreshes[("failed",)] >= 1 and refreshes[("ok",)] >= 1, refreshes
+    said = [line for line in exporter.output().splitlines() if line.startswith("lag-exporter: ")]
+    failed = [i for i, line in enumerate(said) if line.startswith("lag-exporter: cannot read the positions")]
+    assert failed and "lag-exporter: positions read again" in said[failed[-1]:], exporter.tail()
+    assert len(failed) <= refreshes[("failed",)], (said, refreshes)
 
 
 def assert_metrics_tell_the_log(settings) -> None:

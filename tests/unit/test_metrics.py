@@ -251,10 +251,11 @@ def test_the_lag_exporters_figures_from_committed_positions(settings):
     committed offsets, the log's ends, when a projection last committed; refreshes by result."""
     from eventlake.lag_exporter import LagExporter, LagExporterError, Position, Snapshot, figures, lines
 
-    snapshot = Snapshot([Position("projection-p", "projection", "events", {0: 10, 1: 8}, committed_at=1_000.0),
+    snapshot = Snapshot([Position("projection-p", "projection", "events", {0: 10, 1: 8}, committed_at=1_000.0,
+                                  waiting_since={1: 1_990.0}),
                          Position("handler", "group", "commands", {0: 3})],
                         {"events": {0: 7, 1: 9, 2: 4}, "commands": {0: 5}}, refreshed_at=2_000.0, refreshes=3,
-                        failures=1)
+                        failures=1, tables={"payments": 1_500.0})
     got = {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("kind", "topic")))): s.value
            for s in figures(snapshot)}
     lag = {k[1]: v for k, v in got.items() if k[0] == "committed_lag_records"}
@@ -263,18 +264,27 @@ def test_the_lag_exporters_figures_from_committed_positions(settings):
                    (("consumer", "projection-p"), ("partition", "2")): 4,   # nothing committed: from the start
                    (("consumer", "handler"), ("partition", "0")): 2}
     assert got[("committed_offset", (("consumer", "projection-p"), ("partition", "1")))] == 8
+    # Seconds: where records wait, since the oldest of them was written; 0 where none waits; left out where that
+    # record's time is not known (partition 2, the handler's).
+    assert {k[1]: v for k, v in got.items() if k[0] == "committed_lag_seconds"} == {
+        (("consumer", "projection-p"), ("partition", "0")): 0.0,
+        (("consumer", "projection-p"), ("partition", "1")): 10.0}
+    assert got[("table_last_commit_timestamp_seconds", (("table", "payments"),))] == 1_500.0
     assert got[("log_end_offset", (("partition", "2"),))] == 4
     assert got[("committed_timestamp_seconds", (("consumer", "projection-p"),))] == 1_000.0
     assert not [k for k in got if k[0] == "committed_timestamp_seconds" and ("consumer", "handler") in k[1]]
     assert got[("lag_exporter_refreshes", (("result", "ok"),))] == 3
     assert got[("lag_exporter_refreshes", (("result", "failed"),))] == 1
-    assert lines(snapshot)[0].startswith("projection-p (projection, events): 5 record(s) behind, last commit")
+    assert lines(snapshot)[0].startswith("projection-p (projection, events): 5 record(s) behind, the oldest waiting "
+                                         "10 s, last commit")
+    assert lines(snapshot)[-1].startswith("table payments: last commit ")
     # Nothing read yet: no position is shown as if it were known.
     assert [s.name for s in figures(Snapshot())] == ["lag_exporter_refreshes"] * 2
     # The projections it watches are named as `eventlake project` names them.
     exporter = LagExporter(settings, [["account_summary", "payments"], ["event_archive"]])
     assert set(exporter.checkpoints) == {"projection-account_summary+payments", "projection-event_archive"}
     assert exporter.checkpoints["projection-event_archive"] == settings.checkpoints / "projection-event_archive"
+    assert exporter.tables.names == ["account_summary", "payments", "event_archive"]
     with pytest.raises(LagExporterError, match="--projection nosuch: unknown read model 'nosuch'"):
         LagExporter(settings, [["nosuch"]])
     with pytest.raises(LagExporterError, match="--every 0: expected a number of seconds above 0"):

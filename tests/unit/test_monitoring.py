@@ -54,8 +54,8 @@ def served_names() -> set[str]:
     samples += engine_figures(type("Engine", (), {"handed_over": 0, "queries": [], "plan": None})())
     detector = FraudStats(by_rule={"velocity": 1}, lag={0: 1})
     samples += [*detector_figures(detector), *policy_figures(PolicyStats(lag={0: 1})), *sql_server_figures([1] * 5)]
-    samples += lag_exporter_figures(Snapshot([Position("projection-p", "projection", "events", {0: 1}, 1.0)],
-                                             {"events": {0: 2}}, refreshed_at=1.0))
+    samples += lag_exporter_figures(Snapshot([Position("projection-p", "projection", "events", {0: 1}, 1.0, {0: 1.0})],
+                                             {"events": {0: 2}}, refreshed_at=1.0, tables={"payments": 1.0}))
     samples += DetectorFigures("events").samples()
     # What Airflow's tasks push (lakehouse.metrics.push).
     at = datetime(2026, 1, 1, tzinfo=timezone.utc)
