@@ -39,7 +39,7 @@ def test_kill_9_at_random_points_then_restart_gives_the_oracle_tables(spark, set
     producer.close()
 
     env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=settings.bootstrap_servers, EVENTLAKE_HOME=str(settings.home),
-               EVENTLAKE_TOPIC_PREFIX=settings.topic_prefix, EVENTLAKE_MAX_OFFSETS_PER_TRIGGER="120",
+               EVENTLAKE_TOPIC_PREFIX=settings.topic_prefix, EVENTLAKE_MAX_OFFSETS_PER_TRIGGER="250",
                EVENTLAKE_SPARK_SHUFFLE_PARTITIONS="2")
     rng = random.Random(4)
     progress = []
