@@ -2,23 +2,29 @@
 
 ``environment`` is what every ``airflow`` command needs here (its home, the DAGs folder, no example DAGs, and
 ``EVENTLAKE_HOME`` so the tasks find the same tables); ``ensure_db`` migrates the metadata database once;
-``run`` runs an ``airflow`` command with both (``eventlake airflow ...``). On a real deployment, point
-Airflow's ``dags_folder`` at ``dags/`` and install this package on the workers instead.
+``run`` runs an ``airflow`` command with both (``eventlake airflow ...``), in a process session of its own whose
+every process it stops when it is asked to stop (``supervise``). On a real deployment, point Airflow's
+``dags_folder`` at ``dags/`` and install this package on the workers instead.
 """
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from lakehouse.settings import Settings
 from lakehouse.errors import Unavailable
 
-__all__ = ["DAGS_FOLDER", "AirflowError", "airflow_home", "environment", "ensure_db", "run"]
+__all__ = ["DAGS_FOLDER", "STOP_WITHIN_S", "AirflowError", "airflow_home", "environment", "machine_sized",
+           "ensure_db", "run", "supervise"]
 
 DAGS_FOLDER = Path(__file__).resolve().parents[1] / "dags"
 _AIRFLOW = str(Path(sys.executable).parent / "airflow")
+# How long Airflow's processes have to end after they were asked to, before they are killed.
+STOP_WITHIN_S = 30.0
 
 
 class AirflowError(Unavailable, RuntimeError):
@@ -37,7 +43,18 @@ def environment(settings: Settings, base: dict | None = None) -> dict[str, str]:
                PYSPARK_PYTHON=env.get("PYSPARK_PYTHON", sys.executable),
                # `airflow standalone` starts its components as `airflow ...` found on the PATH.
                PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]))
+    for key, value in machine_sized().items():
+        env.setdefault(key, value)  # a value the environment gives wins
     return env
+
+
+def machine_sized(cpus: int | None = None) -> dict[str, str]:
+    """Airflow's sizes for this machine, where Airflow's defaults suit a large one: its LocalExecutor starts
+    ``parallelism`` worker processes at once (32 by default), each task of ours may start a Spark session. One
+    task at a time per core (at least 2), as many per DAG run. Set ``AIRFLOW__CORE__PARALLELISM`` (and
+    ``AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG``) in the environment to choose otherwise."""
+    tasks = str(max(2, cpus or os.cpu_count() or 2))
+    return {"AIRFLOW__CORE__PARALLELISM": tasks, "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": tasks}
 
 
 def ensure_db(settings: Settings, log=print) -> None:
@@ -56,6 +73,60 @@ def ensure_db(settings: Settings, log=print) -> None:
 
 
 def run(settings: Settings, args: list[str], log=print) -> int:
-    """``airflow ARGS`` against eventlake's DAGs and its local metadata database; its exit code."""
+    """``airflow ARGS`` against eventlake's DAGs and its local metadata database (``supervise``d); its exit code."""
     ensure_db(settings, log=log)
-    return subprocess.call([_AIRFLOW, *args], env=environment(settings))
+    return supervise([_AIRFLOW, *args], environment(settings), log=log)
+
+
+def supervise(argv: list[str], env: dict[str, str], stop_within_s: float = STOP_WITHIN_S, log=print) -> int:
+    """Run ``argv`` in a process session of its own and return its exit code; when it ends, or when this process
+    gets SIGTERM or SIGINT (passed on to every process of that session: ``airflow standalone``'s scheduler, API
+    server, DAG processor, triggerer and executor workers, not only the command), wait until the whole session
+    has ended, killing what is left after ``stop_within_s``. So stopping the wrapper stops Airflow (a killed
+    wrapper, SIGKILL, cannot pass anything on)."""
+    process = subprocess.Popen(argv, env=env, start_new_session=True)
+    asked: list[int] = []
+
+    def pass_on(signum, _frame):
+        asked.append(signum)
+        _signal_session(process.pid, signum)
+
+    previous = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            try:
+                code = process.wait()
+                break
+            except KeyboardInterrupt:  # a SIGINT between handlers: passed on above
+                continue
+        if asked:
+            log(f"airflow: stopped ({signal.Signals(asked[0]).name}); waiting for its processes to end")
+        _end_session(process.pid, stop_within_s, log)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return code
+
+
+def _signal_session(pgid: int, signum: int) -> bool:
+    """Send ``signum`` to every process of the session whose leader was ``pgid``. -> whether any was left."""
+    try:
+        os.killpg(pgid, signum)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _end_session(pgid: int, stop_within_s: float, log) -> None:
+    """Wait for the processes left in the session (a command's children) to end: SIGTERM, then SIGKILL after
+    ``stop_within_s``."""
+    if not _signal_session(pgid, 0):
+        return
+    _signal_session(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + stop_within_s
+    while _signal_session(pgid, 0):
+        if time.monotonic() > deadline:
+            log(f"airflow: processes still running {stop_within_s:g} s after they were asked to stop: killed")
+            _signal_session(pgid, signal.SIGKILL)
+            return
+        time.sleep(0.2)
