@@ -36,6 +36,10 @@ __all__ = ["LagExporterError", "Position", "Snapshot", "LagExporter", "TableComm
            "high_watermarks", "figures", "lines"]
 
 DEFAULT_EVERY_S = 10.0
+# Each read of a refresh waits at most this long for the broker (a healthy one answers in milliseconds), and the
+# refresh stops between reads once the exporter is asked to stop: so it stops within seconds with the broker away.
+CALL_TIMEOUT_S = 5.0
+CLOSE_WITHIN_S = 2.0
 
 
 class LagExporterError(BadInput, ValueError):
@@ -231,7 +235,7 @@ class WaitingSince:
     kept while the position stays (only the current positions' are kept): a consumer that keeps still costs no
     read. A record that cannot be read leaves its figure out, said once."""
 
-    def __init__(self, settings: Settings, log: Callable[[str], None], timeout_s: float = 5.0):
+    def __init__(self, settings: Settings, log: Callable[[str], None], timeout_s: float = CALL_TIMEOUT_S):
         self.settings, self.log, self.timeout_s = settings, log, timeout_s
         self._consumer = None
         self._seen: dict[tuple[str, int, int], float] = {}
@@ -241,7 +245,15 @@ class WaitingSince:
         """(topic, partition, offset) -> the timestamp of the first record at or after it (Unix time)."""
         seen = {key: self._seen[key] for key in wanted if key in self._seen}
         for key in sorted(wanted - seen.keys()):
-            at = self._peek(*key)
+            try:
+                at = self._peek(*key)
+            except Exception as e:  # the broker away or refusing: the others wait for the next refresh
+                if not self._failing:
+                    self.log(f"lag-exporter: cannot read the record at {key[0]} partition {key[1]} offset {key[2]} "
+                             f"({type(e).__name__}: {e}); the lag in seconds is left out where it is not known")
+                self._failing = True
+                break
+            self._failing = False
             if at is not None:
                 seen[key] = at
         self._seen = seen
@@ -265,24 +277,15 @@ class WaitingSince:
                     if m.error().code() == KafkaError._PARTITION_EOF:
                         return None  # nothing waits there (any more)
                     raise RuntimeError(m.error().str())
-                self._failing = False
                 return m.timestamp()[1] / 1000.0
             raise TimeoutError(f"no record within {self.timeout_s:g} s")
-        except Exception as e:
-            if not self._failing:
-                self.log(f"lag-exporter: cannot read the record at {topic} partition {partition} offset {offset} "
-                         f"({type(e).__name__}: {e}); its lag in seconds is left out")
-            self._failing = True
-            return None
         finally:
             self._consumer.unassign()
 
-    def close(self) -> None:
-        from event_store import kafka_clients
-
-        if self._consumer is not None:
-            kafka_clients.close_within(self._consumer, 5.0, "lag-exporter")
-        self._consumer = None
+    def detach(self) -> list:
+        """Its consumer, for the owner to close (none once detached)."""
+        consumers, self._consumer = [self._consumer] if self._consumer is not None else [], None
+        return consumers
 
 
 def with_waiting_since(positions: list[Position], ends: dict[str, dict[int, int]], waiting: WaitingSince
@@ -371,12 +374,17 @@ class LagExporter:
         return self._readers
 
     def close(self) -> None:
-        from event_store import kafka_clients
-
-        for consumer, _ in (self._readers or {}).values():
-            kafka_clients.close_within(consumer, 5.0, "lag-exporter")
+        """Close its consumers side by side, leaving behind any close that hangs on an absent broker after
+        ``CLOSE_WITHIN_S``."""
+        consumers = [consumer for consumer, _ in (self._readers or {}).values()] + self.waiting.detach()
         self._readers = None
-        self.waiting.close()
+        closing = [threading.Thread(target=c.close, name="lag-exporter-close-consumer", daemon=True)
+                   for c in consumers]
+        for thread in closing:
+            thread.start()
+        deadline = time.monotonic() + CLOSE_WITHIN_S
+        for thread in closing:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def stop(self) -> None:
         self._stopping.set()
@@ -387,11 +395,20 @@ class LagExporter:
 
         try:
             topics = sorted(set(self.groups.values()) | {self.settings.events_topic})
-            ends = {topic: record_ends(self.settings, topic) if topic == self.settings.events_topic
-                    else high_watermarks(self.settings, topic) for topic in topics}
+            ends = {}
+            for topic in topics:
+                if self._stopping.is_set():
+                    return False
+                ends[topic] = (record_ends(self.settings, topic, timeout_s=CALL_TIMEOUT_S)
+                               if topic == self.settings.events_topic
+                               else high_watermarks(self.settings, topic, timeout_s=CALL_TIMEOUT_S))
             positions = [checkpoint_position(name, path, self.settings.events_topic)
                          for name, path in self.checkpoints.items()]
-            positions += group_positions(self._group_readers(), ends)
+            if self._stopping.is_set():
+                return False
+            positions += group_positions(self._group_readers(), ends, timeout_s=CALL_TIMEOUT_S)
+            if self._stopping.is_set():
+                return False
             positions = with_waiting_since(positions, ends, self.waiting)
         except Exception as e:  # the broker away or refusing, a checkpoint mid-write: said once, tried again
             self.snapshot.failures += 1

@@ -28,7 +28,8 @@ class PositionsUnknown(Unavailable, RuntimeError):
 
 def record_ends(settings: Settings, topic: str | None = None, timeout_s: float = 30.0) -> dict[int, int]:
     """Partition -> the offset after the partition's last committed record (transaction markers and aborted records
-    are not records); a partition without a record: its first offset."""
+    are not records); a partition without a record: its first offset. Within about ``timeout_s`` (each call to the
+    broker too), else ``PositionsUnknown`` or the client's error."""
     from confluent_kafka import KafkaError, TopicPartition
 
     from event_store import kafka_clients
@@ -36,15 +37,16 @@ def record_ends(settings: Settings, topic: str | None = None, timeout_s: float =
     topic = topic or settings.events_topic
     consumer = kafka_clients.range_reader(settings, "positions")
     deadline = time.monotonic() + timeout_s
+    call_s = min(_CALL_TIMEOUT_S, timeout_s)
     try:
-        metadata = consumer.list_topics(topic, timeout=_CALL_TIMEOUT_S).topics[topic]
+        metadata = consumer.list_topics(topic, timeout=call_s).topics[topic]
         if metadata.error is not None:
             if metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                 return {}  # not created yet: an empty log
             raise PositionsUnknown(f"topic {topic}: {metadata.error}")
         ends = {}
         for partition in sorted(metadata.partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=_CALL_TIMEOUT_S,
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=call_s,
                                                        cached=False)
             window, end = _FIRST_WINDOW, None
             while end is None:
@@ -54,7 +56,7 @@ def record_ends(settings: Settings, topic: str | None = None, timeout_s: float =
                 while True:  # read to the partition's end (read_committed: its last stable offset)
                     if time.monotonic() > deadline:
                         raise PositionsUnknown(f"topic {topic} partition {partition}: no end within {timeout_s}s")
-                    m = consumer.poll(1.0)
+                    m = consumer.poll(min(1.0, call_s))
                     if m is None:
                         continue
                     error = m.error()
@@ -74,7 +76,7 @@ def record_ends(settings: Settings, topic: str | None = None, timeout_s: float =
             ends[partition] = end
         return ends
     finally:
-        kafka_clients.close_within(consumer, 5.0, "positions")
+        kafka_clients.close_within(consumer, min(5.0, timeout_s), "positions")
 
 
 def record_ends_or_none(settings: Settings, topic: str | None = None) -> dict[int, int] | None:

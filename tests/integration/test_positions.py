@@ -95,4 +95,5 @@ def test_the_lag_exporter_tells_how_long_the_oldest_waiting_record_has_waited(se
         assert lag_s == {"from-start": refreshed - hour_ago / 1000, "mid-first": refreshed - (hour_ago + 120_000) / 1000,
                          "at-marker": refreshed - (hour_ago + 180_000) / 1000, "read-all": 0.0}
     finally:
-        waiting.close()
+        for consumer in waiting.detach():
+            consumer.close()
