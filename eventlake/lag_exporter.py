@@ -14,8 +14,10 @@ it. This service reads the committed positions where they are kept, every ``ever
 
 and compares them with each topic's end, counted in records: the events topic's is the offset after its last record
 (``projection_core.positions.record_ends``: the handler's transaction markers are no records); the commands topic,
-written without transactions, ends at its high watermark (asked of the broker: no command is read). It serves ``eventlake_committed_lag_records{consumer, topic, partition}``, the committed
-offsets and the log's end offsets, and the time each projection last committed. A refresh the broker does not
+written without transactions, ends at its high watermark (asked of the broker: no command is read). It serves
+``eventlake_committed_lag_records{consumer, topic, partition}``, how long the oldest record past each position has
+waited (``WaitingSince``), the committed offsets and the log's end offsets, the time each projection last
+committed, and each of their tables' last commit (``TableCommits``). A refresh the broker does not
 answer is counted and said once; the figures stay as the last refresh left them, and their refresh time says how
 old they are.
 """

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from deltalake.exceptions import TableNotFoundError
 
-from expectations import SUITES, suite_module
+from expectations import SUITES, data_docs_assets, suite_module
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
 from lakehouse.tables import read_table
@@ -178,9 +178,19 @@ def _publish_data_docs(settings: Settings, gx, name: str, module, result, genera
     _prune_validations(settings, name)
     docs.build_data_docs(resource_identifiers=[key, suite_key])
     folder = settings.home / DATA_DOCS_FOLDER
+    data_docs_assets.localise(folder, settings.cache_dir, log=_say_once)
     pages = sorted((folder / "validations" / name).glob(f"{generation.label}-v{version}/*/{name}.html"),
                    key=lambda p: p.stat().st_mtime)
     return str(pages[-1] if pages else data_docs_index(settings))
+
+
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        print(message, flush=True)
 
 
 def _prune_validations(settings: Settings, name: str) -> None:

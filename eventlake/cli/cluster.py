@@ -39,6 +39,7 @@ def _cmd_setup(settings: Settings, args) -> int:
     if settings.uses_local_kafka:
         kafka.resolve_libs(settings)
         print(f"setup: Kafka broker jars ready in {kafka.libs_dir(settings)}")
+    _fetch_data_docs_assets(settings)
     marker = settings.cache_dir / "spark-packages.resolved"
     if marker.exists() and marker.read_text() == ",".join(SPARK_PACKAGES):
         print(f"setup: Spark packages already in {settings.cache_dir / 'ivy'}")
@@ -49,6 +50,21 @@ def _cmd_setup(settings: Settings, args) -> int:
     marker.write_text(",".join(SPARK_PACKAGES))
     print(f"setup: Spark {spark.version} with Delta and the Kafka source ready (Ivy cache {settings.cache_dir / 'ivy'})")
     return 0
+
+
+def _fetch_data_docs_assets(settings: Settings) -> None:
+    """Data Docs' styles and scripts from the npm registry into the cache, once (expectations.data_docs_assets):
+    without them the pages load them from CDNs. A registry that cannot be reached is said; set-up goes on."""
+    from expectations import data_docs_assets
+
+    if not data_docs_assets.missing(settings.cache_dir):
+        return
+    try:
+        data_docs_assets.fetch(settings.cache_dir)
+    except Exception as e:  # the registry away or refusing: the pages keep their CDN links
+        print(f"setup: Data Docs' styles and scripts not fetched from {data_docs_assets.REGISTRY} "
+              f"({type(e).__name__}: {e}); the Data Docs pages load them from CDNs until `eventlake setup` "
+              f"fetches them")
 
 
 def _cmd_kafka(settings: Settings, args) -> int:

@@ -176,3 +176,16 @@ def test_check_read_models_publishes_data_docs_naming_each_suite(tmp_path):
     for name in read_models.REGISTRY:
         assert f"validations/{name}/" in page, name
         assert list((tmp_path / "data_docs" / "validations" / name).glob(f"*/*/{name}.html")), name
+    # Nothing loaded from the internet (issue 46, part 6): each page's styles, scripts and logos are the site's
+    # own (`eventlake setup` fetched them), and each is there.
+    import re
+
+    loads = re.compile(r"""(?:src|href)=["']([^"'#]+)["']|url\(['"]?([^'")]+)['"]?\)""")
+    pages = list((tmp_path / "data_docs").rglob("*.html"))
+    assert len(pages) > len(read_models.REGISTRY)
+    for html in pages:
+        for found in (a or b for a, b in loads.findall(html.read_text())):
+            if found.startswith("http"):
+                assert found.startswith("https://greatexpectations.io"), (html, found)  # links, nothing loaded
+            elif not found.startswith(("mailto:", "data:", "javascript:")):
+                assert (html.parent / found.split("?")[0]).resolve().exists(), (html, found)
