@@ -13,7 +13,9 @@ twice leaves the store as written once (every write is a put of the key's whole 
 
 Values are bytes encoded by the caller (a domain's ``encode_state``, the window's rows). The cache keeps the most
 recently used values up to ``cache_bytes`` (counted as the encoded size plus a fixed overhead per entry), so the
-handler's memory follows the cache, not the number of aggregates; LMDB's own pages live in the OS page cache.
+handler's memory follows the cache, not the number of aggregates. LMDB's own pages live in the OS page cache; the
+ones the process has touched are handed back at most once a second, after a write and while a snapshot or a
+restore walks the store (``lakehouse.mapped_pages``), so they do not count in the handler's RSS as the store grows.
 
 ``event_store.snapshots.PartitionState.stored`` reads the handler's states and windows through a store (its own
 cache of decoded values; the store's byte cache is then off) and writes each committed batch's changes with
@@ -38,6 +40,8 @@ from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
 import lmdb
+
+from lakehouse.mapped_pages import Releaser
 
 __all__ = ["StateStore", "store_path", "store_figures", "status_lines", "ENTRY_OVERHEAD"]
 
@@ -75,6 +79,8 @@ _WRITES = [0]
 # one path in this process shares one environment, closed with the last of them.
 _ENVS: dict[str, list] = {}
 _ENVS_LOCK = threading.Lock()
+# While a snapshot or a restore walks the store: how often (in entries) it asks whether to hand pages back.
+_RELEASE_EVERY_ENTRIES = 4096
 
 
 def _open_env(path: Path) -> lmdb.Environment:
@@ -136,6 +142,7 @@ class StateStore:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self._env = _open_env(self.path)
+        self._pages = Releaser(self.path / "data.mdb")
         self._closed = False
         with self._env.begin(write=True) as txn:
             if txn.get(_FORMAT_KEY) != _FORMAT:
@@ -208,29 +215,35 @@ class StateStore:
         what it sees unchanged while later batches are written) iterated as every (``"state"``, aggregate type,
         aggregate id, encoded state), then every (``"index"``, aggregate type, aggregate id, key) of the
         aggregates' indexes, then every (``"results"``, None, aggregate id, encoded window), past the cache. The transaction ends with the iteration (or when the iterator is dropped)."""
-        return self._cut(self._env.begin())
+        return self._cut(self._env.begin(), self._pages)
 
     @staticmethod
-    def _cut(txn) -> Iterator[tuple[str, str | None, str, bytes]]:
+    def _cut(txn, pages: Releaser) -> Iterator[tuple[str, str | None, str, bytes]]:
         try:
             cursor = txn.cursor()
             if cursor.set_range(_STATE):
-                for key, value in cursor:
+                for n, (key, value) in enumerate(cursor):
                     if not key.startswith(_STATE):
                         break
+                    if n % _RELEASE_EVERY_ENTRIES == 0:
+                        pages.maybe()
                     aggregate_type, _, aggregate_id = bytes(key[1:]).partition(_SEP)
                     yield "state", aggregate_type.decode(), aggregate_id.decode(), bytes(value)
             cursor = txn.cursor()
             if cursor.set_range(_INDEX):
-                for key in cursor.iternext(keys=True, values=False):
+                for n, key in enumerate(cursor.iternext(keys=True, values=False)):
                     if not key.startswith(_INDEX):
                         break
+                    if n % _RELEASE_EVERY_ENTRIES == 0:
+                        pages.maybe()
                     aggregate_type, _, rest = bytes(key[1:]).partition(_SEP)
                     aggregate_id, _, index_key = rest.partition(_SEP)
                     yield "index", aggregate_type.decode(), aggregate_id.decode(), index_key
             rows: list[bytes] = []
             of = None
-            for aggregate_id, _, row in _window_of(txn, _ORDER):
+            for n, (aggregate_id, _, row) in enumerate(_window_of(txn, _ORDER)):
+                if n % _RELEASE_EVERY_ENTRIES == 0:
+                    pages.maybe()
                 if aggregate_id != of and rows:
                     yield "results", None, of, rows
                     rows = []
@@ -270,19 +283,21 @@ class StateStore:
     def changes(self, epoch: int) -> Iterator[tuple[str, str | None, str, object]]:
         """What changed since the last committed snapshot (marked at ``epoch`` or older), as it is now, in the
         form of ``cut`` (states, then index keys, then whole windows), read in one transaction begun here."""
-        return self._changes(self._env.begin(), epoch)
+        return self._changes(self._env.begin(), epoch, self._pages)
 
     @staticmethod
-    def _changes(txn, epoch: int) -> Iterator[tuple[str, str | None, str, object]]:
+    def _changes(txn, epoch: int, pages: Releaser) -> Iterator[tuple[str, str | None, str, object]]:
         try:
             for kind, prefix in (("state", _STATE), ("index", _INDEX), ("results", _MARK_WINDOW)):
                 cursor = txn.cursor()
                 head = _MARK + prefix
                 if not cursor.set_range(head):
                     continue
-                for key, value in cursor:
+                for n, (key, value) in enumerate(cursor):
                     if not key.startswith(head):
                         break
+                    if n % _RELEASE_EVERY_ENTRIES == 0:
+                        pages.maybe()
                     if _SEQ.unpack(value)[0] > epoch:
                         continue
                     rest = bytes(key[2:])
@@ -357,6 +372,7 @@ class StateStore:
                 txn.put(_META, meta)
         for key, value in puts:  # only once committed
             self._cache_put(key, value)
+        self._pages.maybe()
         return True
 
     def restore(self, states: Mapping[tuple[str, str], bytes], index: Iterable[tuple[str, str, Iterable[str]]],
@@ -387,6 +403,7 @@ class StateStore:
             puts.sort()  # in key order: LMDB's inserts then touch each page once
             txn.cursor().putmulti(puts)
         self.drop_cache()
+        self._pages.maybe()
 
     def clear(self) -> None:
         """Empty the store (positions included): it covers a log that is not there any more."""

@@ -10,7 +10,8 @@ written after the table's commit, so after a crash it may lag (never lead); befo
 covers (another writer, a commit whose index write a kill -9 cut off, a compaction), or rebuilt from the whole
 table when that cannot be told (no index, another table at the path, a version no longer in the Delta log).
 Its memory is the versions this engine committed and has not recorded yet (a handful); LMDB's pages are the
-kernel's page cache, not the engine's heap."""
+kernel's page cache, not the engine's heap, and those a batch touched are handed back after its writes (at most
+once a second: ``lakehouse.mapped_pages``), so they do not count in the engine's RSS as the tables grow."""
 from __future__ import annotations
 
 import hashlib
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import lmdb
+
+from lakehouse.mapped_pages import Releaser
 
 __all__ = ["KeyIndex", "INDEX_FOLDER", "key_hashes", "covered", "index_figures", "status_lines"]
 
@@ -102,6 +105,7 @@ class KeyIndex:
         self.table_path, self.columns, self.with_heads, self.log = str(table_path), tuple(columns), heads, log
         self.path = Path(folder) / f"{hashlib.sha1(self.table_path.encode()).hexdigest()[:16]}.lmdb"
         self._env: lmdb.Environment | None = None
+        self._pages = Releaser(self.path)  # the pages a batch touched, handed back (lakehouse.mapped_pages)
         self._mine: set[int] = set()  # versions this engine committed and applied (or compacted), not recorded yet
         self._lock = threading.Lock()  # a compaction on the background thread tells its version
 
@@ -263,6 +267,7 @@ class KeyIndex:
                     held = {k: _VERSION.unpack(v)[0] for k, v in cursor.getmulti([k for k, _ in chunk])}
                     chunk = [(k, v) for k, v in chunk if v > held.get(k, 0)]
                 cursor.putmulti([(k, _VERSION.pack(v)) for k, v in chunk])
+        self._pages.maybe()
 
 
 def _hash_keys(hashes) -> list[bytes]:
