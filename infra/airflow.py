@@ -12,11 +12,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from lakehouse.settings import Settings
 from lakehouse.errors import Unavailable
+from lakehouse.processes import signal_group, terminate
 
 __all__ = ["DAGS_FOLDER", "STOP_WITHIN_S", "AirflowError", "airflow_home", "environment", "machine_sized",
            "ensure_db", "run", "supervise"]
@@ -89,7 +89,7 @@ def supervise(argv: list[str], env: dict[str, str], stop_within_s: float = STOP_
 
     def pass_on(signum, _frame):
         asked.append(signum)
-        _signal_session(process.pid, signum)
+        signal_group(process.pid, signum)
 
     previous = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -101,32 +101,11 @@ def supervise(argv: list[str], env: dict[str, str], stop_within_s: float = STOP_
                 continue
         if asked:
             log(f"airflow: stopped ({signal.Signals(asked[0]).name}); waiting for its processes to end")
-        _end_session(process.pid, stop_within_s, log)
+        # What the command left in its session (its children): SIGTERM, SIGKILL after ``stop_within_s``.
+        if terminate(process.pid, stop_within_s, whole_group=True):
+            log(f"airflow: processes still running {stop_within_s:g} s after they were asked to stop: killed")
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     return code
 
-
-def _signal_session(pgid: int, signum: int) -> bool:
-    """Send ``signum`` to every process of the session whose leader was ``pgid``. -> whether any was left."""
-    try:
-        os.killpg(pgid, signum)
-        return True
-    except ProcessLookupError:
-        return False
-
-
-def _end_session(pgid: int, stop_within_s: float, log) -> None:
-    """Wait for the processes left in the session (a command's children) to end: SIGTERM, then SIGKILL after
-    ``stop_within_s``."""
-    if not _signal_session(pgid, 0):
-        return
-    _signal_session(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + stop_within_s
-    while _signal_session(pgid, 0):
-        if time.monotonic() > deadline:
-            log(f"airflow: processes still running {stop_within_s:g} s after they were asked to stop: killed")
-            _signal_session(pgid, signal.SIGKILL)
-            return
-        time.sleep(0.2)

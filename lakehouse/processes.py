@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["pid_alive", "read_pid", "terminate"]
+__all__ = ["pid_alive", "read_pid", "signal_group", "terminate"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -33,17 +33,39 @@ def read_pid(pid_file: Path) -> int | None:
     return pid if pid_alive(pid) else None
 
 
-def terminate(pid: int, timeout: float, group: bool = False) -> bool:
+def signal_group(pgid: int, signum: int) -> bool:
+    """Send ``signum`` to every process of the process group ``pgid`` (0: none, only ask) -> whether any was
+    left."""
+    try:
+        os.killpg(pgid, signum)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def terminate(pid: int, timeout: float, group: bool = False, whole_group: bool = False) -> bool:
     """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL (the whole process group with ``group``: a service
-    started in a session of its own, with its JVM) -> whether it had to be killed."""
+    started in a session of its own, with its JVM) -> whether it had to be killed.
+
+    With ``whole_group`` (the group ``pid`` led), every process of the group gets the SIGTERM (and the SIGKILL) and is
+    waited for, not only its leader, which may have ended already (a supervisor's children left behind); a group with no process
+    left is nothing to do."""
     import signal
     import time
+    from functools import partial
 
-    os.kill(pid, signal.SIGTERM)
+    alive = partial(signal_group, pid, 0) if whole_group else partial(pid_alive, pid)
+    if whole_group:
+        if not signal_group(pid, signal.SIGTERM):
+            return False
+    else:
+        os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and pid_alive(pid):
+    while time.monotonic() < deadline and alive():
         time.sleep(0.2)
-    if not pid_alive(pid):
+    if not alive():
         return False
+    if whole_group:
+        return signal_group(pid, signal.SIGKILL)  # False: gone meanwhile
     (os.killpg if group else os.kill)(pid, signal.SIGKILL)
     return True
