@@ -6,8 +6,8 @@ here, so their configuration (idempotence, ``acks=all``, ``read_committed``, the
 client) is written once. ``produce`` and ``produce_records`` own the retry for a full
 local queue (``BufferError``): let librdkafka drain it, then try once more. ``RecordSender`` is the process
 managers' send-until-delivered loop (the fraud policy's and the fraud detector's), ``close_within`` their bounded
-close of a consumer, ``take`` every consumer's read of what has arrived, ``RejoinWatch`` every group consumer's
-check that it joined its group again after losing its session.
+close of a consumer (``close_all_within`` of several side by side), ``take`` every consumer's read of what has
+arrived, ``RejoinWatch`` every group consumer's check that it joined its group again after losing its session.
 
 The kafka-python clients (``make_producer``, ``make_consumer``, the admin that creates topics) live in
 ``event_store.kafka_log``.
@@ -26,7 +26,7 @@ from lakehouse.settings import Settings
 
 __all__ = ["transactional_producer_config", "new_producer", "group_consumer", "group_reader", "range_reader",
            "offsets_reader", "peek_reader", "bulk_producer", "admin_client", "access_probe", "produce", "produce_records", "RecordSender",
-           "close_within", "take", "REJOIN_WAIT_S", "RejoinWatch", "LagWatch"]
+           "close_within", "close_all_within", "take", "REJOIN_WAIT_S", "RejoinWatch", "LagWatch"]
 
 # After its group session was lost (e.g. the broker restarted), a consumer is assigned partitions again within a
 # few heartbeats. librdkafka (2.16, cooperative-sticky) sometimes never rejoins: seen in
@@ -221,9 +221,18 @@ def take(consumer: confluent_kafka.Consumer, max_records: int, timeout_s: float)
 
 def close_within(consumer: confluent_kafka.Consumer, timeout_s: float, name: str) -> None:
     """Close ``consumer`` (leaving its group), leaving behind a close that hangs on an absent broker."""
-    closing = threading.Thread(target=consumer.close, name=f"{name}-close-consumer", daemon=True)
-    closing.start()
-    closing.join(timeout_s)
+    close_all_within([consumer], timeout_s, name)
+
+
+def close_all_within(consumers: Sequence[confluent_kafka.Consumer], timeout_s: float, name: str) -> None:
+    """Close ``consumers`` side by side (each leaving its group) within ``timeout_s`` in all, leaving behind any
+    close that hangs on an absent broker."""
+    closing = [threading.Thread(target=c.close, name=f"{name}-close-consumer", daemon=True) for c in consumers]
+    for thread in closing:
+        thread.start()
+    deadline = time.monotonic() + timeout_s
+    for thread in closing:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class LagWatch:

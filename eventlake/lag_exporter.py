@@ -378,15 +378,11 @@ class LagExporter:
     def close(self) -> None:
         """Close its consumers side by side, leaving behind any close that hangs on an absent broker after
         ``CLOSE_WITHIN_S``."""
+        from event_store import kafka_clients
+
         consumers = [consumer for consumer, _ in (self._readers or {}).values()] + self.waiting.detach()
         self._readers = None
-        closing = [threading.Thread(target=c.close, name="lag-exporter-close-consumer", daemon=True)
-                   for c in consumers]
-        for thread in closing:
-            thread.start()
-        deadline = time.monotonic() + CLOSE_WITHIN_S
-        for thread in closing:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        kafka_clients.close_all_within(consumers, CLOSE_WITHIN_S, "lag-exporter")
 
     def stop(self) -> None:
         self._stopping.set()
