@@ -12,22 +12,34 @@ Each task also publishes its validation to Great Expectations **Data Docs**, a s
 eventlake home (`<EVENTLAKE_HOME>/data_docs/index.html`, named in the task's log): open it in a browser to see
 each suite's recent results, expectation by expectation.
 The same checks run from a shell: `eventlake check [--reconcile] [NAMES]`.
+
+**When.** Hourly, and whenever a rebuild, a reprocess or maintenance writes a read model it checks (an asset
+event on that read model's Asset: `eventlake://warehouse/<read model>`). Each `check_read_model` that passes
+emits an asset event on `read_model_checks` whose extra names the table, its generation's Delta version checked,
+its rows and the expectations failed.
 """
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import AssetAny, Param, dag, get_current_context, task
+from airflow.timetables.assets import AssetOrTimeSchedule
+from airflow.timetables.trigger import CronTriggerTimetable
 
 from expectations import SUITES  # names only: Great Expectations and the tables are touched by the tasks
 from expectations.cross_model import CROSS_MODEL_CHECKS
+from infra import airflow_assets as assets
+
+CHECKS = assets.asset(assets.READ_MODEL_CHECKS)
 
 
-@dag(dag_id="check_read_models", schedule="@hourly", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+@dag(dag_id="check_read_models", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+     schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("@hourly", timezone="UTC"),
+                                  assets=AssetAny(*assets.read_model_assets(list(SUITES)))),
      catchup=False, max_active_runs=1, doc_md=__doc__, tags=["eventlake", "data-quality"],
      params={"reconcile": Param(False, type="boolean",
                                 description="also compare each table with a fold of the archived log")})
 def check_read_models():
-    @task(map_index_template="{{ table }}")  # each mapped task shows its table's name in the UI
+    @task(map_index_template="{{ table }}", outlets=[CHECKS])  # each mapped task shows its table in the UI
     def check_read_model(name: str) -> dict:
         from airflow.sdk.exceptions import AirflowFailException
 
@@ -45,6 +57,7 @@ def check_read_models():
             print(f"Data Docs of every suite: file://{result.report.data_docs_index}")
         if result.failed:
             raise AirflowFailException("\n".join(result.lines()))
+        context["outlet_events"][CHECKS].extra = result.summary()  # the Delta version checked
         return result.summary()
 
     @task(map_index_template="{{ check }}")

@@ -16,18 +16,17 @@ and the counts (inserted, changed, closed, unchanged). The same content twice lo
 from __future__ import annotations
 
 import pendulum
-from airflow.providers.standard.triggers.file import DirectoryFileDeleteTrigger
-from airflow.sdk import Asset, AssetWatcher, Param, dag, get_current_context, task
+from airflow.sdk import Param, dag, get_current_context, task
 from airflow.timetables.assets import AssetOrTimeSchedule
 from airflow.timetables.trigger import CronTriggerTimetable
 
+from infra import airflow_assets as assets  # the Assets' names and URIs, one place for every DAG
 from lakehouse.settings import Settings
-from reference_data.loads import LANDED_MARKER, landing_folder
+from read_models.catalog import DIM_MERCHANT_TABLE
+from reference_data.loads import landing_folder
 
-DIM_MERCHANT = Asset(name="dim_merchant", uri="eventlake://warehouse/dim_merchant", group="reference_data")
-LANDED = Asset(name="merchants_landed", uri="eventlake://landing/merchants", group="reference_data",
-               watchers=[AssetWatcher(name="merchants_ready_flag", trigger=DirectoryFileDeleteTrigger(
-                   directory=str(landing_folder(Settings.load())), filename=LANDED_MARKER, poke_interval=10.0))])
+DIM_MERCHANT = assets.table_asset(DIM_MERCHANT_TABLE)
+LANDED = assets.landed_merchants(Settings.load())
 
 
 @dag(dag_id="load_merchants", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False,

@@ -10,13 +10,18 @@
 
 A model whose rebuild is running is skipped (its task shows "skipped" with who holds the lock). Runs daily,
 without catch-up (a missed day is simply done the next day). Logic: spark_apps/maintenance.py.
+
+**Assets.** A model whose tables were compacted, vacuumed or had generations dropped announces an update of its
+Asset (`eventlake://warehouse/<read model>`) through the alias `read_models_maintained`, its extra the current
+generation, its table's Delta version after the run and the generations kept and dropped (`check_read_models`
+runs on it: the rows are the same, the files are not). A skipped model announces nothing.
 """
 from __future__ import annotations
 
 import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
-import read_models  # names only: Spark and the tables are touched by the tasks
+from infra import airflow_assets as assets  # names only: Spark and the tables are touched by the tasks
 
 _DEFAULT_RETENTION_HOURS = 168  # spark_apps.maintenance.DEFAULT_RETENTION_HOURS (not imported at parse time)
 
@@ -29,7 +34,7 @@ _DEFAULT_RETENTION_HOURS = 168  # spark_apps.maintenance.DEFAULT_RETENTION_HOURS
                                                   "deleted; at least Delta's default of 168 (7 days)")})
 def maintenance():
     # One model at a time: each task starts Spark, and models share the machine with the live projection.
-    @task(map_index_template="{{ read_model }}", max_active_tis_per_dag=1)
+    @task(map_index_template="{{ read_model }}", max_active_tis_per_dag=1, outlets=[assets.alias(assets.MAINTAINED)])
     def maintain_read_model(name: str) -> dict:
         from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
@@ -54,10 +59,14 @@ def maintenance():
         metrics.push(settings, "maintenance", {"read_model": name}, report.samples(), log)
         if report.skipped:
             raise AirflowSkipException(report.skipped)
+        if report.current is not None and (report.optimized or report.vacuumed or report.dropped):
+            assets.record_written(context, "maintenance", name, {
+                **assets.table_version(settings, name, report.current), "kept": report.kept,
+                "dropped": report.dropped, "problems": len(report.problems)})
         return {"name": name, "current": report.current, "kept": report.kept, "dropped": report.dropped,
                 "problems": report.problems}
 
-    maintain_read_model.expand(name=list(read_models.REGISTRY))
+    maintain_read_model.expand(name=list(assets.READ_MODELS))
 
 
 maintenance()

@@ -14,6 +14,11 @@ run, or `eventlake rebuild` in a shell) is refused with who holds it. What a fai
 abandoned by the next rebuild. Roll back with `eventlake rollback NAME`. The same steps run from a shell:
 `eventlake rebuild NAME... [--dry-run]`. Tables are found through the workers' environment (`EVENTLAKE_HOME`,
 `EVENTLAKE_CONFIG`), as for every eventlake command.
+
+**Assets.** A switch is an update of the read model's Asset (`eventlake://warehouse/<read model>`): `switch`
+announces it through the alias `read_models_rebuilt` (which models a run rebuilds is the form's choice), its extra
+the new generation, the one before and its table's Delta version; `check_read_models` runs on it. A dry run or a
+failed model announces nothing.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import pendulum
 from airflow.sdk import Param, dag, get_current_context, task, task_group
 
 import read_models  # names only: Spark, Kafka and the tables are touched by the tasks
+from infra import airflow_assets as assets
 
 _NAMES = list(read_models.REGISTRY)
 
@@ -131,7 +137,7 @@ def rebuild_read_model():
             lock.hand_over()
             return built
 
-        @task(map_index_template="{{ read_model }}", retries=0)
+        @task(map_index_template="{{ read_model }}", retries=0, outlets=[assets.alias(assets.REBUILT)])
         def switch(checked: dict) -> dict:
             """Make the checked generation current (compare-and-set); on a dry run drop it and skip."""
             from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
@@ -155,7 +161,9 @@ def rebuild_read_model():
             if not switched:
                 raise AirflowSkipException(f"dry run: generation {checked['generation']} of {name} passed its "
                                            f"checks and was dropped; readers stay on {checked['previous']}")
-            return {**checked, "switched": True}
+            written = assets.table_version(settings, name, checked["generation"])
+            assets.record_written(context, "rebuild_read_model", name, {**written, "previous": checked["previous"]})
+            return {**checked, **written, "switched": True}
 
         switch(check(build(name)))
 

@@ -12,6 +12,11 @@ the log; the run can be cleared later. With `catchup=True` every day since the s
 first, one at a time. Where the tables are comes from the workers' environment (`EVENTLAKE_HOME`,
 `EVENTLAKE_CONFIG`), as for every eventlake command.
 The same from a shell: `eventlake reprocess merchant_minute_volume --from 2026-01-01 --to 2026-01-02`.
+
+**Assets.** A task that committed a replace announces an update of its read model's Asset
+(`eventlake://warehouse/<read model>`) through the alias `read_models_reprocessed`, its extra the Delta version it
+committed, the generation and the interval; a skipped day or one where nothing differed announces nothing.
+`check_read_models` runs on it.
 """
 from __future__ import annotations
 
@@ -19,10 +24,7 @@ import pendulum
 from airflow.sdk import dag, get_current_context, task
 from airflow.timetables.interval import CronDataIntervalTimetable
 
-import read_models  # names only: Spark and the tables are touched by the tasks
-from read_models.spec import WINDOWED_SUM
-
-WINDOWED = [m.name for m in read_models.REGISTRY.values() if m.merge_strategy == WINDOWED_SUM]
+from infra import airflow_assets as assets  # names only: Spark and the tables are touched by the tasks
 
 
 # A data interval of one day per run: a plain "@daily" (Airflow 3's CronTriggerTimetable) gives each run an
@@ -31,7 +33,8 @@ WINDOWED = [m.name for m in read_models.REGISTRY.values() if m.merge_strategy ==
      start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=True, max_active_runs=1,
      doc_md=__doc__, tags=["eventlake", "reprocess"])
 def reprocess_windows():
-    @task(map_index_template="{{ table }}")  # each mapped task shows its read model's name in the UI
+    # Each mapped task shows its read model's name in the UI.
+    @task(map_index_template="{{ table }}", outlets=[assets.alias(assets.REPROCESSED)])
     def reprocess_read_model(name: str) -> dict:
         from airflow.sdk.exceptions import AirflowFailException
 
@@ -68,11 +71,16 @@ def reprocess_windows():
         finally:
             spark.stop()
         metrics.push(settings, "reprocess_windows", {"read_model": name}, outcome.samples())
+        if outcome.table_version is not None:  # a commit: the read model changed
+            assets.record_written(context, "reprocess_windows", name, {
+                "delta_version": outcome.table_version, "generation": outcome.generation,
+                "interval_start": start.isoformat(), "interval_end": end.isoformat(),
+                "windows_changed": outcome.windows_changed, "late_folded": outcome.late_folded})
         return {"read_model": name, "generation": outcome.generation, "windows": outcome.windows,
                 "windows_changed": outcome.windows_changed, "late_folded": outcome.late_folded,
                 "table_version": outcome.table_version, "seconds": round(outcome.seconds, 1)}
 
-    reprocess_read_model.expand(name=WINDOWED)
+    reprocess_read_model.expand(name=list(assets.WINDOWED))
 
 
 reprocess_windows()

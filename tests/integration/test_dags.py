@@ -11,6 +11,7 @@ import pytest
 
 import read_models
 from eventlake.generator import GeneratorConfig
+from infra import airflow_assets as assets
 from infra.airflow import environment
 from lakehouse.settings import PROJECT_ROOT, Settings
 from read_models.catalog import Catalog
@@ -25,7 +26,8 @@ from tests.oracle import assert_matches_oracle
 pytestmark = pytest.mark.slow
 
 EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
-DAG_IDS = {"check_read_models", "rebuild_read_model", "reprocess_windows", "maintenance", "load_merchants"}
+DAG_IDS = {"check_read_models", "rebuild_read_model", "reprocess_windows", "maintenance", "load_merchants",
+           "triage_dead_letters"}
 
 
 def eventlake_env(settings: Settings) -> dict:
@@ -53,10 +55,19 @@ def output(proc: subprocess.CompletedProcess) -> str:
 
 def test_every_dag_file_imports_cleanly(tmp_path):
     code = ("import json; from airflow.dag_processing.dagbag import DagBag; from infra.airflow import DAGS_FOLDER\n"
+            "from airflow.serialization.serialized_objects import DagSerialization\n"
             "bag = DagBag(dag_folder=str(DAGS_FOLDER))\n"
+            "def scheduled(d):\n"
+            "    c = getattr(d.timetable, 'asset_condition', None)\n"
+            "    found = [] if c is None else [a for _, a in c.iter_assets()] if hasattr(c, 'iter_assets') else [c]\n"
+            "    return [(a.name, [w.name for w in a.watchers]) for a in found]\n"
+            "for d in bag.dags.values(): DagSerialization.to_dict(d)  # what the DAG processor stores: triggers too\n"
             "print(json.dumps({'errors': {k: str(v) for k, v in bag.import_errors.items()},"
             " 'dags': {d: sorted(t.task_id for t in bag.dags[d].tasks) for d in bag.dags},"
-            " 'params': {d: sorted(bag.dags[d].params) for d in bag.dags}}))")
+            " 'params': {d: sorted(bag.dags[d].params) for d in bag.dags},"
+            " 'outlets': {d: {t.task_id: sorted(o.name for o in t.outlets) for t in bag.dags[d].tasks if t.outlets}"
+            "             for d in bag.dags},"
+            " 'scheduled': {d: scheduled(bag.dags[d]) for d in bag.dags}}))")
     proc = subprocess.run([sys.executable, "-c", code], env=environment(Settings(home=tmp_path)), cwd=PROJECT_ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, output(proc)[-3000:]
@@ -68,6 +79,15 @@ def test_every_dag_file_imports_cleanly(tmp_path):
     assert found["params"]["rebuild_read_model"] == ["dry_run", "read_models"]
     assert found["dags"]["maintenance"] == ["maintain_read_model"]
     assert found["params"]["maintenance"] == ["retention_hours"]
+    # Issue 46 part 3: each DAG's outlets cover what it writes (infra/airflow_assets.py); the checks run on the
+    # read models' Assets; the dead letters' watcher starts the triage.
+    written = {d: sorted({name for names in found["outlets"][d].values() for name in names}) for d in DAG_IDS}
+    assert written == {d: sorted([assets.ALIASES[d]] if d in assets.ALIASES else assets.WRITES[d]) for d in DAG_IDS}
+    assert found["outlets"]["rebuild_read_model"] == {"rebuild_model.switch": [assets.REBUILT]}
+    assert found["scheduled"]["check_read_models"] == [[name, []] for name in read_models.REGISTRY]
+    assert found["scheduled"]["triage_dead_letters"] == [[assets.DEAD_LETTERS, ["dead_letters_topic"]]]
+    assert found["scheduled"]["load_merchants"] == [[assets.LANDED_MERCHANTS, ["merchants_ready_flag"]]]
+    assert found["params"]["triage_dead_letters"] == ["account", "by", "reason", "record"]
 
 
 def test_a_run_owns_the_lock_across_its_tasks_and_refuses_everyone_else(tmp_path):
