@@ -209,3 +209,67 @@ def test_check_read_models_publishes_data_docs_naming_each_suite(tmp_path):
                 assert found.startswith("https://greatexpectations.io"), (html, found)  # links, nothing loaded
             elif not found.startswith(("mailto:", "data:", "javascript:")):
                 assert (html.parent / found.split("?")[0]).resolve().exists(), (html, found)
+
+
+# The dead-letters watcher's trigger as Airflow's triggerer runs it: the Kafka provider's AwaitMessageTrigger with
+# the connection eventlake_kafka (from the environment) and our apply_function; its first event's payload.
+FIRST_TRIGGER_EVENT = """
+import asyncio, json
+from infra import airflow_assets as assets
+from lakehouse.settings import Settings
+
+trigger = assets.dead_letters(Settings.load()).watchers[0].trigger
+
+
+async def first():
+    events = trigger.run()
+    try:
+        return (await asyncio.wait_for(events.__anext__(), 90)).payload
+    finally:
+        await events.aclose()
+        await trigger.cleanup()
+
+print(json.dumps(asyncio.run(first())))
+"""
+
+
+def test_a_dead_letter_fires_the_watcher_and_each_is_reported_once(settings):
+    from event_store import kafka_log
+    from expectations.dead_letters import triage
+
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+
+    def send(*records: tuple[str, str]) -> None:
+        producer = kafka_log.make_producer(settings)
+        try:
+            kafka_log.produce_all(producer, settings.dead_letters_topic, [
+                (key, kafka_log.dead_letter_value(reason, b"\xff", settings.commands_topic, 0, n))
+                for n, (key, reason) in enumerate(records)])
+        finally:
+            producer.close()
+
+    send(("acc-1", "command: not valid JSON (Expecting value: line 1 column 1 (char 0))"),
+         ("acc-2", "command: not valid JSON (Expecting value: line 1 column 5 (char 4))"),
+         ("acc-1", "command: missing required field 'command_id'"))
+    report = triage(settings, log=lambda *_: None)
+    assert report.count == 3 and report.by_aggregate == {"acc-1": 2, "acc-2": 1}
+    assert report.by_reason == {"command: not valid JSON (...)": 2, "command: missing required field 'command_id'": 1}
+    page = settings.home / "data_docs" / "dead_letters" / "index.html"
+    assert report.html == str(page) and "acc-2" in page.read_text()
+    assert triage(settings, log=lambda *_: None).count == 0  # each reported once
+    send(("acc-3", "command: expected a JSON object, got list"))
+    assert triage(settings, log=lambda *_: None).by_aggregate == {"acc-3": 1}
+
+    env = environment(settings, base=eventlake_env(settings))
+    connection = assets.kafka_connection(settings)
+    connection["extra"]["auto.offset.reset"] = "earliest"  # its group is new: from the first record, no race
+    env[f"AIRFLOW_CONN_{assets.KAFKA_CONNECTION_ID.upper()}"] = json.dumps(connection)
+    proc = subprocess.run([sys.executable, "-c", FIRST_TRIGGER_EVENT], env=env, cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, output(proc)[-3000:]
+    signal = json.loads(proc.stdout.strip().splitlines()[-1])  # the first record of one of the partitions
+    assert signal["topic"] == settings.dead_letters_topic and signal["offset"] == 0, signal
+    assert signal["aggregate"] in {"acc-1", "acc-2", "acc-3"} and signal["reason"] in {
+        "command: not valid JSON (...)", "command: missing required field 'command_id'",
+        "command: expected a JSON object, got list"}, signal
+
