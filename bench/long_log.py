@@ -58,7 +58,7 @@ from bench.commands import count_committed, results_reader  # noqa: E402
 
 REGIONS = ("US-NYC", "US-SFO", "US-CHI", "GB-LON", "DE-BER", "FR-PAR", "JP-TYO", "BR-SAO", "IN-BOM", "AU-SYD")
 REBUILT = re.compile(r"partition (\d+): (\d+) aggregates from (a snapshot \+ |the state store \+ |)(\d+) events "
-                     r"and (\d+) results in ([\d.]+)s")
+                     r"and (\d+) results in ([\d.]+)s(?: \(CPU ([\d.]+)s\))?")
 
 
 def _free_port() -> int:
@@ -225,9 +225,10 @@ class Handler:
                 self.samples.append((round(at, 1), round(rss / 2**20), round(kernel.get("RssAnon", 0) / 2**20)))
             time.sleep(0.2)
 
-    def rebuilds(self) -> list[tuple[int, int, str, int, int, float]]:
-        return [(int(p), int(n), src, int(ev), int(res), float(s))
-                for p, n, src, ev, res, s in REBUILT.findall(self.log_path.read_text())]
+    def rebuilds(self) -> list[tuple[int, int, str, int, int, float, float | None]]:
+        """(partition, aggregates, source, events read, results read, seconds, CPU seconds or None) per line."""
+        return [(int(p), int(n), src, int(ev), int(res), float(s), float(cpu) if cpu else None)
+                for p, n, src, ev, res, s, cpu in REBUILT.findall(self.log_path.read_text())]
 
     def stop(self) -> None:
         if self in LIVE:
@@ -282,7 +283,11 @@ def rebuild_figures(handler: Handler) -> dict:
     return {"partitions": len(rows), "aggregates": aggregates, "events_read": sum(r[3] for r in rows),
             "results_read": sum(r[4] for r in rows), "sources": sorted({r[2].strip(" +") or "log" for r in rows}),
             "rebuild_s": round(total, 2), "slowest_partition_s": round(seconds, 2),
-            "entries_per_s": round(aggregates / total) if total else None}
+            "entries_per_s": round(aggregates / total) if total else None,
+            # The handler's CPU time during its rebuilds: what they cost on a core of their own (a loaded host
+            # stretches the seconds, not this).
+            "rebuild_cpu_s": round(sum(r[6] for r in rows), 2) if rows and all(r[6] is not None for r in rows)
+            else None}
 
 
 def command_path(settings: Settings, run: str, accounts: int, commands: int) -> dict:
@@ -340,6 +345,16 @@ def run_size(broker: Settings, events: int, accounts: int, commands: int, root: 
     restore.update(rebuild_figures(handler))
     handler.stop()
     restore["high_water_mib"] = round(handler.hwm / 2**20)
+    # The store entries it restored (states, payment-id index keys, idempotency-window rows): the aim's "state
+    # entries"; entries_per_s above counts aggregates only.
+    from event_store.state_store import store_figures
+
+    stores = [store_figures(folder) for folder in (work / f"home-{run}-restore" / "handler-state").iterdir()]
+    restore["store_entries"] = sum(f["entries"] for f in stores if f)
+    restore["store_entries_per_s"] = (round(restore["store_entries"] / restore["rebuild_s"])
+                                      if restore.get("rebuild_s") else None)
+    restore["store_entries_per_cpu_s"] = (round(restore["store_entries"] / restore["rebuild_cpu_s"])
+                                          if restore.get("rebuild_cpu_s") else None)
     figures["restore"] = restore
     print(f"  restore (fresh home: snapshots + tail): {shown(restore)}", flush=True)
     figures["home_bytes"] = sum(f.stat().st_size for f in home.rglob("*") if f.is_file())
@@ -354,16 +369,24 @@ def anon(figures: dict) -> str:
     return f"{figures['peak_anon_mib']:,}" if "peak_anon_mib" in figures else "?"
 
 
+def _store_rates(restore: dict) -> str:
+    """' (store entries/s; store entries per CPU-second)' of a restore, for runs that recorded them."""
+    rates = [format(restore[k], ",") for k in ("store_entries_per_s", "store_entries_per_cpu_s") if restore.get(k)]
+    return f" ({'; '.join(rates)})" if rates else ""
+
+
 def table(entries: list[dict]) -> str:
     lines = ["| label | events | accounts | seed ev/s | fold: answered s | fold peak RSS (anon) | restart: answered s | "
-             "restart peak RSS | restore s | restore entries/s | commands/s | RSS after commands |",
+             "restart peak RSS | restore s | restore aggregates/s (store entries/s; per CPU-s) | commands/s | RSS after commands |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         f, r, s, c = e["first_fold"], e["restart"], e["restore"], e["command_path"]
         lines.append(f"| {e['label']} | {e['events']:,} | {e['accounts']:,} | {e['seed_events_per_s']:,} | "
                      f"{f['all_answered_s']} | {f['peak_rss_mib']:,} ({anon(f)}) MiB | {r['all_answered_s']} | "
                      f"{r['peak_rss_mib']:,} MiB | {s['all_answered_s']} | "
-                     f"{s['entries_per_s'] if s['entries_per_s'] is not None else '-'} | {c['commands_per_s']:,} | "
+                     f"{s['entries_per_s'] if s['entries_per_s'] is not None else '-'}"
+                     f"{_store_rates(s)} | "
+                     f"{c['commands_per_s']:,} | "
                      f"{c['rss_after_mib']:,} MiB |")
     return "\n".join(lines)
 
