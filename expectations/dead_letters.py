@@ -6,7 +6,8 @@ dead_letter_value``: ``reason``, ``source_topic/partition/offset``, the original
 the original was (the aggregate's id, when it had one). ``triage`` reads the records that came since its last
 report (its position per partition is kept beside the report, written after it), groups them, and writes
 ``<home>/data_docs/dead_letters/index.html`` (the latest report) and ``report-<UTC time>.json``; the same read
-twice reports nothing new. A reason is grouped by its kind: the text with the values it quotes taken out
+twice reports nothing new, and a run with nothing new leaves the page as it was (the newest 100 JSON copies are
+kept, linked from the page). A reason is grouped by its kind: the text with the values it quotes taken out
 (``reason_kind``), each kind with one full example.
 
 ``dead_letter_signal`` is what the Airflow watcher of the topic (``infra.airflow_assets.dead_letters``) makes of
@@ -28,7 +29,7 @@ from typing import Iterable, Mapping
 from lakehouse.errors import BadInput
 from lakehouse.settings import Settings
 
-__all__ = ["DeadLetter", "TriageReport", "QuarantineNotResolved", "REPORT_FOLDER", "NO_KEY", "RECORD", "parse_dead_letter",
+__all__ = ["DeadLetter", "TriageReport", "QuarantineNotResolved", "REPORT_FOLDER", "NO_KEY", "RECORD", "KEEP_REPORTS", "parse_dead_letter",
            "reason_kind", "summarize", "render_html", "report_folder", "read_new", "triage", "dead_letter_signal",
            "resolve_quarantine"]
 
@@ -36,6 +37,7 @@ REPORT_FOLDER = "dead_letters"  # under the Data Docs folder (expectations.check
 NO_KEY = "(no key)"  # the aggregate of a dead letter whose record had no key
 RECORD = re.compile(r"[^/\s]+/[0-9]+/[0-9]+")  # a record as the form and the verb take it: topic/partition/offset
 _POSITION_FILE = "position.json"
+KEEP_REPORTS = 100  # the JSON copies of the newest reports kept (older ones are deleted)
 _EXAMPLES = 20  # the newest dead letters quoted in full in a report
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 _UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.IGNORECASE)
@@ -142,8 +144,9 @@ def summarize(topic: str, letters: Iterable[DeadLetter], read: Mapping[int, list
         made_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
-def render_html(report: TriageReport) -> str:
-    """The report as one self-contained HTML page (no script, no style from elsewhere)."""
+def render_html(report: TriageReport, earlier: Iterable[str] = ()) -> str:
+    """The report as one self-contained HTML page (no script, no style from elsewhere), linking the ``earlier``
+    reports' JSON files (names in the same folder, newest first)."""
     e = html.escape
 
     def table(head: tuple[str, ...], rows: Iterable[tuple]) -> str:
@@ -167,6 +170,10 @@ def render_html(report: TriageReport) -> str:
                   table(("partition", "offset", "aggregate", "reason", "original at", "recorded at"),
                         ((d["partition"], d["offset"], d["aggregate"], d["reason"], d["source"], d["recorded_at"])
                          for d in report.newest))]
+    earlier = list(earlier)
+    if earlier:
+        parts += ["<h2>Earlier reports</h2>",
+                  "<ul>" + "".join(f'<li><a href="{e(n)}">{e(n)}</a></li>' for n in earlier) + "</ul>"]
     parts.append("<p>A quarantined account is resolved from the Airflow DAG <code>triage_dead_letters</code>'s form "
                  "or with <code>eventlake resolve-quarantine ACCOUNT --record T/P/O --reason TEXT</code>.</p>")
     style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:1.5em}"
@@ -223,10 +230,17 @@ def triage(settings: Settings, limit: int = 100_000, log=print) -> TriageReport:
     letters, read, waiting = read_new(settings, positions, limit)
     report = summarize(settings.dead_letters_topic, letters, read, waiting)
     folder.mkdir(parents=True, exist_ok=True)
-    stamp = report.made_at.replace(":", "").replace("-", "")
-    report.html, report.json = str(folder / "index.html"), str(folder / f"report-{stamp}.json")
-    _write(Path(report.json), json.dumps(asdict(report), indent=1))
-    _write(Path(report.html), render_html(report))
+    index = folder / "index.html"
+    report.html = str(index)
+    # A run with nothing new keeps the last report on the page (the watcher may start runs that find nothing).
+    if report.count or not index.exists():
+        stamp = report.made_at.replace(":", "").replace("-", "")
+        report.json = str(folder / f"report-{stamp}.json")
+        _write(Path(report.json), json.dumps(asdict(report), indent=1))
+        kept = sorted(folder.glob("report-*.json"), reverse=True)
+        for old in kept[KEEP_REPORTS:]:
+            old.unlink(missing_ok=True)
+        _write(index, render_html(report, [p.name for p in kept[1:KEEP_REPORTS]]))
     _write(position_file, json.dumps({**{str(p): o for p, o in positions.items()},
                                       **{str(p): end for p, (_, end) in read.items()}}))
     for line in report.lines():

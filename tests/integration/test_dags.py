@@ -257,6 +257,7 @@ def test_a_dead_letter_fires_the_watcher_and_each_is_reported_once(settings):
     page = settings.home / "data_docs" / "dead_letters" / "index.html"
     assert report.html == str(page) and "acc-2" in page.read_text()
     assert triage(settings, log=lambda *_: None).count == 0  # each reported once
+    assert "acc-2" in page.read_text()  # nothing new: the page keeps the last report
     send(("acc-3", "command: expected a JSON object, got list"))
     assert triage(settings, log=lambda *_: None).by_aggregate == {"acc-3": 1}
 

@@ -68,6 +68,8 @@ def test_the_html_report_names_each_reason_and_aggregate_and_escapes_what_it_quo
     assert "<script>" not in page and "&lt;script&gt;" in page and "&lt;acc&gt;" in page
     assert "By reason" in page and "By aggregate" in page and "eventlake resolve-quarantine" in page
     assert "http" not in page  # nothing loaded from elsewhere
+    earlier = render_html(summarize("t", []), ["report-2.json", "report-1.json"])
+    assert earlier.index('href="report-2.json"') < earlier.index('href="report-1.json"')
 
 
 class Message:
