@@ -182,10 +182,14 @@ def kafka_connection_env(settings: Settings) -> dict[str, str]:
 
 def table_version(settings: Settings, name: str, generation: int | None = None) -> dict:
     """The generation of read model ``name`` (default: the current one) and its table's Delta version, for an
-    asset event's extra."""
+    asset event's extra (None when the table cannot be read: the work it announces is done all the same)."""
     from lakehouse.storage import delta_table
     from read_models.catalog import Catalog
 
     catalog = Catalog(settings)
     found = catalog.current(name) if generation is None else catalog.generation(name, generation)
-    return {"generation": found.number, "delta_version": delta_table(found.table).version()}
+    try:
+        version = delta_table(found.table).version()
+    except Exception:  # noqa: BLE001 -- no table (yet), or storage away: the event says so instead of failing
+        version = None
+    return {"generation": found.number, "delta_version": version}

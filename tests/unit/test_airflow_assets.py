@@ -53,6 +53,19 @@ def test_the_watchers_kafka_connection_is_the_settings_cluster_with_its_own_grou
     assert connection["extra"]["auto.offset.reset"] == "latest"
 
 
+def test_an_events_extra_names_the_generation_and_its_tables_delta_version(tmp_path):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    settings = Settings(home=tmp_path)
+    assert assets.table_version(settings, "payments") == {"generation": 1, "delta_version": None}  # no table yet
+    rows = pa.table({"payment_id": ["p1"]})
+    write_deltalake(str(settings.table_path("payments")), rows)
+    write_deltalake(str(settings.table_path("payments")), rows, mode="append")
+    assert assets.table_version(settings, "payments") == {"generation": 1, "delta_version": 1}
+    assert assets.table_version(settings, "payments", 1) == {"generation": 1, "delta_version": 1}
+
+
 # -- Every DAG file's outlets, read from its source ---------------------------------------------------------------
 
 def _dag_id(tree: ast.Module) -> str:
