@@ -57,7 +57,7 @@ def _rules(settings: Settings) -> dict[str, list[tuple[ResourceType, str, Resour
                    (group, SPARK_GROUP_PREFIX, prefixed, _READ)],
         "reader": [*describe_all,
                    (topic, s.events_topic, literal, _READ), (topic, s.dead_letters_topic, literal, _READ),
-                   (group, SPARK_GROUP_PREFIX, prefixed, _READ),
+                   (group, SPARK_GROUP_PREFIX, prefixed, _READ), (group, s.dead_letters_watch_group, literal, _READ),
                    *[(group, name, literal, _DESCRIBE)
                      for name in (s.handler_group_id, s.policy_group_id, s.fraud_detector_group)]],
     }

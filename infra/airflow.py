@@ -17,6 +17,7 @@ from pathlib import Path
 from lakehouse.settings import Settings
 from lakehouse.errors import Unavailable
 from lakehouse.processes import signal_group, terminate
+from infra.airflow_assets import kafka_connection_env
 
 __all__ = ["DAGS_FOLDER", "STOP_WITHIN_S", "AirflowError", "airflow_home", "environment", "machine_sized",
            "ensure_db", "run", "supervise"]
@@ -45,6 +46,9 @@ def environment(settings: Settings, base: dict | None = None) -> dict[str, str]:
                PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]))
     for key, value in machine_sized().items():
         env.setdefault(key, value)  # a value the environment gives wins
+    # The Kafka connection the dead-letters watcher reads through (infra.airflow_assets), unless one is given.
+    for key, value in kafka_connection_env(settings).items():
+        env.setdefault(key, value)
     return env
 
 

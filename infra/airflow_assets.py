@@ -29,7 +29,7 @@ from read_models.catalog import DIM_MERCHANT_TABLE
 from read_models.spec import WINDOWED_SUM
 
 __all__ = ["SCHEME", "LANDED_MERCHANTS", "READ_MODEL_CHECKS", "DEAD_LETTERS", "DEAD_LETTER_REPORT", "REBUILT",
-           "REPROCESSED", "MAINTAINED", "KAFKA_CONNECTION_ID", "DEAD_LETTERS_WATCH_GROUP", "READ_MODELS",
+           "REPROCESSED", "MAINTAINED", "KAFKA_CONNECTION_ID", "READ_MODELS",
            "WINDOWED", "URIS", "GROUPS", "WRITES", "ALIASES", "warehouse_uri", "table_asset", "read_model_assets",
            "asset", "alias", "landed_merchants", "dead_letters", "record_written", "kafka_connection",
            "kafka_connection_env", "table_version"]
@@ -47,7 +47,6 @@ MAINTAINED = "read_models_maintained"
 # The Airflow connection the dead-letters watcher reads Kafka through (its extra: librdkafka's configuration);
 # ``kafka_connection_env`` gives it as the environment variable Airflow reads.
 KAFKA_CONNECTION_ID = "eventlake_kafka"
-DEAD_LETTERS_WATCH_GROUP = "airflow-dead-letters-watch"  # after the topic prefix
 
 READ_MODELS: tuple[str, ...] = tuple(read_models.REGISTRY)
 WINDOWED: tuple[str, ...] = tuple(m.name for m in read_models.REGISTRY.values() if m.merge_strategy == WINDOWED_SUM)
@@ -170,7 +169,7 @@ def kafka_connection(settings: Settings) -> dict:
     from lakehouse.kafka_security import confluent_config
 
     config = {**confluent_config(settings.for_role("reader")),
-              "group.id": f"{settings.topic_prefix}{DEAD_LETTERS_WATCH_GROUP}", "auto.offset.reset": "latest",
+              "group.id": settings.dead_letters_watch_group, "auto.offset.reset": "latest",
               "enable.auto.commit": False, "isolation.level": "read_committed"}
     return {"conn_type": "kafka", "extra": config}
 

@@ -220,6 +220,11 @@ class Settings:
         return self.fraud_detector_group_id or f"{self.topic_prefix}fraud-detector"
 
     @property
+    def dead_letters_watch_group(self) -> str:
+        """The consumer group of Airflow's watcher of the dead-letters topic (``triage_dead_letters``)."""
+        return f"{self.topic_prefix}airflow-dead-letters-watch"
+
+    @property
     def events_topic(self) -> str:
         return self.topic("events")
 

@@ -53,6 +53,21 @@ def test_the_watchers_kafka_connection_is_the_settings_cluster_with_its_own_grou
     assert connection["extra"]["auto.offset.reset"] == "latest"
 
 
+def test_airflow_gets_the_watchers_connection_and_the_reader_role_may_use_its_group(tmp_path):
+    from confluent_kafka.admin import AclOperation, ResourceType
+
+    from event_store.kafka_access import acl_bindings
+    from infra.airflow import environment
+    from lakehouse.kafka_credentials import ROLE_USERS
+
+    settings = Settings(home=tmp_path, kafka_bootstrap_servers="broker-1:9092", topic_prefix="t1.")
+    assert "AIRFLOW_CONN_EVENTLAKE_KAFKA" in environment(settings, base={})
+    assert environment(settings, base={"AIRFLOW_CONN_EVENTLAKE_KAFKA": "x"})["AIRFLOW_CONN_EVENTLAKE_KAFKA"] == "x"
+    reader = f"User:{ROLE_USERS['reader']}"
+    assert any(b.restype == ResourceType.GROUP and b.name == "t1.airflow-dead-letters-watch"
+               and b.principal == reader and b.operation == AclOperation.READ for b in acl_bindings(settings))
+
+
 def test_an_events_extra_names_the_generation_and_its_tables_delta_version(tmp_path):
     import pyarrow as pa
     from deltalake import write_deltalake
