@@ -9,6 +9,11 @@ tasks) and **dry_run** (build and check, then drop the new generation instead of
   generation; a failure names the reasons and drops the generation: readers stay on the current one;
 - `rebuild_model.switch`: makes it current in one catalog commit (a compare-and-set); skipped on a dry run.
 
+**On a Spark cluster.** Where the Airflow connection `eventlake_spark` names a Spark master, `build` is the Spark
+provider's `SparkSubmitOperator` submitting the project's packaged `airflow-job` app (the same steps, the driver's
+output in the task's log), and `rebuild_model.built` reads what it built for `check`; without it, `build` starts
+Spark in the worker (infra/airflow_spark.py).
+
 The run owns the model's rebuild lock from `build` to `switch`: a second rebuild of the same model (another
 run, or `eventlake rebuild` in a shell) is refused with who holds it. What a failed or killed run left is
 abandoned by the next rebuild. Roll back with `eventlake rollback NAME`. The same steps run from a shell:
@@ -27,8 +32,13 @@ from airflow.sdk import Param, dag, get_current_context, task, task_group
 
 import read_models  # names only: Spark, Kafka and the tables are touched by the tasks
 from infra import airflow_assets as assets
+from infra import airflow_spark
+from lakehouse.settings import Settings
 
 _NAMES = list(read_models.REGISTRY)
+_DAG_ID = "rebuild_read_model"
+# A Spark master named by the connection `eventlake_spark`: `build` is submitted to it; None: it runs in the worker.
+_MASTER = airflow_spark.cluster_master()
 
 
 def _owner() -> str:
@@ -165,7 +175,32 @@ def rebuild_read_model():
             assets.record_written(context, "rebuild_read_model", name, {**written, "previous": checked["previous"]})
             return {**checked, **written, "switched": True}
 
-        switch(check(build(name)))
+        @task(map_index_template="{{ read_model }}", retries=0)
+        def built(name: str) -> dict:
+            """What the submitted build wrote for the run's next task (a submitted job returns no XCom)."""
+            from airflow.sdk.exceptions import AirflowFailException
+
+            from spark_apps.airflow_jobs import read_result
+
+            context = get_current_context()
+            context["read_model"] = name
+            try:
+                return read_result(Settings.load(role="reader"), _DAG_ID, context["run_id"], name)
+            except FileNotFoundError:
+                raise AirflowFailException(f"{name}: the submitted build wrote no result; see the build task's "
+                                           "log") from None
+
+        if _MASTER is None:
+            switch(check(build(name)))
+        else:
+            # This mapped group's read model, as the form's list names it (rendered when the task runs).
+            model = "{{ ti.xcom_pull(task_ids='choose_read_models')[ti.map_index] }}"
+            submitted = airflow_spark.submit_job(
+                "build", ["rebuild-build", model, "--dag", _DAG_ID, "--run-id", "{{ run_id }}"],
+                settings=Settings.load(role="reader"), master=_MASTER, name="eventlake-rebuild", retries=0)
+            done = built(name)
+            submitted >> done
+            switch(check(done))
 
     rebuild_model.expand(name=choose_read_models())
 

@@ -18,6 +18,7 @@ from lakehouse.settings import Settings
 from lakehouse.errors import Unavailable
 from lakehouse.processes import signal_group, terminate
 from infra.airflow_assets import kafka_connection_env
+from infra.airflow_spark import spark_connection_env
 
 __all__ = ["DAGS_FOLDER", "STOP_WITHIN_S", "AirflowError", "airflow_home", "environment", "machine_sized",
            "ensure_db", "run", "supervise"]
@@ -48,6 +49,9 @@ def environment(settings: Settings, base: dict | None = None) -> dict[str, str]:
         env.setdefault(key, value)  # a value the environment gives wins
     # The Kafka connection the dead-letters watcher reads through (infra.airflow_assets), unless one is given.
     for key, value in kafka_connection_env(settings).items():
+        env.setdefault(key, value)
+    # The Spark master the DAGs submit their Spark work to (infra.airflow_spark), when the settings name a cluster.
+    for key, value in spark_connection_env(settings).items():
         env.setdefault(key, value)
     return env
 

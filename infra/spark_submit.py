@@ -30,8 +30,8 @@ from pathlib import Path
 from lakehouse.settings import PROJECT_ROOT, Settings
 from lakehouse.errors import BadInput
 
-__all__ = ["APPS", "PACKAGED", "SubmitError", "Package", "package", "resolved_jars", "submit_command", "shown",
-           "run"]
+__all__ = ["APPS", "PACKAGED", "SubmitError", "Package", "package", "package_paths", "resolved_jars", "submit_conf",
+           "submit_command", "shown", "run"]
 
 # App name (what `eventlake spark-submit` takes) -> the module whose main(argv) the launcher calls.
 APPS = {
@@ -39,6 +39,7 @@ APPS = {
     "fraud-detector": "spark_apps.fraud_detector",
     "telemetry-detector": "spark_apps.telemetry_detector",
     "rebuild": "spark_apps.rebuild",
+    "airflow-job": "spark_apps.airflow_jobs",  # a DAG task's Spark work (infra.airflow_spark)
 }
 # The repository's packages the apps import (the layers below the CLI; tests/unit/test_layering.py keeps them so).
 PACKAGED = ("lakehouse", "event_store", "read_models", "projection_core", "expectations", "spark_apps",
@@ -77,13 +78,21 @@ def resolved_jars(settings: Settings) -> tuple[Path, ...]:
     return (*ivy_jars, token)
 
 
+def package_paths(settings: Settings) -> Package:
+    """Where ``package`` writes the zip and the launchers (nothing is written; ``modules`` is 0)."""
+    dist = settings.cache_dir / "dist"
+    return Package(dist / f"eventlake-{_version()}.zip",
+                   {app: dist / f"run_{app.replace('-', '_')}.py" for app in APPS}, 0)
+
+
 def package(settings: Settings) -> Package:
     """Zip the packaged layers and write one launcher per app under ``<cache>/dist`` (rewritten each time: it
     takes well under a second, and a stale zip would run old code)."""
-    dist = settings.cache_dir / "dist"
-    dist.mkdir(parents=True, exist_ok=True)
-    zip_path = dist / f"eventlake-{_version()}.zip"
-    partial = zip_path.with_suffix(".zip.partial")
+    paths = package_paths(settings)
+    zip_path = paths.zip_path
+    zip_path.parent.mkdir(parents=True, exist_ok=True)
+    # Per process: two DAG tasks submitting at once each write their own, then one atomic replace each.
+    partial = zip_path.with_suffix(f".zip.{os.getpid()}.partial")
     modules = 0
     with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
         for name in PACKAGED:
@@ -95,13 +104,15 @@ def package(settings: Settings) -> Package:
     partial.replace(zip_path)
     launchers = {}
     for app, module in APPS.items():
-        launcher = dist / f"run_{app.replace('-', '_')}.py"
-        launcher.write_text(
+        launcher = paths.launchers[app]
+        written = launcher.with_suffix(f".{os.getpid()}.partial")
+        written.write_text(
             f'"""spark-submit launcher of eventlake\'s {app} (written by `eventlake spark-submit`)."""\n'
             f"import {module.rsplit('.', 1)[0]} as _code\n"
             f"from {module} import main\n\n"
             f'print(f"eventlake: {app}: code from {{_code.__file__}}", flush=True)\n'
             f"raise SystemExit(main())\n")
+        written.replace(launcher)
         launchers[app] = launcher
     return Package(zip_path, launchers, modules)
 
@@ -125,6 +136,23 @@ def submit_command(settings: Settings, app: str, app_args: list[str] = (), *, ma
     import pyspark
 
     spark_submit = Path(pyspark.__file__).resolve().parent / "bin" / "spark-submit"
+    settings_conf = submit_conf(settings, master, deploy_mode, env)
+    settings_conf.update(conf or {})
+    line = [str(spark_submit), "--master", master, "--deploy-mode", deploy_mode, "--name", f"eventlake-{app}",
+            "--driver-memory", settings.spark_driver_memory, "--driver-java-options", JVM_OPTIONS,
+            "--conf", f"spark.executor.extraJavaOptions={JVM_OPTIONS}",
+            "--jars", ",".join(str(j) for j in jars), "--py-files", str(built.zip_path)]
+    for key, value in settings_conf.items():
+        line += ["--conf", f"{key}={value}"]
+    return [*line, str(built.launchers[app]), *app_args]
+
+
+def submit_conf(settings: Settings, master: str, deploy_mode: str = "client",
+                env: dict[str, str] | None = None) -> dict[str, str]:
+    """The ``--conf`` settings of a submission to ``master`` from ``env`` (default: this process's environment):
+    a YARN cluster's own Spark settings, the Python the executors run, and in cluster deploy mode the
+    ``EVENTLAKE_*`` variables forwarded to the driver and the executors."""
+    env = dict(os.environ if env is None else env)
     settings_conf: dict[str, str] = {}
     cluster_conf = Path(env.get("HADOOP_CONF_DIR") or "-") / "eventlake-spark.conf"
     if master == "yarn" and cluster_conf.is_file():  # the Spark settings `eventlake yarn up` wrote for its cluster
@@ -144,14 +172,7 @@ def submit_command(settings: Settings, app: str, app_args: list[str] = (), *, ma
             if name.startswith("EVENTLAKE_") or name in _FORWARDED:
                 settings_conf[f"{driver_env}.{name}"] = env[name]
                 settings_conf[f"spark.executorEnv.{name}"] = env[name]
-    settings_conf.update(conf or {})
-    line = [str(spark_submit), "--master", master, "--deploy-mode", deploy_mode, "--name", f"eventlake-{app}",
-            "--driver-memory", settings.spark_driver_memory, "--driver-java-options", JVM_OPTIONS,
-            "--conf", f"spark.executor.extraJavaOptions={JVM_OPTIONS}",
-            "--jars", ",".join(str(j) for j in jars), "--py-files", str(built.zip_path)]
-    for key, value in settings_conf.items():
-        line += ["--conf", f"{key}={value}"]
-    return [*line, str(built.launchers[app]), *app_args]
+    return settings_conf
 
 
 def shown(line: list[str]) -> str:

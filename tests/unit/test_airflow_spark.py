@@ -1,0 +1,84 @@
+"""The DAGs' choice between Spark in the Airflow worker and a submission to a cluster (issue 46 part 4), without
+Airflow or Spark: the connection `eventlake_spark` the local Airflow gets from the settings (none for a local
+master; a given one wins), the master a connection names (read as the provider's hook reads it; a local one or
+none: the worker), and what the submitting operator runs (the packaged `airflow-job` app's launcher, the zip, the
+job's arguments, the project's Spark settings). The DAG wiring (which operator each way, under Airflow's own
+DagBag) and a real run on the standalone cluster: tests/integration/test_dags_spark_cluster.py (heavy)."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from infra import airflow, airflow_spark, spark_submit
+from lakehouse.settings import Settings
+from spark_apps import airflow_jobs
+from spark_apps.session import JVM_OPTIONS
+
+ENV = f"AIRFLOW_CONN_{airflow_spark.SPARK_CONNECTION_ID.upper()}"
+
+
+@pytest.fixture
+def settings(tmp_path) -> Settings:
+    return Settings.load({}).replace(home=tmp_path / "home", cache_dir=tmp_path / "cache")
+
+
+def test_a_cluster_master_in_the_settings_is_airflows_spark_connection_and_a_local_one_is_none(settings):
+    assert airflow_spark.spark_connection_env(settings.replace(spark_master="local[2]")) == {}
+    assert ENV not in airflow.environment(settings.replace(spark_master="local[2]"), base={})
+    cluster = settings.replace(spark_master="spark://127.0.0.1:17077")
+    given = airflow.environment(cluster, base={})
+    assert json.loads(given[ENV]) == {"conn_type": "spark", "host": "spark://127.0.0.1:17077"}
+    conn = json.loads(given[ENV])
+    assert airflow_spark.master_of(conn["conn_type"], conn["host"], None) == "spark://127.0.0.1:17077"
+    # A connection the environment gives wins.
+    assert airflow.environment(cluster, base={ENV: "spark://elsewhere:7077"})[ENV] == "spark://elsewhere:7077"
+
+
+@pytest.mark.parametrize("conn_type, host, port, master", [
+    ("spark", "spark://10.0.0.5:7077", None, "spark://10.0.0.5:7077"),  # the UI's way: the URL in the host
+    ("spark", "spark://10.0.0.5", 7077, "spark://10.0.0.5:7077"),
+    ("spark", "yarn", None, "yarn"),
+    ("spark", "k8s://https://k8s:6443", None, "k8s://https://k8s:6443"),
+    ("k8s", "https://k8s", 6443, "k8s://https://k8s:6443"),  # from a URI: the scheme is the type
+    ("spark", "local[2]", None, None),  # a local master: the worker runs it
+    ("spark", "", None, None),
+    ("spark", None, None, None),
+])
+def test_the_master_a_connection_names_and_none_for_a_local_or_empty_one(conn_type, host, port, master):
+    assert airflow_spark.master_of(conn_type, host, port) == master
+
+
+def test_the_submission_runs_the_packaged_airflow_job_with_the_jobs_arguments_and_the_projects_settings(settings):
+    args = ["rebuild-build", "payments", "--dag", "rebuild_read_model", "--run-id", "{{ run_id }}"]
+    found = airflow_spark.submit_arguments(settings, "spark://127.0.0.1:17077", args, "eventlake-rebuild", env={})
+    paths = spark_submit.package_paths(settings)
+    assert found["conn_id"] == "eventlake_spark"
+    assert found["application"] == str(paths.launchers["airflow-job"]) == str(
+        settings.cache_dir / "dist" / "run_airflow_job.py")
+    assert found["py_files"] == str(paths.zip_path)
+    assert found["application_args"] == args and found["name"] == "eventlake-rebuild"
+    assert found["driver_memory"] == settings.spark_driver_memory
+    assert found["conf"] == {"spark.driver.extraJavaOptions": JVM_OPTIONS,
+                             "spark.executor.extraJavaOptions": JVM_OPTIONS, "spark.pyspark.python": sys.executable}
+    # The Python the environment names for the executors wins.
+    assert airflow_spark.submit_arguments(settings, "spark://h:7077", args, "x", env={
+        "PYSPARK_PYTHON": "/opt/venv/bin/python"})["conf"]["spark.pyspark.python"] == "/opt/venv/bin/python"
+    # The app is one the packaging writes a launcher for, and the launcher's module takes those arguments.
+    assert spark_submit.APPS[airflow_spark.APP] == airflow_jobs.__name__
+    assert paths.launchers.keys() == spark_submit.package(settings).launchers.keys()
+
+
+def test_the_submitted_job_refuses_an_unknown_job_and_a_missing_run(capsys):
+    with pytest.raises(SystemExit):
+        airflow_jobs.main(["fold-everything"])
+    with pytest.raises(SystemExit):
+        airflow_jobs.main(["rebuild-build", "payments", "--dag", "rebuild_read_model"])  # no --run-id
+    assert "--run-id" in capsys.readouterr().err
+
+
+def test_a_result_is_per_dag_run_and_model(settings):
+    a = airflow_jobs.result_path(settings, "rebuild_read_model", "manual__2026-01-01T00:00:00+00:00", "payments")
+    b = airflow_jobs.result_path(settings, "rebuild_read_model", "manual__2026-01-02T00:00:00+00:00", "payments")
+    assert a != b and a.name == "payments.json" and settings.home in a.parents and ":" not in a.parent.name
