@@ -14,8 +14,9 @@ twice leaves the store as written once (every write is a put of the key's whole 
 Values are bytes encoded by the caller (a domain's ``encode_state``, the window's rows). The cache keeps the most
 recently used values up to ``cache_bytes`` (counted as the encoded size plus a fixed overhead per entry), so the
 handler's memory follows the cache, not the number of aggregates. LMDB's own pages live in the OS page cache; the
-ones the process has touched are handed back at most once a second, after a write and while a snapshot or a
-restore walks the store (``lakehouse.mapped_pages``), so they do not count in the handler's RSS as the store grows.
+ones the process has touched are handed back at most once a second after a write or a restore's transaction, and
+every 65,536 entries of a snapshot's walk through the store (``lakehouse.mapped_pages``), so they do not count in
+the handler's RSS as the store grows.
 
 ``event_store.snapshots.PartitionState.stored`` reads the handler's states and windows through a store (its own
 cache of decoded values; the store's byte cache is then off) and writes each committed batch's changes with
@@ -79,8 +80,9 @@ _WRITES = [0]
 # one path in this process shares one environment, closed with the last of them.
 _ENVS: dict[str, list] = {}
 _ENVS_LOCK = threading.Lock()
-# While a snapshot or a restore walks the store: how often (in entries) it asks whether to hand pages back.
-_RELEASE_EVERY_ENTRIES = 4096
+# While a snapshot walks the store: every so many entries it hands the pages it read back (lakehouse.mapped_pages;
+# ~15-30 MB of pages here, ~3 ms each: a few per cent of a bare walk, far less of a snapshot's encoding).
+_RELEASE_EVERY_ENTRIES = 65_536
 
 
 def _open_env(path: Path) -> lmdb.Environment:
@@ -225,8 +227,8 @@ class StateStore:
                 for n, (key, value) in enumerate(cursor):
                     if not key.startswith(_STATE):
                         break
-                    if n % _RELEASE_EVERY_ENTRIES == 0:
-                        pages.maybe()
+                    if n % _RELEASE_EVERY_ENTRIES == _RELEASE_EVERY_ENTRIES - 1:
+                        pages.now()
                     aggregate_type, _, aggregate_id = bytes(key[1:]).partition(_SEP)
                     yield "state", aggregate_type.decode(), aggregate_id.decode(), bytes(value)
             cursor = txn.cursor()
@@ -234,16 +236,16 @@ class StateStore:
                 for n, key in enumerate(cursor.iternext(keys=True, values=False)):
                     if not key.startswith(_INDEX):
                         break
-                    if n % _RELEASE_EVERY_ENTRIES == 0:
-                        pages.maybe()
+                    if n % _RELEASE_EVERY_ENTRIES == _RELEASE_EVERY_ENTRIES - 1:
+                        pages.now()
                     aggregate_type, _, rest = bytes(key[1:]).partition(_SEP)
                     aggregate_id, _, index_key = rest.partition(_SEP)
                     yield "index", aggregate_type.decode(), aggregate_id.decode(), index_key
             rows: list[bytes] = []
             of = None
             for n, (aggregate_id, _, row) in enumerate(_window_of(txn, _ORDER)):
-                if n % _RELEASE_EVERY_ENTRIES == 0:
-                    pages.maybe()
+                if n % _RELEASE_EVERY_ENTRIES == _RELEASE_EVERY_ENTRIES - 1:
+                    pages.now()
                 if aggregate_id != of and rows:
                     yield "results", None, of, rows
                     rows = []
@@ -296,8 +298,8 @@ class StateStore:
                 for n, (key, value) in enumerate(cursor):
                     if not key.startswith(head):
                         break
-                    if n % _RELEASE_EVERY_ENTRIES == 0:
-                        pages.maybe()
+                    if n % _RELEASE_EVERY_ENTRIES == _RELEASE_EVERY_ENTRIES - 1:
+                        pages.now()
                     if _SEQ.unpack(value)[0] > epoch:
                         continue
                     rest = bytes(key[2:])
