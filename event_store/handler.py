@@ -293,6 +293,8 @@ class CommandHandler:
             # Committing could only fail now (KIP-447 fences the offsets of the old generation): abort, and
             # read the records again where this instance still owns the partition.
             self._tx.abort(e)
+            if e.in_flight:  # the producer was renewed: the call it abandoned may have committed
+                self._count_if_committed_anyway(owned, batch, counts, e)
             for tp in owned:
                 self.group.rewind(tp, batch[tp][0].offset())
             self.log(f"handler {self.instance_id}: transaction aborted: {e}; its commands are read again where "
@@ -301,7 +303,8 @@ class CommandHandler:
         except confluent_kafka.KafkaException as e:
             error = e.args[0]
             if error.fatal():
-                self._tx.renew(error)  # its open transaction is aborted; every partition is rebuilt
+                self._tx.renew(error)  # its open transaction is ended; every partition is rebuilt
+                self._count_if_committed_anyway(owned, batch, counts, error)
                 return _LOST
             self._tx.abort(error)
             lost = [tp for tp in owned if tp.partition not in self.partitions]
@@ -335,6 +338,18 @@ class CommandHandler:
         self.stats.transactions += 1
         self.snapshots.after_commit()
         return None
+
+    def _count_if_committed_anyway(self, owned: dict, batch: dict, counts: DecisionCounts, error) -> None:
+        """After a renewal: a commit whose call failed (or hung) may have gone through at the broker before the old
+        producer gave up (the new producer's init_transactions then completes it instead of aborting it). Its
+        offsets went with it: where the committed offsets read again stand at the batch's end, its commands and
+        events are in the log (the rebuilt partitions hold them) and count as this instance's."""
+        ends = {tp.partition: batch[tp][-1].offset() + 1 for tp in owned}
+        if all(self.group.read_again_from.get(p) == end for p, end in ends.items()):
+            counts.add_to(self.stats)
+            self.stats.transactions += 1
+            self.log(f"handler {self.instance_id}: the transaction the failed producer was committing ({error}) "
+                     f"went through all the same: {counts.commands} commands, {counts.events} events")
 
     def _reject_unwritable(self, tp: TopicPartition, record, failure, refusals: list = ()) -> bool:
         """The last resort for a command whose own transaction keeps failing: answer it with a rejection naming

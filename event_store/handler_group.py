@@ -70,6 +70,9 @@ class GroupMembership:
         self.consumer = None
         # Assigned partitions whose state is not rebuilt yet: paused, so none of their commands is handled early.
         self.unready: set[int] = set()
+        # Per partition, the committed offset seek_committed last read after a producer's renewal: it tells whether
+        # the transaction the old producer failed to see through was committed all the same (its offsets with it).
+        self.read_again_from: dict[int, int] = {}
         self.generation: dict[int, int] = {}  # per partition, bumped on every assignment and revocation
         self.rebuild_retry_at: dict[int, float] = {}
         self.buffered: list = []  # command records a keepalive consumed; handled by the next poll
@@ -248,6 +251,7 @@ class GroupMembership:
             self.partitions.pop(tp.partition, None)
         self.partitions.clear()
         self.buffered = []
+        self.read_again_from = {}
 
     def seek_committed(self) -> None:
         """Put every assigned (paused, unready) partition back at its committed offset, waiting for the broker."""
@@ -261,6 +265,7 @@ class GroupMembership:
             except confluent_kafka.KafkaException as e:
                 self.log(f"handler {self.instance_id}: reading committed offsets waits for the broker ({e})")
                 self.wait(1.0)
+        self.read_again_from = {tp.partition: tp.offset for tp in committed}
         for tp in committed:
             if tp.partition not in self.unready:
                 continue  # assigned anew by a keepalive meanwhile: it starts from its committed offset anyway

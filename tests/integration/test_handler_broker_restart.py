@@ -210,3 +210,62 @@ def test_a_handler_whose_consumer_does_not_rejoin_after_a_lost_session_replaces_
     # Served as eventlake_handler_rebalances_total: the partitions lost, and assigned to both consumers.
     assert handler.stats.rebalances["lost"] == len(assigned) == settings.topic_partitions
     assert handler.stats.rebalances["assigned"] == 2 * len(assigned)
+
+
+class _CommitThatReturnsLate:
+    """The handler's real producer, whose next commit_transaction goes through at the broker but returns only
+    after the handler stopped waiting for it (as librdkafka's did after a broker restart, seen in
+    test_services_broker_restart.py)."""
+
+    def __init__(self, producer, late_s: float):
+        self._producer, self._late_s, self.used = producer, late_s, False
+
+    def __getattr__(self, name):
+        return getattr(self._producer, name)
+
+    def commit_transaction(self, *args):
+        self._producer.commit_transaction(*args)
+        if not self.used:
+            self.used = True
+            time.sleep(self._late_s)
+
+
+def test_a_commit_that_went_through_while_its_call_hung_counts_its_events(settings, monkeypatch):
+    """A commit call that hangs past its bound is taken as the producer's failure: the producer is renewed and
+    every partition rebuilt. When that commit had gone through at the broker, its commands stay answered once, and
+    the handler counts their events (eventlake_handler_events_total equals the events log)."""
+    from event_store import handler_transactions
+    monkeypatch.setattr(handler_transactions, "STUCK_CALL_S", 1.0)
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    opens, first, second = account_stream(accounts=3, payments=2)
+    producer = kafka_log.make_producer(settings)
+    lines: list[str] = []
+    handler, thread, raised = start_handler(settings, lines)
+    try:
+        kafka_log.produce_all(producer, settings.commands_topic, [(c.aggregate_id, c.to_json()) for c in opens])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(results(settings)) < len(opens):
+            time.sleep(0.5)
+        late = handler.snapshots.tx.producer = _CommitThatReturnsLate(
+            handler.snapshots.tx.producer, handler_transactions.CALL_TIMEOUT_S + 3)
+        kafka_log.produce_all(producer, settings.commands_topic,
+                              [(c.aggregate_id, c.to_json()) for c in first + second])
+        expected = {c.command_id for c in opens + first + second}
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and (set(results(settings)) != expected or handler.stats.commands
+                                                < len(expected)):
+            time.sleep(0.5)
+        got = [CommandResult.from_json(r.value) for r in kafka_log.read_all(settings, settings.results_topic)]
+        events = list(kafka_log.read_all(settings, settings.events_topic))
+    finally:
+        producer.close()
+        handler.stop()
+        thread.join(STOP_WITHIN_S * 2)
+        handler.close()
+    assert late.used and not raised, raised
+    assert handler.stats.producers_renewed == 1, lines[-10:]
+    assert any("went through all the same" in line for line in lines), lines[-10:]
+    assert sorted(r.command_id for r in got) == sorted(expected), "every command answered once"
+    assert all(r.status == "accepted" and not r.duplicate for r in got)
+    assert handler.stats.events == len(events) == len(opens + first + second)
+    assert handler.stats.commands == len(expected)
