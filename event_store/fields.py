@@ -54,6 +54,8 @@ class Field:
     choices: frozenset | None = None  # str: one of these
     timestamp: bool = False         # str: an ISO-8601 timestamp with a zone in [EVENT_TIME_MIN, EVENT_TIME_MAX)
     describe: str = ""              # what the pattern means, for messages ("a region code like 'US-NYC'")
+    personal: bool = False          # identifies or describes a person: to be sealed under its data subject's key
+                                    # (issue 45, event_store/personal_data.py); no validator reads it
 
     def msgspec_type(self, pattern: bool = True) -> Any:
         """The field as a msgspec type with its constraints; without its pattern when ``pattern`` is False (then

@@ -28,7 +28,11 @@ _ID = ID
 _TIME = TIME
 _AMOUNT = Field(int, gt=0, le=AMOUNT_MAX_MINOR)
 _CURRENCY = Field(str, choices=CURRENCIES, describe="a known ISO-4217 currency code")
-_LOC = Field(str, pattern=_LOCATION, describe="a region code like 'US-NYC'")
+# Personal data (issue 45, docs/forgetting.md): where the customer was (the phone's location, and where the card was
+# used), and the fraud evidence that quotes those locations. ``customer_id`` is the data subject's id itself, a
+# pseudonym kept in clear to find the subject's key; amounts and merchants stay in clear under it.
+_LOC = Field(str, pattern=_LOCATION, describe="a region code like 'US-NYC'", personal=True)
+_EVIDENCE = Field(str, required=False, personal=True)
 _REASON = Field(str, required=False)
 _COUNTRY = Field(str, pattern=_COUNTRY_CODE, describe="a two-letter country code like 'US'")
 
@@ -42,7 +46,7 @@ COMMANDS: dict[str, dict[str, Field]] = {
     "ReportDeviceLocation": {"location": _LOC, "occurred_at": _TIME},
     "FreezeAccount": {"reason": _REASON},
     "UnfreezeAccount": {"reason": _REASON},
-    "FlagFraud": {"payment_id": _ID, "rule": _ID, "evidence": Field(str, required=False),
+    "FlagFraud": {"payment_id": _ID, "rule": _ID, "evidence": _EVIDENCE,
                   "occurred_at": OPTIONAL_TIME},
     # An operator's decision on a quarantined account (a record of it in the events topic cannot be read):
     # ``record`` names that record as "topic/partition/offset", ``reason`` says what was decided and why.
@@ -60,7 +64,7 @@ EVENTS: dict[str, dict[str, Field]] = {
     "DeviceLocationReported": {"location": _LOC},
     "AccountFrozen": {"reason": _REASON},
     "AccountUnfrozen": {"reason": _REASON},
-    "FraudSuspected": {"payment_id": _ID, "rule": _ID, "evidence": Field(str, required=False)},
+    "FraudSuspected": {"payment_id": _ID, "rule": _ID, "evidence": _EVIDENCE},
     # The audit trail of a ResolveQuarantine: the record given up, the operator's reason, who decided, and
     # (``evidence``) why the record could not be read. It takes the account's next version like any event.
     "QuarantineResolved": {"record": _ID, "reason": _ID, "resolved_by": _ID, "evidence": Field(str, required=False)},

@@ -1,0 +1,395 @@
+"""Personal data on the write side: per-subject data keys, sealed values, and the schemas' personal fields (issue 45).
+
+Crypto-shredding: every personal value is encrypted (AES-256-GCM) under a key of its *data subject* (the person it
+is about, named by a pseudonymous id such as ``customer_id``), so that deleting the subject's key erases every copy
+of the value at once, wherever the ciphertext went (the events topic, the archive, Delta history, snapshots, dead
+letters). This module is the one place that seals and unseals; every reader goes through it (docs/forgetting.md).
+
+- :class:`SubjectKeys`: the key store, one file under a directory (``<home>/subject-keys/keys.json``, mode 0600),
+  rewritten whole and atomically on each change. A key is made on first use; :meth:`SubjectKeys.forget` replaces it
+  with a tombstone, for good: a forgotten subject never gets a key again, and :meth:`SubjectKeys.seal` refuses
+  (:class:`SubjectForgotten`) to seal new data of it. Refused rather than stored as null: a null would silently drop
+  a value a command carried (and break a required field's schema), while a refusal becomes the command's rejection
+  with a reason, never a silent loss; and a fresh key would make the person readable again, which is what the
+  forgetting promised would not happen. Its records (:class:`KeyRecord`: subject id -> key, or a tombstone) are
+  what a compacted Kafka keys topic will carry later.
+- Tokens (:func:`seal_value`, :func:`unseal_value`): ``elk1:<subject>:<field>:<sealed>``, the subject id in
+  base64url, the field name as it is, and base64url of the 12-byte nonce followed by the ciphertext and GCM tag.
+  The associated data binds the token to its subject and field, so an edited subject or field fails to
+  authenticate; the payload helpers also check that a token sits in the field and under the subject it names.
+- :func:`personal_fields`: the names of a schema's fields marked ``Field(personal=True)``.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import fcntl
+import json
+import os
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from event_store.fields import Field
+from lakehouse.errors import BadInput, NotFound, Refused
+from lakehouse.files import write_whole
+
+__all__ = ["SubjectKeys", "KeyRecord", "SealedValueError", "SubjectForgotten", "SubjectKeyMissing", "TOKEN_PREFIX",
+           "keys_dir", "is_sealed", "personal_fields", "personal_fields_by_type", "seal_payload", "unseal_payload"]
+
+TOKEN_PREFIX = "elk1:"
+_FORMAT = "eventlake-subject-keys/1"
+_FILE = "keys.json"
+_KEY_BYTES = 32   # AES-256
+_NONCE_BYTES = 12  # GCM's standard nonce; random per value (2^32 values per subject stay far inside its bound)
+_FIELD_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
+_SCALARS = (str, int, float, bool, type(None))
+
+
+class SealedValueError(BadInput, ValueError):
+    """A token that cannot be unsealed: not a token, corrupt, tampered with, or moved to another field or subject."""
+
+
+class SubjectForgotten(Refused):
+    """New personal data of a subject whose key was deleted: refused, so that it is never readable again."""
+
+
+class SubjectKeyMissing(NotFound):
+    """A token of a subject the key store never knew (neither a key nor a tombstone): the wrong store, or a lost
+    one. Never read as null: that would make a misconfigured home look like an erasure."""
+
+
+def keys_dir(home: str | os.PathLike) -> Path:
+    """Where a home keeps its subject keys."""
+    return Path(home) / "subject-keys"
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """One subject's entry: its data key, or a tombstone saying when it was forgotten. As a record of a compacted
+    Kafka topic (:meth:`encode`) the tombstone is a value of its own, not Kafka's null value: compaction removes
+    null tombstones after ``delete.retention.ms``, and with them the memory that the subject must never get a key
+    again."""
+    subject: str
+    key: bytes | None
+    forgotten_at: str | None = None
+
+    @property
+    def forgotten(self) -> bool:
+        return self.key is None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.key is None:
+            return {"subject": self.subject, "forgotten_at": self.forgotten_at}
+        return {"subject": self.subject, "key": _b64(self.key)}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> KeyRecord:
+        subject, key = obj.get("subject"), obj.get("key")
+        if not isinstance(subject, str) or not subject:
+            raise BadInput(f"subject key record {obj!r}: no subject id")
+        if key is None:
+            return cls(subject, None, obj.get("forgotten_at"))
+        raw = _unb64(key) if isinstance(key, str) else None
+        if raw is None or len(raw) != _KEY_BYTES:
+            raise BadInput(f"subject key record of {subject!r}: the key is not {_KEY_BYTES} bytes of base64url")
+        return cls(subject, raw)
+
+    def encode(self) -> tuple[bytes, bytes]:
+        """(Kafka key, value) of this record on a compacted keys topic: the subject id, and the record's JSON."""
+        return self.subject.encode("utf-8"), json.dumps(self.to_json(), sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def decode(cls, key: bytes, value: bytes) -> KeyRecord:
+        record = cls.from_json(json.loads(value))
+        if record.subject != key.decode("utf-8"):
+            raise BadInput(f"subject key record keyed {key!r} names subject {record.subject!r}")
+        return record
+
+
+class SubjectKeys:
+    """The data keys of every subject, in one file under ``directory``, durable across restarts.
+
+    Each change (a key made, a subject forgotten) re-reads the file under an exclusive lock, applies the change and
+    writes the file whole (a temporary file, fsync, rename, fsync of the directory), so several processes on one
+    home may share it, and a kill at any moment leaves the old file or the new one. The file holds subject ids and
+    keys only, never a value. A reader that meets a subject it does not know reloads the file once (another process
+    may have made the key); a reader that holds a key forgotten elsewhere since still reads with it until it
+    :meth:`reload` s (the keys topic of a later slice tells every reader at once)."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        self.path = self.directory / _FILE
+        self._records: dict[str, KeyRecord] = {}
+        self._ciphers: dict[str, AESGCM] = {}
+        self._stamp: tuple[int, int, int] | None = None
+        self.reload()
+
+    # -- the records --------------------------------------------------------------------------------------------
+
+    def reload(self) -> None:
+        """Read the file again (a missing file is an empty store)."""
+        try:
+            stat = self.path.stat()
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            self._records, self._ciphers, self._stamp = {}, {}, None
+            return
+        try:
+            doc = json.loads(text)
+            if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
+                raise ValueError(f"format {doc.get('format') if isinstance(doc, dict) else None!r}, "
+                                 f"not {_FORMAT!r}")
+            records = [KeyRecord.from_json(obj) for obj in doc["records"]]
+        except (ValueError, KeyError, TypeError) as e:
+            raise BadInput(f"subject key store {self.path}: unreadable ({e}); it is not rewritten, so no key is "
+                           f"lost: restore it from a backup or the keys topic") from e
+        self._records = {r.subject: r for r in records}
+        # Keys never change, so a cipher made from a subject's key stays right while the subject keeps it.
+        self._ciphers = {s: c for s, c in self._ciphers.items()
+                         if s in self._records and not self._records[s].forgotten}
+        self._stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+
+    def records(self) -> Iterator[KeyRecord]:
+        """Every subject's record, keys and tombstones (what a compacted keys topic would hold)."""
+        return iter(list(self._records.values()))
+
+    def apply(self, records: Iterable[KeyRecord]) -> None:
+        """Take ``records`` (from another store, or a keys topic) into this one and write it. A tombstone always
+        wins over a key, and a subject's existing key is never replaced by another."""
+        def change(current: dict[str, KeyRecord]) -> None:
+            for record in records:
+                known = current.get(record.subject)
+                if record.forgotten and (known is None or not known.forgotten):
+                    current[record.subject] = record
+                elif not record.forgotten and known is None:
+                    current[record.subject] = record
+                elif not record.forgotten and not known.forgotten and known.key != record.key:
+                    raise Refused(f"subject {record.subject!r} has another key in {self.path}; keys never change")
+        self._change(change)
+
+    def state(self, subject: str) -> str:
+        """"key", "forgotten" or "unknown"."""
+        record = self._records.get(subject)
+        return "unknown" if record is None else "forgotten" if record.forgotten else "key"
+
+    def forget(self, subject: str) -> bool:
+        """Delete ``subject``'s key for good, leaving a tombstone (so it is never made again). True if this call
+        forgot it, False if it was forgotten already. A subject never seen is tombstoned too: its data, should any
+        arrive, is refused."""
+        _check_subject(subject)
+        done = []
+
+        def change(current: dict[str, KeyRecord]) -> None:
+            if subject in current and current[subject].forgotten:
+                return
+            current[subject] = KeyRecord(subject, None, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+            done.append(True)
+        self._change(change)
+        self._ciphers.pop(subject, None)
+        return bool(done)
+
+    # -- values ---------------------------------------------------------------------------------------------------
+
+    def seal(self, subject: str, field_name: str, value: Any) -> str:
+        """``value`` (a JSON scalar: str, int, float, bool or None) as a token only ``subject``'s key opens, bound to
+        ``field_name``. Makes the subject's key on first use; refuses a forgotten subject (:class:`SubjectForgotten`)."""
+        _check_subject(subject)
+        _check_field(field_name)
+        if not isinstance(value, _SCALARS):
+            raise BadInput(f"field '{field_name}': {type(value).__name__} cannot be sealed; personal values are "
+                           f"JSON scalars (str, int, float, bool or null)")
+        try:
+            plain = json.dumps(value, allow_nan=False).encode("ascii")  # \u escapes keep even lone surrogates
+        except ValueError as e:
+            raise BadInput(f"field '{field_name}': {value!r} cannot be sealed ({e})") from e
+        nonce = os.urandom(_NONCE_BYTES)
+        sealed = self._cipher(subject, create=True, field_name=field_name).encrypt(
+            nonce, plain, _associated(subject, field_name))
+        return f"{TOKEN_PREFIX}{_b64(subject.encode('utf-8'))}:{field_name}:{_b64(nonce + sealed)}"
+
+    def unseal(self, token: Any, *, subject: str | None = None, field_name: str | None = None) -> Any:
+        """The value ``token`` holds, with its type; None when its subject was forgotten (no error). With
+        ``subject`` or ``field_name`` given, a token naming another one is refused as moved. Raises
+        :class:`SealedValueError` naming the field and the reason when the token is not one, corrupt or tampered
+        with, and :class:`SubjectKeyMissing` when this store never knew its subject."""
+        where = f"field '{field_name}'" if field_name else "a sealed value"
+        if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX):
+            raise SealedValueError(f"{where}: {_short(token)} is not a sealed value (a token starts with "
+                                   f"{TOKEN_PREFIX!r})")
+        parts = token[len(TOKEN_PREFIX):].split(":")
+        raw_subject = _unb64(parts[0]) if len(parts) == 3 else None
+        sealed = _unb64(parts[2]) if len(parts) == 3 else None
+        try:
+            token_subject = raw_subject.decode("utf-8") if raw_subject else None
+        except UnicodeDecodeError:
+            token_subject = None
+        if token_subject is None or sealed is None or not _FIELD_NAME.match(parts[1]) \
+                or len(sealed) < _NONCE_BYTES + 16:
+            if field_name is None and len(parts) == 3 and _FIELD_NAME.match(parts[1]):
+                where = f"field '{parts[1]}'"
+            raise SealedValueError(f"{where}: the token is corrupt (not {TOKEN_PREFIX}<subject>:<field>:<sealed> "
+                                   f"with base64url parts and a whole nonce and tag)")
+        token_field = parts[1]
+        where = f"field '{field_name or token_field}' of subject {token_subject!r}"
+        if field_name is not None and token_field != field_name:
+            raise SealedValueError(f"{where}: the token was sealed for field '{token_field}' (moved between fields)")
+        if subject is not None and token_subject != subject:
+            raise SealedValueError(f"field '{token_field}' of subject {subject!r}: the token was sealed for subject "
+                                   f"{token_subject!r} (moved between subjects)")
+        cipher = self._cipher(token_subject, create=False, field_name=token_field)
+        if cipher is None:
+            return None
+        try:
+            plain = cipher.decrypt(sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:],
+                                   _associated(token_subject, token_field))
+        except InvalidTag:
+            raise SealedValueError(f"{where}: the token does not authenticate (tampered with, corrupt, or sealed "
+                                   f"under another key)") from None
+        return json.loads(plain)
+
+    # -- inside ---------------------------------------------------------------------------------------------------
+
+    def _cipher(self, subject: str, create: bool, field_name: str) -> AESGCM | None:
+        cipher = self._ciphers.get(subject)
+        if cipher is not None:
+            return cipher
+        record = self._records.get(subject)
+        if record is None and self._changed_on_disk():
+            self.reload()
+            record = self._records.get(subject)
+        if record is None:
+            if not create:
+                raise SubjectKeyMissing(f"field '{field_name}' of subject {subject!r}: the key store {self.path} "
+                                        f"has no key and no tombstone for this subject (another home's token, or a "
+                                        f"lost key store)")
+            record = self._make_key(subject)
+        if record.forgotten:
+            if create:
+                raise SubjectForgotten(f"field '{field_name}' of subject {subject!r}: the subject was forgotten "
+                                       f"({record.forgotten_at}); its new data is refused, never sealed under a "
+                                       f"new key")
+            return None
+        cipher = self._ciphers[subject] = AESGCM(record.key)
+        return cipher
+
+    def _make_key(self, subject: str) -> KeyRecord:
+        def change(current: dict[str, KeyRecord]) -> None:
+            if subject not in current:  # another process may have made it, or forgotten it, meanwhile
+                current[subject] = KeyRecord(subject, AESGCM.generate_key(bit_length=_KEY_BYTES * 8))
+        self._change(change)
+        return self._records[subject]
+
+    def _changed_on_disk(self) -> bool:
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return self._stamp is not None
+        return (stat.st_ino, stat.st_mtime_ns, stat.st_size) != self._stamp
+
+    def _change(self, change) -> None:
+        """Re-read the file under the store's lock, ``change`` its records in place, write it whole and durably."""
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(self.directory / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.reload()
+            current = dict(self._records)
+            change(current)
+            if current != self._records:
+                doc = {"format": _FORMAT, "records": [r.to_json() for r in current.values()]}
+                write_whole(self.path, json.dumps(doc, indent=0, sort_keys=True), mode=0o600, durable=True)
+                _fsync_dir(self.directory)  # the rename itself survives a power cut
+                self.reload()
+
+
+# -- payloads -------------------------------------------------------------------------------------------------------
+
+def is_sealed(value: Any) -> bool:
+    """Whether ``value`` looks like a token (a string with the token prefix)."""
+    return isinstance(value, str) and value.startswith(TOKEN_PREFIX)
+
+
+def seal_payload(keys: SubjectKeys, subject: str, payload: Mapping[str, Any],
+                 personal: Iterable[str]) -> dict[str, Any]:
+    """A copy of ``payload`` with each of its ``personal`` fields sealed under ``subject``'s key. An absent or null
+    field stays so (a null holds nothing to protect, and an optional field keeps its JSON shape)."""
+    out = dict(payload)
+    for name in personal:
+        if out.get(name) is not None:
+            out[name] = keys.seal(subject, name, out[name])
+    return out
+
+
+def unseal_payload(keys: SubjectKeys, subject: str, payload: Mapping[str, Any], personal: Iterable[str],
+                   plaintext_ok: bool = False) -> dict[str, Any]:
+    """A copy of ``payload`` with each of its ``personal`` fields unsealed (null when ``subject`` was forgotten);
+    a token sealed for another field or subject is refused. A personal field holding a plain value is refused too,
+    unless ``plaintext_ok`` (events written before sealing was on): then it is passed through as it is."""
+    out = dict(payload)
+    for name in personal:
+        value = out.get(name)
+        if value is None:
+            continue
+        if not is_sealed(value):
+            if plaintext_ok:
+                continue
+            raise SealedValueError(f"field '{name}' of subject {subject!r}: holds a plain value where a sealed one "
+                                   f"is expected")
+        out[name] = keys.unseal(value, subject=subject, field_name=name)
+    return out
+
+
+def personal_fields(schema: Mapping[str, Field]) -> frozenset[str]:
+    """The names of ``schema``'s fields marked personal (``Field(personal=True)``)."""
+    return frozenset(name for name, spec in schema.items() if spec.personal)
+
+
+def personal_fields_by_type(schemas: Mapping[str, Mapping[str, Field]]) -> dict[str, frozenset[str]]:
+    """Command or event type -> its personal fields, for the types that have any."""
+    return {kind: found for kind, schema in schemas.items() if (found := personal_fields(schema))}
+
+
+def _associated(subject: str, field_name: str) -> bytes:
+    # Unambiguous for any subject id (a JSON array, not a join with a separator the id could contain).
+    return json.dumps(["elk1", subject, field_name], ensure_ascii=False).encode("utf-8")
+
+
+def _check_subject(subject: Any) -> None:
+    if not isinstance(subject, str) or not subject.strip():
+        raise BadInput(f"subject id {subject!r}: must be a non-blank string")
+
+
+def _check_field(field_name: Any) -> None:
+    if not isinstance(field_name, str) or not _FIELD_NAME.match(field_name):
+        raise BadInput(f"field name {field_name!r}: must be an identifier (letters, digits, _)")
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes | None:
+    if not re.fullmatch(r"[A-Za-z0-9_-]*", text):
+        return None
+    try:
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text):,} characters)"
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
