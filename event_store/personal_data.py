@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from event_store.fields import Field
 from lakehouse.errors import BadInput, NotFound, Refused
+from lakehouse.files import write_whole
 
 __all__ = ["SubjectKeys", "KeyRecord", "SealedValueError", "SubjectForgotten", "SubjectKeyMissing", "TOKEN_PREFIX",
            "keys_dir", "is_sealed", "personal_fields", "personal_fields_by_type", "seal_payload", "unseal_payload"]
@@ -301,7 +302,7 @@ class SubjectKeys:
             change(current)
             if current != self._records:
                 doc = {"format": _FORMAT, "records": [r.to_json() for r in current.values()]}
-                _write_durably(self.path, json.dumps(doc, indent=0, sort_keys=True).encode("utf-8"))
+                write_whole(self.path, json.dumps(doc, indent=0, sort_keys=True), mode=0o600, durable=True)
                 self.reload()
 
 
@@ -383,25 +384,3 @@ def _unb64(text: str) -> bytes | None:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else f"{text[:40]}... ({len(text):,} characters)"
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    """Replace ``path`` by ``data`` whole (mode 0600, never readable by others even for a moment): a temporary file
-    beside it, fsynced, renamed over it, then the directory fsynced so that the rename survives a power cut."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.unlink(missing_ok=True)  # left by a killed process of the same pid
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

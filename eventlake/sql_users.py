@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import re
 import secrets
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from lakehouse.settings import Settings
 from lakehouse.errors import BadInput
+from lakehouse.files import write_whole
 
 __all__ = ["SqlUser", "SqlUsersError", "DEFAULT_USER", "users_file", "list_users", "add_user", "remove_user",
            "ensure_default_user"]
@@ -66,12 +66,7 @@ def _read(path: Path) -> dict[str, str]:
 
 def _write(path: Path, lines: dict[str, str]) -> None:
     # A new file renamed over the old: the server never reads half a file, and sees a new inode.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(_HEADER + "".join(f"{line}\n" for line in lines.values()))
-    os.replace(tmp, path)
+    write_whole(path, _HEADER + "".join(f"{line}\n" for line in lines.values()), mode=0o600)
 
 
 def list_users(settings: Settings) -> list[SqlUser]:

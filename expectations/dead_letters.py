@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from lakehouse.errors import BadInput
+from lakehouse.files import write_whole
 from lakehouse.settings import Settings
 
 __all__ = ["DeadLetter", "TriageReport", "QuarantineNotResolved", "REPORT_FOLDER", "NO_KEY", "RECORD", "KEEP_REPORTS", "parse_dead_letter",
@@ -236,23 +237,16 @@ def triage(settings: Settings, limit: int = 100_000, log=print) -> TriageReport:
     if report.count or not index.exists():
         stamp = report.made_at.replace(":", "").replace("-", "")
         report.json = str(folder / f"report-{stamp}.json")
-        _write(Path(report.json), json.dumps(asdict(report), indent=1))
+        write_whole(Path(report.json), json.dumps(asdict(report), indent=1))
         kept = sorted(folder.glob("report-*.json"), reverse=True)
         for old in kept[KEEP_REPORTS:]:
             old.unlink(missing_ok=True)
-        _write(index, render_html(report, [p.name for p in kept[1:KEEP_REPORTS]]))
-    _write(position_file, json.dumps({**{str(p): o for p, o in positions.items()},
+        write_whole(index, render_html(report, [p.name for p in kept[1:KEEP_REPORTS]]))
+    write_whole(position_file, json.dumps({**{str(p): o for p, o in positions.items()},
                                       **{str(p): end for p, (_, end) in read.items()}}))
     for line in report.lines():
         log(line)
     return report
-
-
-def _write(path: Path, text: str) -> None:
-    """Write ``text`` whole or not at all (a reader never sees half a report, a crash never half a position)."""
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(text)
-    partial.replace(path)
 
 
 def dead_letter_signal(message) -> dict | None:

@@ -10,6 +10,7 @@ import datetime as dt
 import json
 from typing import Callable
 
+from lakehouse.files import write_whole
 from lakehouse.settings import Settings
 from projection_core.rebuild_errors import RebuildRefused
 
@@ -72,11 +73,7 @@ class RebuildLock:
 
     def _rewrite(self, me: dict) -> None:
         """Replace the lock's content atomically (a reader sees the old or the new owner record, never half)."""
-        import os
-
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(me))
-        os.replace(tmp, self.path)
+        write_whole(self.path, json.dumps(me))
 
     # -- taking and giving back -------------------------------------------------------------------------------
     def acquire(self) -> "RebuildLock":

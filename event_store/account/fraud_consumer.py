@@ -42,6 +42,7 @@ from event_store.account import AGGREGATE_TYPE
 from event_store.account.fraud_rules import FraudState, Observation, detect, flag_command_id
 from event_store.envelope import CommandEnvelope, EventEnvelope, dumps, format_time, parse_time, utc_now
 from event_store.errors import InvalidRecord
+from lakehouse.files import write_whole
 from lakehouse.metrics import Sample, consumer_lag_samples
 from lakehouse.settings import Settings
 
@@ -226,14 +227,10 @@ class FraudConsumer:
     def _save(self, partition: int, held: _Partition) -> None:
         if held.offset == held.saved_offset or held.offset < 0:
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
         # orjson (through dumps): every 10 s the detector stops reading while its states are written.
         data = dumps({"topic": self.settings.events_topic, "partition": partition, "offset": held.offset,
                       "written_at": utc_now(), "states": {a: encode_state(s) for a, s in held.states.items()}})
-        path = self._snapshot_path(partition)
-        partial = self.folder / f"partition-{partition}.json.partial"
-        partial.write_bytes(data)
-        partial.replace(path)
+        write_whole(self._snapshot_path(partition), data)
         held.saved_offset = held.offset
         self.stats.snapshots += 1
 
