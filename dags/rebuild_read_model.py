@@ -76,44 +76,17 @@ def rebuild_read_model():
             """Fold + catch-ups + mark ready, under the model's lock (kept for this run's next task)."""
             from airflow.sdk.exceptions import AirflowFailException
 
-            from lakehouse import metrics
             from lakehouse.settings import Settings
             from projection_core.rebuild_errors import RebuildError
-            from projection_core.rebuild_lock import RebuildLock
-            from spark_apps.rebuild import ProgressPush, build_generation, start_generation
-            from spark_apps.session import build_session
+            from spark_apps.airflow_jobs import rebuild_build
 
-            get_current_context()["read_model"] = name
-            settings = Settings.load(role="reader")
-            lock = RebuildLock(settings, name, log=_log, owner=_owner())
+            context = get_current_context()
+            context["read_model"] = name
             try:
-                lock.acquire()
+                return rebuild_build(Settings.load(role="reader"), name, context["dag"].dag_id, context["run_id"],
+                                     log=_log)
             except RebuildError as e:
                 raise AirflowFailException(str(e)) from None
-            progress = ProgressPush(settings, name, "rebuild_read_model", _log)  # each step, to the Pushgateway
-            try:
-                previous, generation = start_generation(settings, name, _by(), "rebuild_read_model DAG", _log)
-                spark = build_session(settings, app_name=f"eventlake-rebuild-{name}", log=_log)
-                try:
-                    built = build_generation(spark, settings, name, generation.number, _by(), _log, progress)
-                finally:
-                    spark.stop()
-            except RebuildError as e:
-                lock.release()
-                progress.ended()
-                raise AirflowFailException(str(e)) from None
-            except BaseException:
-                lock.release()
-                progress.ended()
-                raise
-            lock.hand_over()
-            metrics.push(settings, "rebuild_read_model", {"read_model": name}, built.samples(), _log)
-            f = built.fold
-            _log(f"rebuild: {name}: generation {generation.number} built: {f.events:,} archived events folded at "
-                 f"{f.events_per_second:,.0f} events/s, {built.caught_up_events:,} caught up from Kafka "
-                 f"({built.seconds:.0f}s)" + (f"; its progress pushed after {progress.pushed} of {built.steps} steps"
-                                             if progress.pushed else "") + "; next: check")
-            return {"name": name, "generation": generation.number, "previous": previous}
 
         @task(map_index_template="{{ read_model }}", retries=0)
         def check(built: dict) -> dict:

@@ -82,3 +82,19 @@ def test_a_result_is_per_dag_run_and_model(settings):
     a = airflow_jobs.result_path(settings, "rebuild_read_model", "manual__2026-01-01T00:00:00+00:00", "payments")
     b = airflow_jobs.result_path(settings, "rebuild_read_model", "manual__2026-01-02T00:00:00+00:00", "payments")
     assert a != b and a.name == "payments.json" and settings.home in a.parents and ":" not in a.parent.name
+
+
+def test_results_are_read_back_and_only_recent_runs_keep_theirs(settings):
+    import os
+    import time
+
+    dag = "rebuild_read_model"
+    airflow_jobs.write_result(settings, dag, "old_run", "payments", {"generation": 1})
+    airflow_jobs.write_result(settings, dag, "recent_run", "payments", {"generation": 2})
+    long_ago = time.time() - (airflow_jobs.RESULTS_KEPT_DAYS + 1) * 86_400
+    os.utime(airflow_jobs.result_path(settings, dag, "old_run", "payments").parent, (long_ago, long_ago))
+    airflow_jobs.write_result(settings, dag, "new_run", "payments", {"generation": 3})
+    assert airflow_jobs.read_result(settings, dag, "new_run", "payments") == {"generation": 3}
+    assert airflow_jobs.read_result(settings, dag, "recent_run", "payments") == {"generation": 2}
+    with pytest.raises(FileNotFoundError):
+        airflow_jobs.read_result(settings, dag, "old_run", "payments")
