@@ -56,6 +56,7 @@ from lakehouse.settings import Settings  # noqa: E402
 
 from bench.commands import count_committed, results_reader  # noqa: E402
 
+IDLE_S = 3.0  # after the commands: the handler idle this long before its RSS is read again
 REGIONS = ("US-NYC", "US-SFO", "US-CHI", "GB-LON", "DE-BER", "FR-PAR", "JP-TYO", "BR-SAO", "IN-BOM", "AU-SYD")
 REBUILT = re.compile(r"partition (\d+): (\d+) aggregates from (a snapshot \+ |the state store \+ |)(\d+) events "
                      r"and (\d+) results in ([\d.]+)s(?: \(CPU ([\d.]+)s\))?")
@@ -343,6 +344,8 @@ def run_size(broker: Settings, events: int, accounts: int, commands: int, root: 
     path["handler_cpu_s"] = round(handler.cpu_seconds() - cpu_before, 2)
     path["commands_per_cpu_s"] = round(path["commands"] / path["handler_cpu_s"]) if path["handler_cpu_s"] else None
     path["rss_after_mib"] = round(handler.rss() / 2**20)
+    time.sleep(IDLE_S)  # then idle: what the last writes mapped of the stores is handed back (StateStore.settle)
+    path["rss_idle_mib"] = round(handler.rss() / 2**20)
     path["peak_rss_mib"] = round(handler.peak / 2**20)
     path["peak_anon_mib"] = round(handler.peak_anon / 2**20)
     figures["command_path"] = path
@@ -386,7 +389,7 @@ def _store_rates(restore: dict) -> str:
 
 def table(entries: list[dict]) -> str:
     lines = ["| label | events | accounts | seed ev/s | fold: answered s | fold peak RSS (anon) | restart: answered s | "
-             "restart peak RSS | restore s | restore aggregates/s (store entries/s; per CPU-s) | commands/s | RSS after commands |",
+             "restart peak RSS | restore s | restore aggregates/s (store entries/s; per CPU-s) | commands/s | RSS after commands (idle 3 s later) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         f, r, s, c = e["first_fold"], e["restart"], e["restore"], e["command_path"]
@@ -397,7 +400,8 @@ def table(entries: list[dict]) -> str:
                      f"{_store_rates(s)} | "
                      f"{c['commands_per_s']:,}"
                      f"{' (' + format(c['commands_per_cpu_s'], ',') + ' per CPU-s)' if c.get('commands_per_cpu_s') else ''} | "
-                     f"{c['rss_after_mib']:,} MiB |")
+                     f"{c['rss_after_mib']:,}"
+                     f"{' (' + format(c['rss_idle_mib'], ',') + ')' if 'rss_idle_mib' in c else ''} MiB |")
     return "\n".join(lines)
 
 

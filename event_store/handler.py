@@ -185,6 +185,10 @@ class CommandHandler:
                 self.process(batch)
             elif until_caught_up and self.group.caught_up(self._rebuilder.reader.end_offsets):
                 break
+            else:  # idle: what the last writes mapped of the state stores is handed back
+                for part in list(self.partitions.values()):
+                    if part.store is not None:
+                        part.store.settle()
             collector.tick()
             self.stats.collections, self.stats.collector_seconds = collector.collections, collector.seconds
             self.stats.longest_collection_s = collector.longest_s

@@ -447,6 +447,11 @@ class StateStore:
         self._cache.clear()
         self._cached = 0
 
+    def settle(self) -> None:
+        """When the handler is idle: hand back the pages its last writes mapped (lakehouse.mapped_pages)."""
+        if not self._closed:
+            self._pages.settle()
+
     def close(self) -> None:
         self.drop_cache()
         if not self._closed:

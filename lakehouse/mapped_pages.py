@@ -73,23 +73,32 @@ def release(path: Path | str) -> int:
 
 class Releaser:
     """``release(path)`` at most once per ``every_s`` seconds: ``maybe()`` after each piece of work; ``now()``
-    every so many entries of a walk through the file."""
+    every so many entries of a walk through the file; ``settle()`` when idle, for what the last pieces of work
+    mapped after the last release (else an idle process keeps them until its next piece of work)."""
 
     def __init__(self, path: Path | str, every_s: float = RELEASE_EVERY_S):
         self.path, self.every_s = str(path), every_s
         self._last = time.monotonic()
+        self._owed = False  # work was done since the last release
         self.released = 0  # how many times it ran
 
     def maybe(self) -> bool:
         """Release if ``every_s`` has passed since the last time; whether it did."""
         if time.monotonic() - self._last < self.every_s:
+            self._owed = True
             return False
         self.now()
         return True
+
+    def settle(self) -> bool:
+        """When idle: release what work since the last release mapped, once ``every_s`` has passed; whether it
+        did (nothing to do when no work was done since)."""
+        return self._owed and self.maybe()
 
     def now(self) -> None:
         """Release now (a walk through the whole file maps hundreds of MB a second: it releases by what it read,
         not by the clock)."""
         self._last = time.monotonic()
+        self._owed = False
         release(self.path)
         self.released += 1

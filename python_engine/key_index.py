@@ -123,6 +123,11 @@ class KeyIndex:
             self._env = _acquire(self.path)
         return self._env
 
+    def settle(self) -> None:
+        """When the engine is idle: hand back the pages its last batch mapped (lakehouse.mapped_pages)."""
+        if self._env is not None:
+            self._pages.settle()
+
     def close(self) -> None:
         if self._env is not None:
             self._env = None

@@ -275,6 +275,9 @@ class PythonProjection:
                     if until_caught_up and not worked and all(q.reader.caught_up(q.partitions)
                                                               for q in self.queries):
                         break
+                    if not worked:  # idle: what the last batch mapped of the key indexes is handed back
+                        for index in list(self.known.values()):
+                            index.settle()
                     collector.tick()
         finally:
             for query in self.queries:

@@ -67,3 +67,21 @@ def test_releaser_runs_at_most_once_per_period(tmp_path):
     pages = Releaser(data, every_s=0)
     assert pages.maybe() and pages.maybe() and pages.released == 2
     env.close()
+
+
+def test_when_idle_what_work_mapped_since_the_last_release_is_handed_back_once(tmp_path):
+    env, data = _filled(tmp_path)
+    pages = Releaser(data, every_s=3600)
+    assert not pages.settle(), "no work since it was made: nothing owed"
+    pages.now()
+    with env.begin() as txn:  # a piece of work inside the period: its pages stay mapped
+        for _ in txn.cursor():
+            pass
+    assert not pages.maybe()
+    touched = _resident_kib(data)
+    assert touched > 2_000
+    assert not pages.settle(), "not before its period is over"
+    pages.every_s = 0  # the period is over
+    assert pages.settle() and _resident_kib(data) < touched / 10
+    assert not pages.settle(), "handed back once; nothing owed until the next work"
+    env.close()
