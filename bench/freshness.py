@@ -65,6 +65,26 @@ SERVICES = {"handler": ["handler"], "projection": ["project"], "fraud-detector":
 REGIONS = ("US-NYC", "GB-LON")
 
 
+def rss_slopes(samples: list[tuple[float, dict[str, float]]], after_s: float) -> dict[str, dict]:
+    """Per service, the least-squares slope of its RSS over the samples taken ``after_s`` seconds or more into the
+    measurement: MiB per hour, and per cent of its fitted RSS at ``after_s`` per hour (issue 42's aim: <= 2%)."""
+    kept = [(t, rss) for t, rss in samples if t >= after_s]
+    out: dict[str, dict] = {}
+    if len(kept) < 3:
+        return out
+    for name in kept[0][1]:
+        xs = [t / 3600 for t, _ in kept]
+        ys = [rss.get(name, 0.0) for _, rss in kept]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+        at_start = my + slope * (after_s / 3600 - mx)
+        out[name] = {"mib_per_hour": round(slope, 1), "start_mib": round(at_start, 1),
+                     "percent_per_hour": round(100 * slope / at_start, 2) if at_start else None,
+                     "first_mib": round(ys[0], 1), "last_mib": round(ys[-1], 1), "samples": len(ys)}
+    return out
+
+
 def figures(values: list[float], unit: str = "s") -> str:
     if not values:
         return "no sample"
@@ -116,6 +136,21 @@ class Services:
                     continue
             peaks[name] = total / 1024
         return peaks
+
+    def rss_mib(self) -> dict[str, float]:
+        """Each service's processes' resident sets now (VmRSS), summed per service, in MiB."""
+        now: dict[str, float] = {name: 0.0 for name in self.processes}
+        groups = {process.pid: name for name, process in self.processes.items()}
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                name = groups.get(os.getpgid(int(status.parent.name)))
+                if name is None:
+                    continue
+                now[name] += next(int(line.split()[1]) for line in status.read_text().splitlines()
+                                  if line.startswith("VmRSS:")) / 1024
+            except (OSError, StopIteration, ValueError):
+                continue
+        return now
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU time (user + system) used so far by each service's processes, by the Kafka broker(s), by this
@@ -315,6 +350,9 @@ def main() -> None:
                     help="the fraud detector's engine (eventlake detect-fraud --engine)")
     ap.add_argument("--projection-engine", choices=["auto", "python", "spark"], default="auto",
                     help="the projection's engine (eventlake project --engine)")
+    ap.add_argument("--rss-every", type=float, default=60.0,
+                    help="seconds between samples of each service's resident set during the measurement; the "
+                         "slope after the first 10 minutes (of a measurement longer than 20) is printed")
     ap.add_argument("--backlog", type=int, default=0,
                     help="generated events in the log before the services start: catch-up, then live")
     args = ap.parse_args()
@@ -428,6 +466,15 @@ def main() -> None:
 
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()
+        rss_samples: list[tuple[float, dict[str, float]]] = []  # (seconds into the measurement, MiB per service)
+
+        def sample_rss() -> None:
+            while not stop_poll.is_set():
+                rss_samples.append((round(time.time() - measure_from, 1), services.rss_mib()))
+                stop_poll.wait(args.rss_every)
+
+        sampler = threading.Thread(target=sample_rss, daemon=True)
+        sampler.start()
         deadline = time.monotonic() + args.seconds
         accepted: list[float] = []  # every probe: sent -> result
         n = 0
@@ -500,6 +547,12 @@ def main() -> None:
                                    re.MULTILINE)
         if handler_lines:
             print(f"  the handler's last progress line: {handler_lines[-1]}")
+        slopes = rss_slopes(rss_samples, 600.0) if args.seconds > 1200 else {}
+        if slopes:
+            print("  resident memory after the first 10 minutes (a sample every "
+                  f"{args.rss_every:.0f}s; least-squares slope): "
+                  + ", ".join(f"{name} {f['first_mib']:,.0f} -> {f['last_mib']:,.0f} MiB, {f['mib_per_hour']:+,.1f} "
+                              f"MiB/h ({f['percent_per_hour']:+.2f}%/h)" for name, f in slopes.items()))
         peaks = services.peak_rss_mib()
         print("  peak resident memory per service (its processes, Spark JVM included): "
               + ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in peaks.items()))
@@ -512,7 +565,9 @@ def main() -> None:
                 "freshness": [[round(p[0] - measure_from, 3), round(p[2], 3)] for p in probes],
                 "fraud": [[round(paid - measure_from, 3), round(latency, 3)] for paid, latency in flagged],
                 "fraud_split": [[round(detector, 3), round(handler, 3)] for detector, handler in split],
-                "batches": [[b[1], b[2]] for b in done], "not_visible": len(pending)}))
+                "batches": [[b[1], b[2]] for b in done], "not_visible": len(pending),
+                "rss_samples": [[t, {k: round(v, 1) for k, v in rss.items()}] for t, rss in rss_samples],
+                "rss_slopes": slopes}))
     finally:
         services.stop()
         store.close()
