@@ -169,8 +169,8 @@ def rebuild_read_model():
             # This mapped group's read model, as the form's list names it (rendered when the task runs).
             model = "{{ ti.xcom_pull(task_ids='choose_read_models')[ti.map_index] }}"
             submitted = airflow_spark.submit_job(
-                "build", ["rebuild-build", model, "--dag", _DAG_ID, "--run-id", "{{ run_id }}"],
-                settings=Settings.load(role="reader"), master=_MASTER, name="eventlake-rebuild", retries=0)
+                "build", airflow_spark.job_arguments(_DAG_ID, model), settings=Settings.load(role="reader"),
+                master=_MASTER, name="eventlake-rebuild", retries=0)
             done = built(name)
             submitted >> done
             switch(check(done))

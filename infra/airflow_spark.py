@@ -21,10 +21,19 @@ from typing import Any
 from lakehouse.settings import Settings
 
 __all__ = ["SPARK_CONNECTION_ID", "APP", "cluster_master", "master_of", "spark_connection", "spark_connection_env",
-           "submit_arguments", "submit_job"]
+           "JOB_ARGUMENTS", "job_arguments", "mapped_value", "submit_arguments", "submit_job"]
 
 SPARK_CONNECTION_ID = "eventlake_spark"
 APP = "airflow-job"  # infra.spark_submit.APPS: spark_apps.airflow_jobs
+_MODEL = "<model>"
+# Each DAG's submitted job (``airflow-job``'s subcommand and its options, templated as Airflow renders them when
+# the task runs); ``<model>`` stands for the read model of the task's map index.
+JOB_ARGUMENTS: dict[str, tuple[str, ...]] = {
+    "rebuild_read_model": ("rebuild-build", _MODEL),
+    "reprocess_windows": ("reprocess-range", _MODEL, "--from", "{{ data_interval_start.isoformat() }}",
+                          "--to", "{{ data_interval_end.isoformat() }}"),
+    "maintenance": ("maintain", _MODEL, "--retention-hours", "{{ params.retention_hours }}"),
+}
 
 
 def spark_connection(settings: Settings) -> dict | None:
@@ -103,6 +112,22 @@ def submit_arguments(settings: Settings, master: str, job_args: list[str], name:
     return {"conn_id": SPARK_CONNECTION_ID, "application": str(paths.launchers[APP]),
             "py_files": str(paths.zip_path), "application_args": list(job_args), "conf": conf, "name": name,
             "driver_memory": settings.spark_driver_memory}
+
+
+def job_arguments(dag_id: str, model: str) -> list[str]:
+    """The ``airflow-job`` arguments of DAG ``dag_id``'s submitted task for read model ``model`` (a template, e.g.
+    ``mapped_value``'s), with the DAG run that reads its result (``--dag``, ``--run-id``)."""
+    if dag_id not in JOB_ARGUMENTS:
+        raise KeyError(f"{dag_id} submits no job; the DAGs that do: {', '.join(JOB_ARGUMENTS)}")
+    return [model if a == _MODEL else a for a in JOB_ARGUMENTS[dag_id]] + ["--dag", dag_id, "--run-id", "{{ run_id }}"]
+
+
+def mapped_value(values) -> str:
+    """A template that renders, in a task of a task group mapped over ``values`` (a list of strings fixed at parse
+    time), the value of its map index: what a submitted job of the group is given (``submit_job``'s templated
+    arguments), as the group's taskflow tasks are given the value itself."""
+    values = [str(v) for v in values]
+    return "{{ " + json.dumps(values) + "[ti.map_index] }}"
 
 
 def submit_job(task_id: str, job_args: list[str], *, settings: Settings, master: str, name: str, **kwargs):

@@ -9,8 +9,15 @@ Jobs:
   the model's rebuild lock: reserve the next generation, fold the archive into it, catch it up, mark it ready,
   and hand the lock over to the run's next task (``check``). What it built is written to ``result_path``, which
   the run's next task reads (a submitted job returns no XCom).
+- ``reprocess-range NAME --from T1 --to T2 --dag DAG --run-id RUN``: a ``reprocess_windows`` task's reprocess of
+  its data interval (skipped, without Spark, when no late event waits and the windows are closed); the result
+  holds the figures of the read model's asset event.
+- ``maintain NAME --retention-hours H --dag DAG --run-id RUN``: a ``maintenance`` task's drop, OPTIMIZE and
+  VACUUM of a read model, under its rebuild lock; the result says what was done (or why it was skipped).
 
-The driver's output is the task's log (client deploy mode: the submitting process reads it).
+A job's bad argument (an unknown or unwindowed read model, a bound that is no time, a retention below Delta's
+default) is refused before Spark starts, with exit code 2 and the reason. The driver's output is the task's log
+(client deploy mode: the submitting process reads it).
 """
 from __future__ import annotations
 
@@ -25,9 +32,10 @@ from typing import Callable
 from lakehouse.files import write_whole
 from lakehouse.settings import Settings
 
-__all__ = ["JOBS", "RESULTS_KEPT_DAYS", "result_path", "read_result", "write_result", "rebuild_build", "main"]
+__all__ = ["JOBS", "RESULTS_KEPT_DAYS", "result_path", "read_result", "write_result", "rebuild_build",
+           "reprocess_skipped", "reprocess_range", "maintain_model", "parser", "main"]
 
-JOBS = ("rebuild-build",)
+JOBS = ("rebuild-build", "reprocess-range", "maintain")
 RESULTS_KEPT_DAYS = 7
 
 
@@ -93,23 +101,146 @@ def rebuild_build(settings: Settings, name: str, dag_id: str, run_id: str,
     return {"name": name, "generation": generation.number, "previous": previous}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """spark-submit entry point: ``JOB ARGS`` (see the module's docstring)."""
-    from projection_core.rebuild_errors import RebuildError
+def reprocess_skipped(settings: Settings, name: str, start, end, log: Callable[[str], None] = _log) -> dict | None:
+    """Without Spark (delta-rs reads): the result of a ``reprocess_windows`` day with nothing to do (no late event
+    of ``start`` .. ``end`` waiting and its windows closed, or no event applied yet), logged; None when the day
+    must be reprocessed. Raises ReprocessError for bad input."""
+    from spark_apps.reprocess import late_events_waiting, parse_bound
 
-    parser = argparse.ArgumentParser(prog="airflow-job", description="a DAG task's Spark work, submitted")
-    jobs = parser.add_subparsers(dest="job", required=True)
+    t1, t2 = parse_bound(start, "--from"), parse_bound(end, "--to")
+    waiting, watermark = late_events_waiting(settings, name, t1, t2)
+    if waiting == 0 and watermark is not None and watermark >= t2:
+        log(f"reprocess: {name}: no late event of {t1:%Y-%m-%dT%H:%M}Z .. {t2:%Y-%m-%dT%H:%M}Z waits to be folded "
+            f"in and its windows are closed (watermark {watermark:%Y-%m-%dT%H:%M:%S}Z): skipped")
+        return {"read_model": name, "skipped": "no late events waiting", "late_folded": 0}
+    if waiting == 0 and watermark is None:  # e.g. a domain that has sent no event yet
+        log(f"reprocess: {name}: no event applied yet (no watermark) and no late event waiting: nothing to "
+            f"recompute, skipped")
+        return {"read_model": name, "skipped": "no event applied yet", "late_folded": 0}
+    return None
+
+
+def reprocess_range(settings: Settings, name: str, start, end, dag_id: str, run_id: str,
+                    log: Callable[[str], None] = _log, where: str = "") -> dict:
+    """The task of ``reprocess_windows``, in the Airflow worker or submitted to a cluster (``where`` says which
+    in its last log line): reprocess windowed read model ``name``'s windows ``start`` .. ``end`` (a skipped day:
+    ``reprocess_skipped``, no Spark). Returns the figures of its asset event: ``table_version`` is None when
+    nothing was committed. Raises ReprocessError (bad input) or ReprocessRefused (e.g. windows not closed)."""
+    from lakehouse import metrics
+    from spark_apps.reprocess import parse_bound, reprocess
+    from spark_apps.session import build_session
+
+    t1, t2 = parse_bound(start, "--from"), parse_bound(end, "--to")
+    skipped = reprocess_skipped(settings, name, t1, t2, log)
+    if skipped is not None:
+        return skipped
+    spark = build_session(settings, app_name=f"eventlake-reprocess-{name}")
+    try:
+        outcome = reprocess(spark, settings, name, t1, t2, by=f"airflow {dag_id} {run_id}", log=log)
+    finally:
+        spark.stop()
+    metrics.push(settings, dag_id, {"read_model": name}, outcome.samples())
+    if where:
+        log(f"reprocess: {name}: windows {t1:%Y-%m-%dT%H:%M}Z .. {t2:%Y-%m-%dT%H:%M}Z reprocessed{where}")
+    return {"read_model": name, "generation": outcome.generation, "windows": outcome.windows,
+            "windows_changed": outcome.windows_changed, "late_folded": outcome.late_folded,
+            "table_version": outcome.table_version, "seconds": round(outcome.seconds, 1),
+            "interval_start": t1.isoformat(), "interval_end": t2.isoformat()}
+
+
+def maintain_model(settings: Settings, name: str, retention_hours: int, dag_id: str, run_id: str,
+                   log: Callable[[str], None] = _log, where: str = "") -> dict:
+    """The task of ``maintenance``, in the Airflow worker or submitted to a cluster (``where`` says which in its
+    log): drop read model ``name``'s generations beyond the last two, OPTIMIZE and VACUUM those kept, under its
+    rebuild lock. Returns what was done: ``skipped`` (why the model was left alone, or ""), ``changed`` (tables
+    compacted, vacuumed or generations dropped: an asset event is due). Raises MaintenanceError (bad input)."""
+    from lakehouse import metrics
+    from spark_apps.maintenance import maintain
+    from spark_apps.session import build_session
+
+    spark = build_session(settings, app_name=f"eventlake-maintenance-{name}", log=log)
+    try:
+        report = maintain(spark, settings, name, int(retention_hours), by=f"airflow {dag_id}/{run_id}", log=log)
+    finally:
+        spark.stop()
+    for line in report.lines():
+        log(line)
+    metrics.push(settings, dag_id, {"read_model": name}, report.samples(), log)
+    if where and not report.skipped:
+        log(f"maintenance: {name}: maintained{where}")
+    return {"name": name, "current": report.current, "kept": report.kept, "dropped": report.dropped,
+            "problems": report.problems, "skipped": report.skipped,
+            "changed": report.current is not None and bool(report.optimized or report.vacuumed or report.dropped)}
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``airflow-job`` app's arguments: one subcommand per job (``JOBS``)."""
+    found = argparse.ArgumentParser(prog="airflow-job", description="a DAG task's Spark work, submitted")
+    jobs = found.add_subparsers(dest="job", required=True)
     build = jobs.add_parser("rebuild-build", help="build the next generation of a read model (rebuild_read_model)")
     build.add_argument("name")
-    build.add_argument("--dag", required=True)
-    build.add_argument("--run-id", required=True)
-    args = parser.parse_args(argv)
+    ranged = jobs.add_parser("reprocess-range", help="reprocess a windowed read model's windows of a time range "
+                                                     "(reprocess_windows)")
+    ranged.add_argument("name")
+    ranged.add_argument("--from", dest="start", required=True, help="ISO-8601 time, on a minute (no zone: UTC)")
+    ranged.add_argument("--to", dest="end", required=True, help="ISO-8601 time, on a minute (no zone: UTC)")
+    maintained = jobs.add_parser("maintain", help="drop, OPTIMIZE and VACUUM a read model's generations "
+                                                  "(maintenance)")
+    maintained.add_argument("name")
+    maintained.add_argument("--retention-hours", type=int, required=True, help="VACUUM retention, at least 168")
+    for job in (build, ranged, maintained):
+        job.add_argument("--dag", required=True)
+        job.add_argument("--run-id", required=True)
+    return found
+
+
+def _refused(args: argparse.Namespace) -> str | None:
+    """Why a job's arguments cannot run (checked before Spark starts), or None."""
+    import read_models
+
+    if args.job == "reprocess-range":
+        from spark_apps.reprocess import ReprocessError, validate
+
+        try:
+            validate(args.name, args.start, args.end)
+        except ReprocessError as e:
+            return str(e)
+    elif args.job == "maintain":
+        from spark_apps.maintenance import DEFAULT_RETENTION_HOURS
+
+        if args.name not in read_models.REGISTRY:
+            return f"unknown read model {args.name!r}; read models: {', '.join(read_models.REGISTRY)}"
+        if args.retention_hours < DEFAULT_RETENTION_HOURS:
+            return (f"--retention-hours {args.retention_hours}: below Delta's default retention of "
+                    f"{DEFAULT_RETENTION_HOURS} hours")
+    return None
+
+
+def _run(settings: Settings, args: argparse.Namespace) -> dict:
+    where = " on the cluster"
+    if args.job == "rebuild-build":
+        return rebuild_build(settings, args.name, args.dag, args.run_id, where=where)
+    if args.job == "reprocess-range":
+        return reprocess_range(settings, args.name, args.start, args.end, args.dag, args.run_id, where=where)
+    return maintain_model(settings, args.name, args.retention_hours, args.dag, args.run_id, where=where)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """spark-submit entry point: ``JOB ARGS`` (see the module's docstring). Exit codes: 0 done (its result
+    written), 1 the job failed (the reason on stderr), 2 bad arguments."""
+    from lakehouse.errors import EventlakeError
+
+    found = parser()
+    args = found.parse_args(argv)
+    refused = _refused(args)
+    if refused:
+        found.error(f"{args.job}: {refused}")
     settings = Settings.load(role="reader")
     # A retried task never reads an earlier attempt's result.
     result_path(settings, args.dag, args.run_id, args.name).unlink(missing_ok=True)
     try:
-        result = rebuild_build(settings, args.name, args.dag, args.run_id, where=" on the cluster")
-    except RebuildError as e:
+        result = _run(settings, args)
+    except EventlakeError as e:  # a RebuildError, a refused reprocess, ...: the reason, not a traceback
         print(f"airflow-job {args.job}: {e}", file=sys.stderr, flush=True)
         return 1
     write_result(settings, args.dag, args.run_id, args.name, result)

@@ -3,7 +3,9 @@
 SparkSubmitOperator running the packaged `airflow-job` app; without it the task starts Spark in the worker. The
 rebuild DAG run with `airflow dags test` on the standalone cluster (`eventlake spark-cluster up`) builds the same
 generation, row for row, as the run in the worker, with the driver's output in the task's log and the lock
-handed from the submitted build to `check` and `switch`."""
+handed from the submitted build to `check` and `switch`. `reprocess_windows` and `maintenance` are wired the same
+way (their task graphs both ways, under Airflow's own DagBag); their runs in the worker are
+tests/integration/test_reprocess.py and test_maintenance.py."""
 from __future__ import annotations
 
 import json
@@ -14,6 +16,8 @@ import pytest
 
 import read_models
 from eventlake.generator import GeneratorConfig
+from infra import airflow_assets as assets
+from infra import airflow_spark
 from infra.airflow import environment
 from projection_core.rebuild_lock import lock_path
 from read_models.catalog import Catalog
@@ -28,13 +32,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 REBUILT = ["account_summary", "merchant_minute_volume"]
 
 
-def _tasks(env: dict) -> dict:
+def _tasks(env: dict, dag_id: str = "rebuild_read_model", dag_file: str = "rebuild_read_model.py") -> dict:
     code = ("import json; from airflow.dag_processing.dagbag import DagBag; from infra.airflow import DAGS_FOLDER\n"
-            "bag = DagBag(dag_folder=str(DAGS_FOLDER / 'rebuild_read_model.py'))\n"
+            f"bag = DagBag(dag_folder=str(DAGS_FOLDER / {dag_file!r}))\n"
             "assert not bag.import_errors, bag.import_errors\n"
-            "dag = bag.dags['rebuild_read_model']\n"
+            f"dag = bag.dags[{dag_id!r}]\n"
             "print(json.dumps({t.task_id: [type(t).__name__, sorted(t.upstream_task_ids),"
-            " {k: getattr(t, k, None) for k in ('application', 'application_args', 'py_files', '_conn_id')}]"
+            " {k: getattr(t, k, None) for k in ('application', 'application_args', 'py_files', '_conn_id',"
+            " 'max_active_tis_per_dag', 'map_index_template')} | {'outlets': sorted(o.name for o in t.outlets)}]"
             " for t in dag.tasks}))\n")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -56,6 +61,50 @@ def test_the_build_is_submitted_where_the_connection_names_a_master_and_runs_in_
     assert on_cluster["rebuild_model.built"][1] == ["choose_read_models", "rebuild_model.build"]
     assert on_cluster["rebuild_model.check"][1] == ["rebuild_model.built"]
     assert on_cluster["rebuild_model.switch"][1] == ["rebuild_model.check"]
+
+
+def _cluster_env(settings) -> dict:
+    return environment(settings.replace(spark_master="spark://127.0.0.1:7077"),
+                       base={**eventlake_env(settings), "EVENTLAKE_SPARK_MASTER": "spark://127.0.0.1:7077"})
+
+
+def test_the_reprocess_is_submitted_where_the_connection_names_a_master_and_runs_in_the_worker_without(settings):
+    local = _tasks(environment(settings, base=eventlake_env(settings)), "reprocess_windows", "reprocess_windows.py")
+    assert {t: (kind, up, fields["outlets"]) for t, (kind, up, fields) in local.items()} == {
+        "reprocess_read_model": ("DecoratedMappedOperator", [], [assets.REPROCESSED])}
+
+    on_cluster = _tasks(_cluster_env(settings), "reprocess_windows", "reprocess_windows.py")
+    assert {t: (kind, up, fields["outlets"]) for t, (kind, up, fields) in on_cluster.items()} == {
+        "reprocess_read_model.check_waiting": ("_PythonDecoratedOperator", [], []),
+        "reprocess_read_model.reprocess": ("EventlakeSparkSubmitOperator", ["reprocess_read_model.check_waiting"], []),
+        # The asset event comes from the task that reads the submitted job's result.
+        "reprocess_read_model.reprocessed": ("_PythonDecoratedOperator", ["reprocess_read_model.reprocess"],
+                                             [assets.REPROCESSED])}
+    fields = on_cluster["reprocess_read_model.reprocess"][2]
+    assert fields["_conn_id"] == "eventlake_spark" and fields["application"].endswith("run_airflow_job.py")
+    assert fields["application_args"] == airflow_spark.job_arguments(
+        "reprocess_windows", airflow_spark.mapped_value(assets.WINDOWED))
+    assert fields["application_args"][0] == "reprocess-range" and "{{ run_id }}" in fields["application_args"]
+    assert fields["map_index_template"] == airflow_spark.mapped_value(assets.WINDOWED)
+
+
+def test_the_maintenance_is_submitted_where_the_connection_names_a_master_and_runs_in_the_worker_without(settings):
+    local = _tasks(environment(settings, base=eventlake_env(settings)), "maintenance", "maintenance.py")
+    assert {t: (kind, up, fields["outlets"]) for t, (kind, up, fields) in local.items()} == {
+        "maintain_read_model": ("DecoratedMappedOperator", [], [assets.MAINTAINED])}
+
+    on_cluster = _tasks(_cluster_env(settings), "maintenance", "maintenance.py")
+    assert {t: (kind, up, fields["outlets"]) for t, (kind, up, fields) in on_cluster.items()} == {
+        "maintain_read_model.maintain": ("EventlakeSparkSubmitOperator", [], []),
+        "maintain_read_model.maintained": ("_PythonDecoratedOperator", ["maintain_read_model.maintain"],
+                                           [assets.MAINTAINED])}
+    fields = on_cluster["maintain_read_model.maintain"][2]
+    assert fields["_conn_id"] == "eventlake_spark" and fields["application"].endswith("run_airflow_job.py")
+    assert fields["application_args"] == airflow_spark.job_arguments(
+        "maintenance", airflow_spark.mapped_value(assets.READ_MODELS))
+    assert "{{ params.retention_hours }}" in fields["application_args"]
+    # One model at a time, as in the worker: the models share the cluster with the live projection.
+    assert fields["max_active_tis_per_dag"] == 1 == local["maintain_read_model"][2]["max_active_tis_per_dag"]
 
 
 def _rows(spark, settings, name: str, generation: int) -> list:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from infra import airflow, airflow_spark, spark_submit
+from infra import airflow, airflow_assets, airflow_spark, spark_submit
 from lakehouse.settings import Settings
 from spark_apps import airflow_jobs
 from spark_apps.session import JVM_OPTIONS
@@ -98,3 +98,89 @@ def test_results_are_read_back_and_only_recent_runs_keep_theirs(settings):
     assert airflow_jobs.read_result(settings, dag, "recent_run", "payments") == {"generation": 2}
     with pytest.raises(FileNotFoundError):
         airflow_jobs.read_result(settings, dag, "old_run", "payments")
+
+
+# -- Each DAG's submitted job: its arguments as Airflow renders them, read back by the app's own parser ----------
+
+def _rendered(template_args: list[str], map_index: int) -> list[str]:
+    """The job's arguments as the task renders them (Jinja, as Airflow does) in a run of 2026-01-02."""
+    import datetime as dt
+
+    import jinja2
+
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    context = {"ti": {"map_index": map_index}, "run_id": "scheduled__2026-01-02T00:00:00+00:00",
+               "data_interval_start": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+               "data_interval_end": dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc),
+               "params": {"retention_hours": 200}}
+    return [env.from_string(a).render(**context) for a in template_args]
+
+
+@pytest.mark.parametrize("dag_id, models, job, options", [
+    ("reprocess_windows", airflow_assets.WINDOWED, "reprocess-range",
+     {"start": "2026-01-01T00:00:00+00:00", "end": "2026-01-02T00:00:00+00:00"}),
+    ("maintenance", airflow_assets.READ_MODELS, "maintain", {"retention_hours": 200}),
+])
+def test_each_dags_submitted_job_gets_its_tasks_model_and_run_and_the_app_reads_them(settings, dag_id, models, job,
+                                                                                      options):
+    template = airflow_spark.job_arguments(dag_id, airflow_spark.mapped_value(models))
+    found = airflow_spark.submit_arguments(settings, "spark://127.0.0.1:17077", template, f"eventlake-{job}", env={})
+    assert found["application"] == str(spark_submit.package_paths(settings).launchers["airflow-job"])
+    assert found["application_args"] == template and template[0] == job
+    assert len(models) > 1
+    for index, model in enumerate(models):  # each mapped task submits its own model, for its own run's result
+        args = airflow_jobs.parser().parse_args(_rendered(template, index))
+        assert (args.job, args.name, args.dag, args.run_id) == (job, model, dag_id,
+                                                                "scheduled__2026-01-02T00:00:00+00:00")
+        assert {k: getattr(args, k) for k in options} == options
+        assert airflow_jobs._refused(args) is None
+    with pytest.raises(KeyError, match="submits no job"):
+        airflow_spark.job_arguments("check_read_models", "payments")
+
+
+def test_the_rebuild_submits_the_model_the_forms_list_names():
+    template = airflow_spark.job_arguments("rebuild_read_model", "{{ models[ti.map_index] }}")
+    import jinja2
+
+    rendered = [jinja2.Template(a).render(models=["payments", "fraud_alerts"], ti={"map_index": 1}, run_id="r")
+                for a in template]
+    args = airflow_jobs.parser().parse_args(rendered)
+    assert (args.job, args.name, args.dag, args.run_id) == ("rebuild-build", "fraud_alerts", "rebuild_read_model", "r")
+
+
+@pytest.mark.parametrize("argv, reason", [
+    (["reprocess-range", "account_summary", "--from", "2026-01-01", "--to", "2026-01-02"],
+     "reprocess-range: read model account_summary has no time windows to reprocess"),
+    (["reprocess-range", "merchant_minute_volume", "--from", "yesterday", "--to", "2026-01-02"],
+     "reprocess-range: --from 'yesterday' is not a time"),
+    (["reprocess-range", "merchant_minute_volume", "--from", "2026-01-02", "--to", "2026-01-01"],
+     "is not before --to"),
+    (["reprocess-range", "merchant_minute_volume", "--from", "2026-01-01"], "--to"),
+    (["maintain", "payments", "--retention-hours", "24"],
+     "maintain: --retention-hours 24: below Delta's default retention of 168 hours"),
+    (["maintain", "no_such_model", "--retention-hours", "168"], "maintain: unknown read model 'no_such_model'"),
+    (["maintain", "payments", "--retention-hours", "a week"], "invalid int value: 'a week'"),
+])
+def test_a_bad_argument_of_a_job_is_refused_before_spark_with_the_reason(settings, monkeypatch, capsys, argv,
+                                                                         reason):
+    monkeypatch.setenv("EVENTLAKE_HOME", str(settings.home))
+    with pytest.raises(SystemExit) as exited:
+        airflow_jobs.main([*argv, "--dag", "d", "--run-id", "r"])
+    assert exited.value.code == 2
+    assert reason in capsys.readouterr().err
+    assert not (settings.home / "airflow-jobs").exists()  # nothing ran, nothing written
+
+
+def test_a_day_with_nothing_to_reprocess_is_skipped_without_spark_and_its_result_written(settings, monkeypatch):
+    monkeypatch.setenv("EVENTLAKE_HOME", str(settings.home))
+    args = ["reprocess-range", "merchant_minute_volume", "--from", "2026-01-01T00:00:00+00:00", "--to",
+            "2026-01-02T00:00:00+00:00", "--dag", "reprocess_windows", "--run-id", "scheduled__2026-01-02"]
+    stale = airflow_jobs.result_path(Settings.load(role="reader"), "reprocess_windows", "scheduled__2026-01-02",
+                                     "merchant_minute_volume")
+    airflow_jobs.write_result(Settings.load(role="reader"), "reprocess_windows", "scheduled__2026-01-02",
+                              "merchant_minute_volume", {"table_version": 7})  # an earlier attempt's
+    assert stale.exists()
+    assert airflow_jobs.main(args) == 0
+    assert airflow_jobs.read_result(Settings.load(role="reader"), "reprocess_windows", "scheduled__2026-01-02",
+                                    "merchant_minute_volume") == {
+        "read_model": "merchant_minute_volume", "skipped": "no event applied yet", "late_folded": 0}
