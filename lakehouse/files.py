@@ -9,7 +9,9 @@ __all__ = ["write_whole"]
 
 
 def write_whole(path: Path, data: str | bytes, mode: int = 0o644, durable: bool = False) -> None:
-    """Replace ``path`` with ``data`` (text is written as UTF-8) atomically: a partial file of this process beside
+    """Replace the local file ``path`` (not a storage URI's path object: those write through their own API, e.g.
+    the fraud detector's state files under ``settings.checkpoints``) with ``data`` (text is written as UTF-8)
+    atomically: a partial file of this process beside
     it, renamed over it (readers see the old or the new inode, never half). ``mode`` is the new file's permission
     bits (0o600 for secrets: never readable by others, not even for a moment); ``durable`` syncs the data before
     the rename and the directory after it, for files whose loss after a power cut would lose more than a redo

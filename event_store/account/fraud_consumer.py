@@ -42,7 +42,6 @@ from event_store.account import AGGREGATE_TYPE
 from event_store.account.fraud_rules import FraudState, Observation, detect, flag_command_id
 from event_store.envelope import CommandEnvelope, EventEnvelope, dumps, format_time, parse_time, utc_now
 from event_store.errors import InvalidRecord
-from lakehouse.files import write_whole
 from lakehouse.metrics import Sample, consumer_lag_samples
 from lakehouse.settings import Settings
 
@@ -227,10 +226,15 @@ class FraudConsumer:
     def _save(self, partition: int, held: _Partition) -> None:
         if held.offset == held.saved_offset or held.offset < 0:
             return
+        # The folder may be a storage URI (settings.checkpoints): written through its path object, not the OS's.
+        self.folder.mkdir(parents=True, exist_ok=True)
         # orjson (through dumps): every 10 s the detector stops reading while its states are written.
         data = dumps({"topic": self.settings.events_topic, "partition": partition, "offset": held.offset,
                       "written_at": utc_now(), "states": {a: encode_state(s) for a, s in held.states.items()}})
-        write_whole(self._snapshot_path(partition), data)
+        path = self._snapshot_path(partition)
+        partial = self.folder / f"partition-{partition}.json.partial"
+        partial.write_bytes(data)
+        partial.replace(path)
         held.saved_offset = held.offset
         self.stats.snapshots += 1
 
