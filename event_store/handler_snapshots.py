@@ -51,7 +51,7 @@ class SnapshotSchedule:
             return
         writer = self.current_writer()
         if writer is None:
-            due = [part for part in self.partitions.values() if snapshot_due(part, every) and not part.waiting]
+            due = [part for part in self.partitions.values() if snapshot_due(part, every)]
             if not due:
                 return
             writer = self.writer = SnapshotWriter(max(due, key=lambda part: part.events_since_snapshot))
@@ -66,12 +66,10 @@ class SnapshotSchedule:
         return writer
 
     def on_close(self, parts: list[PartitionState]) -> None:
-        """On close: finish the snapshot being written and snapshot each of ``parts`` (partitions with events
-        waiting after a gap are not: a snapshot does not keep them), each in as few steps as it can."""
+        """On close: finish the snapshot being written and snapshot each of ``parts``, each in as few steps as it
+        can."""
         current = self.current_writer()
         for part in parts:
-            if part.waiting:
-                continue
             writer = current if current is not None and current.part is part else SnapshotWriter(part)
             while not writer.done:
                 if not self.write_step(writer, None, closing=True):

@@ -245,7 +245,7 @@ class PartitionRebuilder:
         events_read = 0
         tick = self._keepalive
         for record in kafka_log.read_partition(self.reader, events_tp, part.events_offset, end, tick=tick):
-            if events_read and events_read % FLUSH_EVERY == 0 and not part.waiting:
+            if events_read and events_read % FLUSH_EVERY == 0:
                 part.events_offset = record.offset
                 part.flush()
             # No record may stop the handler: whatever fails to parse or to fold quarantines its aggregate
@@ -331,13 +331,11 @@ class PartitionRebuilder:
             self.stats.repeated_events += 1
             return
         if version > state.version + 1:
-            waiting = part.waiting.setdefault(key, {})
-            if version not in waiting:
-                waiting[version] = event
+            if part.wait(key, event):
                 self.log(f"handler {self.instance_id}: events record {record.topic}/{part.partition}/{record.offset}: "
                          f"version {version} of {aggregate_type} {event.aggregate_id} follows version {state.version}; it "
                          f"waits for the versions in between, as in the read models")
-            elif derived and waiting[version].event_id != event_id:
+            elif derived and part.waiting[key][version].event_id != event_id:
                 odd.add(event_id)  # took no version: a later record carrying its id must find it
             return
         part.states[key] = continue_waiting(part, key, domain.evolve(state, event))

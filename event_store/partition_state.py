@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from event_store.domains import DOMAINS
-from event_store.envelope import CommandResult, dumps
+from event_store.envelope import CommandResult, EventEnvelope, dumps
 from event_store.stored_state import StateCache, StoredStates, StoredWindows
 
 __all__ = ["PartitionState", "EventIds", "result_row", "result_from_row"]
@@ -61,9 +61,11 @@ class PartitionState:
     events_since_snapshot: int = 0
     window: int = 100
     # Per (aggregate type, aggregate id), events read from the log after a gap (version -> event), applied once
-    # the gap is filled (read_models.sequence). Only records written around the handler make gaps; not kept in
-    # snapshots.
+    # the gap is filled (read_models.sequence). Only records written around the handler make gaps. Kept in the
+    # state store and in snapshots (a gap never filled must not stop either: issue 42); added through ``wait``.
     waiting: dict[tuple[str, str], dict] = field(default_factory=dict)
+    # The aggregates whose waiting events changed since the last flush.
+    waiting_changed: set[tuple[str, str]] = field(default_factory=set)
     # The event ids of this partition's log that its records' own fields do not derive (forged records, records of
     # releases that derived ids otherwise) and derived ids that took no version: with the version rule, what a
     # record repeating an id is recognised by (event_store.partition_rebuild.apply_logged). The ids this handler
@@ -109,6 +111,8 @@ class PartitionState:
             part.events_held = meta.get("events_held", 0)
             part.slot, part.manifest_offset = meta.get("slot"), meta.get("manifest_offset")
             part.states.count = meta.get("aggregates", 0)
+            for aggregate_type, aggregate_id, version, raw in store.waiting():
+                part.waiting.setdefault((aggregate_type, aggregate_id), {})[version] = EventEnvelope.from_json(raw)
             # Every id again in the next snapshot: its manifest then lists one segment holding them all.
             part.event_ids.update(store.event_ids())
             part.event_ids.unstored.clear()
@@ -124,19 +128,44 @@ class PartitionState:
             for command_id, row in recent.items():
                 part.results.add(aggregate_id, command_id, result_row(row))
         part.waiting = loaded.waiting
+        part.waiting_changed = set(loaded.waiting)
         part.flush(mark=False)  # in the snapshot it came from already: the next snapshot is a full base anyway
         return part
 
+    def wait(self, key: tuple[str, str], event: Any) -> bool:
+        """Keep ``event`` of the aggregate ``key`` (type, id), read after a gap in its versions, until the gap is
+        filled; False when an event already waits at its version (the first one read keeps it)."""
+        waiting = self.waiting.setdefault(key, {})
+        if event.aggregate_version in waiting:
+            return False
+        waiting[event.aggregate_version] = event
+        self.waiting_changed.add(key)
+        return True
+
     def flush(self, mark: bool = True) -> bool:
-        """Write what changed since the last flush (states, windows, event ids) with the positions into the store
-        in one transaction; called once the handler's Kafka transaction is committed (Kafka is the source of
-        truth: an aborted batch never reaches here). Not while events wait after a gap (the store would cover
-        a position they are not folded at; they are not stored): what changed stays in memory until they are
-        folded. False when nothing was written (no store, events waiting, or a newer owner wrote the store)."""
+        """Write what changed since the last flush (states, windows, event ids, events waiting after a gap) with
+        the positions into the store in one transaction; called once the handler's Kafka transaction is committed
+        (Kafka is the source of truth: an aborted batch never reaches here). Events that waited and are folded
+        now (a committed state at or past their version) are dropped first. False when nothing was written (no
+        store, or a newer owner wrote the store)."""
         store = self.store
-        if store is None or self.waiting:
+        if store is None:
             return False
         states, results = self.states, self.results
+        waiting = self.waiting
+        if waiting:
+            changed = self.waiting_changed
+            for key in [key for key in states.dirty if key in waiting]:
+                version = states.dirty[key].version
+                kept = {v: event for v, event in waiting[key].items() if v > version}
+                if len(kept) != len(waiting[key]):
+                    changed.add(key)
+                    if kept:
+                        waiting[key] = kept
+                    else:
+                        del waiting[key]
+        encoded_waiting = {key: {v: event.to_json() for v, event in waiting.get(key, {}).items()}
+                           for key in self.waiting_changed}
         meta = json.dumps({"events_since_snapshot": self.events_since_snapshot, "events_held": self.events_held,
                            "slot": self.slot, "manifest_offset": self.manifest_offset,
                            "aggregates": states.count, "cached_bytes": states.cache.held_by.get(self.partition, 0)}).encode()
@@ -153,11 +182,13 @@ class PartitionState:
                     index += [(key[0], key[1], k) for k in keys]
         encoded_states = {key: dumps(DOMAINS[key[0]].encode_state(state)) for key, state in dirty.items()}
         if not store.write(self.events_offset, self.results_offset, encoded_states, results.added(),
-                           self.event_ids.unstored, meta=meta, index=index, window=self.window, mark=mark):
+                           self.event_ids.unstored, meta=meta, index=index, window=self.window, mark=mark,
+                           waiting=encoded_waiting):
             return False  # kept: written with the next flush (when this instance still owns the partition)
         states.written(encoded_states)
         results.dirty.clear()
         self.event_ids.unstored.clear()
+        self.waiting_changed.clear()
         return True
 
     def state(self, aggregate_type: str, aggregate_id: str) -> Any:

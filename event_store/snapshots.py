@@ -46,7 +46,7 @@ from typing import Iterable, Iterator
 import orjson
 
 from event_store.domains import DOMAINS
-from event_store.envelope import dumps
+from event_store.envelope import EventEnvelope, dumps
 from event_store.errors import InvalidRecord
 from event_store.partition_state import EventIds, PartitionState, result_row
 
@@ -130,12 +130,16 @@ class SnapshotWriter:
             self.prefix = f"{self.partition}/{self.slot}/d{len(part.chain)}"
         else:
             self.prefix = f"{self.partition}/{self.slot}"
+        # Every event waiting after a gap, in every snapshot (a base or an increment; few, and only where records
+        # were written around the handler), encoded now: the cut of this moment.
+        waiting = [_waiting_entry(self.snapshot_id, key, events) for key, events in part.waiting.items() if events]
         if part.store is not None:  # the store's cut: states and windows as they are now, already encoded
             self.epoch = part.store.begin_snapshot()
             cut = part.store.changes(self.epoch) if self.incremental else part.store.cut()
-            self._units = self._encoded(_entries_of_cut(cut))
+            self._units = self._encoded(itertools.chain(waiting, _entries_of_cut(cut)))
         else:
-            self._units = self._encoded(_entries_of(list(part.states.items()), list(part.results), part.results))
+            self._units = self._encoded(itertools.chain(
+                waiting, _entries_of(list(part.states.items()), list(part.results), part.results)))
         self._step: list[tuple[bytes, bytes]] | None = None  # the step given and not yet committed
         self._step_segments: list[dict] = []
         self._manifest = False
@@ -260,6 +264,15 @@ def _entries_of_cut(cut: Iterator[tuple[str, str | None, str, bytes]]) -> Iterat
         yield _index_entry(*index_of, index)
 
 
+def _waiting_entry(snapshot_id: str, key: tuple[str, str], events: dict) -> bytes:
+    """A snapshot entry of the events of one aggregate waiting after a gap (``PartitionState.waiting``), tagged
+    with the snapshot that holds them: every snapshot lists all of them, so only its own are loaded (an earlier
+    part's are as they were then)."""
+    return (b'{"waiting_of":' + dumps(snapshot_id) + b',"aggregate_type":' + dumps(key[0]) + b',"aggregate_id":'
+            + dumps(key[1]) + b',"events":[' + b",".join(event.to_json() for _, event in sorted(events.items()))
+            + b"]}")
+
+
 def _index_entry(aggregate_type: str, aggregate_id: str, keys: list[str]) -> bytes:
     """A snapshot entry of index keys of one aggregate (loaded after its state, which comes first in a chunk)."""
     return (b'{"aggregate_type":' + dumps(aggregate_type) + b',"aggregate_id":' + dumps(aggregate_id)
@@ -348,10 +361,15 @@ def restore_snapshot(records: Iterable, partition: int, window: int, store) -> P
     states: dict = {}
     index: list = []
     windows: dict = {}
+    waiting: dict = {}
     held = 0
     for entries in _chunks(latest, manifest, partition):
         for entry in entries:
-            if "state" in entry:
+            if "waiting_of" in entry:
+                if entry["waiting_of"] == manifest["snapshot_id"]:
+                    waiting[(entry["aggregate_type"], entry["aggregate_id"])] = {
+                        event["aggregate_version"]: dumps(event) for event in entry["events"]}
+            elif "state" in entry:
                 key = (entry["aggregate_type"], entry["aggregate_id"])
                 domain = DOMAINS.get(key[0])
                 if domain is None:
@@ -378,7 +396,8 @@ def restore_snapshot(records: Iterable, partition: int, window: int, store) -> P
     meta = json.dumps({"events_since_snapshot": 0, "events_held": head.events_held, "slot": head.slot,
                        "manifest_offset": head.manifest_offset,
                        "aggregates": manifest.get("aggregates", 0)}).encode()
-    store.write(head.events_offset, head.results_offset, event_ids=list(head.event_ids), meta=meta, mark=False)
+    store.write(head.events_offset, head.results_offset, event_ids=list(head.event_ids), meta=meta, mark=False,
+                waiting=waiting)
     return head
 
 
@@ -392,7 +411,8 @@ def load_snapshot(records: Iterable, partition: int, window: int) -> PartitionSt
     part = _bookkeeping(latest, manifest, manifest_offset, partition, window)
     index: dict[tuple[str, str], list[str]] = {}
     for entries in _chunks(latest, manifest, partition):
-        _load_entries(part, entries, index, f"snapshot {manifest['snapshot_id']} of partition {partition}")
+        _load_entries(part, entries, index, f"snapshot {manifest['snapshot_id']} of partition {partition}",
+                      manifest["snapshot_id"])
     for key, keys in index.items():  # the index keys last: a later part's state replaces an earlier one whole
         known = DOMAINS[key[0]].index_known
         state = part.state(*key)
@@ -424,11 +444,17 @@ def _bookkeeping(latest: dict, manifest: dict, manifest_offset: int | None, part
     return part
 
 
-def _load_entries(part: PartitionState, entries: list, index: dict, what: str) -> None:
-    """One chunk's entries into ``part`` (states replaced, windows replaced whole) and ``index`` (keys added)."""
+def _load_entries(part: PartitionState, entries: list, index: dict, what: str, snapshot_id: str) -> None:
+    """One chunk's entries into ``part`` (states replaced, windows replaced whole, the events waiting after a gap
+    of snapshot ``snapshot_id``) and ``index`` (keys added)."""
     replaced: set[str] = set()
     for entry in entries:
-        if "state" in entry:
+        if "waiting_of" in entry:
+            if entry["waiting_of"] == snapshot_id:
+                part.waiting[(entry["aggregate_type"], entry["aggregate_id"])] = {
+                    event.aggregate_version: event for event in map(EventEnvelope.from_json, map(dumps,
+                                                                                                   entry["events"]))}
+        elif "state" in entry:
             aggregate_type = entry["aggregate_type"]
             domain = DOMAINS.get(aggregate_type)
             if domain is None:

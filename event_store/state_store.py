@@ -55,6 +55,10 @@ _STATE, _EVENT_ID, _INDEX = b"s", b"i", b"p"
 # ``q`` + id + sequence number -> command id (the window's order, oldest first); ``n`` + id -> (oldest, next)
 # sequence numbers. Older stores kept a window per aggregate under ``r``: they are emptied on open (_FORMAT).
 _RESULT, _ORDER, _HEAD = b"c", b"q", b"n"
+# Events read after a gap in their aggregate's versions (``PartitionState.waiting``): ``v`` + aggregate type + id +
+# version -> the event (JSON), so the positions written beside them may pass them (a gap that is never filled, a
+# forged record, must not keep the store from being written: issue 42).
+_WAITING = b"v"
 _SEQ = struct.Struct(">Q")
 _HEADS = struct.Struct(">QQ")
 # The store's layout: a store of another one (or of none: before payment ids and windows per entry) is emptied
@@ -135,6 +139,10 @@ def _index_key(aggregate_type: str, aggregate_id: str, key: str) -> bytes:
     return _INDEX + aggregate_type.encode() + _SEP + aggregate_id.encode() + _SEP + key.encode()
 
 
+def _waiting_prefix(aggregate_type: str, aggregate_id: str) -> bytes:
+    return _WAITING + aggregate_type.encode() + _SEP + aggregate_id.encode() + _SEP
+
+
 class StateStore:
     """A partition's state store at ``path`` (created if missing), caching up to ``cache_bytes`` of values."""
 
@@ -211,6 +219,17 @@ class StateStore:
                     if not key.startswith(_EVENT_ID):
                         break
                     yield bytes(key[1:]).decode()
+
+    def waiting(self) -> Iterator[tuple[str, str, int, bytes]]:
+        """Every stored event waiting after a gap: (aggregate type, aggregate id, version, the event's JSON)."""
+        with self._env.begin() as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(_WAITING):
+                for key, value in cursor:
+                    if not key.startswith(_WAITING):
+                        break
+                    aggregate_type, _, rest = bytes(key[1:-_SEQ.size - 1]).partition(_SEP)
+                    yield (aggregate_type.decode(), rest.decode(), _SEQ.unpack(key[-_SEQ.size:])[0], bytes(value))
 
     def cut(self) -> Iterator[tuple[str, str | None, str, bytes]]:
         """A consistent cut of the store as it is now, for a snapshot: a read transaction begun here (LMDB keeps
@@ -337,11 +356,12 @@ class StateStore:
     def write(self, events_offset: int, results_offset: int, states: Mapping[tuple[str, str], bytes] = {},
               results: Iterable[tuple[str, str, bytes]] = (), event_ids: Iterable[str] = (),
               meta: bytes | None = None, index: Iterable[tuple[str, str, str]] = (), window: int = 100,
-              mark: bool = True) -> bool:
+              mark: bool = True, waiting: Mapping[tuple[str, str], Mapping[int, bytes]] = {}) -> bool:
         """Put a batch's changed states, results (each (aggregate id, command id, row) added to its aggregate's
         idempotency window unless the command is in it already, the oldest entry dropped past ``window``), index keys ((aggregate type, aggregate id, key), each a key of
         its own) and event ids, and the positions they cover (and ``meta``, the
-        caller's bookkeeping), in one transaction: all of it is visible after, or none of it (an exception or a
+        caller's bookkeeping), and for each aggregate in ``waiting`` its events waiting after a gap ({version: the
+        event's JSON}, replacing what it had; empty: none), in one transaction: all of it is visible after, or none of it (an exception or a
         killed process). Positions never go backwards: when the store already covers more of either log (a
         newer owner of the partition wrote it; several instances may share a home), nothing is written and
         False is returned."""
@@ -356,6 +376,15 @@ class StateStore:
                     return False
             for key, value in puts:
                 txn.put(key, value)
+            for (aggregate_type, aggregate_id), events in waiting.items():
+                prefix = _waiting_prefix(aggregate_type, aggregate_id)
+                cursor = txn.cursor()
+                if cursor.set_range(prefix):
+                    while cursor.key().startswith(prefix):
+                        if not cursor.delete():
+                            break
+                for version, raw in events.items():
+                    txn.put(prefix + _SEQ.pack(version), raw)
             results = list(results)
             if mark:  # what the next incremental snapshot writes (module docstring of event_store.snapshots)
                 epoch = txn.get(_EPOCH) or _SEQ.pack(0)

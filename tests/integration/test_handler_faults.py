@@ -221,3 +221,78 @@ def test_an_unreadable_event_quarantines_its_account_alone_until_an_operator_res
     assert "amount_minor" in audit[0].payload["evidence"]
     assert stats.unreadable_events == 1 and any("account acc-q quarantined" in line for line in lines)
     assert stats.quarantined_aggregates == 1  # served as eventlake_handler_quarantined_aggregates_total
+
+
+def test_an_event_waiting_after_a_gap_never_filled_keeps_neither_the_store_nor_snapshots_from_being_written(settings):
+    """A record written around the handler after a gap (version 5 of an account with no versions before it) waits,
+    as in the read models, for as long as the gap lasts. Meanwhile the partition's state store still follows the
+    log and its snapshots are still written, both holding the waiting event (issue 42: before, neither was
+    written, so every change stayed in memory and a restart read the whole partition again). Once the gap is
+    filled, the waiting version counts, whether the partition comes from this machine's store or, on another
+    machine, from the snapshot."""
+    from event_store.state_store import store_figures, store_path
+
+    settings = settings.replace(topic_partitions=1, snapshot_every_events=5)
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    commands = account_commands("acc-a", evidence="fine")
+    template = {"event_type": "PaymentAuthorized", "schema_version": 2, "aggregate_type": "account",
+                "aggregate_id": "acc-ghost", "occurred_at": "2026-01-01T09:00:00.000Z",
+                "recorded_at": "2026-01-01T09:00:00.000Z", "command_id": "forged", "correlation_id": "forged",
+                "causation_id": "forged"}
+    ghost_5 = {**template, "event_id": "forged-ghost-5", "aggregate_version": 5, "payload": {
+        "payment_id": "pg5", "amount_minor": 700, "currency": "USD", "merchant_id": "m", "location": "US-NYC",
+        "merchant_country": "US"}}
+
+    def forge(values):
+        producer = kafka_log.make_producer(settings)
+        try:
+            for value in values:
+                producer.send(settings.events_topic, key=b"acc-ghost", value=json.dumps(value).encode(), partition=0)
+            producer.flush()
+        finally:
+            producer.close()
+
+    def run(commands, lines):
+        send(settings, commands)
+        with CommandHandler(settings, log=quiet(lines)) as handler:
+            handler.run(until_caught_up=True, max_seconds=60)
+        return results(settings)
+
+    def rebuilt_from(lines):
+        [line] = [line for line in lines if re.search(r"partition 0: \d+ aggregates from", line)]
+        return line
+
+    forge([ghost_5])
+    lines = []
+    got = run(commands, lines)
+    assert all(got[c.command_id].status == "accepted" for c in commands)
+    assert any("version 5 of account acc-ghost follows version 0" in line for line in lines)
+    store = store_path(settings.home, settings.events_topic, 0)
+    last_event = max(r.offset for r in kafka_log.read_all(settings, settings.events_topic))
+    assert store_figures(store)["positions"][0] > last_event  # the store follows the log past the waiting event
+    snapshots = [r.value for r in kafka_log.read_all(settings, settings.snapshots_topic) if r.value]
+    assert any(b'"waiting_of"' in value and b"forged-ghost-5" in value for value in snapshots)
+
+    # Same machine: the restart opens the store (the waiting event in it) and reads only the log after it: the
+    # forged versions 1-4 that fill the gap. Version 5 then counts: the next payment is version 6.
+    opened_and_more = [EventEnvelope.from_json(r.value).to_dict()
+                       for r in kafka_log.read_all(settings, settings.events_topic) if b'"acc-a"' in r.value][:4]
+    forge([{**e, "aggregate_id": "acc-ghost", "event_id": f"forged-ghost-{e['aggregate_version']}"}
+           for e in opened_and_more])
+    settings = settings.replace(snapshot_every_events=0)  # no new snapshot: the next restore is the one above
+    pay = [CommandEnvelope.create("AuthorizePayment", "acc-ghost", {
+        "payment_id": f"pg{i}", "amount_minor": 100, "currency": "USD", "merchant_id": "m1", "location": "US-NYC",
+        "occurred_at": "2026-01-01T10:00:00.000Z"}) for i in (6, 7)]
+    lines = []
+    got = run(pay[:1], lines)
+    assert (got[pay[0].command_id].status, got[pay[0].command_id].version) == ("accepted", 6), got[pay[0].command_id]
+    assert "from the state store + 4 events" in rebuilt_from(lines)
+
+    # Another machine (no store): restored from the snapshot, which holds the waiting event, then the log's tail.
+    import shutil
+
+    shutil.rmtree(settings.home / "handler-state")
+    lines = []
+    got = run(pay[1:], lines)
+    assert (got[pay[1].command_id].status, got[pay[1].command_id].version) == ("accepted", 7), got[pay[1].command_id]
+    assert "from a snapshot + " in rebuilt_from(lines)

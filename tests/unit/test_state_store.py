@@ -189,13 +189,47 @@ def test_changes_reach_the_store_only_when_flushed_and_positions_never_go_back(t
         store.write(600, 900)
         assert not part.flush() and part.states.dirty
         assert PartitionState.stored(0, store, window=3, cache_bytes=0).state("account", "acc-1").version == 2
-        # While events wait after a gap, nothing is written (the store would cover a position they are not folded at).
         part.events_offset = 700
-        part.waiting[("account", "acc-2")] = {9: object()}
-        assert not part.flush()
-        part.waiting.clear()
         assert part.flush() and store.positions() == (700, 900)
         assert PartitionState.stored(0, store, window=3, cache_bytes=0).state("account", "acc-1").version == 99
+
+
+def _forged(account: str, version: int, event_id: str | None = None):
+    from event_store.envelope import EventEnvelope
+
+    return EventEnvelope(event_id or f"forged-{account}-{version}", "PaymentAuthorized", 2, "account", account,
+                         version, "2026-01-01T09:00:00.000Z", "2026-01-01T09:00:00.000Z", "c", "c", "c",
+                         {"payment_id": f"p{version}", "amount_minor": 5, "currency": "USD", "merchant_id": "m",
+                          "location": "US-NYC", "merchant_country": "US"})
+
+
+def test_events_waiting_after_a_gap_are_stored_with_the_positions_and_go_once_folded(tmp_path):
+    """A gap never filled (a record written around the handler) must not stop the store from following the log
+    (issue 42): the waiting events are written with the positions, read back on open, and dropped once their
+    aggregate's committed state passes them."""
+    from event_store.account import AccountState
+    from event_store.snapshots import PartitionState
+
+    with StateStore(tmp_path / "s", cache_bytes=0) as store:
+        part = PartitionState.stored(0, store, window=3, cache_bytes=1 << 20, loaded=PartitionState(0, window=3))
+        _fill(part, 5)
+        ghost = ("account", "ghost")
+        assert part.wait(ghost, _forged("ghost", 5)) and part.wait(ghost, _forged("ghost", 7))
+        assert not part.wait(ghost, _forged("ghost", 5, "another"))  # the first read at a version keeps it
+        part.events_offset = 40
+        assert part.flush() and store.positions()[0] == 40
+        again = PartitionState.stored(0, store, window=3, cache_bytes=0)
+        assert {v: e.event_id for v, e in again.waiting[ghost].items()} == {5: "forged-ghost-5", 7: "forged-ghost-7"}
+        assert again.state("account", "acc-1").version == 2 and not again.waiting_changed
+        # The gap below 5 filled and 5 folded: 5 goes, 7 still waits (for 6).
+        again.states[ghost] = AccountState("ghost", version=5, opened=True)
+        again.events_offset = 50
+        assert again.flush()
+        assert [(t, a, v) for t, a, v, _ in store.waiting()] == [("account", "ghost", 7)]
+        again.states[ghost] = AccountState("ghost", version=8, opened=True)
+        again.events_offset = 60
+        assert again.flush() and list(store.waiting()) == [] and again.waiting == {}
+        assert PartitionState.stored(0, store, window=3, cache_bytes=0).waiting == {}
 
 
 def test_a_snapshot_of_a_stored_partition_is_the_cut_taken_when_it_starts(tmp_path):
@@ -424,3 +458,40 @@ def test_an_incremental_snapshot_writes_only_what_changed_and_restores_the_same_
             assert _write_snapshot(part, records).incremental
         again = _write_snapshot(part, records)
         assert not again.incremental and again.slot != base.slot
+
+
+def test_every_snapshot_holds_the_events_waiting_after_a_gap_as_they_were_when_it_started(tmp_path):
+    """A handler that never held the partition restores the waiting events too (its positions pass them): from a
+    base, from an increment (each snapshot lists them all, so an earlier part's list is not taken), in memory
+    (load_snapshot) and straight into a store (restore_snapshot)."""
+    from event_store.account import AccountState
+    from event_store.snapshots import PartitionState, load_snapshot, restore_snapshot
+
+    def waiting_of(part):
+        return {key: {v: e.event_id for v, e in events.items()} for key, events in part.waiting.items()}
+
+    with StateStore(tmp_path / "s", cache_bytes=0) as store:
+        part = PartitionState.stored(0, store, window=3, cache_bytes=1 << 20, loaded=PartitionState(0, window=3))
+        _fill(part, 5)
+        part.wait(("account", "ghost"), _forged("ghost", 5))
+        part.wait(("account", "acc-1"), _forged("acc-1", 4))  # acc-1 is at 2: waits for 3
+        part.events_offset = 30
+        part.flush()
+        records: list = []
+        assert not _write_snapshot(part, records).incremental
+        expected = {("account", "ghost"): {5: "forged-ghost-5"}, ("account", "acc-1"): {4: "forged-acc-1-4"}}
+        assert waiting_of(load_snapshot(records, 0, window=3)) == expected
+        # acc-1's gap filled and its waiting event folded; the increment's list replaces the base's.
+        part.states[("account", "acc-1")] = AccountState("acc-1", version=4, opened=True)
+        part.events_offset = 35
+        part.flush()
+        assert _write_snapshot(part, records).incremental
+        expected = {("account", "ghost"): {5: "forged-ghost-5"}}
+        back = load_snapshot(records, 0, window=3)
+        assert waiting_of(back) == expected and back.state("account", "acc-1").version == 4
+        with StateStore(tmp_path / "direct", cache_bytes=0) as direct:
+            restore_snapshot(records, 0, 3, direct)
+            assert waiting_of(PartitionState.stored(0, direct, window=3, cache_bytes=0)) == expected
+        with StateStore(tmp_path / "fresh", cache_bytes=0) as fresh:  # a loaded state written into a store
+            assert waiting_of(PartitionState.stored(0, fresh, window=3, cache_bytes=0, loaded=back)) == expected
+            assert waiting_of(PartitionState.stored(0, fresh, window=3, cache_bytes=0)) == expected
