@@ -29,6 +29,11 @@ partition with the offset of its first record. With a snapshot due after a quart
 holds (``event_store.handler``), a snapshot writes a quarter of the ids rather than all of them. The segments of
 a snapshot that never got its manifest stay on the topic unreferenced (a few MB per crash mid-snapshot).
 
+Events read after a gap in their aggregate's versions (``PartitionState.waiting``: only records written around
+the handler make gaps) are in every snapshot, base or increment, all of them, as entries tagged with the snapshot
+(``waiting_of``): a loader takes only the latest snapshot's, so an earlier part's list, as it was then, is not
+taken. Without them, a partition whose gap is never filled could never be snapshotted (issue 42).
+
 With a state store (``PartitionState.stored``, issue 42; the handler always has one, under its home), the states
 and windows live on disk (event_store.state_store) and only the hot ones in memory, in a cache bounded by
 ``Settings.handler_state_cache_mb``: ``states`` and ``results`` read through it (what changed since the last
