@@ -117,9 +117,11 @@ class PartitionWrites:
 
 
 def decide_records(records: list, part: PartitionState, staged: StagedChanges, counts: DecisionCounts,
-                   recorded_at: str, time_limit: EventTimeLimit | None, limits: RecordLimits) -> PartitionWrites:
+                   recorded_at: str, time_limit: EventTimeLimit | None, limits: RecordLimits,
+                   sealer: Any = None) -> PartitionWrites:
     """Decide one partition's command records in order against ``part`` and what ``staged`` holds of the open
-    transaction (which they add to): the events, results and dead letters to produce for them."""
+    transaction (which they add to): the events, results and dead letters to produce for them. With ``sealer``
+    (``event_store.sealing.Sealer``), personal data is sealed and a forgotten subject's commands are refused."""
     out = PartitionWrites()
     from_json, add_event, add_result = CommandEnvelope.from_json, out.events.append, out.results.append
     first_result, state_of = part.first_result, part.state
@@ -154,7 +156,7 @@ def decide_records(records: list, part: PartitionState, staged: StagedChanges, c
         if owner is not None:
             state, new_events, result = before, (), id_taken(before, command, owner, recorded_at)
         else:
-            state, new_events, result = execute_encoded(before, command, recorded_at, time_limit)
+            state, new_events, result = execute_encoded(before, command, recorded_at, time_limit, sealer)
         result_key, result_value = command_id.encode(), result.to_json()
         if new_events:
             key = aggregate_id.encode()

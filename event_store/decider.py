@@ -116,17 +116,25 @@ def initial_state(command: CommandEnvelope) -> Any:
     return domain_for(command).initial(command.aggregate_id)
 
 
-def _decide(state: Any, command: CommandEnvelope, time_limit: EventTimeLimit | None) -> tuple[Domain, list[NewEvent]]:
+def _decide(state: Any, command: CommandEnvelope, time_limit: EventTimeLimit | None,
+            sealer: Any = None) -> tuple[Domain, list[NewEvent]]:
     """The command's domain and the events it causes; CommandRejected for a stale ``expected_version`` (the
-    same check for every domain), for what the domain refuses, and for events dated beyond ``time_limit``."""
+    same check for every domain), for what the domain refuses, and for events dated beyond ``time_limit``.
+    With ``sealer`` (``event_store.sealing.Sealer``: personal data sealed), a forgotten data subject's command is
+    refused before its domain decides, and the events' personal fields come back sealed: the domain decides on
+    the plain values, the state and the log get tokens."""
     domain = _DOMAINS_GET(command.aggregate_type) or domain_for(command)  # one lookup on the hot path
     if command.expected_version is not None and command.expected_version != state.version:
         raise CommandRejected("ConcurrencyConflict",
                               f"expected version {command.expected_version} of {domain.aggregate_type} "
                               f"{command.aggregate_id}, but it is at version {state.version}")
+    if sealer is not None:
+        sealer.check(domain, state, command)
     new_events = domain.decide(state, command)
     if time_limit is not None and new_events:
         time_limit.check(command, new_events)
+    if sealer is not None and new_events:
+        new_events = sealer.seal(domain, state, command, new_events)
     return domain, new_events
 
 
@@ -154,13 +162,15 @@ def _accepted(command: CommandEnvelope, state: Any, event_ids: list[str], record
 
 
 def execute(state: Any, command: CommandEnvelope, recorded_at: str | None = None,
-            time_limit: EventTimeLimit | None = None) -> tuple[Any, list[EventEnvelope], CommandResult]:
+            time_limit: EventTimeLimit | None = None,
+            sealer: Any = None) -> tuple[Any, list[EventEnvelope], CommandResult]:
     """Pure: the new state, the event envelopes to append and the command's result (no Kafka). ``state`` is
     the state of the command's aggregate (its domain's ``initial`` when it has no event yet). With
-    ``time_limit`` (the handler's clock), events dated beyond it reject the command."""
+    ``time_limit`` (the handler's clock), events dated beyond it reject the command. With ``sealer``, personal
+    fields are sealed (``_decide``)."""
     recorded_at = recorded_at or utc_now()
     try:
-        domain, new_events = _decide(state, command, time_limit)
+        domain, new_events = _decide(state, command, time_limit, sealer)
     except CommandRejected as e:
         return state, [], _rejection(state, command, e, recorded_at)
     command_id, aggregate_id = command.command_id, command.aggregate_id
@@ -181,11 +191,13 @@ def execute(state: Any, command: CommandEnvelope, recorded_at: str | None = None
 
 
 def execute_encoded(state: Any, command: CommandEnvelope, recorded_at: str,
-                    time_limit: EventTimeLimit | None = None) -> tuple[Any, list[bytes], CommandResult]:
+                    time_limit: EventTimeLimit | None = None,
+                    sealer: Any = None) -> tuple[Any, list[bytes], CommandResult]:
     """``execute`` with the events as their JSON (``EventEnvelope.to_json()``), without building envelopes:
-    the handler's hot path. Same state, same bytes, same result (tests/unit/test_handler_core.py)."""
+    the handler's hot path. Same state, same bytes, same result (tests/unit/test_handler_core.py); with a
+    ``sealer``, the same but for the sealed values (fresh nonces each time)."""
     try:
-        domain, new_events = _decide(state, command, time_limit)
+        domain, new_events = _decide(state, command, time_limit, sealer)
     except CommandRejected as e:
         return state, [], _rejection(state, command, e, recorded_at)
     command_id, aggregate_id = command.command_id, command.aggregate_id

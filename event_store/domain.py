@@ -138,6 +138,11 @@ class Domain:
     index_split: Callable[[Any], tuple[Any, Any]] | None = None
     index_probe: Callable[[Command], str | None] | None = None
     index_known: Callable[[Any, str], Any] | None = None
+    # The data subject of a command on a state (issue 45, docs/forgetting.md): the pseudonymous id of the person
+    # its aggregate's personal data is about (the account's customer_id), whose key seals the personal fields of
+    # the events it causes; None when there is none yet. Pure. None: the domain has no personal data (its schemas
+    # mark no field personal; ``event_store.sealing`` refuses a domain that marks some without a subject).
+    subject: Callable[[Any, Command], str | None] | None = None
 
     def fold_fields(self, state: Any, event_type: str, payload: Mapping[str, Any], version: int | None) -> Any:
         """``evolve`` from an event's parts (``evolve_fields`` when the domain has one)."""

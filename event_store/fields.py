@@ -10,7 +10,7 @@ holds their union and the envelopes. No domain is known here.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from operator import attrgetter
 from typing import Annotated, Any, Callable, Literal, Mapping
@@ -20,6 +20,7 @@ import msgspec
 from event_store.errors import InvalidRecord
 
 __all__ = ["Field", "COMMAND_ENVELOPE", "ID", "OPTIONAL_ID", "TIME", "OPTIONAL_TIME", "ISO_TIME", "NOT_BLANK",
+           "SEALED_VALUE", "sealable",
            "validate_payload", "validate_fields", "field_problem", "payload_decoder", "pattern_checker",
            "time_fields",
            "EVENT_TIME_MIN", "EVENT_TIME_MAX", "ID_MAX_LENGTH", "AMOUNT_MAX_MINOR", "VERSION_MAX"]
@@ -108,6 +109,25 @@ def field_problem(spec: Field, value: Any) -> str | None:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else f"{text[:60]}... ({len(text):,} characters)"
+
+
+# A sealed personal value as it is stored (event_store.personal_data: ``elk1:<subject>:<field>:<sealed>``, base64url
+# parts): what a personal field of an *event* may hold instead of its plain value (``sealable``).
+SEALED_VALUE = r"\Aelk1:[A-Za-z0-9_-]+:[A-Za-z_][A-Za-z0-9_]*:[A-Za-z0-9_-]+\Z"
+
+
+def sealable(spec: Field) -> Field:
+    """A personal field of an event (issue 45): its plain value, as ``spec`` describes it (events written before
+    sealing was turned on, or with it off), or a sealed value (``SEALED_VALUE``). Said in the pattern itself, so
+    every validator generated from the field (Python's, the compiled decoders', Spark's) accepts the same records.
+    Commands keep the plain field: they are validated in clear, before the handler seals them."""
+    if spec.kind is not str or not spec.personal or spec.choices or spec.timestamp or spec.max_length:
+        raise ValueError(f"only a personal string field without choices, time or length limit can be sealed: {spec}")
+    if spec.pattern in (None, NOT_BLANK):  # any (non-blank) string: a token is one already
+        return spec
+    pattern = f"{spec.pattern}|{SEALED_VALUE}"
+    describe = f"{spec.describe or 'a string'} or a sealed value"
+    return replace(spec, pattern=pattern, describe=describe)
 
 
 # Building blocks of schemas: an id (not blank, bounded), an optional one, an event time.

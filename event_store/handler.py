@@ -33,6 +33,7 @@ from event_store.batch_decision import (PRODUCER_MESSAGE_MAX_BYTES, DeadLetter, 
                                         StagedChanges, command_ids, decide_records, fit_result, version_of)
 from event_store.collector import CollectorPaced
 from event_store.decider import EventTimeLimit
+from event_store.sealing import Sealer
 from event_store.envelope import CommandResult, format_time, utc_now
 from event_store.handler_group import GroupMembership, check_partition_counts
 from event_store.handler_stats import HandlerStats
@@ -91,6 +92,9 @@ class CommandHandler:
         self._tx: TransactionalProducer | None = None  # the transactional producer (start() makes it)
         # The partitions' snapshots, a step after each commit (event_store.handler_snapshots).
         self.snapshots = SnapshotSchedule(settings, instance_id, log, self.stats, self.partitions, _Stopping)
+        # Personal data sealed under each subject's key before it reaches the events topic (personal_data_seal;
+        # event_store.sealing): None when off.
+        self.sealer = Sealer.for_settings(settings)
 
     @property
     def rebuilds(self) -> list[RebuildStats]:
@@ -270,6 +274,8 @@ class CommandHandler:
         time_limit = EventTimeLimit.at(now, self.settings.max_event_time_ahead_s)
         staged = StagedChanges()
         counts = DecisionCounts()
+        if self.sealer is not None:
+            self.sealer.refresh()  # a subject forgotten meanwhile is refused from this transaction on
         self._delivered_events, self._delivered_results, self._refused = {}, {}, []
         generations = {tp.partition: self.group.generation.get(tp.partition) for tp in owned}
         tx.begin()
@@ -278,7 +284,8 @@ class CommandHandler:
             for tp, part in owned.items():
                 records = batch[tp]
                 events_before = counts.events
-                writes = decide_records(records, part, staged, counts, recorded_at, time_limit, self.limits)
+                writes = decide_records(records, part, staged, counts, recorded_at, time_limit, self.limits,
+                                        self.sealer)
                 for dead_letter in writes.dead_letters:
                     self._produce_dead_letter(dead_letter)
                 tx.produce_partition(self.settings.events_topic, writes.events, tp.partition,

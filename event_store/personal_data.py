@@ -155,6 +155,15 @@ class SubjectKeys:
                          if s in self._records and not self._records[s].forgotten}
         self._stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
 
+    def refresh(self) -> bool:
+        """Read the file again if another process changed it since (a key made, a subject forgotten): one stat
+        when it did not. A long-running reader or writer calls it once per batch, so a forgetting elsewhere
+        reaches it within a batch. True if it was read again."""
+        if not self._changed_on_disk():
+            return False
+        self.reload()
+        return True
+
     def records(self) -> Iterator[KeyRecord]:
         """Every subject's record, keys and tombstones (what a compacted keys topic would hold)."""
         return iter(list(self._records.values()))

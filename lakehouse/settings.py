@@ -116,6 +116,12 @@ class Settings:
     auto_compact_min_files: int = 10
     # How a rebuild folds the event archive: "duckdb" (in process, each model's fold_sql) or "spark".
     rebuild_engine: str = "duckdb"
+    # "on": the command handler seals every personal field of the events it writes under its data subject's key
+    # (<home>/subject-keys; issue 45, docs/forgetting.md) and refuses the commands of a forgotten subject; "off":
+    # events carry personal values in clear. Readers unseal tokens whatever it says. Only the Python readers
+    # unseal so far: with it on, a Spark engine (the projection's, the Spark fraud detector, a Spark rebuild)
+    # refuses to start rather than write tokens into the read models.
+    personal_data_seal: str = "off"
     sql_server_host: str = "127.0.0.1"
     sql_server_port: int = 10000
     # How `eventlake sql-server` checks a login: "password" (the users file below, managed with `eventlake

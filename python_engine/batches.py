@@ -48,6 +48,10 @@ def read_models_batch(query, records: Records, batch: Batch) -> dict:
     try:
         con.execute("SET TimeZone = 'UTC'")
         con.register("batch", events)
+        # The models' folds read personal values unsealed (null once forgotten: event_store.sealing); the batch
+        # itself, and what is kept of its events (the archive, late events), stays sealed.
+        engine.unsealer.refresh()
+        engine.unsealer.register(con)
         with batch.timed("sequence: check"):
             ledger_name = ledger_table(query.name)
             ledger_path = settings.table_path(ledger_name)

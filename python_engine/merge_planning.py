@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Callable
 
+from event_store.sealing import unsealed_select
 from python_engine import compaction
 from python_engine.key_index import KeyIndex, key_hashes
 from python_engine.delta_writes import Batch, cast_to, merge_into, register_delta, sql_text
@@ -16,8 +17,10 @@ __all__ = ["plan_unit"]
 
 
 def _fold(con, model: ReadModel, relation: str):
-    """``model.fold_sql`` over ``relation`` (its relation ``events``) -> an Arrow table."""
-    con.execute(f"CREATE OR REPLACE TEMP VIEW events AS SELECT * FROM {relation}")
+    """``model.fold_sql`` over ``relation`` (its relation ``events``, personal values unsealed: the connection has
+    the unsealing function, ``read_models_batch``) -> an Arrow table."""
+    columns = [d[0] for d in con.execute(f"SELECT * FROM {relation} LIMIT 0").description]
+    con.execute(f"CREATE OR REPLACE TEMP VIEW events AS {unsealed_select(relation, columns)}")
     return con.sql(model.fold_sql).to_arrow_table()
 
 

@@ -6,6 +6,7 @@ import time
 from typing import Callable, Mapping
 
 from event_store.collector import CollectorPaced
+from event_store.sealing import Unsealer, refuse_spark
 from lakehouse.settings import Settings
 from projection_core.checkpoint import Checkpoint
 from projection_core.errors import ProjectionError, ProjectionRun
@@ -154,6 +155,8 @@ class PythonProjection:
         self.limit = settings.max_offsets_per_trigger  # records per batch at most (Spark's maxOffsetsPerTrigger)
         self.queries: list[Query] = []
         self.parser = ParseWorker(log)  # a second process parsing large batches with this one
+        # Personal data back in clear for the read models (event_store.sealing; its key store under the home).
+        self.unsealer = Unsealer(settings)
 
     def key_index(self, path, columns, heads: bool = False) -> KeyIndex:
         """The index on disk of the keys (hashes of ``columns``) and, with ``heads``, the aggregates' heads of the
@@ -169,6 +172,9 @@ class PythonProjection:
         from spark_apps.session import build_session
         from spark_apps.spark_projection import Projection
 
+        if query.name == self.plan.name:  # the read models (the archive keeps tokens: Spark may append to it)
+            refuse_spark(self.settings, f"{query.name}: batch {query.batch_id} would go to the Spark engine "
+                                        f"({reason})")
         self.handed_over += 1
         self.log(f"{query.name}: batch {query.batch_id} goes to the Spark engine: {reason}")
         self.wait_for_compaction()

@@ -22,6 +22,7 @@ import os
 import time
 from typing import Callable
 
+from event_store.sealing import Unsealer, unsealed_select
 from lakehouse.settings import Settings
 from read_models.catalog import ARCHIVE_TABLE
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
@@ -90,6 +91,7 @@ class _Fold:
         self.con = duckdb.connect(config={"threads": max(2, os.cpu_count() or 2)})
         self.con.execute("SET TimeZone = 'UTC'")
         self.con.execute("SET preserve_insertion_order = false")
+        Unsealer(settings).register(self.con)  # the models' folds read personal values unsealed
         self.schema = pa.schema(self.archive.schema().to_arrow())
         protocol = self.archive.protocol()
         if protocol.reader_features or protocol.min_reader_version > 1 or self.archive.metadata().partition_columns:
@@ -248,7 +250,11 @@ def _fold_model(fold: _Fold, model: ReadModel, targets, rows_schema) -> int:
     from spark_apps.merge import applied_schema, late_events_schema
 
     types = ", ".join("'" + t.replace("'", "''") + "'" for t in model.event_types)
-    fold.con.execute(f"CREATE OR REPLACE VIEW events AS SELECT * FROM admitted WHERE event_type IN ({types})")
+    # The fold reads personal values unsealed (``events``); what the rebuild keeps of the events themselves
+    # (pending, applied ids) is written from the sealed rows (``events_sealed``).
+    fold.con.execute(f"CREATE OR REPLACE VIEW events_sealed AS SELECT * FROM admitted WHERE event_type IN ({types})")
+    fold.con.execute(f"CREATE OR REPLACE VIEW events AS "
+                     f"{unsealed_select('events_sealed', [f.name for f in fold.schema])}")
     schema = arrow_schema(model.schema())
     stats = tuple(model.stats_columns or model.key)
     insert = model.merge_insert or {f.name: f"s.{f.name}" for f in schema}
@@ -261,8 +267,8 @@ def _fold_model(fold: _Fold, model: ReadModel, targets, rows_schema) -> int:
         rows = fold.write(f"SELECT {select} FROM folded s WHERE _continues", targets.table, schema, stats)
         key = model.key[0]
         stuck = fold.one("SELECT count(*) FROM folded WHERE NOT _continues")[0]
-        pending = "SELECT * FROM events WHERE false" if not stuck else \
-            f"SELECT * FROM events WHERE aggregate_id IN (SELECT {key} FROM folded WHERE NOT _continues)"
+        pending = "SELECT * FROM events_sealed WHERE false" if not stuck else \
+            f"SELECT * FROM events_sealed WHERE aggregate_id IN (SELECT {key} FROM folded WHERE NOT _continues)"
         fold.write(pending, targets.required("pending", model), rows_schema)
         fold.con.execute("DROP TABLE folded")
         return rows
@@ -275,13 +281,13 @@ def _fold_model(fold: _Fold, model: ReadModel, targets, rows_schema) -> int:
     if model.merge_strategy == WINDOWED_SUM:
         # Where the catch-up's watermark goes on: the newest event time on the clock (capped by its recording
         # and by now), as the stream records it with each MERGE (spark_apps.merge.windowed_watermark).
-        newest = fold.one(f"SELECT max(least({model.event_time}, recorded_at, now())) FROM events")[0]
+        newest = fold.one(f"SELECT max(least({model.event_time}, recorded_at, now())) FROM events_sealed")[0]
         metadata = dict(fold.metadata)
         if newest is not None:
             metadata["watermark_newest_event_time"] = newest.astimezone(dt.timezone.utc).isoformat()
         rows = fold.write(f"SELECT {select} FROM ({model.fold_sql}) s", targets.table, schema, stats,
                           metadata=metadata)
-        fold.write(f"SELECT event_id, {model.event_time} AS event_time, false AS _late FROM events",
+        fold.write(f"SELECT event_id, {model.event_time} AS event_time, false AS _late FROM events_sealed",
                    targets.required("applied", model), arrow_schema(applied_schema()))
         # Every late event is in its window now: the generation's late_events holds none of this model's.
         import pyarrow as pa

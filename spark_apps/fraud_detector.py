@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 
 from event_store.account import AGGREGATE_TYPE
 from event_store.account.fraud_rules import FraudState, Observation, detect, flag_command_id
+from event_store.sealing import refuse_spark
 from lakehouse.settings import Settings
 from spark_apps import detector_app
 from spark_apps.detector_app import run_detector, run_service, start_findings_query
@@ -61,6 +62,7 @@ def detect_in_group(key, frames, state) -> Iterator:
 
 class FraudDetector:
     def __init__(self, spark, settings: Settings, log: Callable[[str], None] = print):
+        refuse_spark(settings, "fraud detector (engine spark)")  # rule 3 compares plain locations
         self.spark, self.settings, self.log = spark, settings, log
         self.checkpoint = settings.checkpoints / "fraud-detector"
 
@@ -91,6 +93,7 @@ class FraudDetector:
 
 def run_detection(settings: Settings, until_caught_up: bool = False) -> int:
     """Run the fraud detector (what ``main`` and the CLI run)."""
+    refuse_spark(settings, "fraud detector (engine spark)")  # before Spark starts
     return run_detector(settings, "fraud_detector", "fraud detector", "FlagFraud", FraudDetector, until_caught_up)
 
 

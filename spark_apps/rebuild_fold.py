@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from event_store.sealing import refuse_spark
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
 from projection_core.rebuild_errors import RebuildError
@@ -151,6 +152,10 @@ def fold_archive(spark, settings: Settings, models: list[ReadModel], targets: di
     engine = engine or settings.rebuild_engine
     if engine not in REBUILD_ENGINES:
         raise RebuildError(f"unknown rebuild engine {engine!r}; known: {', '.join(REBUILD_ENGINES)}")
+    # The archive holds personal values sealed; neither fold unseals them yet (docs/forgetting.md).
+    refuse_spark(settings, f"rebuild (fold of {ARCHIVE_TABLE}, engine {engine})",
+                 "replay the log with the Python engine into new tables (eventlake project --engine python "
+                 "with a new EVENTLAKE_WAREHOUSE_URI and EVENTLAKE_CHECKPOINTS_URI)")
     if engine == "duckdb":
         paths = [str(settings.table_path(ARCHIVE_TABLE))] + [p for t in targets.values() for p in
                                                                (t.table, t.ledger, t.held, t.pending, t.applied, t.late)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from event_store.account import schemas
 from event_store.account.aggregate import (AGGREGATE_TYPE, DECLINE_REASONS, AccountState, CommandRejected, NewEvent,
                                            decide, decode_state, encode_state, evolve, evolve_fields,
-                                           payment_id_known, payment_id_probe, payment_ids_split, quarantined)
+                                           payment_id_known, payment_id_probe, payment_ids_split, quarantined, subject_of)
 from event_store.account.upcasters import SPARK_UPCASTERS, UPCASTERS
 from event_store.domain import Domain
 
@@ -31,7 +31,7 @@ DOMAIN = Domain(
     # The columns of the event tables as they were created (strings, then integers); append new fields.
     payload_column_order=("customer_id", "currency", "payment_id", "merchant_id", "location", "reason", "rule",
                           "evidence", "merchant_country", "record", "resolved_by", "credit_limit_minor",
-                          "amount_minor"),
+                          "amount_minor", "customer_name", "customer_email"),
     encode_state=encode_state,
     decode_state=decode_state,
     quarantined=quarantined,
@@ -39,4 +39,5 @@ DOMAIN = Domain(
     index_split=payment_ids_split,
     index_probe=payment_id_probe,
     index_known=payment_id_known,
+    subject=subject_of,
 )

@@ -15,6 +15,7 @@ from event_store.account.schemas import country_of
 from event_store.domain import Command, CommandRejected, Event, NewEvent, decide_quarantine
 
 __all__ = ["AccountState", "NewEvent", "CommandRejected", "decide", "evolve", "evolve_fields", "quarantined",
+           "subject_of",
            "encode_state", "decode_state", "payment_ids_split", "payment_id_probe", "payment_id_known",
            "DECLINE_REASONS", "AGGREGATE_TYPE"]
 
@@ -84,9 +85,12 @@ def decide(state: AccountState, command: Command) -> list[NewEvent]:
     if kind == "OpenAccount":
         if state.opened:
             raise CommandRejected("AccountAlreadyOpen", f"account {state.account_id} is already open")
-        return [NewEvent("AccountOpened", {"customer_id": p["customer_id"],
-                                           "credit_limit_minor": p["credit_limit_minor"],
-                                           "currency": p["currency"]}, command.issued_at)]
+        opened = {"customer_id": p["customer_id"], "credit_limit_minor": p["credit_limit_minor"],
+                  "currency": p["currency"]}
+        for name in ("customer_name", "customer_email"):  # optional: absent stays absent (older commands)
+            if p.get(name) is not None:
+                opened[name] = p[name]
+        return [NewEvent("AccountOpened", opened, command.issued_at)]
     if not state.opened:
         raise CommandRejected("AccountNotFound",
                               f"account {state.account_id} does not exist; send OpenAccount first")
@@ -106,6 +110,16 @@ def decide(state: AccountState, command: Command) -> list[NewEvent]:
                                             "evidence": p.get("evidence")},
                          p.get("occurred_at") or command.issued_at)]
     raise CommandRejected("UnknownCommand", f"command type {kind!r} is not handled by the account aggregate")
+
+
+def subject_of(state: AccountState, command: Command) -> str | None:
+    """The data subject of ``command`` on ``state`` (``Domain.subject``): the customer, by the ``customer_id`` the
+    account was opened with (the command's own for an OpenAccount of an account not opened yet). One customer may
+    hold several accounts: forgetting the person forgets them all with one key. None before OpenAccount (the
+    command is then refused as AccountNotFound, holding nothing to seal)."""
+    if state.customer_id is not None:
+        return state.customer_id
+    return command.payload.get("customer_id") if command.command_type == "OpenAccount" else None
 
 
 def _decide_quarantine(state: AccountState, command: Command) -> list[NewEvent]:

@@ -42,6 +42,7 @@ from event_store.account import AGGREGATE_TYPE
 from event_store.account.fraud_rules import FraudState, Observation, detect, flag_command_id
 from event_store.envelope import CommandEnvelope, EventEnvelope, dumps, format_time, parse_time, utc_now
 from event_store.errors import InvalidRecord
+from event_store.sealing import Unsealer
 from lakehouse.metrics import Sample, consumer_lag_samples
 from lakehouse.settings import Settings
 
@@ -198,6 +199,8 @@ class FraudConsumer:
         self._broker_error: str | None = None
         self._sender: kafka_clients.RecordSender | None = None
         self._consumer = None
+        # Sealed locations back in clear for the rules (null once forgotten; event_store.sealing).
+        self._unsealer = Unsealer(settings)
         self._rejoin = kafka_clients.RejoinWatch()
         self._lag = kafka_clients.LagWatch()
 
@@ -371,6 +374,7 @@ class FraudConsumer:
 
     def _fold(self, records: list) -> list[CommandEnvelope]:
         by_partition: dict[int, list[EventEnvelope]] = defaultdict(list)
+        self._unsealer.refresh()
         for r in records:
             self.stats.events += 1
             value = r.value()
@@ -387,7 +391,7 @@ class FraudConsumer:
             held = self._partitions[r.partition()]
             if r.offset() < held.offset:
                 continue  # folded before (a re-delivery after a rebalance)
-            by_partition[r.partition()].append(event)
+            by_partition[r.partition()].append(self._unsealer.event(event))
         commands = []
         for partition, events in by_partition.items():
             self.stats.observed += len(events)

@@ -6,7 +6,7 @@ ISO-4217 code; locations are short region codes such as ``US-NYC``.
 """
 from __future__ import annotations
 
-from event_store.fields import AMOUNT_MAX_MINOR, ID, OPTIONAL_TIME, TIME, Field
+from event_store.fields import AMOUNT_MAX_MINOR, ID, OPTIONAL_TIME, TIME, Field, sealable
 
 __all__ = ["COMMANDS", "EVENTS", "EVENT_SCHEMA_VERSIONS", "CURRENCIES", "country_of"]
 
@@ -33,11 +33,22 @@ _CURRENCY = Field(str, choices=CURRENCIES, describe="a known ISO-4217 currency c
 # pseudonym kept in clear to find the subject's key; amounts and merchants stay in clear under it.
 _LOC = Field(str, pattern=_LOCATION, describe="a region code like 'US-NYC'", personal=True)
 _EVIDENCE = Field(str, required=False, personal=True)
+# The customer's name and email on OpenAccount and AccountOpened: optional, so commands and events written before
+# they existed still parse. Bounded by their patterns (a sealable field has no length limit of its own: its token
+# is longer than its value).
+_NAME = Field(str, required=False, pattern=r"\A\S.{0,199}\Z", describe="a name of 1 to 200 characters on one line",
+              personal=True)
+_EMAIL = Field(str, required=False, pattern=r"\A[^@\s]{1,64}@[^@\s]{1,255}\Z", describe="an email address",
+               personal=True)
+# The same fields in events: the plain value or, once the handler seals personal data (personal_data_seal), a
+# sealed value (event_store.fields.sealable). Commands are validated in clear.
+_SEALED_LOC, _SEALED_NAME, _SEALED_EMAIL = sealable(_LOC), sealable(_NAME), sealable(_EMAIL)
 _REASON = Field(str, required=False)
 _COUNTRY = Field(str, pattern=_COUNTRY_CODE, describe="a two-letter country code like 'US'")
 
 COMMANDS: dict[str, dict[str, Field]] = {
-    "OpenAccount": {"customer_id": _ID, "credit_limit_minor": _AMOUNT, "currency": _CURRENCY},
+    "OpenAccount": {"customer_id": _ID, "credit_limit_minor": _AMOUNT, "currency": _CURRENCY,
+                    "customer_name": _NAME, "customer_email": _EMAIL},
     "AuthorizePayment": {"payment_id": _ID, "amount_minor": _AMOUNT, "currency": _CURRENCY,
                          "merchant_id": _ID, "location": _LOC, "occurred_at": _TIME,
                          # Where the merchant is; defaults to the country of ``location``.
@@ -54,14 +65,15 @@ COMMANDS: dict[str, dict[str, Field]] = {
 }
 
 EVENTS: dict[str, dict[str, Field]] = {
-    "AccountOpened": {"customer_id": _ID, "credit_limit_minor": _AMOUNT, "currency": _CURRENCY},
+    "AccountOpened": {"customer_id": _ID, "credit_limit_minor": _AMOUNT, "currency": _CURRENCY,
+                      "customer_name": _SEALED_NAME, "customer_email": _SEALED_EMAIL},
     # v2 adds merchant_country; v1 events are upcast with the country of their location
     # (event_store.account.upcasters).
     "PaymentAuthorized": {"payment_id": _ID, "amount_minor": _AMOUNT, "currency": _CURRENCY,
-                          "merchant_id": _ID, "location": _LOC, "merchant_country": _COUNTRY},
+                          "merchant_id": _ID, "location": _SEALED_LOC, "merchant_country": _COUNTRY},
     "PaymentDeclined": {"payment_id": _ID, "amount_minor": _AMOUNT, "currency": _CURRENCY,
-                        "merchant_id": _ID, "location": _LOC, "reason": _ID},
-    "DeviceLocationReported": {"location": _LOC},
+                        "merchant_id": _ID, "location": _SEALED_LOC, "reason": _ID},
+    "DeviceLocationReported": {"location": _SEALED_LOC},
     "AccountFrozen": {"reason": _REASON},
     "AccountUnfrozen": {"reason": _REASON},
     "FraudSuspected": {"payment_id": _ID, "rule": _ID, "evidence": _EVIDENCE},

@@ -234,11 +234,13 @@ def test_a_payload_keeps_absent_and_null_fields_and_refuses_misplaced_tokens(key
 
 def test_the_account_schemas_personal_fields():
     assert personal_fields_by_type(ACCOUNT_COMMANDS) == {
+        "OpenAccount": {"customer_name", "customer_email"},
         "AuthorizePayment": {"location"}, "ReportDeviceLocation": {"location"}, "FlagFraud": {"evidence"}}
     assert personal_fields_by_type(ACCOUNT_EVENTS) == {
+        "AccountOpened": {"customer_name", "customer_email"},
         "PaymentAuthorized": {"location"}, "PaymentDeclined": {"location"}, "DeviceLocationReported": {"location"},
         "FraudSuspected": {"evidence"}}
-    assert personal_fields(ACCOUNT_EVENTS["AccountOpened"]) == frozenset()  # customer_id: the subject's id
+    assert "customer_id" not in personal_fields(ACCOUNT_EVENTS["AccountOpened"])  # the subject's id, in clear
 
 
 def test_the_other_domains_have_no_personal_field_yet():

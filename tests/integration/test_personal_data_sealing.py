@@ -1,0 +1,169 @@
+"""Personal data sealed on the real path (issue 45, docs/forgetting.md): commands through the real command handler
+with personal_data_seal on, the events topic holding tokens only, the Python engine's read models in clear, and
+after a subject's key is deleted, a replay of the log showing that subject's values as null and nobody else's."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import read_models
+from event_store import kafka_log
+from event_store.envelope import CommandEnvelope, CommandResult, EventEnvelope
+from event_store.handler import CommandHandler
+from event_store.personal_data import SubjectKeys, keys_dir
+from event_store.sealing import SealingUnsupported, Unsealer
+from python_engine.run import PythonProjection
+from read_models.catalog import ARCHIVE_TABLE, Catalog
+from read_models.sequence import sequence
+
+pytestmark = pytest.mark.slow
+
+T = "2026-03-01T10:00:00.000Z"
+# Distinctive plain values, looked for in raw bytes. Ada (cust-ada) holds two accounts, Grace (cust-grace) one.
+ADA = {"customer_name": "Ada Lovelace-Byron", "customer_email": "ada.lovelace@analytical.example"}
+GRACE = {"customer_name": "Grace Brewster Hopper", "customer_email": "grace.hopper@cobol.example"}
+ADA_PLACES, GRACE_PLACES = ("IS-RKV", "FO-TOR"), ("NZ-WLG", "CL-PUQ")
+PLAIN = [*ADA.values(), *GRACE.values(), *ADA_PLACES, *GRACE_PLACES]
+
+
+def cmd(kind, account, payload, command_id):
+    return CommandEnvelope.create(kind, account, payload, command_id=command_id, issued_at=T)
+
+
+def commands_of(account, customer, person, places, n):
+    out = [cmd("OpenAccount", account, {"customer_id": customer, "credit_limit_minor": 1_000_000, "currency": "EUR",
+                                        **person}, f"{account}-open"),
+           cmd("ReportDeviceLocation", account, {"location": places[0], "occurred_at": T}, f"{account}-device")]
+    for i in range(n):
+        out.append(cmd("AuthorizePayment", account, {
+            "payment_id": f"{account}-p{i}", "amount_minor": 100 + i, "currency": "EUR", "merchant_id": "m-1",
+            "location": places[i % 2], "merchant_country": "DE", "occurred_at": T}, f"{account}-pay-{i}"))
+    return out
+
+
+def send(settings, commands):
+    producer = kafka_log.make_producer(settings)
+    try:
+        kafka_log.produce_all(producer, settings.commands_topic,
+                              [(c.aggregate_id, c.to_json()) for c in commands])
+    finally:
+        producer.close()
+
+
+def handle_all(settings):
+    with CommandHandler(settings, log=lambda *_: None) as handler:
+        return handler.run(until_caught_up=True, max_seconds=120)
+
+
+def results(settings):
+    return {r.command_id: r for r in (CommandResult.from_json(m.value)
+                                      for m in kafka_log.read_all(settings, settings.results_topic))}
+
+
+def project(settings, names=("account_summary", "payments")):
+    lines = []
+    engine = PythonProjection(settings, read_models.select(list(names)), log=lines.append, archive=True)
+    engine.run_until_caught_up()
+    assert engine.handed_over == 0, lines
+    return {name: table(settings, name) for name in names}
+
+
+def table(settings, name):
+    from deltalake import DeltaTable
+
+    model = read_models.get(name)
+    rows = DeltaTable(str(Catalog(settings).current(name).table)).to_pyarrow_table().to_pylist()
+    return {tuple(r[k] for k in model.key): r for r in rows}
+
+
+def files_bytes(folder: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file())
+
+
+def test_sealed_on_the_log_clear_in_the_read_models_and_null_once_forgotten(settings, tmp_path):
+    settings = settings.replace(personal_data_seal="on")
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    commands = (commands_of("acc-ada-1", "cust-ada", ADA, ADA_PLACES, 4)
+                + commands_of("acc-ada-2", "cust-ada", {}, ADA_PLACES[::-1], 2)
+                + commands_of("acc-grace", "cust-grace", GRACE, GRACE_PLACES, 3))
+    send(settings, commands)
+    stats = handle_all(settings)
+    answered = results(settings)
+    assert stats.commands == len(commands)
+    assert {c.command_id: answered[c.command_id].status for c in commands} == \
+        {c.command_id: "accepted" for c in commands}
+
+    # 1. The events topic's raw bytes hold none of the plain values; the subject ids stay in clear.
+    records = list(kafka_log.read_all(settings, settings.events_topic))
+    raw = b"\n".join(r.value for r in records)
+    assert len(records) == len(commands)
+    assert [p for p in PLAIN if p.encode() in raw] == []
+    assert b"cust-ada" in raw and b"elk1:" in raw
+    events = [EventEnvelope.from_json(r.value) for r in records]
+
+    # 2. The Python engine's read models show the plain values; its archive keeps the tokens.
+    live = project(settings)
+    summary, payments = live["account_summary"], live["payments"]
+    assert {k[0]: r["last_device_location"] for k, r in summary.items()} == {
+        "acc-ada-1": "IS-RKV", "acc-ada-2": "FO-TOR", "acc-grace": "NZ-WLG"}
+    assert payments[("acc-grace", "acc-grace-p1")]["location"] == "CL-PUQ"
+    assert payments[("acc-ada-1", "acc-ada-1-p0")]["location"] == "IS-RKV"
+    archive = files_bytes(Path(settings.table_path(ARCHIVE_TABLE)))
+    assert archive and [p for p in PLAIN if p.encode() in archive] == []
+    # Only the read models hold plain values: the engine's own tables of events (the archive, the sequence
+    # ledger, held and late events, dead letters) and its checkpoints hold tokens or nothing personal.
+    models = {Path(Catalog(settings).current(name).table) for name in live}
+    kept = b"".join(files_bytes(p) for p in Path(settings.warehouse).iterdir() if p.is_dir() and p not in models)
+    kept += files_bytes(Path(settings.checkpoints))
+    assert [p for p in PLAIN if p.encode() in kept] == []
+    # ... equal to the oracle (the models' plain-Python folds of the log, unsealed through the same module).
+    unsealer = Unsealer(settings)
+    admitted = list(unsealer.events(sequence(events).admitted))
+    for name, rows in live.items():
+        expected = read_models.get(name).python_fold(admitted)
+        assert {k: r.get("location", r.get("last_device_location")) for k, r in rows.items()} == \
+            {k: r.get("location", r.get("last_device_location")) for k, r in expected.items()}, name
+    assert {e.payload.get("customer_name") for e in admitted if e.event_type == "AccountOpened"} == \
+        {ADA["customer_name"], GRACE["customer_name"], None}
+
+    # 3. Ada is forgotten: her key goes (the forget command of a later slice will do this and more).
+    assert SubjectKeys(keys_dir(settings.home)).forget("cust-ada")
+    late = [cmd("ReportDeviceLocation", "acc-ada-1", {"location": "IS-AKU", "occurred_at": T}, "ada-late"),
+            cmd("OpenAccount", "acc-ada-3", {"customer_id": "cust-ada", "credit_limit_minor": 1, "currency": "EUR",
+                                             **ADA}, "ada-new-account"),
+            cmd("ReportDeviceLocation", "acc-grace", {"location": "CL-SCL", "occurred_at": T}, "grace-late")]
+    send(settings, late)
+    handle_all(settings)  # a new handler instance: the states come back (tokens) from its store or the log
+    answered = results(settings)
+    assert [answered[c].error_type for c in ("ada-late", "ada-new-account")] == ["SubjectForgotten"] * 2
+    assert "forgotten" in answered["ada-late"].reason
+    assert answered["grace-late"].status == "accepted"
+    raw = b"\n".join(r.value for r in kafka_log.read_all(settings, settings.events_topic))
+    assert [p for p in [*PLAIN, "IS-AKU", "CL-SCL"] if p.encode() in raw] == []
+
+    # 4. The log replayed into new tables (same home, so the same key store): Ada's values are null, Grace's
+    # and every column that is not personal are as before.
+    replay = settings.replace(warehouse_uri=str(tmp_path / "replay" / "warehouse"),
+                              checkpoints_uri=str(tmp_path / "replay" / "checkpoints"))
+    rebuilt = project(replay)
+    summary_after, payments_after = rebuilt["account_summary"], rebuilt["payments"]
+    assert {k[0]: r["last_device_location"] for k, r in summary_after.items()} == {
+        "acc-ada-1": None, "acc-ada-2": None, "acc-grace": "CL-SCL"}
+    assert {k: r["location"] for k, r in payments_after.items() if k[0].startswith("acc-ada")} == \
+        {k: None for k in payments if k[0].startswith("acc-ada")}
+    assert {k: r for k, r in payments_after.items() if k[0] == "acc-grace"} == \
+        {k: r for k, r in payments.items() if k[0] == "acc-grace"}
+    clear = ("payment_id", "account_id", "merchant_id", "amount_minor", "currency", "status", "event_id")
+    assert {k: tuple(r[c] for c in clear) for k, r in payments_after.items()} == \
+        {k: tuple(r[c] for c in clear) for k, r in payments.items()}
+    assert summary_after[("acc-ada-1",)]["customer_id"] == "cust-ada"  # the pseudonym stays
+    assert summary_after[("acc-ada-1",)]["authorized_total_minor"] == summary[("acc-ada-1",)]["authorized_total_minor"]
+
+
+def test_with_sealing_on_the_spark_engine_refuses_to_project_read_models(settings):
+    from spark_apps.projection import project as run_projection
+
+    settings = settings.replace(personal_data_seal="on")
+    with pytest.raises(SealingUnsupported, match="engine spark"):
+        run_projection(settings, ["account_summary"], until_caught_up=True, engine="spark")

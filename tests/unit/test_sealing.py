@@ -1,0 +1,250 @@
+"""Personal data sealed on the write path and unsealed by the readers (event_store.sealing, issue 45): the decider
+with a sealer, a forgotten subject's commands, the event schemas' sealable fields, event rows unsealed, and the
+setting that keeps Spark readers from writing tokens."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from event_store.account import AccountState, subject_of
+from event_store.batch_decision import DecisionCounts, RecordLimits, StagedChanges, decide_records
+from event_store.decider import event_id_for, execute, execute_encoded
+from event_store.envelope import CommandEnvelope, CommandResult, EventEnvelope
+from event_store.errors import InvalidRecord
+from event_store.personal_data import SubjectKeys, is_sealed, keys_dir
+from event_store.sealing import Sealer, SealingUnsupported, Unsealer, personal_columns, refuse_spark, sealing_on
+from event_store.snapshots import PartitionState
+from lakehouse.settings import Settings, SettingsError
+
+T = "2026-01-01T00:00:00.000Z"
+NAME, EMAIL = "Ada Lovelace", "ada@example.org"
+PLAIN = (NAME, EMAIL, "IS-RKV", "NZ-WLG")
+
+
+def command(kind: str, account: str, payload: dict, command_id: str) -> CommandEnvelope:
+    return CommandEnvelope.create(kind, account, payload, command_id=command_id, issued_at=T)
+
+
+def open_account(account: str = "acc-1", customer: str = "cust-1", command_id: str = "c-open", **extra):
+    return command("OpenAccount", account, {"customer_id": customer, "credit_limit_minor": 10_000,
+                                            "currency": "USD", **extra}, command_id)
+
+
+def located(account: str = "acc-1", location: str = "IS-RKV", command_id: str = "c-loc"):
+    return command("ReportDeviceLocation", account, {"location": location, "occurred_at": T}, command_id)
+
+
+def pay(account: str = "acc-1", location: str = "NZ-WLG", command_id: str = "c-pay", payment_id: str = "p-1"):
+    return command("AuthorizePayment", account, {"payment_id": payment_id, "amount_minor": 500, "currency": "USD",
+                                                 "merchant_id": "m-1", "location": location, "occurred_at": T},
+                   command_id)
+
+
+@pytest.fixture
+def keys(tmp_path) -> SubjectKeys:
+    return SubjectKeys(keys_dir(tmp_path))
+
+
+def run(commands, sealer, state=None):
+    """The encoded events of ``commands`` decided in turn on one account, the final state, and the results."""
+    state = state or AccountState(commands[0].aggregate_id)
+    events, results = [], []
+    for c in commands:
+        state, encoded, result = execute_encoded(state, c, T, None, sealer)
+        events += encoded
+        results.append(result)
+    return events, state, results
+
+
+def test_the_handler_seals_every_personal_field_before_the_events_are_written(keys):
+    events, state, results = run([open_account(customer_name=NAME, customer_email=EMAIL), located(), pay()],
+                                 Sealer(keys))
+    assert [r.status for r in results] == ["accepted"] * 3
+    raw = b"".join(events)
+    assert not [p for p in PLAIN if p.encode() in raw], "a plain personal value reached the events"
+    parsed = [EventEnvelope.from_json(e) for e in events]  # tokens are valid in an event's personal fields
+    opened = parsed[0].payload
+    assert is_sealed(opened["customer_name"]) and is_sealed(opened["customer_email"])
+    assert opened["customer_id"] == "cust-1"  # the subject id stays in clear: readers find the key by it
+    assert is_sealed(parsed[1].payload["location"]) and is_sealed(parsed[2].payload["location"])
+    assert parsed[2].payload["merchant_country"] == "NZ"  # decided on the plain location
+    # What the handler keeps (the state, hence its store and snapshots) holds the token, not the value.
+    assert state.last_device_location == parsed[1].payload["location"]
+    unsealer = Unsealer(keys=keys)
+    assert unsealer.event(parsed[0]).payload == {"customer_id": "cust-1", "credit_limit_minor": 10_000,
+                                                 "currency": "USD", "customer_name": NAME, "customer_email": EMAIL}
+    assert [unsealer.event(e).payload["location"] for e in parsed[1:]] == ["IS-RKV", "NZ-WLG"]
+
+
+def test_a_re_decided_command_gets_the_same_event_ids_and_other_bytes(keys):
+    # Event ids derive from aggregate, version and command (decider.event_id_for), not from the payload: the
+    # random nonce changes the bytes of a batch redone after an abort, never its ids (readers dedup by id).
+    sealer = Sealer(keys)
+    first, _, _ = run([open_account(), located()], sealer)
+    again, _, _ = run([open_account(), located()], sealer)
+    plain, _, _ = run([open_account(), located()], None)
+    ids = [[json.loads(e)["event_id"] for e in events] for events in (first, again, plain)]
+    assert ids[0] == ids[1] == ids[2] == [event_id_for("account", "acc-1", v, c) for v, c in ((1, "c-open"),
+                                                                                               (2, "c-loc"))]
+    assert first[1] != again[1]
+    assert json.loads(first[1])["payload"]["location"] != json.loads(again[1])["payload"]["location"]
+    assert Unsealer(keys=keys).value(json.loads(again[1])["payload"]["location"], "location") == "IS-RKV"
+
+
+def test_execute_and_execute_encoded_seal_alike(keys):
+    sealer = Sealer(keys)
+    state, envelopes, result = execute(AccountState("acc-1"), open_account(customer_name=NAME), T, None, sealer)
+    assert result.status == "accepted" and is_sealed(envelopes[0].payload["customer_name"])
+    state, envelopes, _ = execute(state, located(), T, None, sealer)
+    assert state.last_device_location == envelopes[0].payload["location"] and is_sealed(state.last_device_location)
+
+
+def test_without_a_sealer_events_carry_plain_values_and_older_commands_still_parse():
+    events, state, _ = run([open_account(customer_name=NAME), located()], None)
+    payloads = [json.loads(e)["payload"] for e in events]
+    assert payloads[0]["customer_name"] == NAME and "customer_email" not in payloads[0]
+    assert state.last_device_location == "IS-RKV"
+    older, _, _ = run([open_account()], None)  # an OpenAccount without name and email, as before
+    assert set(json.loads(older[0])["payload"]) == {"customer_id", "credit_limit_minor", "currency"}
+
+
+def test_a_forgotten_subjects_commands_are_refused_and_other_subjects_are_not(keys):
+    sealer = Sealer(keys)
+    _, state_1, _ = run([open_account(customer_name=NAME), located()], sealer)
+    _, state_2, _ = run([open_account("acc-2", customer="cust-2")], sealer)
+    # Another process (``eventlake forget``, later) forgets the subject; the handler sees it at its next batch.
+    SubjectKeys(keys.directory).forget("cust-1")
+    sealer.refresh()
+    for c in (located(command_id="c-2"), pay(), command("FreezeAccount", "acc-1", {"reason": "x"}, "c-f"),
+              open_account(command_id="c-open-again")):
+        _, encoded, result = execute_encoded(state_1, c, T, None, sealer)
+        assert (result.status, result.error_type, encoded) == ("rejected", "SubjectForgotten", []), c.command_type
+        assert "'cust-1'" in result.reason and "forgotten" in result.reason
+    # A new account of the forgotten customer is refused too (its subject is the command's customer_id).
+    _, encoded, result = execute_encoded(AccountState("acc-3"), open_account("acc-3", command_id="c-3"), T, None,
+                                         sealer)
+    assert result.error_type == "SubjectForgotten" and encoded == []
+    _, encoded, result = execute_encoded(state_2, located("acc-2", command_id="c-4"), T, None, sealer)
+    assert result.status == "accepted" and len(encoded) == 1
+
+
+def test_the_batch_decision_answers_a_forgotten_subjects_command_with_its_rejection(keys):
+    class Record:
+        def __init__(self, value, offset):
+            self._value, self._offset = value, offset
+
+        def value(self):
+            return self._value
+
+        def key(self):
+            return b"acc-1"
+
+        def topic(self):
+            return "commands"
+
+        def partition(self):
+            return 0
+
+        def offset(self):
+            return self._offset
+
+    topics = ("events", "results", "dead-letters")
+    limits = RecordLimits.of(*topics, dict.fromkeys(topics, 1_000_000))
+    keys.forget("cust-1")
+    writes = decide_records([Record(open_account().to_json(), 0)], PartitionState(0), StagedChanges(),
+                            DecisionCounts(), T, None, limits, Sealer(keys))
+    assert writes.events == []
+    [(_, value)] = writes.results
+    assert CommandResult.from_json(value).error_type == "SubjectForgotten"
+
+
+def test_the_subject_of_an_account_is_its_customer():
+    assert subject_of(AccountState("acc-1"), open_account()) == "cust-1"
+    assert subject_of(AccountState("acc-1"), located()) is None  # not opened: refused as AccountNotFound
+    opened = AccountState("acc-1", version=1, opened=True, customer_id="cust-9")
+    assert subject_of(opened, located()) == "cust-9"
+    assert subject_of(opened, open_account(customer="someone-else")) == "cust-9"
+
+
+def test_an_event_takes_a_token_in_a_personal_field_and_a_command_does_not(keys):
+    token = keys.seal("cust-1", "location", "IS-RKV")
+    event = json.loads(run([open_account(), located()], None)[0][1])
+    event["payload"]["location"] = token
+    assert EventEnvelope.from_json(json.dumps(event).encode()).payload["location"] == token
+    event["payload"]["location"] = "not a region"
+    with pytest.raises(InvalidRecord, match="location"):
+        EventEnvelope.from_json(json.dumps(event).encode())
+    event["payload"]["location"] = "elk1:bad"  # only a whole token passes
+    with pytest.raises(InvalidRecord, match="location"):
+        EventEnvelope.from_json(json.dumps(event).encode())
+    with pytest.raises(InvalidRecord, match="location"):
+        CommandEnvelope.from_json(located(location=token).to_json())
+    with pytest.raises(InvalidRecord, match="customer_email"):
+        CommandEnvelope.from_json(open_account(customer_email="no at sign").to_json())
+
+
+def test_event_rows_are_unsealed_column_by_column_and_a_forgotten_subject_reads_as_null(tmp_path, keys):
+    import pyarrow as pa
+
+    tokens = [keys.seal("cust-1", "location", "IS-RKV"), keys.seal("cust-2", "location", "NZ-WLG")]
+    table = pa.table({"event_id": ["e1", "e2", "e3", "e4"], "location": [tokens[0], tokens[1], "US-NYC", None],
+                      "customer_name": [None, None, keys.seal("cust-2", "customer_name", NAME), None]})
+    unsealer = Unsealer(keys=keys)
+    opened = unsealer.rows(table)
+    assert opened.column("location").to_pylist() == ["IS-RKV", "NZ-WLG", "US-NYC", None]
+    assert opened.column("customer_name").to_pylist() == [None, None, NAME, None]
+    assert opened.schema == table.schema and opened.column("event_id") == table.column("event_id")
+    SubjectKeys(keys.directory).forget("cust-1")
+    unsealer.refresh()
+    assert unsealer.rows(table).column("location").to_pylist() == [None, "NZ-WLG", "US-NYC", None]
+    assert {"location", "evidence", "customer_name", "customer_email"} <= personal_columns()
+    # Rows without a token never open a key store (a home without one is fine).
+    plain = Unsealer(Settings.load({}).replace(home=tmp_path / "no-keys"))
+    assert plain.rows(table.select(["event_id", "location"]).slice(2, 2)).num_rows == 2 and plain._keys is None
+
+
+def test_sealing_is_a_setting_and_spark_readers_refuse_to_run_with_it_on(tmp_path):
+    settings = Settings.load({"EVENTLAKE_PERSONAL_DATA_SEAL": "on"}).replace(home=tmp_path)
+    assert sealing_on(settings) and not sealing_on(settings.replace(personal_data_seal="off"))
+    with pytest.raises(SealingUnsupported, match="projection \\(engine spark\\).*does not unseal"):
+        refuse_spark(settings, "projection (engine spark)")
+    refuse_spark(settings.replace(personal_data_seal="off"), "projection (engine spark)")
+    with pytest.raises(SettingsError, match="personal_data_seal"):
+        sealing_on(settings.replace(personal_data_seal="yes"))
+    assert Sealer.for_settings(settings.replace(personal_data_seal="off")) is None
+    assert Sealer.for_settings(settings).keys.directory == keys_dir(tmp_path)
+
+
+def test_the_spark_projection_refuses_read_models_with_sealing_on(tmp_path):
+    from spark_apps.spark_projection import Projection
+
+    settings = Settings.load({}).replace(home=tmp_path, personal_data_seal="on")
+    with pytest.raises(SealingUnsupported):
+        Projection(None, settings)  # before anything touches Spark (no session is needed to refuse)
+
+
+def test_a_duckdb_fold_reads_personal_columns_unsealed_through_the_registered_function(keys):
+    import duckdb
+    import pyarrow as pa
+
+    from event_store.sealing import unsealed_select
+
+    table = pa.table({"event_id": ["e1", "e2", "e3"], "location": [keys.seal("cust-1", "location", "IS-RKV"),
+                                                                  "US-NYC", None]})
+    con = duckdb.connect()
+    try:
+        unsealer = Unsealer(keys=keys)
+        unsealer.register(con)
+        unsealer.register(con)  # once per connection, however often asked
+        con.register("batch", table)
+        con.execute(f"CREATE VIEW events AS {unsealed_select('batch', table.column_names)}")
+        assert con.sql("SELECT event_id, location FROM events ORDER BY event_id").fetchall() == [
+            ("e1", "IS-RKV"), ("e2", "US-NYC"), ("e3", None)]
+        assert con.sql("SELECT location FROM batch WHERE event_id = 'e1'").fetchall()[0][0].startswith("elk1:")
+        keys.forget("cust-1")
+        unsealer.refresh()
+        assert con.sql("SELECT location FROM events WHERE event_id = 'e1'").fetchall() == [(None,)]
+    finally:
+        con.close()
+    assert unsealed_select("batch", ["event_id"]) == "SELECT * FROM batch"
