@@ -5,7 +5,7 @@ then a cache of decoded values bounded by ``Settings.handler_state_cache_mb``, t
 """
 from __future__ import annotations
 
-import json
+import orjson
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Iterator
@@ -138,7 +138,8 @@ class StoredStates(StoredMapping):
         raw = self.store.state(*key)
         if raw is None:
             return None, 0
-        return DOMAINS[key[0]].decode_state(json.loads(raw)), len(raw) * _STATE_DECODED
+        # orjson: a fifth of json's time per state read from the store (the cold command path reads one per command).
+        return DOMAINS[key[0]].decode_state(orjson.loads(raw)), len(raw) * _STATE_DECODED
 
     def cost(self, raw: bytes, value) -> int:
         return len(raw) * _STATE_DECODED
