@@ -34,6 +34,7 @@ from event_store.batch_decision import (PRODUCER_MESSAGE_MAX_BYTES, DeadLetter, 
 from event_store.collector import CollectorPaced
 from event_store.decider import EventTimeLimit
 from event_store.sealing import Sealer
+from lakehouse.lineage import Lineage, LineageRun, kafka_topic
 from event_store.envelope import CommandResult, format_time, utc_now
 from event_store.handler_group import GroupMembership, check_partition_counts
 from event_store.handler_stats import HandlerStats
@@ -95,6 +96,9 @@ class CommandHandler:
         # Personal data sealed under each subject's key before it reaches the events topic (personal_data_seal;
         # event_store.sealing): None when off.
         self.sealer = Sealer.for_settings(settings)
+        # Its OpenLineage run (lakehouse.lineage): started with the handler, ended by close().
+        self.lineage = Lineage.for_settings(settings, log)
+        self._lineage_run: LineageRun | None = None
 
     @property
     def rebuilds(self) -> list[RebuildStats]:
@@ -130,6 +134,10 @@ class CommandHandler:
         self.snapshots.tx = self._tx
         self._rebuilder.open()
         self.group.join()
+        self._lineage_run = self.lineage.start(
+            f"handler.{s.handler_group_id}", [kafka_topic(s, s.commands_topic)],
+            [kafka_topic(s, topic) for topic in (s.events_topic, s.results_topic, s.dead_letters_topic,
+                                                 s.snapshots_topic)])
 
     def _read_size_limits(self) -> int:
         """Read what one record may weigh in each topic the handler writes commands' outcomes to (the topic's
@@ -139,9 +147,16 @@ class CommandHandler:
         self.limits = RecordLimits.of(*topics, kafka_log.max_message_bytes(s, topics))
         return self.limits.batch_bytes
 
-    def close(self) -> None:
+    def close(self, error: BaseException | None = None) -> None:
         """Snapshot what changed (so the next start is fast), then close the clients. Bounded in time: with the
-        broker away nothing is snapshotted (the next start reads more of the log; nothing is lost)."""
+        broker away nothing is snapshotted (the next start reads more of the log; nothing is lost). The run's
+        lineage ends as COMPLETE, or FAIL with ``error``."""
+        run, self._lineage_run = self._lineage_run, None
+        if run is not None:
+            if error is None:
+                self.lineage.complete(run)
+            else:
+                self.lineage.fail(run, error)
         if self._tx is not None and self.group.consumer is not None and self.settings.snapshot_every_events:
             self.snapshots.on_close([p for p in self.partitions.values() if p.events_since_snapshot])
         self.group.close()
@@ -154,8 +169,8 @@ class CommandHandler:
         self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, kind, error, trace) -> None:
+        self.close(error if isinstance(error, Exception) else None)
 
     def _check_stop(self) -> None:
         """Unwind now (raise _Stopping) when stop() was called: the group's keepalive asks between long work's

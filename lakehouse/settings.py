@@ -153,6 +153,12 @@ class Settings:
     # Where Airflow's tasks push their outcome (checks, rebuilds, reprocessing, maintenance) for Prometheus: a
     # Pushgateway's URL (http://host:9091); empty: nothing is pushed.
     pushgateway_url: str = ""
+    # OpenLineage run events of eventlake's jobs (lakehouse/lineage.py; issue 46): "on" or "off". lineage_url: an
+    # OpenLineage backend's endpoint (Marquez: http://host:5000); empty: the file transport, one JSON event per
+    # line appended to <home>/lineage/events.jsonl. lineage_namespace: the jobs' namespace.
+    lineage: str = "on"
+    lineage_url: str = ""
+    lineage_namespace: str = "eventlake"
     # The largest reference-data file (merchants) a load reads, in bytes (reference_data; issue 46).
     reference_max_bytes: int = 256 * 1024 * 1024
     # Free-form extras, e.g. {"projection_id": "..."} from tests; not read from the environment.

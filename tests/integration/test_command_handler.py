@@ -63,6 +63,16 @@ def test_commands_become_events_in_order_per_account(settings):
     assert len(dead) == stats.dead_lettered > 0
     assert all(d["reason"] and d["source_topic"] == settings.commands_topic for d in dead)
     assert {bytes.fromhex(d["original_value_hex"]) for d in dead} <= {v for _, v in commands}
+    # Its OpenLineage run (the file transport under the home): commands topic in, its four topics out.
+    from lakehouse.lineage import events_file, read_events
+
+    [start, end] = read_events(events_file(settings))
+    kafka = f"kafka://{settings.bootstrap_servers.split(',')[0]}"
+    assert (start["eventType"], end["eventType"], start["run"]["runId"]) == ("START", "COMPLETE", end["run"]["runId"])
+    assert start["job"]["name"] == f"handler.{settings.handler_group_id}"
+    assert [(d["namespace"], d["name"]) for d in start["inputs"]] == [(kafka, settings.commands_topic)]
+    assert [d["name"] for d in start["outputs"]] == [settings.events_topic, settings.results_topic,
+                                                     settings.dead_letters_topic, settings.snapshots_topic]
 
 
 def test_a_resent_command_writes_no_second_set_of_events_even_after_a_restart(settings):

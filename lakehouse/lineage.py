@@ -1,0 +1,191 @@
+"""OpenLineage run events of eventlake's own jobs (issue 46, part 5): who read what and wrote what, and when.
+
+A job (the command handler, a projection, a rebuild, ...) runs as OpenLineage *runs*: ``start`` emits a START
+event naming the run's input and output datasets, ``complete`` or ``fail`` the run's end (a service killed -9 leaves
+its START alone: the run never ended, which is what happened). Datasets are named as OpenLineage's naming spec
+names them, so the events of Airflow's provider and of Spark's listener meet ours in one graph: a Kafka topic is
+``kafka://<first bootstrap server>`` / ``<topic>``; a table at a local path is ``file`` / ``<absolute path>``; one
+under a storage URI is ``<scheme>://<authority>`` / ``<path>`` (``s3a://`` is named ``s3://``, as Spark's listener
+does).
+
+Where events go (settings): ``lineage = "off"`` emits nothing; ``lineage_url`` empty (the default: no lineage
+server is needed) appends one JSON event per line to ``<home>/lineage/events.jsonl`` (openlineage-python's file
+transport); a URL sends them to that OpenLineage backend over HTTP (Marquez: ``http://host:5000``). Emitting never
+stops a job: a failure is logged once and the job goes on.
+"""
+from __future__ import annotations
+
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+from urllib.parse import urlsplit
+
+from lakehouse.settings import Settings, SettingsError
+
+__all__ = ["Lineage", "LineageRun", "Dataset", "kafka_topic", "table", "read_events", "events_file"]
+
+PRODUCER = "https://github.com/eventlake/eventlake/lakehouse/lineage.py"
+# How Spark's OpenLineage listener names an s3a:// location (the Hadoop scheme of S3): the same dataset.
+_SCHEMES = {"s3a": "s3", "s3n": "s3"}
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """An OpenLineage dataset: its namespace (where) and name (what)."""
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class LineageRun:
+    """A run started by ``Lineage.start``: its id, its job and its datasets (for its end event)."""
+    run_id: str
+    job: str
+    inputs: tuple[Dataset, ...]
+    outputs: tuple[Dataset, ...]
+    parent: "LineageRun | None" = None
+
+
+def kafka_topic(settings: Settings, topic: str) -> Dataset:
+    """The dataset of a Kafka topic: namespace ``kafka://host:port`` of the first bootstrap server."""
+    first = settings.bootstrap_servers.split(",")[0].strip()
+    return Dataset(f"kafka://{first}", topic)
+
+
+def table(where: str | Path) -> Dataset:
+    """The dataset of a table (or any directory of data) at a local path or under a storage URI."""
+    text = str(where)
+    if "://" not in text:
+        return Dataset("file", str(Path(text).expanduser().resolve()))
+    parts = urlsplit(text)
+    scheme = _SCHEMES.get(parts.scheme, parts.scheme)
+    if scheme == "file":
+        return Dataset("file", parts.path)
+    return Dataset(f"{scheme}://{parts.netloc}", parts.path or "/")
+
+
+def events_file(settings: Settings) -> Path:
+    """Where the file transport appends the events (``lineage_url`` empty)."""
+    return settings.home / "lineage" / "events.jsonl"
+
+
+def read_events(path: Path) -> list[dict]:
+    """The events appended to ``path`` by the file transport, oldest first (a line cut short by a kill is
+    skipped)."""
+    import json
+
+    events = []
+    if not path.exists():
+        return events
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events
+
+
+class Lineage:
+    """The emitter of one process's runs (``for_settings``); does nothing when lineage is off."""
+
+    def __init__(self, settings: Settings, log: Callable[[str], None] = print):
+        if settings.lineage not in ("on", "off"):
+            raise SettingsError(f"setting lineage={settings.lineage!r} (EVENTLAKE_LINEAGE): expected on or off")
+        self.settings = settings
+        self.namespace = settings.lineage_namespace
+        self.log = log
+        self._client = None
+        self._failed = False
+        if settings.lineage == "on":
+            self._client = self._make_client(settings)
+
+    @staticmethod
+    def _make_client(settings: Settings):
+        from openlineage.client import OpenLineageClient
+
+        if settings.lineage_url:
+            from openlineage.client.transport.http import HttpConfig, HttpTransport
+
+            return OpenLineageClient(transport=HttpTransport(HttpConfig(url=settings.lineage_url)))
+        from openlineage.client.transport.file import FileConfig, FileTransport
+
+        path = events_file(settings)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return OpenLineageClient(transport=FileTransport(FileConfig(log_file_path=str(path), append=True)))
+
+    @property
+    def enabled(self) -> bool:
+        return self._client is not None
+
+    def start(self, job: str, inputs: Iterable[Dataset] = (), outputs: Iterable[Dataset] = (),
+              parent: LineageRun | None = None, job_type: str = "SERVICE") -> LineageRun:
+        """Emit the START of a new run of ``job`` (in this namespace) reading ``inputs`` and writing ``outputs``,
+        a child of ``parent`` if given; ``job_type``: SERVICE (a long-running service), JOB, QUERY, ... -> the
+        run, for ``complete`` or ``fail``."""
+        run = LineageRun(str(uuid.uuid4()), job, tuple(inputs), tuple(outputs), parent)
+        self._emit(run, "START", job_type=job_type)
+        return run
+
+    def complete(self, run: LineageRun) -> None:
+        self._emit(run, "COMPLETE")
+
+    def fail(self, run: LineageRun, error: BaseException | str) -> None:
+        self._emit(run, "FAIL", error=error)
+
+    @contextmanager
+    def running(self, job: str, inputs: Iterable[Dataset] = (), outputs: Iterable[Dataset] = (),
+                parent: LineageRun | None = None, job_type: str = "JOB") -> Iterator[LineageRun]:
+        """A run of ``job`` around the block: START, then COMPLETE, or FAIL with the exception (re-raised)."""
+        run = self.start(job, inputs, outputs, parent, job_type)
+        try:
+            yield run
+        except BaseException as e:
+            self.fail(run, e)
+            raise
+        self.complete(run)
+
+    def _emit(self, run: LineageRun, state: str, job_type: str | None = None,
+              error: BaseException | str | None = None) -> None:
+        if self._client is None:
+            return
+        try:
+            self._client.emit(self._event(run, state, job_type, error))
+        except Exception as e:  # noqa: BLE001 -- lineage never stops a job
+            if not self._failed:
+                self._failed = True
+                where = self.settings.lineage_url or events_file(self.settings)
+                self.log(f"lineage: a {state} event of {run.job} could not be emitted to {where} "
+                         f"({type(e).__name__}: {e}); the job goes on (later failures are not logged)")
+
+    def _event(self, run: LineageRun, state: str, job_type: str | None, error: BaseException | str | None):
+        from datetime import datetime, timezone
+
+        from openlineage.client.event_v2 import InputDataset, Job, OutputDataset, Run, RunEvent, RunState
+        from openlineage.client.facet_v2 import error_message_run, job_type_job, parent_run
+
+        run_facets = {}
+        if run.parent is not None:
+            run_facets["parent"] = parent_run.ParentRunFacet(
+                run=parent_run.Run(runId=run.parent.run_id),
+                job=parent_run.Job(namespace=self.namespace, name=run.parent.job))
+        if error is not None:
+            run_facets["errorMessage"] = error_message_run.ErrorMessageRunFacet(
+                message=str(error) or type(error).__name__, programmingLanguage="python")
+        job_facets = {}
+        if job_type is not None:
+            job_facets["jobType"] = job_type_job.JobTypeJobFacet(
+                processingType="STREAMING" if job_type == "SERVICE" else "BATCH", integration="EVENTLAKE",
+                jobType=job_type)
+        return RunEvent(
+            eventType=getattr(RunState, state), eventTime=datetime.now(timezone.utc).isoformat(),
+            run=Run(runId=run.run_id, facets=run_facets), job=Job(namespace=self.namespace, name=run.job,
+                                                                  facets=job_facets),
+            producer=PRODUCER,
+            inputs=[InputDataset(namespace=d.namespace, name=d.name) for d in run.inputs],
+            outputs=[OutputDataset(namespace=d.namespace, name=d.name) for d in run.outputs])
+
+    @classmethod
+    def for_settings(cls, settings: Settings, log: Callable[[str], None] = print) -> "Lineage":
+        return cls(settings, log)

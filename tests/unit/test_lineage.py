@@ -1,0 +1,83 @@
+"""OpenLineage run events of eventlake's own jobs (lakehouse.lineage), through openlineage-python's real file
+transport: dataset names as Spark's listener and Airflow's provider give them, START then COMPLETE or FAIL, a
+parent run, and emission that never stops a job."""
+import pytest
+
+from lakehouse.lineage import Dataset, Lineage, events_file, kafka_topic, read_events, table
+from lakehouse.settings import Settings, SettingsError
+
+
+def _named(datasets):
+    return [(d["namespace"], d["name"]) for d in datasets]
+
+
+def _settings(tmp_path, **kw):
+    return Settings.load({}).replace(home=tmp_path / "home", kafka_bootstrap_servers="b1:9092,b2:9092", **kw)
+
+
+def test_datasets_are_named_as_openlineage_names_them(tmp_path):
+    settings = _settings(tmp_path)
+    assert kafka_topic(settings, "eventlake.events") == Dataset("kafka://b1:9092", "eventlake.events")
+    assert table(tmp_path / "w" / ".." / "w" / "payments") == Dataset("file", str(tmp_path / "w" / "payments"))
+    assert table("s3a://lake/warehouse/payments") == Dataset("s3://lake", "/warehouse/payments")
+    assert table("hdfs://nn:8020/eventlake/warehouse/t") == Dataset("hdfs://nn:8020", "/eventlake/warehouse/t")
+    assert table("file:///data/t") == Dataset("file", "/data/t")
+
+
+def test_a_run_is_a_start_then_a_complete_with_its_datasets_and_its_parent(tmp_path):
+    settings = _settings(tmp_path)
+    lineage = Lineage.for_settings(settings, log=lambda *_: None)
+    parent = lineage.start("rebuild", [table(tmp_path / "archive")], job_type="JOB")
+    with lineage.running("rebuild.fold", [table(tmp_path / "archive")], [table(tmp_path / "payments")],
+                         parent=parent) as child:
+        pass
+    lineage.complete(parent)
+    events = read_events(events_file(settings))
+    assert [(e["eventType"], e["job"]["name"]) for e in events] == [
+        ("START", "rebuild"), ("START", "rebuild.fold"), ("COMPLETE", "rebuild.fold"), ("COMPLETE", "rebuild")]
+    start = events[1]
+    assert start["job"]["namespace"] == "eventlake" and start["run"]["runId"] == child.run_id
+    assert start["run"]["facets"]["parent"]["run"]["runId"] == parent.run_id
+    parent_job = start["run"]["facets"]["parent"]["job"]
+    assert (parent_job["namespace"], parent_job["name"]) == ("eventlake", "rebuild")
+    assert _named(start["inputs"]) == [("file", str(tmp_path / "archive"))]
+    assert _named(start["outputs"]) == [("file", str(tmp_path / "payments"))]
+    assert start["job"]["facets"]["jobType"]["processingType"] == "BATCH"
+
+
+def test_a_failed_run_ends_as_fail_with_its_error_and_the_error_goes_on(tmp_path):
+    settings = _settings(tmp_path, lineage_namespace="prod")
+    lineage = Lineage(settings, log=lambda *_: None)
+    with pytest.raises(ValueError, match="bad batch"):
+        with lineage.running("projection", job_type="SERVICE"):
+            raise ValueError("bad batch")
+    start, end = read_events(events_file(settings))
+    assert start["job"]["facets"]["jobType"]["processingType"] == "STREAMING"
+    assert end["eventType"] == "FAIL" and end["job"]["namespace"] == "prod"
+    assert end["run"]["facets"]["errorMessage"]["message"] == "bad batch"
+
+
+def test_off_emits_nothing_and_a_bad_setting_is_refused(tmp_path):
+    settings = _settings(tmp_path, lineage="off")
+    lineage = Lineage(settings)
+    lineage.complete(lineage.start("handler"))
+    assert not lineage.enabled and not events_file(settings).exists()
+    with pytest.raises(SettingsError, match="lineage='yes'.*expected on or off"):
+        Lineage(_settings(tmp_path, lineage="yes"))
+
+
+def test_a_transport_that_fails_is_said_once_and_the_job_goes_on(tmp_path):
+    settings = _settings(tmp_path)
+    lines = []
+    lineage = Lineage(settings, log=lines.append)
+    events_file(settings).unlink(missing_ok=True)
+    events_file(settings).mkdir(parents=True)  # a directory where the file should be: every write fails
+    for _ in range(3):
+        lineage.complete(lineage.start("handler"))
+    assert len(lines) == 1 and "could not be emitted" in lines[0] and "the job goes on" in lines[0]
+
+
+def test_a_line_cut_short_by_a_kill_is_skipped_when_read(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"eventType": "START"}\n{"eventType": "COMP')
+    assert read_events(path) == [{"eventType": "START"}]
