@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from lakehouse.settings import Settings, SettingsError
 
-__all__ = ["Lineage", "LineageRun", "Dataset", "kafka_topic", "table", "read_events", "events_file"]
+__all__ = ["Lineage", "LineageRun", "Dataset", "kafka_topic", "table", "database", "read_events", "events_file"]
 
 PRODUCER = "https://github.com/eventlake/eventlake/lakehouse/lineage.py"
 # How Spark's OpenLineage listener names an s3a:// location (the Hadoop scheme of S3): the same dataset.
@@ -64,6 +64,22 @@ def table(where: str | Path) -> Dataset:
     if scheme == "file":
         return Dataset("file", parts.path)
     return Dataset(f"{scheme}://{parts.netloc}", parts.path or "/")
+
+
+def database(url: str, table_name: str) -> Dataset:
+    """The dataset of a table in a SQL database at a SQLAlchemy URL (no password in it): PostgreSQL as
+    OpenLineage names it (``postgres://host:port`` / ``database.schema.table``, schema ``public`` unless the table
+    names one), SQLite by its file (``sqlite:///path`` / ``table``), others by host and database."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.split("+")[0]
+    if scheme == "sqlite":
+        return Dataset(f"sqlite:///{parts.path.lstrip('/')}", table_name)
+    host = parts.hostname or "localhost"
+    if scheme in ("postgresql", "postgres"):
+        qualified = table_name if "." in table_name else f"public.{table_name}"
+        return Dataset(f"postgres://{host}:{parts.port or 5432}", f"{parts.path.lstrip('/')}.{qualified}")
+    return Dataset(f"{scheme}://{host}{f':{parts.port}' if parts.port else ''}",
+                   f"{parts.path.lstrip('/')}.{table_name}".lstrip("."))
 
 
 def events_file(settings: Settings) -> Path:

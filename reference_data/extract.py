@@ -24,11 +24,14 @@ from urllib.parse import urlsplit
 from lakehouse.storage import Location, RemoteLocation, location
 from reference_data.merchants import COLUMNS, MerchantInputError, staged_schema, typed_row
 
-__all__ = ["FileSource", "DatabaseSource", "source_for", "database_url", "CHUNK_ROWS", "FILE_FORMATS", "DEFAULT_TABLE"]
+__all__ = ["FileSource", "DatabaseSource", "source_for", "database_url", "CHUNK_ROWS", "FILE_FORMATS", "DEFAULT_TABLE",
+           "DATABASE_SCHEMES"]
 
 CHUNK_ROWS = 10_000
 FILE_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
 DEFAULT_TABLE = "merchants"
+# A source whose URL has one of these schemes (a driver after "+" aside) is a database, any other a file.
+DATABASE_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mssql", "oracle")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
 
 
@@ -210,7 +213,7 @@ def source_for(text: str, max_bytes: int, options=None, full_table: str = DEFAUL
     """A file path or storage URI -> ``FileSource``; a database URL (``sqlite:``, ``postgresql:`` ...) ->
     ``DatabaseSource``."""
     scheme = urlsplit(text).scheme.split("+")[0]
-    if scheme in ("sqlite", "postgresql", "postgres", "mysql", "mssql", "oracle"):
+    if scheme in DATABASE_SCHEMES:
         return DatabaseSource.from_url(text, max_bytes, full_table)
     return FileSource(text, max_bytes, options)
 

@@ -20,16 +20,19 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
+from urllib.parse import urlsplit
+
 from lakehouse.errors import CheckFailed
+from lakehouse.lineage import Dataset, Lineage, database, table
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table, remove_tree, storage_options
 from read_models.catalog import DIM_MERCHANT_TABLE, MERCHANT_LOADS_TABLE, MERCHANT_QUARANTINE, MERCHANT_STAGING
-from reference_data.extract import source_for
+from reference_data.extract import DATABASE_SCHEMES, DEFAULT_TABLE, source_for
 from reference_data.merchants import MerchantInputError, staged_schema
 from reference_data.scd2 import apply_plan, current_versions, plan_changes
 
 __all__ = ["Staged", "LoadReport", "MerchantsRefused", "new_load_id", "stage", "check", "merge", "load_merchants",
-           "loaded_before", "quarantine_folder", "landing_folder", "newest_landed", "LANDED_MARKER"]
+           "loaded_before", "quarantine_folder", "landing_folder", "newest_landed", "LANDED_MARKER", "source_dataset"]
 
 # The file a producer writes into the landing folder after its merchants file(s): what the load_merchants DAG's
 # AssetWatcher waits for (Airflow's file triggers delete the file they find, so they watch this flag, never the data).
@@ -188,8 +191,25 @@ def loaded_before(settings: Settings, content_hash: str) -> dict | None:
     return found[-1] if found else None
 
 
+def source_dataset(source: str) -> Dataset:
+    """The lineage dataset of a merchants source (a ``Staged.source``: a file, a storage URI or a database URL)."""
+    scheme = urlsplit(source).scheme.split("+")[0]
+    if scheme in DATABASE_SCHEMES:
+        return database(source, DEFAULT_TABLE)
+    return table(source)
+
+
 def merge(settings: Settings, staged: Staged) -> LoadReport:
-    """The SCD2 MERGE of a checked batch and its ledger row; a content hash already loaded merges nothing."""
+    """The SCD2 MERGE of a checked batch and its ledger row; a content hash already loaded merges nothing. Its
+    OpenLineage run (lakehouse.lineage): the source in, ``dim_merchant`` and the loads ledger out."""
+    lineage = Lineage.for_settings(settings)
+    with lineage.running("load_merchants", [source_dataset(staged.source)],
+                         [table(settings.table_path(DIM_MERCHANT_TABLE)),
+                          table(settings.table_path(MERCHANT_LOADS_TABLE))]):
+        return _merge(settings, staged)
+
+
+def _merge(settings: Settings, staged: Staged) -> LoadReport:
     import pyarrow as pa
     from deltalake import write_deltalake
 

@@ -9,7 +9,7 @@ import pytest
 
 from lakehouse.settings import Settings
 from lakehouse.tables import read_table
-from read_models.catalog import DIM_MERCHANT_TABLE, MERCHANT_STAGING
+from read_models.catalog import DIM_MERCHANT_TABLE, MERCHANT_LOADS_TABLE, MERCHANT_STAGING
 from reference_data.loads import MerchantsRefused, load_merchants, quarantine_folder
 from reference_data.merchants import MerchantInputError
 
@@ -57,6 +57,16 @@ def test_csv_then_json_lines_then_sqlite_keep_scd2_history_and_the_same_file_loa
     assert report.counts == {"inserted": 1, "changed": 0, "closed": 0, "unchanged": 2} and report.version == 2
     assert sum(r["is_current"] for r in dim(home)) == 3
     assert not any(home.table_path(MERCHANT_STAGING).iterdir())  # staged batches removed once merged
+    # Lineage (lakehouse.lineage, the file transport): each load a run, its source in, dim_merchant and the loads
+    # ledger out; a file, then the same file again, then JSON lines, then the SQLite table.
+    from lakehouse.lineage import events_file, read_events
+
+    runs = [e for e in read_events(events_file(home)) if e["job"]["name"] == "load_merchants"]
+    assert [e["eventType"] for e in runs] == ["START", "COMPLETE"] * 4
+    assert [(i["namespace"], i["name"]) for e in runs[::2] for i in e["inputs"]] == [
+        ("file", first), ("file", first), ("file", second), (f"sqlite:///{str(db).lstrip('/')}", "merchants")]
+    assert [o["name"] for o in runs[0]["outputs"]] == [str(home.table_path(DIM_MERCHANT_TABLE)),
+                                                       str(home.table_path(MERCHANT_LOADS_TABLE))]
 
 
 BAD = {

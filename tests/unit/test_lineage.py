@@ -3,7 +3,7 @@ transport: dataset names as Spark's listener and Airflow's provider give them, S
 parent run, and emission that never stops a job."""
 import pytest
 
-from lakehouse.lineage import Dataset, Lineage, events_file, kafka_topic, read_events, table
+from lakehouse.lineage import Dataset, Lineage, database, events_file, kafka_topic, read_events, table
 from lakehouse.settings import Settings, SettingsError
 
 
@@ -22,6 +22,11 @@ def test_datasets_are_named_as_openlineage_names_them(tmp_path):
     assert table("s3a://lake/warehouse/payments") == Dataset("s3://lake", "/warehouse/payments")
     assert table("hdfs://nn:8020/eventlake/warehouse/t") == Dataset("hdfs://nn:8020", "/eventlake/warehouse/t")
     assert table("file:///data/t") == Dataset("file", "/data/t")
+    assert database("sqlite:////srv/ref/merchants.db", "merchants") == Dataset("sqlite:///srv/ref/merchants.db",
+                                                                                "merchants")
+    assert database("postgresql+psycopg2://u:***@db.example:5433/ref", "merchants") == Dataset(
+        "postgres://db.example:5433", "ref.public.merchants")
+    assert database("postgresql://u@db/ref", "sales.merchants") == Dataset("postgres://db:5432", "ref.sales.merchants")
 
 
 def test_a_run_is_a_start_then_a_complete_with_its_datasets_and_its_parent(tmp_path):
