@@ -40,7 +40,8 @@ from lakehouse.errors import BadInput, NotFound, Refused
 from lakehouse.files import write_whole
 
 __all__ = ["SubjectKeys", "KeyRecord", "SealedValueError", "SubjectForgotten", "SubjectKeyMissing", "TOKEN_PREFIX",
-           "keys_dir", "is_sealed", "personal_fields", "personal_fields_by_type", "seal_payload", "unseal_payload"]
+           "keys_dir", "is_sealed", "associated_data", "personal_fields", "personal_fields_by_type", "seal_payload",
+           "unseal_payload"]
 
 TOKEN_PREFIX = "elk1:"
 _FORMAT = "eventlake-subject-keys/1"
@@ -186,6 +187,19 @@ class SubjectKeys:
         """"key", "forgotten" or "unknown"."""
         record = self._records.get(subject)
         return "unknown" if record is None else "forgotten" if record.forgotten else "key"
+
+    def key_of(self, subject: str) -> bytes | None:
+        """``subject``'s data key, for a reader that decrypts elsewhere (Spark's ``aes_decrypt``, with the token's
+        nonce and tag and the same associated data); None when the subject was forgotten. Raises
+        :class:`SubjectKeyMissing` when this store never knew it (after reading the file again once)."""
+        record = self._records.get(subject)
+        if record is None and self._changed_on_disk():
+            self.reload()
+            record = self._records.get(subject)
+        if record is None:
+            raise SubjectKeyMissing(f"subject {subject!r}: the key store {self.path} has no key and no tombstone "
+                                    f"for this subject (another home's token, or a lost key store)")
+        return record.key
 
     def forget(self, subject: str) -> bool:
         """Delete ``subject``'s key for good, leaving a tombstone (so it is never made again). True if this call
@@ -360,6 +374,12 @@ def personal_fields(schema: Mapping[str, Field]) -> frozenset[str]:
 def personal_fields_by_type(schemas: Mapping[str, Mapping[str, Field]]) -> dict[str, frozenset[str]]:
     """Command or event type -> its personal fields, for the types that have any."""
     return {kind: found for kind, schema in schemas.items() if (found := personal_fields(schema))}
+
+
+def associated_data(subject: str, field_name: str) -> bytes:
+    """The associated data a token of ``subject``'s ``field_name`` is sealed with (for a reader that decrypts
+    elsewhere: Spark)."""
+    return _associated(subject, field_name)
 
 
 def _associated(subject: str, field_name: str) -> bytes:

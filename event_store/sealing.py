@@ -10,8 +10,10 @@ unsealer, both through ``event_store.personal_data`` (the one module that seals 
 - :class:`Unsealer` (every Python reader): tokens back to their values, a forgotten subject's as null, plain values
   (events written with sealing off) as they are. Its key store is opened on the first token met, so a log without
   any never needs one; ``refresh`` once per batch sees a forgetting done by another process.
-- :func:`sealing_on` reads the setting; :func:`refuse_spark` is what a Spark reader calls before it starts: Spark
-  does not unseal yet, so with sealing on it refuses rather than write tokens into read models.
+- :func:`sealing_on` reads the setting; :func:`refuse_spark` is what a reader that cannot unseal calls before it
+  starts (the Spark fraud detector, a streaming query whose keys cannot be looked up per batch): with sealing on it
+  refuses rather than compare tokens. The Spark projection, rebuild and reprocessing unseal with Spark's own
+  functions (``spark_apps.unsealing``).
 """
 from __future__ import annotations
 
@@ -45,8 +47,7 @@ def sealing_on(settings: Settings) -> bool:
     return value == "on"
 
 
-_INSTEAD = ("use the Python engine (eventlake project --engine python; eventlake detect-fraud without --engine "
-            "spark)")
+_INSTEAD = "run it as a Kafka consumer (eventlake detect-fraud without --engine spark)"
 
 
 def refuse_spark(settings: Settings, what: str, instead: str = _INSTEAD) -> None:

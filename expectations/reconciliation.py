@@ -26,6 +26,7 @@ from pathlib import Path
 import read_models
 from event_store.envelope import EventEnvelope, built, format_time
 from event_store.schemas import EVENTS
+from event_store.sealing import Unsealer
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
 from lakehouse.tables import read_table
@@ -186,7 +187,8 @@ def reconcile(settings: Settings, name: str, examples: int = 3,
     events = _archived_events(settings, position)
     # The archive holds every valid event as the log has it; the read models apply what the sequence rule
     # admits (duplicates once, version conflicts nowhere, nothing after a gap).
-    admitted = sequence(events).admitted
+    # Personal values as the read models hold them: unsealed, null once their subject is forgotten (issue 45).
+    admitted = list(Unsealer(settings).events(sequence(events).admitted))
     if model.merge_strategy == WINDOWED_SUM:
         # Whatever the model's columns (sums, minima, maxima): its table is the fold of the admitted events but
         # the late ones it recorded in late_events instead.

@@ -6,7 +6,7 @@ import time
 from typing import Callable, Mapping
 
 from event_store.collector import CollectorPaced
-from event_store.sealing import Unsealer, refuse_spark
+from event_store.sealing import Unsealer
 from lakehouse.settings import Settings
 from projection_core.checkpoint import Checkpoint
 from projection_core.errors import ProjectionError, ProjectionRun
@@ -172,9 +172,6 @@ class PythonProjection:
         from spark_apps.session import build_session
         from spark_apps.spark_projection import Projection
 
-        if query.name == self.plan.name:  # the read models (the archive keeps tokens: Spark may append to it)
-            refuse_spark(self.settings, f"{query.name}: batch {query.batch_id} would go to the Spark engine "
-                                        f"({reason})")
         self.handed_over += 1
         self.log(f"{query.name}: batch {query.batch_id} goes to the Spark engine: {reason}")
         self.wait_for_compaction()

@@ -49,13 +49,28 @@ class Tables:
         return generations
 
 
+def add_missing_columns(table, schema) -> list[str]:
+    """Add to the Delta ``table`` (delta-rs) the fields of the Arrow ``schema`` it lacks, nullable -> their names."""
+    import pyarrow as pa
+    from deltalake.schema import Schema
+
+    have = {f.name for f in pa.schema(table.schema().to_arrow())}
+    missing = [f.with_nullable(True) for f in schema if f.name not in have]
+    if missing:
+        table.alter.add_columns(list(Schema.from_arrow(pa.schema(missing)).fields))
+    return [f.name for f in missing]
+
+
 _SparkRowsSchema = object()  # stands for the event rows' schema in merge.bookkeeping_tables
 
 
 def _ensure(path, schema, stats_columns) -> None:
+    """Create the table if missing; a table made by an older release gains the columns added to ``schema`` since
+    (nullable, at the end: "add columns freely", docs/DESIGN.md), so the MERGEs naming them find them."""
     from deltalake import DeltaTable
 
     if DeltaTable.is_deltatable(str(path)):
+        add_missing_columns(DeltaTable(str(path)), schema)
         return
     configuration = {"delta.dataSkippingStatsColumns": ",".join(stats_columns)} if stats_columns else None
     Path(str(path)).mkdir(parents=True, exist_ok=True)

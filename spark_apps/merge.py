@@ -57,6 +57,15 @@ def ensure_table(spark, path: Path, schema, stats_columns: tuple[str, ...] | Non
     the Parquet itself, so the tables written per batch name the columns readers filter on."""
     from delta.tables import DeltaTable
 
+    if DeltaTable.isDeltaTable(spark, str(path)):
+        # A table made by an older release gains the columns added to ``schema`` since (nullable, at the end:
+        # "add columns freely", docs/DESIGN.md), so the MERGEs naming them find them.
+        have = set(spark.read.format("delta").load(str(path)).columns)
+        missing = [f for f in schema.fields if f.name not in have]
+        if missing:
+            spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ("
+                      f"{', '.join(f'`{f.name}` {f.dataType.simpleString()}' for f in missing)})")
+        return
     builder = DeltaTable.createIfNotExists(spark).location(str(path)).addColumns(schema)
     if stats_columns:
         builder = builder.property("delta.dataSkippingStatsColumns", ",".join(stats_columns))
@@ -80,6 +89,22 @@ class BatchContext:
         # "yyyy-MM-dd HH:mm:ss.SSSSSS" in the session's time zone, when the projection has them (else None).
         self.event_times: dict[str, tuple[str, str]] | None = None
         self.generations = dict(generations or {})
+
+    @property
+    def unsealer(self):
+        """The readers' ``Unsealer`` (its key store under the home; opened on the first token met)."""
+        if getattr(self, "_unsealer", None) is None:
+            from event_store.sealing import Unsealer
+
+            self._unsealer = Unsealer(self.settings)
+        return self._unsealer
+
+    def fold(self, model: ReadModel, events):
+        """``model.fold`` of ``events`` with their personal values unsealed (``spark_apps.unsealing``: vectorised,
+        null once forgotten); what is kept of the events themselves (pending, late, ledgers) stays sealed."""
+        from spark_apps.unsealing import unsealed
+
+        return model.fold(unsealed(events, self.unsealer))
 
     def generation(self, model_name: str) -> Generation:
         """The generation of read model ``model_name`` this batch writes: its table and bookkeeping paths."""
@@ -258,7 +283,7 @@ def _merge(ctx: BatchContext, model: ReadModel, source, update_condition=None, i
 
 def _insert_once(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]:
     """Rows are deduplicated (which sorts the batch) only when a key may come twice in it."""
-    rows = model.fold(events)
+    rows = ctx.fold(model, events)
     key = list(model.key)
     with ctx.timed(f"{model.name}: repeated keys"):
         repeated = may_repeat(rows, *key)
@@ -286,7 +311,7 @@ def _current_state(ctx: BatchContext, model: ReadModel, events) -> dict[str, int
             events = events.dropDuplicates(["aggregate_id", "aggregate_version"])
     current = (spark.read.format("delta").load(str(generation.table))
                .select(F.col(key), F.col("version").alias("_current")))
-    folded = model.fold(events)
+    folded = ctx.fold(model, events)
     columns = folded.columns
     folded = folded.join(current, key, "left")
     continues = ((F.coalesce("_current", F.lit(0)) + 1 == F.col("first_version"))
@@ -309,7 +334,7 @@ def _current_state(ctx: BatchContext, model: ReadModel, events) -> dict[str, int
                                                    pending)
             if applied:
                 contiguous = ranked.filter("_contiguous").drop("_current", "_contiguous")
-                source = source.unionByName(model.fold(contiguous).select(*columns))
+                source = source.unionByName(ctx.fold(model, contiguous).select(*columns))
         if counts.get(True) or applied:
             with ctx.timed(f"{model.name}: merge"):
                 _merge(ctx, model, source, update_condition="s.first_version = t.version + 1",
@@ -395,7 +420,7 @@ def _windowed_sum(ctx: BatchContext, model: ReadModel, events) -> dict[str, int]
                 newest = t if newest is None else max(newest, t)
         if on_time:
             with ctx.timed(f"{model.name}: merge"):
-                _merge(ctx, model, model.fold(fresh.filter(~F.col("_late"))),
+                _merge(ctx, model, ctx.fold(model, fresh.filter(~F.col("_late"))),
                        watermark_before=None if watermark is None else watermark.isoformat(),
                        watermark_newest_event_time=None if newest is None else newest.isoformat())
         if late_count:

@@ -68,10 +68,6 @@ def project(settings: Settings, names: list[str], until_caught_up: bool = False,
     stop_requested = None if until_caught_up else stop_requested_on_sigterm()
     if engine == "python":
         return _run_python_engine(settings, models, archive, until_caught_up, stop_requested)
-    if models is None or models:  # before Spark starts (the archive alone keeps tokens as they are)
-        from event_store.sealing import refuse_spark
-
-        refuse_spark(settings, "projection (engine spark)")
     spark = build_session(settings, app_name="eventlake-projection")
     projection = Projection(spark, settings, models, archive=archive)
     server = metrics.serve(settings, "projection", projection.figures.samples)

@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from event_store.sealing import refuse_spark
+from event_store.sealing import Unsealer
+from spark_apps.unsealing import unsealed
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
 from projection_core.rebuild_errors import RebuildError
@@ -152,10 +153,6 @@ def fold_archive(spark, settings: Settings, models: list[ReadModel], targets: di
     engine = engine or settings.rebuild_engine
     if engine not in REBUILD_ENGINES:
         raise RebuildError(f"unknown rebuild engine {engine!r}; known: {', '.join(REBUILD_ENGINES)}")
-    # The archive holds personal values sealed; neither fold unseals them yet (docs/forgetting.md).
-    refuse_spark(settings, f"rebuild (fold of {ARCHIVE_TABLE}, engine {engine})",
-                 "replay the log with the Python engine into new tables (eventlake project --engine python "
-                 "with a new EVENTLAKE_WAREHOUSE_URI and EVENTLAKE_CHECKPOINTS_URI)")
     if engine == "duckdb":
         paths = [str(settings.table_path(ARCHIVE_TABLE))] + [p for t in targets.values() for p in
                                                                (t.table, t.ledger, t.held, t.pending, t.applied, t.late)
@@ -227,7 +224,8 @@ def fold_archive(spark, settings: Settings, models: list[ReadModel], targets: di
         # 3. each model: its fold of the admitted events, written once, with its bookkeeping.
         for model in models:
             t0 = time.monotonic()
-            rows = _fold_model(spark, model, admission.admitted, targets[model.name], metadata)
+            rows = _fold_model(spark, model, admission.admitted, targets[model.name], metadata,
+                               Unsealer(settings))
             step(model.name, t0, rows)
     finally:
         admission.release()
@@ -360,18 +358,21 @@ def insert_rows(model: ReadModel, folded):
     return folded.alias("s").select(*[exprs[f.name].cast(f.dataType).alias(f.name) for f in schema.fields])
 
 
-def _fold_model(spark, model: ReadModel, admitted, targets: FoldTargets, metadata: dict) -> int:
+def _fold_model(spark, model: ReadModel, admitted, targets: FoldTargets, metadata: dict,
+                unsealer: Unsealer) -> int:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from spark_apps.merge import late_events_schema
 
     mine = admitted.filter(F.col("event_type").isin(*model.event_types))
+    # The fold reads personal values unsealed; the pending rows and applied ids stay sealed.
+    clear = unsealed(mine, unsealer)
     stats = model.stats_columns or model.key
     if model.merge_strategy == CURRENT_STATE_BY_VERSION:
         # The admitted events of an aggregate are its versions 1..n; a model that skipped some event types
         # would see a gap, and (as in the stream) those keys wait in _pending instead of being applied.
-        folded = model.fold(mine).withColumn("_continues", (F.col("first_version") == 1) & (
+        folded = model.fold(clear).withColumn("_continues", (F.col("first_version") == 1) & (
             F.col("_events") == F.col("version") - F.col("first_version") + 1)).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             stuck = folded.filter("not _continues").select(F.col(model.key[0]).alias("aggregate_id"))
@@ -384,7 +385,7 @@ def _fold_model(spark, model: ReadModel, admitted, targets: FoldTargets, metadat
     if model.merge_strategy == INSERT_ONCE:
         from spark_apps.merge import may_repeat
 
-        folded = model.fold(mine)
+        folded = model.fold(clear)
         if may_repeat(folded, *model.key):  # as the stream's MERGE: one row per key
             folded = folded.dropDuplicates(list(model.key))
         return _write(insert_rows(model, folded), targets.table, metadata, stats)
@@ -398,7 +399,7 @@ def _fold_model(spark, model: ReadModel, admitted, targets: FoldTargets, metadat
         table_metadata = {**metadata, "watermark_newest_event_time": None if newest is None else newest.isoformat()}
         if newest is None:
             table_metadata.pop("watermark_newest_event_time")
-        rows = _write(insert_rows(model, model.fold(mine)), targets.table, table_metadata, stats)
+        rows = _write(insert_rows(model, model.fold(clear)), targets.table, table_metadata, stats)
         _write(mine.select("event_id", F.col(model.event_time).alias("event_time"), F.lit(False).alias("_late")),
                targets.required("applied", model), metadata)
         # Every late event is in its window now: the generation's late_events holds none of this model's.

@@ -31,10 +31,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from event_store.sealing import Unsealer
 from lakehouse.settings import Settings
 from read_models.catalog import REPROCESSED_AT
 from read_models.spec import WINDOWED_SUM, ReadModel
 from lakehouse.errors import BadInput, Refused
+from spark_apps.unsealing import unsealed
 
 __all__ = ["ReprocessError", "ReprocessRefused", "ReprocessOutcome", "WINDOW", "parse_bound", "validate",
            "late_events_waiting", "reprocess"]
@@ -265,7 +267,9 @@ def reprocess(spark, settings: Settings, name: str, start, end, by: str = "",
                 f"{admission.conflicts:,} version conflict(s))")
 
         # 3. The range's rows as the log has them, against the table's.
-        rows = insert_rows(model, model.fold(mine)).persist(StorageLevel.MEMORY_AND_DISK)
+        # Personal values unsealed for the fold (null once forgotten), as the live projection folds them.
+        clear = unsealed(mine, Unsealer(settings))
+        rows = insert_rows(model, model.fold(clear)).persist(StorageLevel.MEMORY_AND_DISK)
         admission.cached.append(rows)
         window_filter = f"window_start >= {_sql_time(t1)} AND window_start < {_sql_time(t2)}"
         current = spark.read.format("delta").load(table_path).filter(window_filter).select(*rows.columns)

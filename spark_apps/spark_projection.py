@@ -23,7 +23,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Mapping
 
-from event_store.sealing import refuse_spark
 from lakehouse.settings import Settings
 from projection_core.errors import ProjectionError, ProjectionRun
 from projection_core.figures import ARCHIVE_QUERY, READ_MODELS_QUERY
@@ -50,8 +49,6 @@ class Projection:
         """``generations`` (name -> Generation): write these generations of the models, not the current ones;
         ``checkpoint``: the read models' query's checkpoint (default ``checkpoints/projection-<names>``; it
         must lie under the checkpoints folder, as the projection's name is its path there)."""
-        if models is None or models:  # read models (the archive alone keeps tokens as they are)
-            refuse_spark(settings, "projection (engine spark)")
         self.spark = spark
         # The read models' query starts here when its checkpoint is new (partition -> first offset to read, -2
         # for the earliest; every partition of the topic): a rebuild's catch-up after its fold of the archive.

@@ -70,9 +70,13 @@ def generate_commands(cfg: GeneratorConfig) -> Iterator[tuple[str, bytes]]:
         return account, CommandEnvelope.create(kind, account, payload, command_id=command_id,
                                                issued_at=format_time(clock[account])).to_json()
 
-    for a in accounts:
-        yield command("OpenAccount", a, {"customer_id": f"cus-{a[4:]}", "credit_limit_minor": limits[a],
-                                         "currency": cfg.currency})
+    for i, a in enumerate(accounts):
+        opening = {"customer_id": f"cus-{a[4:]}", "credit_limit_minor": limits[a], "currency": cfg.currency}
+        if i % 2 == 0:  # the customer's name and email (personal: issue 45) on every other account; without them
+            # on the rest, as commands written before they existed. Derived from the id: the stream's random
+            # draws stay what they were.
+            opening.update(customer_name=f"Customer {a[4:]}", customer_email=f"cus-{a[4:]}@example.org")
+        yield command("OpenAccount", a, opening)
     for _ in range(max(cfg.commands - cfg.accounts, 0)):
         a = rng.choice(accounts)
         r = rng.random()

@@ -34,6 +34,11 @@ def _schema():
         StructField("last_device_location", StringType()),
         StructField("version", LongType()),
         StructField("updated_at", TimestampType()),
+        # The customer's name and email from the account's AccountOpened (issue 45): personal, so null when the
+        # command carried none, and null once the customer is forgotten (docs/forgetting.md). Appended: a table
+        # made before them gains them when the projection starts (projection_core's tables, both engines).
+        StructField("customer_name", StringType()),
+        StructField("customer_email", StringType()),
     ])
 
 
@@ -72,6 +77,8 @@ def _fold(events):
     )
     strings = events.filter(kind.isin(*_DESCRIBING)).groupBy(account).agg(
         latest(opened, F.col("customer_id")).alias("customer_id"),
+        latest(opened, F.col("customer_name")).alias("customer_name"),
+        latest(opened, F.col("customer_email")).alias("customer_email"),
         latest(opened, F.col("credit_limit_minor")).alias("credit_limit_minor"),
         latest(opened, F.col("currency")).alias("currency"),
         latest(kind.isin("AccountOpened", "AccountFrozen", "AccountUnfrozen"),
@@ -99,7 +106,9 @@ SELECT aggregate_id AS account_id,
        {_latest("currency", ("AccountOpened",))} AS currency,
        {_latest("CASE WHEN event_type = 'AccountFrozen' THEN 'frozen' ELSE 'open' END",
                 ("AccountOpened", "AccountFrozen", "AccountUnfrozen"))} AS status,
-       {_latest("location", ("DeviceLocationReported",))} AS last_device_location
+       {_latest("location", ("DeviceLocationReported",))} AS last_device_location,
+       {_latest("customer_name", ("AccountOpened",))} AS customer_name,
+       {_latest("customer_email", ("AccountOpened",))} AS customer_email
 FROM events GROUP BY aggregate_id
 """
 
@@ -116,6 +125,8 @@ MERGE_UPDATE = {
     "last_device_location": "coalesce(s.last_device_location, t.last_device_location)",
     "version": "s.version",
     "updated_at": "s.updated_at",
+    "customer_name": "coalesce(s.customer_name, t.customer_name)",
+    "customer_email": "coalesce(s.customer_email, t.customer_email)",
 }
 MERGE_INSERT = {
     "account_id": "s.account_id",
@@ -130,6 +141,8 @@ MERGE_INSERT = {
     "last_device_location": "s.last_device_location",
     "version": "s.version",
     "updated_at": "s.updated_at",
+    "customer_name": "s.customer_name",
+    "customer_email": "s.customer_email",
 }
 
 
@@ -144,10 +157,12 @@ def python_fold(events: Iterable[EventEnvelope]) -> dict[tuple, dict[str, Any]]:
         by_account[e.aggregate_id].setdefault(e.aggregate_version, e)
     rows = {}
     for account_id, versions in by_account.items():
-        state, updated_at = AccountState(account_id), None
+        state, updated_at, customer = AccountState(account_id), None, {}
         while state.version + 1 in versions:
             event = versions[state.version + 1]
             state = evolve(state, event)
+            if event.event_type == "AccountOpened":  # not in the aggregate's state: decide never needs them
+                customer = event.payload
             updated_at = parse_time(event.recorded_at, "recorded_at").replace(tzinfo=None)
         if state.version == 0:
             continue
@@ -158,6 +173,7 @@ def python_fold(events: Iterable[EventEnvelope]) -> dict[tuple, dict[str, Any]]:
             "payments_declined": state.payments_declined, "authorized_total_minor": state.authorized_total_minor,
             "last_device_location": state.last_device_location, "version": state.version,
             "updated_at": updated_at,
+            "customer_name": customer.get("customer_name"), "customer_email": customer.get("customer_email"),
         }
     return rows
 

@@ -207,21 +207,25 @@ def test_event_rows_are_unsealed_column_by_column_and_a_forgotten_subject_reads_
 def test_sealing_is_a_setting_and_spark_readers_refuse_to_run_with_it_on(tmp_path):
     settings = Settings.load({"EVENTLAKE_PERSONAL_DATA_SEAL": "on"}).replace(home=tmp_path)
     assert sealing_on(settings) and not sealing_on(settings.replace(personal_data_seal="off"))
-    with pytest.raises(SealingUnsupported, match="projection \\(engine spark\\).*does not unseal"):
-        refuse_spark(settings, "projection (engine spark)")
-    refuse_spark(settings.replace(personal_data_seal="off"), "projection (engine spark)")
+    with pytest.raises(SealingUnsupported, match="fraud detector \\(engine spark\\).*does not unseal"):
+        refuse_spark(settings, "fraud detector (engine spark)")
+    refuse_spark(settings.replace(personal_data_seal="off"), "fraud detector (engine spark)")
     with pytest.raises(SettingsError, match="personal_data_seal"):
         sealing_on(settings.replace(personal_data_seal="yes"))
     assert Sealer.for_settings(settings.replace(personal_data_seal="off")) is None
     assert Sealer.for_settings(settings).keys.directory == keys_dir(tmp_path)
 
 
-def test_the_spark_projection_refuses_read_models_with_sealing_on(tmp_path):
-    from spark_apps.spark_projection import Projection
+def test_the_spark_fraud_detector_refuses_to_run_with_sealing_on(tmp_path):
+    # A streaming query (applyInPandasWithState): its keys cannot be looked up per batch on the driver, and rule 3
+    # would compare tokens. The Kafka consumer detector unseals (event_store.account.fraud_consumer).
+    from spark_apps.fraud_detector import FraudDetector, run_detection
 
     settings = Settings.load({}).replace(home=tmp_path, personal_data_seal="on")
+    with pytest.raises(SealingUnsupported, match="detect-fraud without --engine spark"):
+        run_detection(settings)  # before Spark starts
     with pytest.raises(SealingUnsupported):
-        Projection(None, settings)  # before anything touches Spark (no session is needed to refuse)
+        FraudDetector(None, settings)
 
 
 def test_a_duckdb_fold_reads_personal_columns_unsealed_through_the_registered_function(keys):
@@ -248,3 +252,26 @@ def test_a_duckdb_fold_reads_personal_columns_unsealed_through_the_registered_fu
     finally:
         con.close()
     assert unsealed_select("batch", ["event_id"]) == "SELECT * FROM batch"
+
+
+def test_an_account_summary_table_made_before_the_customer_columns_gains_them(tmp_path):
+    # Read models' columns are added, never renamed (docs/DESIGN.md): a table an older release made gets the new
+    # nullable columns when the projection starts, so the MERGEs naming them find them (python_engine.tables).
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    import read_models
+    from python_engine.tables import add_missing_columns
+    from spark_apps.archive_fold import arrow_schema
+
+    schema = arrow_schema(read_models.get("account_summary").schema())
+    old = pa.schema([f for f in schema if f.name not in ("customer_name", "customer_email")])
+    path = str(tmp_path / "account_summary")
+    DeltaTable.create(path, old)
+    write_deltalake(path, pa.Table.from_pylist([{"account_id": "acc-1", "version": 1}], schema=old), mode="append")
+    assert add_missing_columns(DeltaTable(path), schema) == ["customer_name", "customer_email"]
+    table = DeltaTable(path)
+    assert [f.name for f in pa.schema(table.schema().to_arrow())] == schema.names
+    [row] = table.to_pyarrow_table().to_pylist()
+    assert (row["account_id"], row["customer_name"], row["customer_email"]) == ("acc-1", None, None)
+    assert add_missing_columns(DeltaTable(path), schema) == []  # once

@@ -1,0 +1,83 @@
+"""Personal data unsealed on Spark, vectorised (issue 45, docs/forgetting.md): the Spark readers' twin of
+``event_store.sealing.Unsealer``.
+
+A token is ``elk1:<subject, base64url>:<field>:<base64url of nonce (12 bytes) + ciphertext + GCM tag (16 bytes)>``
+(``event_store.personal_data``), which is the layout Spark's built-in ``aes_decrypt(..., 'GCM', 'DEFAULT', aad)``
+reads. Per DataFrame: one small job finds the subjects its tokens name, the driver looks their keys up in the key
+store (``SubjectKeys.key_of``: a forgotten subject has none; an unknown one is an error, never a null), and those
+keys, with each subject's associated data per field, go to the executors as a broadcast join. Every personal column
+is then decrypted by Spark's own functions: no Python per row. A forgotten subject's values become null; a token
+that does not authenticate or sits in another column than its field is an error that fails the job, naming it.
+Plain values (events written with sealing off) pass through as they are.
+"""
+from __future__ import annotations
+
+import base64
+
+from event_store.personal_data import TOKEN_PREFIX, associated_data
+from event_store.sealing import Unsealer, personal_columns
+
+__all__ = ["unsealed"]
+
+_SUBJECT = "_elk_subject"
+
+
+def unsealed(df, unsealer: Unsealer):
+    """``df`` (event rows) with the tokens of its personal columns unsealed (module docstring); ``df`` itself when
+    it has no personal column or no token."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+    columns = sorted(personal_columns().intersection(df.columns))
+    if not columns:
+        return df
+    named = F.array_distinct(F.array(*[F.when(F.col(c).startswith(TOKEN_PREFIX), F.split(c, ":").getItem(1))
+                                       for c in columns]))
+    subjects = [r[0] for r in df.select(F.explode(named).alias("s")).where("s IS NOT NULL").distinct().collect()]
+    if not subjects:
+        return df
+    unsealer.refresh()
+    rows = []
+    for encoded in subjects:
+        subject = _subject(encoded)
+        key = unsealer.keys.key_of(subject)
+        rows.append((encoded, key, *[associated_data(subject, c) for c in columns]))
+    schema = StructType([StructField(_SUBJECT, StringType()), StructField("_elk_key", BinaryType()),
+                         *[StructField(f"_elk_aad_{c}", BinaryType()) for c in columns]])
+    keys = F.broadcast(df.sparkSession.createDataFrame(rows, schema))
+    out = df
+    for c in columns:
+        parts = F.split(F.col(c), ":")
+        token = F.col(c).startswith(TOKEN_PREFIX)
+        # base64url without padding -> base64 with it, for unbase64.
+        sealed = F.unbase64(F.expr(f"rpad(translate(split(`{c}`, ':')[3], '-_', '+/'), "
+                                   f"cast(ceil(length(split(`{c}`, ':')[3]) / 4) * 4 AS INT), '=')"))
+        side = keys.select(F.col(_SUBJECT).alias(f"{_SUBJECT}_{c}"), F.col("_elk_key").alias(f"_elk_key_{c}"),
+                           F.col(f"_elk_aad_{c}").alias(f"_elk_aad_{c}"))
+        out = out.join(side, F.when(token, parts.getItem(1)) == F.col(f"{_SUBJECT}_{c}"), "left")
+        key, aad = F.col(f"_elk_key_{c}"), F.col(f"_elk_aad_{c}")
+        plain = F.try_aes_decrypt(sealed, key, F.lit("GCM"), F.lit("DEFAULT"), aad)
+        value = F.get_json_object(F.concat(F.lit('{"v":'), F.col(f"_elk_plain_{c}").cast("string"), F.lit("}")),
+                                  "$.v")
+        out = out.withColumn(f"_elk_plain_{c}", plain)
+        refused = F.raise_error(F.concat(
+            F.lit(f"field '{c}': a sealed value of subject "), F.col(f"{_SUBJECT}_{c}"),
+            F.lit(" (base64url) does not authenticate or was sealed for another field (tampered with, corrupt or "
+                  "moved)")))
+        out = out.withColumn(c, F.when(~token | F.col(c).isNull(), F.col(c))
+                             .when(key.isNull(), F.lit(None).cast("string"))  # forgotten
+                             .when(parts.getItem(2) != F.lit(c), refused.cast("string"))
+                             .when(F.col(f"_elk_plain_{c}").isNull(), refused.cast("string"))
+                             .otherwise(value))
+        out = out.drop(f"{_SUBJECT}_{c}", f"_elk_key_{c}", f"_elk_aad_{c}", f"_elk_plain_{c}")
+    return out
+
+
+def _subject(encoded: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        from event_store.personal_data import SealedValueError
+
+        raise SealedValueError(f"a sealed value names subject {encoded!r}, which is not base64url of a subject "
+                               f"id (corrupt)") from None
