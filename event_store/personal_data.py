@@ -21,7 +21,6 @@ letters). This module is the one place that seals and unseals; every reader goes
 """
 from __future__ import annotations
 
-import base64
 import binascii
 import fcntl
 import json
@@ -32,6 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+import msgspec
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -44,12 +44,15 @@ __all__ = ["SubjectKeys", "KeyRecord", "SealedValueError", "SubjectForgotten", "
            "unseal_payload"]
 
 TOKEN_PREFIX = "elk1:"
+_PREFIX_LENGTH = len(TOKEN_PREFIX)
 _FORMAT = "eventlake-subject-keys/1"
 _FILE = "keys.json"
 _KEY_BYTES = 32   # AES-256
 _NONCE_BYTES = 12  # GCM's standard nonce; random per value (2^32 values per subject stay far inside its bound)
 _FIELD_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
 _SCALARS = (str, int, float, bool, type(None))
+_ENCODE = json.JSONEncoder(allow_nan=False).encode  # json.dumps with allow_nan=False builds an encoder per call
+_DECODE = msgspec.json.decode  # the JSON text a token holds (a scalar): as json.loads reads it, faster
 
 
 class SealedValueError(BadInput, ValueError):
@@ -128,6 +131,9 @@ class SubjectKeys:
         self.path = self.directory / _FILE
         self._records: dict[str, KeyRecord] = {}
         self._ciphers: dict[str, AESGCM] = {}
+        self._sealing: dict[tuple[str, str], tuple[bytes, str]] = {}  # (subject, field) -> (associated data, head)
+        # (subject as in tokens, field) -> (subject, associated data): what unseal worked out of a token's head
+        self._opening: dict[tuple[str, str], tuple[str, bytes]] = {}
         self._stamp: tuple[int, int, int] | None = None
         self.reload()
 
@@ -222,25 +228,51 @@ class SubjectKeys:
     def seal(self, subject: str, field_name: str, value: Any) -> str:
         """``value`` (a JSON scalar: str, int, float, bool or None) as a token only ``subject``'s key opens, bound to
         ``field_name``. Makes the subject's key on first use; refuses a forgotten subject (:class:`SubjectForgotten`)."""
-        _check_subject(subject)
-        _check_field(field_name)
+        # The handler seals every personal value of every event: what depends only on (subject, field) is made
+        # once per pair (checks, associated data, the token's head) while the subject keeps its key.
+        made = self._sealing.get((subject, field_name))
+        if made is None:
+            _check_subject(subject)
+            _check_field(field_name)
+            made = (_associated(subject, field_name), f"{TOKEN_PREFIX}{_b64(subject.encode('utf-8'))}:{field_name}:")
+        cipher = self._cipher(subject, create=True, field_name=field_name)
+        self._sealing[(subject, field_name)] = made
         if not isinstance(value, _SCALARS):
             raise BadInput(f"field '{field_name}': {type(value).__name__} cannot be sealed; personal values are "
                            f"JSON scalars (str, int, float, bool or null)")
         try:
-            plain = json.dumps(value, allow_nan=False).encode("ascii")  # \u escapes keep even lone surrogates
+            plain = _ENCODE(value).encode("ascii")  # \u escapes keep even lone surrogates
         except ValueError as e:
             raise BadInput(f"field '{field_name}': {value!r} cannot be sealed ({e})") from e
         nonce = os.urandom(_NONCE_BYTES)
-        sealed = self._cipher(subject, create=True, field_name=field_name).encrypt(
-            nonce, plain, _associated(subject, field_name))
-        return f"{TOKEN_PREFIX}{_b64(subject.encode('utf-8'))}:{field_name}:{_b64(nonce + sealed)}"
+        return made[1] + _b64(nonce + cipher.encrypt(nonce, plain, made[0]))
 
     def unseal(self, token: Any, *, subject: str | None = None, field_name: str | None = None) -> Any:
         """The value ``token`` holds, with its type; None when its subject was forgotten (no error). With
         ``subject`` or ``field_name`` given, a token naming another one is refused as moved. Raises
         :class:`SealedValueError` naming the field and the reason when the token is not one, corrupt or tampered
         with, and :class:`SubjectKeyMissing` when this store never knew its subject."""
+        if type(token) is str and token.startswith(TOKEN_PREFIX):
+            # The readers' hot path: a token of a (subject, field) opened before, whose subject keeps its key.
+            parts = token[_PREFIX_LENGTH:].split(":")
+            known = self._opening.get((parts[0], parts[1])) if len(parts) == 3 else None
+            if known is not None and (field_name is None or field_name == parts[1]) \
+                    and (subject is None or subject == known[0]):
+                cipher = self._ciphers.get(known[0])
+                sealed = _unb64(parts[2]) if cipher is not None else None
+                if sealed is not None and len(sealed) >= _NONCE_BYTES + 16:
+                    try:
+                        plain = cipher.decrypt(sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:], known[1])
+                    except InvalidTag:
+                        plain = None  # the full path below names it
+                    if plain is not None:
+                        try:
+                            return _DECODE(plain)
+                        except msgspec.MsgspecError:  # what msgspec reads otherwise (a lone surrogate)
+                            return json.loads(plain)
+        return self._unseal(token, subject, field_name)
+
+    def _unseal(self, token: Any, subject: str | None, field_name: str | None) -> Any:
         where = f"field '{field_name}'" if field_name else "a sealed value"
         if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX):
             raise SealedValueError(f"{where}: {_short(token)} is not a sealed value (a token starts with "
@@ -268,12 +300,13 @@ class SubjectKeys:
         cipher = self._cipher(token_subject, create=False, field_name=token_field)
         if cipher is None:
             return None
+        associated = _associated(token_subject, token_field)
         try:
-            plain = cipher.decrypt(sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:],
-                                   _associated(token_subject, token_field))
+            plain = cipher.decrypt(sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:], associated)
         except InvalidTag:
             raise SealedValueError(f"{where}: the token does not authenticate (tampered with, corrupt, or sealed "
                                    f"under another key)") from None
+        self._opening[(parts[0], token_field)] = (token_subject, associated)
         return json.loads(plain)
 
     # -- inside ---------------------------------------------------------------------------------------------------
@@ -397,16 +430,24 @@ def _check_field(field_name: Any) -> None:
         raise BadInput(f"field name {field_name!r}: must be an identifier (letters, digits, _)")
 
 
+_URL_SAFE = bytes.maketrans(b"+/", b"-_")
+
+
 def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+    return binascii.b2a_base64(raw, newline=False).translate(_URL_SAFE).rstrip(b"=").decode("ascii")
+
+
+_FROM_URL_SAFE = bytes.maketrans(b"-_", b"+/")
 
 
 def _unb64(text: str) -> bytes | None:
-    if not re.fullmatch(r"[A-Za-z0-9_-]*", text):
+    """base64url without padding -> bytes; None for anything else (other characters, padding, a bad length)."""
+    if "+" in text or "/" in text or "=" in text:
         return None
     try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except (binascii.Error, ValueError):
+        raw = (text + "=" * (-len(text) % 4)).encode("ascii").translate(_FROM_URL_SAFE)
+        return binascii.a2b_base64(raw, strict_mode=True)
+    except (binascii.Error, ValueError):  # UnicodeEncodeError is a ValueError
         return None
 
 

@@ -275,3 +275,26 @@ def test_an_account_summary_table_made_before_the_customer_columns_gains_them(tm
     [row] = table.to_pyarrow_table().to_pylist()
     assert (row["account_id"], row["customer_name"], row["customer_email"]) == ("acc-1", None, None)
     assert add_missing_columns(DeltaTable(path), schema) == []  # once
+
+
+def test_unsealing_a_subjects_tokens_again_keeps_every_check(keys):
+    # Readers unseal token after token of the same subjects and fields: what the first one worked out is kept
+    # (subject, associated data), and none of the checks may be skipped for the next ones.
+    from event_store.personal_data import SealedValueError
+
+    first, second = keys.seal("cust-1", "location", "IS-RKV"), keys.seal("cust-1", "location", "\ud800 odd")
+    assert keys.unseal(first, field_name="location") == "IS-RKV"
+    assert keys.unseal(second, subject="cust-1", field_name="location") == "\ud800 odd"  # JSON's own reading
+    head, sealed = second.rsplit(":", 1)
+    with pytest.raises(SealedValueError, match="does not authenticate"):
+        keys.unseal(f"{head}:{sealed[:-2]}{'AB' if sealed[-2:] != 'AB' else 'CD'}", field_name="location")
+    with pytest.raises(SealedValueError, match="moved between fields"):
+        keys.unseal(first, field_name="customer_name")
+    with pytest.raises(SealedValueError, match="moved between subjects"):
+        keys.unseal(first, subject="cust-2", field_name="location")
+    other = SubjectKeys(keys.directory)
+    assert other.unseal(first) == "IS-RKV"
+    keys.forget("cust-1")
+    assert keys.unseal(first, field_name="location") is None
+    other.refresh()
+    assert other.unseal(first) is None
