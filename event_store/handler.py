@@ -132,6 +132,9 @@ class CommandHandler:
         # Fences any older instance with this id and aborts its open transaction before we read state.
         self._tx.init(60)
         self.snapshots.tx = self._tx
+        if self.sealer is not None:
+            self.log(f"handler {self.instance_id}: personal data is sealed under its subjects' keys in "
+                     f"{self.sealer.keys.directory} (personal_data_seal=on; docs/forgetting.md)")
         self._rebuilder.open()
         self.group.join()
         self._lineage_run = self.lineage.start(

@@ -9,6 +9,7 @@ import pytest
 
 import read_models
 from event_store import kafka_log
+from event_store.account.fraud_consumer import FraudConsumer
 from event_store.envelope import CommandEnvelope, CommandResult, EventEnvelope
 from event_store.handler import CommandHandler
 from event_store.personal_data import SubjectKeys, keys_dir
@@ -52,8 +53,8 @@ def send(settings, commands):
         producer.close()
 
 
-def handle_all(settings):
-    with CommandHandler(settings, log=lambda *_: None) as handler:
+def handle_all(settings, lines=None):
+    with CommandHandler(settings, log=(lines.append if lines is not None else lambda *_: None)) as handler:
         return handler.run(until_caught_up=True, max_seconds=120)
 
 
@@ -89,7 +90,11 @@ def test_sealed_on_the_log_clear_in_the_read_models_and_null_once_forgotten(sett
                 + commands_of("acc-ada-2", "cust-ada", {}, ADA_PLACES[::-1], 2)
                 + commands_of("acc-grace", "cust-grace", GRACE, GRACE_PLACES, 3))
     send(settings, commands)
-    stats = handle_all(settings)
+    lines = []
+    stats = handle_all(settings, lines)
+    assert [line for line in lines if "personal data is sealed" in line] == [
+        f"handler 0: personal data is sealed under its subjects' keys in {keys_dir(settings.home)} "
+        f"(personal_data_seal=on; docs/forgetting.md)"]
     answered = results(settings)
     assert stats.commands == len(commands)
     assert {c.command_id: answered[c.command_id].status for c in commands} == \
@@ -131,6 +136,16 @@ def test_sealed_on_the_log_clear_in_the_read_models_and_null_once_forgotten(sett
     for name in live:  # the reconciliation check (read model vs the fold of the archive) unseals alike
         result = reconcile(settings, name)
         assert result.success, result.lines()
+    # The fraud detector (the Kafka consumer) compares locations unsealed: only the payments away from the
+    # device's location are flagged by rule 3 (with tokens, whose nonces differ, every payment would be).
+    FraudConsumer(settings, log=lambda *_: None).run(until_caught_up=True)
+    flags = [CommandEnvelope.from_json(m.value) for m in kafka_log.read_all(settings, settings.commands_topic)
+             if b'"FlagFraud"' in m.value]
+    assert {(c.aggregate_id, c.payload["payment_id"]) for c in flags if c.payload["rule"] == "location_mismatch"} \
+        == {("acc-ada-1", "acc-ada-1-p1"), ("acc-ada-1", "acc-ada-1-p3"), ("acc-ada-2", "acc-ada-2-p1"),
+            ("acc-grace", "acc-grace-p1")}
+    handle_all(settings)  # their FraudSuspected events carry the evidence (it quotes locations) sealed
+    assert results(settings)[flags[0].command_id].status == "accepted"
     assert {e.payload.get("customer_name") for e in admitted if e.event_type == "AccountOpened"} == \
         {ADA["customer_name"], GRACE["customer_name"], None}
 
