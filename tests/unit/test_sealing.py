@@ -298,3 +298,51 @@ def test_unsealing_a_subjects_tokens_again_keeps_every_check(keys):
     assert keys.unseal(first, field_name="location") is None
     other.refresh()
     assert other.unseal(first) is None
+
+
+def test_the_rebuilds_duckdb_fold_reads_the_sealed_archive_in_clear_and_keeps_what_it_holds_back_sealed(tmp_path):
+    # The rebuild's fold of event_archive in DuckDB (spark_apps.archive_fold, no JVM) over events the handler
+    # sealed: the tables in clear, the events held back after a gap still sealed; once a customer is forgotten, a
+    # fold of the same archive has its values null and nobody else's.
+    from deltalake import DeltaTable, write_deltalake
+
+    import read_models
+    from read_models.catalog import ARCHIVE_TABLE
+    from spark_apps.arrow_rows import in_schema
+    from spark_apps.event_rows import Records, event_row_schema, parse_records
+    from spark_apps.rebuild_fold import FoldTargets, fold_archive
+
+    settings = Settings.load({}).replace(home=tmp_path / "home")
+    keys = SubjectKeys(keys_dir(settings.home))
+    sealer = Sealer(keys)
+    events, _, _ = run([open_account(customer_name=NAME, customer_email=EMAIL), located(), pay()], sealer)
+    other, _, _ = run([open_account("acc-2", customer="cust-2", command_id="o2"),
+                       located("acc-2", "NZ-WLG", "l2"), pay("acc-2", "IS-RKV", "p2", "p-2")], sealer)
+    raw = events + other[:1] + other[2:]  # acc-2's version 2 never archived: its payment waits after a gap
+    table, bad = parse_records(Records(rows=[(0, i, None, v) for i, v in enumerate(raw)]), "events")
+    assert bad == []
+    write_deltalake(str(settings.table_path(ARCHIVE_TABLE)), in_schema(table, event_row_schema()))
+    models = read_models.select(["account_summary", "payments"])
+
+    def fold(name):
+        where = tmp_path / name
+        targets = {m.name: FoldTargets(table=str(where / m.name), ledger=str(where / "ledger"),
+                                       held=str(where / "held"), pending=str(where / f"pending-{m.name}"))
+                   for m in models}
+        fold_archive(None, settings, models, targets, log=lambda *_: None, engine="duckdb")
+        rows = {m.name: DeltaTable(targets[m.name].table).to_pyarrow_table().to_pylist() for m in models}
+        held = b"".join(p.read_bytes() for p in (where / "held").rglob("*.parquet"))
+        return rows, held
+
+    rows, held = fold("first")
+    [summary] = [r for r in rows["account_summary"] if r["account_id"] == "acc-1"]
+    assert (summary["customer_name"], summary["customer_email"], summary["last_device_location"]) == \
+        (NAME, EMAIL, "IS-RKV")
+    assert [r["location"] for r in rows["payments"]] == ["NZ-WLG"]
+    assert held and b"IS-RKV" not in held and b"elk1:" in held  # acc-2's payment, held back sealed
+    keys.forget("cust-1")
+    rows, _ = fold("after")
+    by_account = {r["account_id"]: r for r in rows["account_summary"]}
+    assert (by_account["acc-1"]["customer_name"], by_account["acc-1"]["last_device_location"]) == (None, None)
+    assert by_account["acc-2"]["customer_id"] == "cust-2" and by_account["acc-2"]["version"] == 1
+    assert [r["location"] for r in rows["payments"]] == [None]
