@@ -40,8 +40,8 @@ from lakehouse.errors import BadInput, NotFound, Refused
 from lakehouse.files import write_whole
 
 __all__ = ["SubjectKeys", "KeyRecord", "SealedValueError", "SubjectForgotten", "SubjectKeyMissing", "TOKEN_PREFIX",
-           "keys_dir", "is_sealed", "associated_data", "personal_fields", "personal_fields_by_type", "seal_payload",
-           "unseal_payload"]
+           "keys_dir", "is_sealed", "token_subject", "associated_data", "personal_fields", "personal_fields_by_type",
+           "seal_payload", "unseal_payload"]
 
 TOKEN_PREFIX = "elk1:"
 _PREFIX_LENGTH = len(TOKEN_PREFIX)
@@ -367,6 +367,19 @@ class SubjectKeys:
 def is_sealed(value: Any) -> bool:
     """Whether ``value`` looks like a token (a string with the token prefix)."""
     return isinstance(value, str) and value.startswith(TOKEN_PREFIX)
+
+
+def token_subject(value: Any) -> str | None:
+    """The subject a token names (not checked against its key: ``unseal`` does that); None when ``value`` is no
+    well-formed token."""
+    if not is_sealed(value):
+        return None
+    parts = value[_PREFIX_LENGTH:].split(":")
+    raw = _unb64(parts[0]) if len(parts) == 3 else None
+    try:
+        return raw.decode("utf-8") if raw else None
+    except UnicodeDecodeError:
+        return None
 
 
 def seal_payload(keys: SubjectKeys, subject: str, payload: Mapping[str, Any],

@@ -30,7 +30,7 @@ import json
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterable
 
@@ -42,6 +42,7 @@ from event_store.account import AGGREGATE_TYPE
 from event_store.account.fraud_rules import FraudState, Observation, detect, flag_command_id
 from event_store.envelope import CommandEnvelope, EventEnvelope, dumps, format_time, parse_time, utc_now
 from event_store.errors import InvalidRecord
+from event_store.personal_data import SubjectForgotten, is_sealed, token_subject
 from event_store.sealing import Unsealer
 from lakehouse.metrics import Sample, consumer_lag_samples
 from lakehouse.settings import Settings
@@ -199,8 +200,12 @@ class FraudConsumer:
         self._broker_error: str | None = None
         self._sender: kafka_clients.RecordSender | None = None
         self._consumer = None
-        # Sealed locations back in clear for the rules (null once forgotten; event_store.sealing).
+        # Sealed locations back in clear for the rules (null once forgotten; event_store.sealing). The state
+        # snapshots keep them sealed again, under the subject their events named (account -> subject), so no
+        # location reaches the files in clear; (subject, location) -> its token, made once.
         self._unsealer = Unsealer(settings)
+        self._subjects: dict[str, str] = {}
+        self._tokens: dict[tuple[str, str], str] = {}
         self._rejoin = kafka_clients.RejoinWatch()
         self._lag = kafka_clients.LagWatch()
 
@@ -223,8 +228,39 @@ class FraudConsumer:
         if snapshot.get("topic") != self.settings.events_topic:
             raise RuntimeError(f"fraud detector: the state snapshot {path} is of topic {snapshot.get('topic')!r}, "
                                f"not {self.settings.events_topic!r}; move it away to start over")
-        states = {account: decode_state(value) for account, value in snapshot["states"].items()}
+        states = {account: self._opened(account, decode_state(value))
+                  for account, value in snapshot["states"].items()}
         return _Partition(states, int(snapshot["offset"]))
+
+    def _opened(self, account: str, state: FraudState) -> FraudState:
+        """A state read from a snapshot, its sealed device locations unsealed (null once forgotten)."""
+        if not any(is_sealed(location) for _, location in state.devices):
+            return state
+        for _, location in state.devices:
+            if is_sealed(location):
+                self._subjects[account] = token_subject(location)
+        return replace(state, devices=tuple((t, self._unsealer.value(location, "location"))
+                                            for t, location in state.devices))
+
+    def _sealed(self, account: str, state: FraudState) -> list:
+        """``encode_state`` of a state to snapshot, the device locations sealed under the account's subject when
+        its events were sealed (a forgotten subject's: null)."""
+        subject = self._subjects.get(account)
+        if subject is None or not state.devices:
+            return encode_state(state)
+        devices = []
+        for t, location in state.devices:
+            token = None
+            if location is not None:
+                token = self._tokens.get((subject, location))
+                if token is None:
+                    try:
+                        token = self._tokens[(subject, location)] = self._unsealer.keys.seal(subject, "location",
+                                                                                               location)
+                    except SubjectForgotten:
+                        token = None
+            devices.append((t, token))
+        return encode_state(replace(state, devices=tuple(devices)))
 
     def _save(self, partition: int, held: _Partition) -> None:
         if held.offset == held.saved_offset or held.offset < 0:
@@ -233,7 +269,7 @@ class FraudConsumer:
         self.folder.mkdir(parents=True, exist_ok=True)
         # orjson (through dumps): every 10 s the detector stops reading while its states are written.
         data = dumps({"topic": self.settings.events_topic, "partition": partition, "offset": held.offset,
-                      "written_at": utc_now(), "states": {a: encode_state(s) for a, s in held.states.items()}})
+                      "written_at": utc_now(), "states": {a: self._sealed(a, s) for a, s in held.states.items()}})
         path = self._snapshot_path(partition)
         partial = self.folder / f"partition-{partition}.json.partial"
         partial.write_bytes(data)
@@ -391,6 +427,9 @@ class FraudConsumer:
             held = self._partitions[r.partition()]
             if r.offset() < held.offset:
                 continue  # folded before (a re-delivery after a rebalance)
+            location = event.payload.get("location")
+            if is_sealed(location):
+                self._subjects[event.aggregate_id] = token_subject(location)
             by_partition[r.partition()].append(self._unsealer.event(event))
         commands = []
         for partition, events in by_partition.items():
