@@ -84,7 +84,8 @@ def files_bytes(folder: Path) -> bytes:
 
 
 def test_sealed_on_the_log_clear_in_the_read_models_and_null_once_forgotten(settings, tmp_path):
-    settings = settings.replace(personal_data_seal="on")
+    # Snapshots after a few events, so that the handler's snapshots topic is written too.
+    settings = settings.replace(personal_data_seal="on", snapshot_every_events=4)
     kafka_log.ensure_topics(settings, log=lambda *_: None)
     commands = (commands_of("acc-ada-1", "cust-ada", ADA, ADA_PLACES, 4)
                 + commands_of("acc-ada-2", "cust-ada", {}, ADA_PLACES[::-1], 2)
@@ -107,6 +108,11 @@ def test_sealed_on_the_log_clear_in_the_read_models_and_null_once_forgotten(sett
     assert [p for p in PLAIN if p.encode() in raw] == []
     assert b"cust-ada" in raw and b"elk1:" in raw
     events = [EventEnvelope.from_json(r.value) for r in records]
+    # What the handler keeps holds tokens, never the values: its state store on disk and its snapshots.
+    store = files_bytes(Path(settings.home) / "handler-state")
+    snapshots = b"\n".join(r.value or b"" for r in kafka_log.read_all(settings, settings.snapshots_topic))
+    assert store and snapshots and b"elk1:" in store + snapshots
+    assert [p for p in PLAIN if p.encode() in store + snapshots] == []
 
     # 2. The Python engine's read models show the plain values; its archive keeps the tokens.
     live = project(settings)
