@@ -13,10 +13,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from lakehouse.lineage import Lineage, kafka_topic, table
 from lakehouse.settings import Settings
 from projection_core.rebuild_errors import RebuildError, RebuildFailed
 from projection_core.rebuild_lock import RebuildLock
-from read_models.catalog import held_table, ledger_table
+from read_models.catalog import ARCHIVE_TABLE, held_table, ledger_table
 from read_models.spec import CURRENT_STATE_BY_VERSION, WINDOWED_SUM
 from spark_apps.rebuild_fold import FoldResult, FoldTargets, catch_up_offsets, fold_archive, fold_steps
 
@@ -154,6 +155,11 @@ def build_generation(spark, settings: Settings, name: str, number: int, by: str,
         if progress is not None:
             progress(done, steps, time.monotonic() - started)
 
+    # Its OpenLineage run (lakehouse.lineage): the archive and the events topic after it in, the generation out.
+    lineage = Lineage.for_settings(settings, log)
+    run = lineage.start(f"rebuild.{name}", [table(settings.table_path(ARCHIVE_TABLE)),
+                                            kafka_topic(settings, settings.events_topic)],
+                        [table(generation.table)], job_type="JOB")
     try:
         folded = fold_archive(spark, settings, [model], targets, log=log, on_step=lambda done, _total: report(done))
         catalog.record_position(name, number, folded.position, by)
@@ -181,9 +187,11 @@ def build_generation(spark, settings: Settings, name: str, number: int, by: str,
         catalog.mark_ready(name, number, by)
         caught += catch_up("catch-up [2/2] (the live projection follows it now)")
         report(steps)
-    except BaseException:
+    except BaseException as e:
+        lineage.fail(run, e)
         _abandon_quietly(catalog, name, number, by, "the rebuild stopped with an error", log)
         raise
+    lineage.complete(run)
     return BuildResult(name, number, folded, caught, time.monotonic() - started, steps)
 
 

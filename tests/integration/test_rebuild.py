@@ -8,7 +8,7 @@ import pytest
 import read_models
 from event_store import kafka_log
 from eventlake.generator import GeneratorConfig
-from read_models.catalog import Catalog
+from read_models.catalog import ARCHIVE_TABLE, Catalog
 from spark_apps.projection import Projection
 from projection_core.rebuild_errors import RebuildRefused
 from projection_core.rebuild_lock import lock_path
@@ -52,6 +52,19 @@ def test_a_rebuild_switches_to_a_checked_generation_and_a_rollback_finds_the_old
         assert outcome.caught_up_events >= 40 and outcome.fold.events > 0
     assert any("[3/3] merchant_minute_volume" in line for line in lines)  # progress by step
     catalog = Catalog(settings)
+    # Each rebuild's OpenLineage run (lakehouse.lineage): the archive and the events topic in, the generation out.
+    from lakehouse.lineage import events_file, read_events
+
+    runs = {}
+    for event in read_events(events_file(settings)):
+        if event["job"]["name"].startswith("rebuild."):
+            runs.setdefault(event["job"]["name"], []).append(event)
+    assert {name: [e["eventType"] for e in ran] for name, ran in runs.items()} == {
+        f"rebuild.{name}": ["START", "COMPLETE"] for name in REBUILT}
+    for name in REBUILT:
+        start = runs[f"rebuild.{name}"][0]
+        assert [i["name"] for i in start["inputs"]] == [str(settings.table_path(ARCHIVE_TABLE)), settings.events_topic]
+        assert [o["name"] for o in start["outputs"]] == [str(catalog.generation(name, 2).table)]
     assert {n: catalog.current(n).number for n in read_models.REGISTRY} == {
         n: 2 if n in REBUILT else 1 for n in read_models.REGISTRY}
     logged = first + rest[:40]
