@@ -44,12 +44,12 @@ def check_read_models():
         from airflow.sdk.exceptions import AirflowFailException
 
         from expectations.checks import verdict
+        from infra.airflow_lineage import task_settings
         from lakehouse import metrics
-        from lakehouse.settings import Settings
 
         context = get_current_context()
         context["table"] = name
-        settings = Settings.load(role="reader")
+        settings = task_settings()  # the check's lineage run a child of this task's
         result = verdict(settings, name, reconcile=context["params"]["reconcile"])
         print("\n".join(result.lines()))
         metrics.push(settings, "check_read_models", {"table": name}, result.samples())

@@ -82,9 +82,10 @@ def load_merchants():
 
     @task(outlets=[DIM_MERCHANT])
     def merge_merchants(staged: dict) -> dict:
+        from infra.airflow_lineage import task_settings
         from reference_data.loads import Staged, merge
 
-        report = merge(Settings.load(role="reader"), Staged(**staged))
+        report = merge(task_settings(), Staged(**staged))  # its lineage run a child of this task's
         print("\n".join(report.lines()))
         get_current_context()["outlet_events"][DIM_MERCHANT].extra = {
             "delta_version": report.version, "load_id": report.load_id, "status": report.status,

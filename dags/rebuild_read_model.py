@@ -76,15 +76,14 @@ def rebuild_read_model():
             """Fold + catch-ups + mark ready, under the model's lock (kept for this run's next task)."""
             from airflow.sdk.exceptions import AirflowFailException
 
-            from lakehouse.settings import Settings
+            from infra.airflow_lineage import task_settings
             from projection_core.rebuild_errors import RebuildError
             from spark_apps.airflow_jobs import rebuild_build
 
             context = get_current_context()
             context["read_model"] = name
-            try:
-                return rebuild_build(Settings.load(role="reader"), name, context["dag"].dag_id, context["run_id"],
-                                     log=_log)
+            try:  # the rebuild's lineage run a child of this task's
+                return rebuild_build(task_settings(), name, context["dag"].dag_id, context["run_id"], log=_log)
             except RebuildError as e:
                 raise AirflowFailException(str(e)) from None
 

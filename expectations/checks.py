@@ -25,7 +25,7 @@ from expectations import SUITES, data_docs_assets, suite_module
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
 from lakehouse.tables import read_table
-from read_models.catalog import Catalog, Generation
+from read_models.catalog import ARCHIVE_TABLE, Catalog, Generation
 from lakehouse.errors import NotFound
 
 __all__ = ["CheckReport", "Failure", "Verdict", "check_table", "check_tables", "context", "data_docs_index", "verdict",
@@ -297,13 +297,20 @@ def verdict(settings: Settings, name: str, reconcile: bool = False, ge=None,
             generation: Generation | None = None, data_docs: bool = True) -> Verdict:
     """Check read model ``name`` (its current generation, or ``generation``) against its suite and, with
     ``reconcile``, against a fold of the log. Both look at the same generation, resolved once."""
-    generation = generation or Catalog(settings).current(name)
-    try:
-        report = check_table(settings, name, ge, generation, data_docs)
-    except TableMissing as e:
-        return Verdict(name, None, missing=str(e))
-    if not reconcile:
-        return Verdict(name, report)
-    from expectations.reconciliation import reconcile as reconcile_table
+    from lakehouse.lineage import Lineage, table
 
-    return Verdict(name, report, reconcile_table(settings, name, generation=generation))
+    generation = generation or Catalog(settings).current(name)
+    # Its OpenLineage run (lakehouse.lineage): the generation's table in (and the archive, reconciling), the Data
+    # Docs site out. A check that finds bad rows still completes: the verdict is its result, not an error.
+    inputs = [table(generation.table)] + ([table(settings.table_path(ARCHIVE_TABLE))] if reconcile else [])
+    outputs = [table(data_docs_index(settings).parent)] if data_docs else []
+    with Lineage.for_settings(settings).running(f"check.{name}", inputs, outputs):
+        try:
+            report = check_table(settings, name, ge, generation, data_docs)
+        except TableMissing as e:
+            return Verdict(name, None, missing=str(e))
+        if not reconcile:
+            return Verdict(name, report)
+        from expectations.reconciliation import reconcile as reconcile_table
+
+        return Verdict(name, report, reconcile_table(settings, name, generation=generation))

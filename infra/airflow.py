@@ -17,6 +17,7 @@ from pathlib import Path
 from lakehouse.settings import Settings
 from lakehouse.errors import Unavailable
 from lakehouse.processes import signal_group, terminate
+from infra import airflow_lineage
 from infra.airflow_assets import kafka_connection_env
 from infra.airflow_spark import spark_connection_env
 
@@ -52,6 +53,9 @@ def environment(settings: Settings, base: dict | None = None) -> dict[str, str]:
         env.setdefault(key, value)
     # The Spark master the DAGs submit their Spark work to (infra.airflow_spark), when the settings name a cluster.
     for key, value in spark_connection_env(settings).items():
+        env.setdefault(key, value)
+    # Airflow's OpenLineage provider, sending its task runs where eventlake's own runs go (infra.airflow_lineage).
+    for key, value in airflow_lineage.environment(settings).items():
         env.setdefault(key, value)
     return env
 

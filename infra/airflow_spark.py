@@ -19,6 +19,7 @@ import os
 from typing import Any
 
 from lakehouse.settings import Settings
+from infra import airflow_lineage
 
 __all__ = ["SPARK_CONNECTION_ID", "APP", "cluster_master", "master_of", "spark_connection", "spark_connection_env",
            "JOB_ARGUMENTS", "job_arguments", "mapped_value", "submit_arguments", "submit_job"]
@@ -119,7 +120,8 @@ def job_arguments(dag_id: str, model: str) -> list[str]:
     ``mapped_value``'s), with the DAG run that reads its result (``--dag``, ``--run-id``)."""
     if dag_id not in JOB_ARGUMENTS:
         raise KeyError(f"{dag_id} submits no job; the DAGs that do: {', '.join(JOB_ARGUMENTS)}")
-    return [model if a == _MODEL else a for a in JOB_ARGUMENTS[dag_id]] + ["--dag", dag_id, "--run-id", "{{ run_id }}"]
+    return [model if a == _MODEL else a for a in JOB_ARGUMENTS[dag_id]] + [
+        "--dag", dag_id, "--run-id", "{{ run_id }}", "--lineage-parent", airflow_lineage.PARENT_ID_TEMPLATE]
 
 
 def mapped_value(values) -> str:

@@ -24,7 +24,8 @@ from urllib.parse import urlsplit
 
 from lakehouse.settings import Settings, SettingsError
 
-__all__ = ["Lineage", "LineageRun", "Dataset", "kafka_topic", "table", "database", "read_events", "events_file"]
+__all__ = ["Lineage", "LineageRun", "Dataset", "parent_from_id", "detector_run", "kafka_topic", "table", "database",
+           "read_events", "events_file"]
 
 PRODUCER = "https://github.com/eventlake/eventlake/lakehouse/lineage.py"
 # How Spark's OpenLineage listener names an s3a:// location (the Hadoop scheme of S3): the same dataset.
@@ -46,6 +47,22 @@ class LineageRun:
     inputs: tuple[Dataset, ...]
     outputs: tuple[Dataset, ...]
     parent: "LineageRun | None" = None
+    namespace: str | None = None  # the job's namespace when not this process's (a parent from elsewhere)
+
+
+def parent_from_id(parent_id: str) -> LineageRun:
+    """The run an OpenLineage parent id names: ``<namespace>/<job>/<run id>`` (what Airflow's OpenLineage provider
+    gives a task's children; the job's name may hold "/" too)."""
+    namespace, _, rest = parent_id.partition("/")
+    job, _, run_id = rest.rpartition("/")
+    try:
+        uuid.UUID(run_id)
+    except ValueError:
+        namespace = ""
+    if not (namespace and job and run_id):
+        raise SettingsError(f"setting lineage_parent={parent_id!r} (EVENTLAKE_LINEAGE_PARENT): expected "
+                            f"<namespace>/<job>/<run id, a UUID>")
+    return LineageRun(run_id, job, (), (), namespace=namespace)
 
 
 def kafka_topic(settings: Settings, topic: str) -> Dataset:
@@ -111,6 +128,8 @@ class Lineage:
             raise SettingsError(f"setting lineage={settings.lineage!r} (EVENTLAKE_LINEAGE): expected on or off")
         self.settings = settings
         self.namespace = settings.lineage_namespace
+        # The parent of every run started without one (an Airflow task's run).
+        self.parent = parent_from_id(settings.lineage_parent) if settings.lineage_parent else None
         self.log = log
         self._client = None
         self._failed = False
@@ -140,7 +159,7 @@ class Lineage:
         """Emit the START of a new run of ``job`` (in this namespace) reading ``inputs`` and writing ``outputs``,
         a child of ``parent`` if given; ``job_type``: SERVICE (a long-running service), JOB, QUERY, ... -> the
         run, for ``complete`` or ``fail``."""
-        run = LineageRun(str(uuid.uuid4()), job, tuple(inputs), tuple(outputs), parent)
+        run = LineageRun(str(uuid.uuid4()), job, tuple(inputs), tuple(outputs), parent or self.parent)
         self._emit(run, "START", job_type=job_type)
         return run
 
@@ -185,7 +204,7 @@ class Lineage:
         if run.parent is not None:
             run_facets["parent"] = parent_run.ParentRunFacet(
                 run=parent_run.Run(runId=run.parent.run_id),
-                job=parent_run.Job(namespace=self.namespace, name=run.parent.job))
+                job=parent_run.Job(namespace=run.parent.namespace or self.namespace, name=run.parent.job))
         if error is not None:
             run_facets["errorMessage"] = error_message_run.ErrorMessageRunFacet(
                 message=str(error) or type(error).__name__, programmingLanguage="python")
@@ -205,3 +224,11 @@ class Lineage:
     @classmethod
     def for_settings(cls, settings: Settings, log: Callable[[str], None] = print) -> "Lineage":
         return cls(settings, log)
+
+
+def detector_run(settings: Settings, job: str, until_caught_up: bool, log: Callable[[str], None] = print):
+    """The run of a service that reads the events and answers with commands (a detector, the fraud policy),
+    around its block: the events topic in, the commands topic out; a SERVICE, or a JOB until caught up."""
+    return Lineage.for_settings(settings, log).running(
+        job, [kafka_topic(settings, settings.events_topic)], [kafka_topic(settings, settings.commands_topic)],
+        job_type="JOB" if until_caught_up else "SERVICE")

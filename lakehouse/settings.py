@@ -159,6 +159,9 @@ class Settings:
     lineage: str = "on"
     lineage_url: str = ""
     lineage_namespace: str = "eventlake"
+    # The run every run of this process is a child of, as OpenLineage writes a parent id: "<namespace>/<job>/<run
+    # id>" (an Airflow task's run, given by its OpenLineage provider; empty: none). Set by the DAGs' tasks.
+    lineage_parent: str = ""
     # The largest reference-data file (merchants) a load reads, in bytes (reference_data; issue 46).
     reference_max_bytes: int = 256 * 1024 * 1024
     # Free-form extras, e.g. {"projection_id": "..."} from tests; not read from the environment.

@@ -191,6 +191,8 @@ def parser() -> argparse.ArgumentParser:
     for job in (build, ranged, maintained):
         job.add_argument("--dag", required=True)
         job.add_argument("--run-id", required=True)
+        job.add_argument("--lineage-parent", default="", help="the submitting task's OpenLineage run "
+                                                              "(<namespace>/<job>/<run id>): our runs' parent")
     return found
 
 
@@ -236,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     if refused:
         found.error(f"{args.job}: {refused}")
     settings = Settings.load(role="reader")
+    if args.lineage_parent:
+        settings = settings.replace(lineage_parent=args.lineage_parent)
     # A retried task never reads an earlier attempt's result.
     result_path(settings, args.dag, args.run_id, args.name).unlink(missing_ok=True)
     try:

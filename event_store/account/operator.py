@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from lakehouse.lineage import detector_run
 from lakehouse.settings import Settings
 
 __all__ = ["resolve_quarantine", "run_policy", "detect_fraud"]
@@ -56,9 +57,11 @@ def run_policy(settings: Settings, args, host) -> int:
     stop_requested_on_sigterm(policy.stop)  # ends run() within seconds, whatever it waits for
     server = metrics.serve(settings, "policy", lambda: figures(policy.stats), lambda m: print(m, flush=True))
     try:
-        stats = policy.run(until_caught_up=args.until_caught_up)
-    except KeyboardInterrupt:
-        stats = policy.stats
+        with detector_run(settings, "policy", args.until_caught_up):
+            try:
+                stats = policy.run(until_caught_up=args.until_caught_up)
+            except KeyboardInterrupt:
+                stats = policy.stats
     finally:
         if server is not None:
             server.close()
@@ -69,7 +72,8 @@ def run_policy(settings: Settings, args, host) -> int:
 def detect_fraud(settings: Settings, args, host) -> int:
     """The fraud detector: the Kafka consumer (python) or the Structured Streaming app (spark)."""
     if args.engine == "spark":
-        return host.run_spark_detector("fraud_detector", settings, args.until_caught_up)
+        with detector_run(settings, "detect-fraud", args.until_caught_up):
+            return host.run_spark_detector("fraud_detector", settings, args.until_caught_up)
     from event_store.account.fraud_consumer import FraudConsumer
     from event_store.kafka_access import check_access
     from lakehouse.signals import stop_requested_on_sigterm
@@ -83,11 +87,14 @@ def detect_fraud(settings: Settings, args, host) -> int:
     stop_requested_on_sigterm(detector.stop)  # ends run() within seconds, whatever it waits for
     server = metrics.serve(settings, "fraud-detector", lambda: figures(detector.stats), log)
     try:
-        stats = detector.run(until_caught_up=args.until_caught_up)
-    except KeyboardInterrupt:
-        stats = detector.stats
+        with detector_run(settings, "detect-fraud", args.until_caught_up, log):
+            try:
+                stats = detector.run(until_caught_up=args.until_caught_up)
+            except KeyboardInterrupt:
+                stats = detector.stats
     finally:
         if server is not None:
             server.close()
     print(f"fraud detector: {stats.line()}; findings are FlagFraud commands on {settings.commands_topic}")
     return 0
+

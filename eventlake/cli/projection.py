@@ -38,8 +38,11 @@ class SparkApps:
 
 
 def _cmd_detect_anomalies(settings: Settings, args) -> int:
+    from lakehouse.lineage import detector_run
+
     require_broker(settings)
-    return SparkApps().run_spark_detector("telemetry_detector", settings, args.until_caught_up)
+    with detector_run(settings, "detect-anomalies", args.until_caught_up):
+        return SparkApps().run_spark_detector("telemetry_detector", settings, args.until_caught_up)
 
 
 def _cmd_status(settings: Settings, args) -> int:

@@ -190,6 +190,7 @@ def test_check_read_models_publishes_data_docs_naming_each_suite(tmp_path):
     write_folded(settings, events_for(GeneratorConfig(accounts=10, commands=200, seed=4, run_id="docs")))
     proc = dags_test(settings, "check_read_models")
     assert proc.returncode == 0, output(proc)[-4000:]
+    _assert_each_check_run_is_a_child_of_its_airflow_task_run(settings)
     index = tmp_path / "data_docs" / "index.html"
     assert f"Data Docs of every suite: file://{index}" in output(proc)
     page = index.read_text()
@@ -209,6 +210,21 @@ def test_check_read_models_publishes_data_docs_naming_each_suite(tmp_path):
                 assert found.startswith("https://greatexpectations.io"), (html, found)  # links, nothing loaded
             elif not found.startswith(("mailto:", "data:", "javascript:")):
                 assert (html.parent / found.split("?")[0]).resolve().exists(), (html, found)
+
+
+def _assert_each_check_run_is_a_child_of_its_airflow_task_run(settings) -> None:
+    # One OpenLineage graph (docs/lineage.md): Airflow's provider wrote a run per mapped check task beside ours (the
+    # same file, the same namespace), and each table's check run names its own task's run as its parent.
+    from lakehouse.lineage import events_file, read_events
+
+    events = [e for e in read_events(events_file(settings)) if e["eventType"] == "START"]
+    tasks = {e["run"]["runId"] for e in events if e["job"]["name"] == "check_read_models.check_read_model"}
+    checks = {e["job"]["name"]: e for e in events if e["job"]["name"].startswith("check.")}
+    assert set(checks) == {f"check.{name}" for name in read_models.REGISTRY}, sorted(checks)
+    assert len(tasks) == len(checks)
+    parents = {e["run"]["facets"]["parent"]["run"]["runId"] for e in checks.values()}
+    assert parents == tasks
+    assert {e["job"]["namespace"] for e in events} == {settings.lineage_namespace}
 
 
 # The dead-letters watcher's trigger as Airflow's triggerer runs it: the Kafka provider's AwaitMessageTrigger with

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from infra.airflow import environment
+from lakehouse.lineage import events_file, read_events
 from lakehouse.settings import PROJECT_ROOT, Settings
 from lakehouse.tables import read_table
 from read_models.catalog import DIM_MERCHANT_TABLE
@@ -52,6 +53,14 @@ def test_a_run_loads_the_newest_landed_file_and_a_bad_source_fails_the_check_tas
     assert proc.returncode == 0, output(proc)[-5000:]
     assert "20 inserted, 0 changed, 0 closed, 0 unchanged; dim_merchant at Delta version 0" in output(proc)
     assert len(read_table(settings.table_path(DIM_MERCHANT_TABLE))) == 20
+    # One lineage graph: Airflow's OpenLineage provider wrote the task's run beside ours (the same file, the same
+    # namespace), and our load's run names it as its parent.
+    events = read_events(events_file(settings))
+    task = [e for e in events if e["job"]["name"] == "load_merchants.merge_merchants" and e["eventType"] == "START"]
+    [load] = [e for e in events if e["job"]["name"] == "load_merchants" and e["eventType"] == "START"]
+    assert len(task) == 1 and task[0]["job"]["namespace"] == load["job"]["namespace"] == settings.lineage_namespace
+    parent = load["run"]["facets"]["parent"]
+    assert (parent["job"]["name"], parent["run"]["runId"]) == ("load_merchants.merge_merchants", task[0]["run"]["runId"])
     bad = tmp_path / "bad.csv"
     bad.write_text("merchant_id,name,mcc,country,risk_level\nm1,A,5411,US,low\nm1,B,5411,US,low\n")
     proc = dags_test(settings, "load_merchants", {"source": str(bad)})

@@ -146,6 +146,14 @@ def test_the_rebuild_submits_the_model_the_forms_list_names():
                 for a in template]
     args = airflow_jobs.parser().parse_args(rendered)
     assert (args.job, args.name, args.dag, args.run_id) == ("rebuild-build", "fraud_alerts", "rebuild_read_model", "r")
+    assert args.lineage_parent == ""  # no OpenLineage provider plugin: no parent
+    # With Airflow's OpenLineage plugin, the task's run is the parent of the job's own lineage runs.
+    parent = "eventlake/rebuild_read_model.rebuild_model.build/019ad0e4-5b7c-7d2e-9f3a-6c1b2d3e4f50"
+    plugin = type("Plugin", (), {"lineage_parent_id": staticmethod(lambda ti: parent)})
+    macros = type("Macros", (), {"OpenLineageProviderPlugin": plugin})
+    rendered = [jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(a).render(
+        models=["payments"], ti={"map_index": 0}, task_instance={}, run_id="r", macros=macros) for a in template]
+    assert airflow_jobs.parser().parse_args(rendered).lineage_parent == parent
 
 
 @pytest.mark.parametrize("argv, reason", [

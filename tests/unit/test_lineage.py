@@ -50,6 +50,24 @@ def test_a_run_is_a_start_then_a_complete_with_its_datasets_and_its_parent(tmp_p
     assert start["job"]["facets"]["jobType"]["processingType"] == "BATCH"
 
 
+def test_a_parent_from_elsewhere_is_every_runs_parent_unless_one_is_given(tmp_path):
+    # An Airflow task's run, as its OpenLineage provider names it (a job name holding dots and a slash).
+    run_id = "019ad0e4-5b7c-7d2e-9f3a-6c1b2d3e4f50"
+    settings = _settings(tmp_path, lineage_parent=f"airflow/rebuild_read_model.rebuild_model/build/{run_id}")
+    lineage = Lineage(settings, log=lambda *_: None)
+    with lineage.running("rebuild.payments") as child:
+        with lineage.running("rebuild.payments.fold", parent=child):
+            pass
+    starts = [e for e in read_events(events_file(settings)) if e["eventType"] == "START"]
+    facet = starts[0]["run"]["facets"]["parent"]
+    assert (facet["job"]["namespace"], facet["job"]["name"], facet["run"]["runId"]) == (
+        "airflow", "rebuild_read_model.rebuild_model/build", run_id)
+    assert starts[1]["run"]["facets"]["parent"]["run"]["runId"] == child.run_id
+    for bad in ("no-slashes", "airflow/job/not-a-uuid"):
+        with pytest.raises(SettingsError, match=f"lineage_parent='{bad}'.*<namespace>/<job>/<run id, a UUID>"):
+            Lineage(_settings(tmp_path, lineage_parent=bad))
+
+
 def test_a_failed_run_ends_as_fail_with_its_error_and_the_error_goes_on(tmp_path):
     settings = _settings(tmp_path, lineage_namespace="prod")
     lineage = Lineage(settings, log=lambda *_: None)
