@@ -171,6 +171,10 @@ class SubjectKeys:
         self.reload()
         return True
 
+    def __len__(self) -> int:
+        """How many subjects this store knows (keys and tombstones): 0 for a home that never sealed a value."""
+        return len(self._records)
+
     def records(self) -> Iterator[KeyRecord]:
         """Every subject's record, keys and tombstones (what a compacted keys topic would hold)."""
         return iter(list(self._records.values()))

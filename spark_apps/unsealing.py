@@ -3,11 +3,13 @@
 
 A token is ``elk1:<subject, base64url>:<field>:<base64url of nonce (12 bytes) + ciphertext + GCM tag (16 bytes)>``
 (``event_store.personal_data``), which is the layout Spark's built-in ``aes_decrypt(..., 'GCM', 'DEFAULT', aad)``
-reads. Per DataFrame: one small job finds the subjects its tokens name, the driver looks their keys up in the key
-store (``SubjectKeys.key_of``: a forgotten subject has none; an unknown one is an error, never a null), and those
-keys, with each subject's associated data per field, go to the executors as a broadcast join. Every personal column
-is then decrypted by Spark's own functions: no Python per row. A forgotten subject's values become null; a token
-that does not authenticate or sits in another column than its field is an error that fails the job, naming it.
+reads. Per DataFrame, once the home's key store knows a subject (sealing was on at some time): one small job finds
+the subjects its tokens name, the driver looks their keys up in the key store (``SubjectKeys.key_of``: a forgotten
+subject has none; an unknown one is an error, never a null), and those keys, with each subject's associated data per
+field, go to the executors as a broadcast join. Every personal column is then decrypted by Spark's own functions: no
+Python per row. A forgotten subject's values become null; a token that does not authenticate or sits in another
+column than its field is an error that fails the job, naming it. With an empty key store (sealing never on, the
+default) no job runs: a token is an error inside the fold's own job.
 Plain values (events written with sealing off) pass through as they are.
 """
 from __future__ import annotations
@@ -31,12 +33,20 @@ def unsealed(df, unsealer: Unsealer):
     columns = sorted(personal_columns().intersection(df.columns))
     if not columns:
         return df
+    keys = unsealer.keys
+    unsealer.refresh()
+    if not len(keys):
+        # A home that never sealed a value (sealing off, the default): no subject to look up, so no job to find
+        # them; a token here can only be another home's or forged, an error in the fold's own job.
+        return df.withColumns({c: F.when(F.col(c).startswith(TOKEN_PREFIX), F.raise_error(F.concat(
+            F.lit(f"field '{c}': a sealed value of subject "), F.split(c, ":").getItem(1),
+            F.lit(f" (base64url), and the key store {keys.path} knows no subject (another home's token, or a lost "
+                  f"key store)"))).cast("string")).otherwise(F.col(c)) for c in columns})
     named = F.array_distinct(F.array(*[F.when(F.col(c).startswith(TOKEN_PREFIX), F.split(c, ":").getItem(1))
                                        for c in columns]))
     subjects = [r[0] for r in df.select(F.explode(named).alias("s")).where("s IS NOT NULL").distinct().collect()]
     if not subjects:
         return df
-    unsealer.refresh()
     rows = []
     for encoded in subjects:
         subject = _subject(encoded)

@@ -54,6 +54,28 @@ def test_spark_unseals_as_the_python_readers_do_and_a_forgotten_subject_reads_as
     assert unsealed(frame, unsealer) is frame  # no token: no join, no key looked up
 
 
+def test_a_home_that_never_sealed_costs_the_projection_no_job_and_still_refuses_a_token(spark, tmp_path):
+    # Sealing off (the default): the key store is empty, so no job looks for subjects in each batch's events (one
+    # more Spark job per fold of every batch, before); a token met anyway (another home's, forged) fails the fold.
+    sealer = SubjectKeys(keys_dir(tmp_path / "elsewhere"))
+    unsealer = Unsealer(keys=SubjectKeys(keys_dir(tmp_path / "here")))
+    rows = [{"event_id": "e3", "location": "US-NYC", "customer_name": "Plain Name", "evidence": None},
+            {"event_id": "e4", "location": None, "customer_name": None, "evidence": None}]
+    tracker = spark.sparkContext.statusTracker()
+    frame = _frame(spark, rows)
+    spark.sparkContext.setJobGroup("unsealing-plain", "unsealed() of plain rows, empty key store")
+    try:
+        clear = unsealed(frame, unsealer)
+        assert tracker.getJobIdsForGroup("unsealing-plain") == []
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    assert _collected(clear) == sorted(tuple(r.values()) for r in rows)
+
+    rows[0]["location"] = sealer.seal("cust-9", "location", "IS-RKV")
+    with pytest.raises(Exception, match="knows no subject"):
+        _collected(unsealed(_frame(spark, rows), unsealer))
+
+
 @pytest.mark.parametrize("damage", ["tampered", "moved"])
 def test_spark_refuses_a_token_that_does_not_authenticate_or_sits_in_another_column(spark, tmp_path, damage):
     keys = SubjectKeys(keys_dir(tmp_path))
