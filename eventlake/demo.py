@@ -32,7 +32,8 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, devi
     from event_store.account.fraud_consumer import FraudConsumer
     from spark_apps.telemetry_detector import TelemetryDetector
     from python_engine.run import PythonProjection
-    from spark_apps.projection import Projection, default_engine
+    from spark_apps.projection import Projection, default_engine, lineage_run
+    from lakehouse.lineage import detector_run, events_file
     from spark_apps.session import build_session
 
     started = time.monotonic()
@@ -72,12 +73,15 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, devi
 
     # The fraud loop: detector -> FlagFraud -> handler records FraudSuspected -> policy -> FreezeAccount -> handler.
     # The detector is `eventlake detect-fraud`'s default engine, a Kafka consumer (no JVM).
-    detected = FraudConsumer(settings, log=quiet).run(until_caught_up=True)
+    # Each service's OpenLineage run, as its `eventlake` verb emits it (docs/lineage.md).
+    with detector_run(settings, "detect-fraud", True, quiet):
+        detected = FraudConsumer(settings, log=quiet).run(until_caught_up=True)
     with CommandHandler(settings, log=quiet) as handler:
         flagged = handler.run(until_caught_up=True)
     step(f"fraud detector: {detected.observed} payments and device reports read; {flagged.accepted} FlagFraud "
          f"commands accepted ({flagged.duplicates} repeats answered as duplicates) -> FraudSuspected events")
-    policy = FraudPolicy(settings, log=quiet).run(until_caught_up=True)
+    with detector_run(settings, "policy", True, quiet):
+        policy = FraudPolicy(settings, log=quiet).run(until_caught_up=True)
     with CommandHandler(settings, log=quiet) as handler:
         frozen = handler.run(until_caught_up=True)
     step(f"fraud policy: {policy.line()}; handler: {frozen.events} AccountFrozen events")
@@ -85,7 +89,8 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, devi
     spark = build_session(settings, app_name="eventlake-demo", log=log)
     step("spark session ready")
     # The device's detector: out-of-range runs and silent devices (an event-time timer) -> FlagTelemetryAnomaly.
-    TelemetryDetector(spark, settings, log=quiet).start(until_caught_up=True).awaitTermination()
+    with detector_run(settings, "detect-anomalies", True, quiet):
+        TelemetryDetector(spark, settings, log=quiet).start(until_caught_up=True).awaitTermination()
     with CommandHandler(settings, log=quiet) as handler:
         anomalies = handler.run(until_caught_up=True)
     step(f"telemetry detector: {anomalies.accepted} FlagTelemetryAnomaly commands accepted "
@@ -93,10 +98,10 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, devi
     # The engine `eventlake project` runs by default here (spark_apps.projection.default_engine); the Python
     # engine hands a batch off its common path to this Spark session.
     engine, _ = default_engine(settings)
-    if engine == "python":
-        run = PythonProjection(settings, log=log, spark_session=lambda: spark).run_until_caught_up()
-    else:
-        run = Projection(spark, settings, log=log).run_until_caught_up()
+    projection = (PythonProjection(settings, log=log, spark_session=lambda: spark) if engine == "python"
+                  else Projection(spark, settings, log=log))
+    with lineage_run(settings, projection.plan, True, quiet):
+        run = projection.run_until_caught_up()
     step(f"projection ({engine} engine): {run.input_rows} events in {run.batches} batch(es) -> Delta tables under "
          f"{settings.warehouse}")
     # Reference data (issue 46): a merchants file dropped in the landing folder, loaded into dim_merchant (SCD2).
@@ -175,6 +180,9 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, devi
     log(f"  Delta tables: {settings.warehouse}  ({', '.join(read_models.REGISTRY)}, late_events, event_archive, "
         f"_dead_letters/events)")
     log(f"  checkpoints:  {settings.checkpoints}")
+    if settings.lineage == "on":
+        log(f"  lineage:      {settings.lineage_url or events_file(settings)}  (OpenLineage runs of every step "
+            f"above, what each read and wrote: docs/lineage.md)")
     log(f"done in {time.monotonic() - started:.0f}s. Try: eventlake query \"SELECT status, count(*) FROM "
         f"account_summary GROUP BY status\"; eventlake check --reconcile; "
         f"eventlake airflow standalone (the Airflow UI)"

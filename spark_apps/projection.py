@@ -13,11 +13,14 @@ from __future__ import annotations
 import read_models
 from lakehouse.settings import Settings
 from read_models.catalog import ARCHIVE_TABLE
+from lakehouse.lineage import Lineage, kafka_topic, table
+from projection_core.plan import ProjectionPlan
 from python_engine.run import PythonProjection, supports
 from spark_apps.spark_projection import ARCHIVE_STATS_COLUMNS, Projection, ProjectionError, ProjectionRun
 from spark_apps.spark_projection import spark_event_row_schema as _event_row_schema  # noqa: F401 -- bench/rebuild.py
 
-__all__ = ["Projection", "ProjectionError", "ProjectionRun", "ARCHIVE_STATS_COLUMNS", "main", "project", "default_engine"]
+__all__ = ["Projection", "ProjectionError", "ProjectionRun", "ARCHIVE_STATS_COLUMNS", "main", "project",
+           "default_engine", "lineage_run"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,16 +75,17 @@ def project(settings: Settings, names: list[str], until_caught_up: bool = False,
     projection = Projection(spark, settings, models, archive=archive)
     server = metrics.serve(settings, "projection", projection.figures.samples)
     try:
-        if until_caught_up:
-            run = projection.run_until_caught_up()
-            print(f"projection: caught up: {run.input_rows} events in {run.batches} batches, {run.seconds:.1f}s; "
-                  f"tables under {settings.warehouse}")
-            return 0
-        projection.start()
-        try:
-            projection.await_termination(stop_requested)
-        except KeyboardInterrupt:
-            projection.stop()
+        with lineage_run(settings, projection.plan, until_caught_up):
+            if until_caught_up:
+                run = projection.run_until_caught_up()
+                print(f"projection: caught up: {run.input_rows} events in {run.batches} batches, "
+                      f"{run.seconds:.1f}s; tables under {settings.warehouse}")
+                return 0
+            projection.start()
+            try:
+                projection.await_termination(stop_requested)
+            except KeyboardInterrupt:
+                projection.stop()
     finally:
         if server is not None:
             server.close()
@@ -89,6 +93,21 @@ def project(settings: Settings, names: list[str], until_caught_up: bool = False,
         print(f"projection: stopped (SIGTERM); the next start resumes from the checkpoints under "
               f"{settings.checkpoints}")
     return 0
+
+
+def lineage_run(settings: Settings, plan: ProjectionPlan, until_caught_up: bool, log=print):
+    """The OpenLineage run (``lakehouse.lineage``) of a projection, whichever engine runs it: job
+    ``projection.<its read models, and event_archive, joined by +>``; the events topic in; out, each read model's
+    generation(s) the plan writes at the start (a rebuild's switch later moves the live writes to another
+    generation, which that rebuild's own run names), the dead letters and, where the plan keeps them, the archive,
+    the sequence ledger and the held events. A service (``SERVICE``) or, until caught up, a ``JOB``; a stop
+    by SIGTERM or Ctrl-C completes it, an error fails it, a kill -9 leaves its START alone."""
+    names = [m.name for m in plan.models] + ([ARCHIVE_TABLE] if plan.archive else [])
+    outputs = [table(g.table) for gs in plan.resolve().values() for g in gs]
+    outputs += [table(settings.table_path(name)) for name in plan.fixed_tables()]
+    return Lineage.for_settings(settings, log).running(
+        f"projection.{'+'.join(names)}", [kafka_topic(settings, settings.events_topic)], outputs,
+        job_type="JOB" if until_caught_up else "SERVICE")
 
 
 def _run_python_engine(settings: Settings, models, archive: bool, until_caught_up: bool, stop_requested) -> int:
@@ -99,9 +118,11 @@ def _run_python_engine(settings: Settings, models, archive: bool, until_caught_u
     engine = PythonProjection(settings, models, archive=archive, log=log)
     server = metrics.serve(settings, "projection", lambda: figures(engine), log)
     try:
-        run = engine.run(until_caught_up=until_caught_up, stop_requested=stop_requested)
-    except KeyboardInterrupt:
-        return 0
+        with lineage_run(settings, engine.plan, until_caught_up, log):
+            try:
+                run = engine.run(until_caught_up=until_caught_up, stop_requested=stop_requested)
+            except KeyboardInterrupt:
+                return 0
     finally:
         if server is not None:
             server.close()

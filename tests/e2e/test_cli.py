@@ -48,6 +48,8 @@ def test_demo_then_sql_query(env, settings):
             "a fold of the archived log: all passed") in out
     assert str(settings.warehouse) in out and settings.events_topic in out
 
+    _assert_the_lineage_graph(settings)
+
     query = run(["query", f"SELECT count(*) AS n, sum(version) AS versions FROM account_summary "
                           f"WHERE account_id LIKE 'acc-{run_id}-%'"], env)
     assert query.returncode == 0, query.stderr
@@ -83,6 +85,32 @@ def test_demo_then_sql_query(env, settings):
     again = run(["query", f"SELECT count(*) AS n, sum(version) AS versions FROM account_summary "
                           f"WHERE account_id LIKE 'acc-{run_id}-%'"], env)
     assert again.stdout == query.stdout
+
+
+def _assert_the_lineage_graph(settings) -> None:
+    """The demo's OpenLineage runs (the file under the home) make one graph: commands topic -> handler -> events
+    topic -> projection -> every read model's table; events -> each detector and the policy -> commands (the loop);
+    the merchants file -> load_merchants -> dim_merchant. Every run started ended, and completed."""
+    import read_models
+    from lakehouse.lineage import events_file, read_events, table
+    from read_models.catalog import DIM_MERCHANT_TABLE, Catalog
+
+    events = read_events(events_file(settings))
+    ends = {e["run"]["runId"]: e["eventType"] for e in events if e["eventType"] != "START"}
+    starts = [e for e in events if e["eventType"] == "START"]
+    assert starts and all(ends.get(e["run"]["runId"]) == "COMPLETE" for e in starts), (starts, ends)
+    edges = {(i["name"], e["job"]["name"], o["name"]) for e in starts for i in e["inputs"] for o in e["outputs"]}
+    commands, events_topic = settings.commands_topic, settings.events_topic
+    assert (commands, f"handler.{settings.handler_group_id}", events_topic) in edges
+    for job in ("detect-fraud", "policy", "detect-anomalies"):
+        assert (events_topic, job, commands) in edges, job
+    names = list(read_models.REGISTRY)
+    [projection] = {job for _, job, _ in edges if job.startswith("projection.")}
+    catalog = Catalog(settings)
+    for name in names:
+        assert (events_topic, projection, table(catalog.current(name).table).name) in edges, name
+    assert any(job == "load_merchants" and out == table(settings.table_path(DIM_MERCHANT_TABLE)).name
+               for _, job, out in edges)
 
 
 def test_maintenance_refuses_bad_input_before_starting_spark(env):

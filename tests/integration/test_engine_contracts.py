@@ -63,6 +63,25 @@ def test_both_engines_give_every_model_the_oracles_rows(spark, settings, tmp_pat
         assert_matches_oracle(spark, home, LOG)
         assert delta(spark, home, ARCHIVE_TABLE).count() == len(LOG)
         assert all(_rows(spark, home).values()), "a read model without rows: the log must give every model some"
+        _assert_lineage(home)
+
+
+def _assert_lineage(settings) -> None:
+    """The projection's OpenLineage run (the file transport under the home), the same from either engine: the
+    events topic in; every read model's table, the archive and the dead letters out."""
+    from lakehouse.lineage import events_file, read_events, table
+    from read_models.catalog import DEAD_LETTER_TABLE, Catalog
+
+    [start, end] = read_events(events_file(settings))
+    assert (start["eventType"], end["eventType"], start["run"]["runId"]) == ("START", "COMPLETE", end["run"]["runId"])
+    names = [m.name for m in read_models.select(None)]
+    assert start["job"]["name"] == "projection." + "+".join(names + [ARCHIVE_TABLE])
+    assert [d["name"] for d in start["inputs"]] == [settings.events_topic]
+    outputs = {d["name"] for d in start["outputs"]}
+    catalog = Catalog(settings)
+    tables = [table(catalog.current(n).table).name for n in names]
+    tables += [table(settings.table_path(n)).name for n in (ARCHIVE_TABLE, DEAD_LETTER_TABLE)]
+    assert set(tables) <= outputs, sorted(set(tables) - outputs)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
