@@ -40,8 +40,8 @@ from lakehouse.errors import BadInput, NotFound, Refused
 from lakehouse.files import write_whole
 
 __all__ = ["SubjectKeys", "KeyRecord", "SealedValueError", "SubjectForgotten", "SubjectKeyMissing", "TOKEN_PREFIX",
-           "keys_dir", "is_sealed", "token_subject", "associated_data", "personal_fields", "personal_fields_by_type",
-           "seal_payload", "unseal_payload"]
+           "keys_dir", "is_sealed", "token_head", "token_subject", "associated_data", "personal_fields",
+           "personal_fields_by_type", "seal_payload", "unseal_payload"]
 
 TOKEN_PREFIX = "elk1:"
 _PREFIX_LENGTH = len(TOKEN_PREFIX)
@@ -371,6 +371,13 @@ class SubjectKeys:
 def is_sealed(value: Any) -> bool:
     """Whether ``value`` looks like a token (a string with the token prefix)."""
     return isinstance(value, str) and value.startswith(TOKEN_PREFIX)
+
+
+def token_head(subject: str) -> str:
+    """What every token of ``subject`` starts with (``<prefix><subject, base64url>:``): the subject's tokens in a
+    column are the values ``LIKE token_head(subject) || '%'``."""
+    _check_subject(subject)
+    return f"{TOKEN_PREFIX}{_b64(subject.encode('utf-8'))}:"
 
 
 def token_subject(value: Any) -> str | None:

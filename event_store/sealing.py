@@ -28,7 +28,7 @@ from lakehouse.errors import Refused
 from lakehouse.settings import Settings, SettingsError
 
 __all__ = ["Sealer", "Unsealer", "SealingUnsupported", "sealing_on", "refuse_spark", "personal_columns",
-           "unsealed_select", "DUCKDB_UNSEAL"]
+           "unsealed_select", "DUCKDB_UNSEAL", "personal_event_fields"]
 
 # The DuckDB function a reader's connection unseals with (``Unsealer.register``): (value, field name) -> value.
 DUCKDB_UNSEAL = "eventlake_unseal"
@@ -71,7 +71,8 @@ def unsealed_select(relation: str, columns: Iterable[str]) -> str:
     return f"SELECT * REPLACE ({replaced}) FROM {relation}"
 
 
-def _personal_event_fields() -> dict[str, frozenset[str]]:
+def personal_event_fields() -> dict[str, frozenset[str]]:
+    """Event type -> the payload fields it marks personal (every registered domain's)."""
     out: dict[str, frozenset[str]] = {}
     for domain in DOMAINS.values():
         out.update(personal_fields_by_type(domain.events))
@@ -81,7 +82,7 @@ def _personal_event_fields() -> dict[str, frozenset[str]]:
 def personal_columns() -> frozenset[str]:
     """Every payload field some registered event type marks personal: the columns of the flattened event rows a
     reader unseals (only the tokens among their values: another type's plain field of the same name passes)."""
-    return frozenset(name for fields in _personal_event_fields().values() for name in fields)
+    return frozenset(name for fields in personal_event_fields().values() for name in fields)
 
 
 class Sealer:
@@ -89,7 +90,7 @@ class Sealer:
 
     def __init__(self, keys: SubjectKeys):
         self.keys = keys
-        self.personal = _personal_event_fields()
+        self.personal = personal_event_fields()
         for domain in DOMAINS.values():
             if domain.subject is None and any(t in self.personal for t in domain.events):
                 raise ValueError(f"domain {domain.aggregate_type}: its events mark personal fields but it names no "
@@ -149,7 +150,7 @@ class Unsealer:
             raise ValueError("Unsealer needs settings (its home's key store) or a key store")
         self._home = settings.home if settings is not None else None
         self._keys = keys
-        self.personal = _personal_event_fields()
+        self.personal = personal_event_fields()
         self.columns = personal_columns()
 
     @property

@@ -51,6 +51,12 @@ class ReadModel:
     # The same fold as ``fold`` in SQL (DuckDB's dialect) over a relation ``events`` with the archive's columns:
     # the rebuild folds the whole archive with it (``spark_apps.archive_fold``; without it, with ``fold`` in Spark).
     fold_sql: str = ""
+    # The columns holding personal values (from the personal fields of its event types, under their own name or
+    # another: account_summary's last_device_location is a location), and the column naming the aggregate each
+    # row is about (the event's aggregate_id): forgetting a data subject nulls those columns in the rows of the
+    # subject's aggregates (read_models.forgetting; issue 45).
+    personal_columns: tuple[str, ...] = ()
+    subject_column: str = ""
 
     def __post_init__(self):
         if self.merge_strategy not in MERGE_STRATEGIES:

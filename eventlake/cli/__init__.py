@@ -11,14 +11,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from eventlake.cli import checks, cluster, domain_verbs, generations, projection, reference, sql, write_side
+from eventlake.cli import (checks, cluster, domain_verbs, forgetting, generations, projection, reference, sql,
+                           write_side)
 from lakehouse.errors import EventlakeError
 from lakehouse.settings import Settings, SettingsError
 
 __all__ = ["main", "entry", "build_parser", "roles"]
 
 # In the order of ``eventlake --help``.
-GROUPS = (cluster, write_side, domain_verbs, projection, checks, generations, reference, sql)
+GROUPS = (cluster, write_side, domain_verbs, projection, checks, generations, reference, sql, forgetting)
 
 
 def roles() -> dict[str, str]:

@@ -209,3 +209,24 @@ def test_sealed_on_the_log_clear_in_the_read_models_and_null_once_forgotten(sett
     assert summary_after[("acc-ada-1",)]["customer_id"] == "cust-ada"  # the pseudonym stays
     assert summary_after[("acc-ada-1",)]["authorized_total_minor"] == summary[("acc-ada-1",)]["authorized_total_minor"]
 
+    # 5. `eventlake forget` (read_models.forgetting; the key is gone already): Ada's values nulled in the live read
+    # models and purged from their history. No byte of them is left in the warehouse or the checkpoints (data files,
+    # Delta logs, the engine's state); Grace's stay; the reconciliation with the log holds again.
+    from read_models.forgetting import forget_subject
+
+    assert ADA["customer_name"].encode() in files_bytes(Path(settings.warehouse))  # the scan sees them before
+    report = forget_subject(settings, "cust-ada", "GDPR art. 17 request (test)", grace_s=0, log=lambda *_: None)
+    assert report.complete and report.key_before == "forgotten", report.lines()
+    after = {name: table(settings, name) for name in live}
+    personal = ("customer_name", "customer_email", "last_device_location")
+    assert {k[0]: tuple(r[c] for c in personal) for k, r in after["account_summary"].items()} == {
+        "acc-ada-1": (None, None, None), "acc-ada-2": (None, None, None),
+        "acc-grace": (*GRACE.values(), summary[("acc-grace",)]["last_device_location"])}
+    assert {k: r["location"] for k, r in after["payments"].items() if k[0].startswith("acc-ada")} == \
+        {k: None for k in payments if k[0].startswith("acc-ada")}
+    kept = files_bytes(Path(settings.warehouse)) + files_bytes(Path(settings.checkpoints))
+    assert [p for p in [*ADA.values(), *ADA_PLACES] if p.encode() in kept] == []
+    assert GRACE["customer_name"].encode() in kept and GRACE_PLACES[1].encode() in kept
+    assert all(reconcile(settings, name).success for name in live)
+    again = forget_subject(settings, "cust-ada", "GDPR art. 17 request (test)", grace_s=0, log=lambda *_: None)
+    assert again.complete and all(e.rows_holding == e.files_holding == 0 for e in again.tables)

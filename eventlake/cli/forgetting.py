@@ -1,0 +1,31 @@
+"""``eventlake forget``: a data subject forgotten (issue 45, docs/forgetting.md)."""
+from __future__ import annotations
+
+from lakehouse.settings import Settings
+
+__all__ = ["ROLES", "add_verbs"]
+
+ROLES: dict[str, str] = {}
+EXIT_INCOMPLETE = 4  # done as far as it could: run again after the grace period
+
+
+def _cmd_forget(settings: Settings, args) -> int:
+    from read_models.forgetting import forget_subject
+
+    report = forget_subject(settings, args.subject, args.reason, dry_run=args.dry_run,
+                            grace_s=args.grace_minutes * 60.0)
+    for line in report.lines():
+        print(line)
+    return 0 if report.complete or report.dry_run else EXIT_INCOMPLETE
+
+
+def add_verbs(sub) -> None:
+    p = sub.add_parser("forget", help="forget a data subject: delete their key, null their values in every read "
+                                      "model and purge them from the tables' history (docs/forgetting.md)")
+    p.add_argument("subject", help="the data subject's id (the account domain's customer_id)")
+    p.add_argument("--reason", required=True, help="why (recorded in each table's history)")
+    p.add_argument("--dry-run", action="store_true", help="say what would be done; change nothing")
+    p.add_argument("--grace-minutes", type=float, default=15.0,
+                   help="old files written this recently are left for the next run (a writer's open transaction "
+                        "may hold them); default 15")
+    p.set_defaults(run=_cmd_forget)

@@ -1,0 +1,130 @@
+"""A data subject forgotten in the read models (issue 45, slice 4; docs/forgetting.md).
+
+Once a subject's key is deleted, every reader reads their sealed values as null; the read models' tables, though,
+hold the values the projection unsealed before. ``forget_in_read_models`` finds the subject's aggregates (those
+whose archived events carry a token of the subject: a token names its subject, so no domain's rule is needed) and,
+in every generation of every read model that names its ``subject_column``, nulls the model's personal columns
+(``ReadModel.personal_columns``) in those aggregates' rows and purges them from the table's history
+(``lakehouse.erasure``). Each table's outcome is an ``Erasure``: rows before and after, old files deleted or left.
+
+Not covered here: events written while sealing was off (plaintext, no token names their subject), tables under a
+storage URI, the dead letters (a rejected command's original bytes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import read_models
+from event_store.personal_data import SubjectKeys, keys_dir, token_head
+from event_store.sealing import personal_event_fields
+from lakehouse.erasure import DEFAULT_GRACE_S, Erasure, erase
+from lakehouse.settings import Settings
+from read_models.catalog import ARCHIVE_TABLE, Catalog
+from read_models.spec import ReadModel
+
+__all__ = ["personal_columns_of", "subject_aggregates", "forget_in_read_models", "ForgetReport", "forget_subject"]
+
+
+def personal_columns_of(model: ReadModel) -> tuple[str, ...]:
+    """The columns of ``model`` that hold personal values: those it declares, and any column named as a personal
+    field of the event types it folds (a column a model forgot to declare is still erased)."""
+    fields = personal_event_fields()
+    named = {name for event_type in model.event_types for name in fields.get(event_type, ())}
+    return tuple(dict.fromkeys([*model.personal_columns, *(c for c in model.columns if c in named)]))
+
+
+def subject_aggregates(settings: Settings, subject: str) -> list[tuple[str, str]]:
+    """(aggregate type, aggregate id) of every aggregate whose archived events carry a token of ``subject``."""
+    import duckdb
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    from event_store.sealing import personal_columns
+
+    try:
+        archive = DeltaTable(str(settings.table_path(ARCHIVE_TABLE)))
+    except TableNotFoundError:
+        return []
+    names = set(archive.schema().to_arrow().names)
+    columns = sorted(personal_columns() & names)
+    files = [uri.removeprefix("file://") for uri in archive.file_uris()]
+    if not columns or not files:
+        return []
+    head = token_head(subject)
+    where = " OR ".join(f'starts_with("{c}", $head)' for c in columns)
+    with duckdb.connect() as con:
+        rows = con.execute(f"SELECT DISTINCT aggregate_type, aggregate_id FROM read_parquet($files, "
+                           f"union_by_name = true) WHERE {where} ORDER BY 1, 2",
+                           {"files": files, "head": head}).fetchall()
+    return [(t, i) for t, i in rows]
+
+
+def forget_in_read_models(settings: Settings, subject: str, reason: str, dry_run: bool = False,
+                          grace_s: float = DEFAULT_GRACE_S, log: Callable[[str], None] = print) -> list[Erasure]:
+    """Null ``subject``'s personal values in every generation of every read model and purge them from the tables'
+    history (module docstring) -> each table's ``Erasure``, in order. Run again after a kill: it completes."""
+    from lakehouse.tables import TableNotFound
+
+    aggregates = subject_aggregates(settings, subject)
+    ids = sorted({aggregate_id for _, aggregate_id in aggregates})
+    log(f"forget: subject {subject!r}: {len(ids)} aggregate(s) in the archive carry their sealed values")
+    if not ids:
+        return []
+    listed = ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
+    catalog = Catalog(settings)
+    done = []
+    for model in read_models.select(None):
+        columns = personal_columns_of(model)
+        if not columns or not model.subject_column:
+            continue
+        for generation in catalog.generations(model.name):
+            try:
+                erased = erase(generation.table, f'"{model.subject_column}" IN ({listed})', columns, reason,
+                               dry_run=dry_run, grace_s=grace_s)
+            except TableNotFound:
+                continue
+            log(f"forget: {model.name} {generation.label}: {erased.line()}")
+            done.append(erased)
+    return done
+
+
+@dataclass(frozen=True)
+class ForgetReport:
+    """What ``forget_subject`` found and did: the key's state before, each table's erasure."""
+    subject: str
+    key_before: str  # "key", "forgotten" or "unknown"
+    tables: tuple[Erasure, ...]
+    dry_run: bool
+
+    @property
+    def complete(self) -> bool:
+        return not self.dry_run and all(e.complete for e in self.tables)
+
+    def lines(self) -> list[str]:
+        key = {"key": "deleted (a tombstone kept: the subject's key is never made again)",
+               "forgotten": "deleted before", "unknown": "never made (a tombstone now refuses any later data)"}
+        out = [f"subject {self.subject!r}: key " + ("would be deleted" if self.dry_run and self.key_before == "key"
+                                                   else key[self.key_before])]
+        out += [e.line() for e in self.tables]
+        if self.dry_run:
+            out.append("dry run: nothing changed")
+        elif self.complete:
+            out.append("complete: no read model table or its history holds the subject's values")
+        else:
+            out.append(f"not complete: run again after the grace period ({DEFAULT_GRACE_S / 60:.0f} minutes by "
+                       f"default): files written in it may belong to a writer's open transaction")
+        return out
+
+
+def forget_subject(settings: Settings, subject: str, reason: str, dry_run: bool = False,
+                   grace_s: float = DEFAULT_GRACE_S, log: Callable[[str], None] = print) -> ForgetReport:
+    """Forget ``subject``: delete their key (every reader reads their sealed values as null from its next batch,
+    the handler refuses their commands), then null and purge their values in the read models
+    (``forget_in_read_models``). Each step is safe to repeat: a run killed anywhere is run again."""
+    keys = SubjectKeys(keys_dir(settings.home))
+    before = keys.state(subject)
+    if not dry_run:
+        keys.forget(subject)
+    tables = forget_in_read_models(settings, subject, reason, dry_run=dry_run, grace_s=grace_s, log=log)
+    return ForgetReport(subject, before, tuple(tables), dry_run)

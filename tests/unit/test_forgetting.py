@@ -1,0 +1,94 @@
+"""A data subject forgotten in the read models (read_models.forgetting) on real delta-rs tables under a home: the
+subject's aggregates found by the tokens of the archive, their personal columns nulled in every read model that
+has them, other customers and other columns untouched, the old files purged; a dry run changes nothing."""
+import pyarrow as pa
+from deltalake import write_deltalake
+
+import read_models
+from event_store.personal_data import SubjectKeys, keys_dir
+from lakehouse.settings import Settings
+from lakehouse.tables import read_table
+from read_models.catalog import ARCHIVE_TABLE, Catalog
+from read_models.forgetting import forget_in_read_models, personal_columns_of, subject_aggregates
+
+
+def test_each_read_models_personal_columns_are_the_personal_fields_of_its_events():
+    columns = {m.name: personal_columns_of(m) for m in read_models.select(None)}
+    assert columns["account_summary"] == ("customer_name", "customer_email", "last_device_location")
+    assert columns["payments"] == ("location",) and columns["fraud_alerts"] == ("evidence",)
+    assert columns["telemetry_anomalies"] == ()  # the device's evidence is no one's personal data
+    for model in read_models.select(None):  # each declares its own (a column named as a field is one)
+        assert set(personal_columns_of(model)) == set(model.personal_columns), model.name
+        assert set(model.personal_columns) <= set(model.columns), model.name
+        assert bool(model.subject_column) == bool(model.personal_columns), model.name
+
+
+def _home(tmp_path):
+    settings = Settings.load({}).replace(home=tmp_path / "home")
+    keys = SubjectKeys(keys_dir(settings.home))
+    archive = [{"aggregate_type": "account", "aggregate_id": a, "customer_name": name, "location": place}
+               for a, name, place in [
+                   ("acc-ada-1", keys.seal("cust-ada", "customer_name", "Ada Lovelace"), None),
+                   ("acc-ada-1", None, keys.seal("cust-ada", "location", "IS-RKV")),
+                   ("acc-ada-2", None, keys.seal("cust-ada", "location", "IS-AKU")),
+                   ("acc-grace", keys.seal("cust-grace", "customer_name", "Grace Hopper"), None),
+                   ("acc-old", "Plain Name", "US-NYC")]]  # written before sealing: no token
+    write_deltalake(str(settings.table_path(ARCHIVE_TABLE)), pa.Table.from_pylist(archive))
+    catalog = Catalog(settings)
+    write_deltalake(str(catalog.current("account_summary").table), pa.Table.from_pylist([
+        {"account_id": "acc-ada-1", "customer_id": "cust-ada", "customer_name": "Ada Lovelace",
+         "customer_email": "ada@example.org", "last_device_location": "IS-RKV", "balance": 1},
+        {"account_id": "acc-grace", "customer_id": "cust-grace", "customer_name": "Grace Hopper",
+         "customer_email": None, "last_device_location": None, "balance": 2}]))
+    write_deltalake(str(catalog.current("payments").table), pa.Table.from_pylist([
+        {"account_id": "acc-ada-1", "payment_id": "p1", "location": "IS-RKV"},
+        {"account_id": "acc-ada-2", "payment_id": "p2", "location": "IS-AKU"},
+        {"account_id": "acc-grace", "payment_id": "p3", "location": "US-SFO"}]))
+    return settings
+
+
+def _rows(settings, name):
+    table = read_table(Catalog(settings).current(name).table)
+    return sorted(tuple(r.values()) for r in table.to_pylist())
+
+
+def test_a_subjects_values_are_nulled_in_every_read_model_and_the_rest_stays(tmp_path):
+    settings = _home(tmp_path)
+    assert subject_aggregates(settings, "cust-ada") == [("account", "acc-ada-1"), ("account", "acc-ada-2")]
+    before = {name: _rows(settings, name) for name in ("account_summary", "payments")}
+    lines = []
+    dry = forget_in_read_models(settings, "cust-ada", "request #7", dry_run=True, log=lines.append)
+    assert [e.rows_holding for e in dry] == [1, 2] and {name: _rows(settings, name) for name in before} == before
+    # The tables' files were written just now: by default they wait out the grace period (a writer's file may not
+    # be committed yet), and the run says so; with none, it completes.
+    waited = forget_in_read_models(settings, "cust-ada", "request #7", log=lines.append)
+    assert [(e.rows_nulled, e.complete) for e in waited] == [(1, False), (2, False)]
+    assert all(e.files_deferred for e in waited)
+    done = forget_in_read_models(settings, "cust-ada", "request #7", grace_s=0, log=lines.append)
+    assert [(e.rows_holding, e.complete, e.files_purged > 0) for e in done] == [(0, True, True), (0, True, True)]
+    assert _rows(settings, "account_summary") == [("acc-ada-1", "cust-ada", None, None, None, 1),
+                                                  ("acc-grace", "cust-grace", "Grace Hopper", None, None, 2)]
+    assert _rows(settings, "payments") == [("acc-ada-1", "p1", None), ("acc-ada-2", "p2", None),
+                                           ("acc-grace", "p3", "US-SFO")]
+    assert any("2 aggregate(s) in the archive" in line for line in lines)
+    assert all(e.rows_holding == e.files_holding == 0
+               for e in forget_in_read_models(settings, "cust-ada", "request #7", grace_s=0, log=print))
+    assert forget_in_read_models(settings, "cust-nobody", "request #8") == []
+
+
+def test_eventlake_forget_deletes_the_key_then_the_values_and_says_what_it_did(tmp_path, monkeypatch, capsys):
+    from eventlake.cli import main
+
+    settings = _home(tmp_path)
+    monkeypatch.setenv("EVENTLAKE_HOME", str(settings.home))
+    assert main(["forget", "cust-ada", "--reason", "request #9", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "key would be deleted" in out and "dry run: nothing changed" in out
+    assert SubjectKeys(keys_dir(settings.home)).state("cust-ada") == "key"
+    assert main(["forget", "cust-ada", "--reason", "request #9"]) == 4  # files of the last minutes: run again
+    assert "not complete: run again after the grace period" in capsys.readouterr().out
+    assert SubjectKeys(keys_dir(settings.home)).state("cust-ada") == "forgotten"
+    assert main(["forget", "cust-ada", "--reason", "request #9", "--grace-minutes", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "key deleted before" in out and "complete: no read model table" in out
+    assert _rows(settings, "account_summary")[0] == ("acc-ada-1", "cust-ada", None, None, None, 1)
