@@ -30,6 +30,7 @@ __all__ = ["Erasure", "ErasureError", "erase", "REASON_KEY", "DEFAULT_GRACE_S"]
 
 REASON_KEY = "eventlake.erasure"  # in the UPDATE commit's commitInfo: why the values were erased
 DEFAULT_GRACE_S = 900.0
+UPDATE_ATTEMPTS = 5  # the UPDATE's commit, when another writer keeps committing to the table first
 
 
 class ErasureError(BadInput, ValueError):
@@ -71,7 +72,7 @@ def erase(where, predicate: str, columns: Sequence[str], reason: str, *, dry_run
     docstring). ``where``: the table's local folder."""
     import duckdb
     from deltalake import CommitProperties, DeltaTable
-    from deltalake.exceptions import TableNotFoundError
+    from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
     folder = Path(str(where))
     if "://" in str(where):
@@ -95,11 +96,22 @@ def erase(where, predicate: str, columns: Sequence[str], reason: str, *, dry_run
         rows_holding = sum(_count(con, Path(uri.removeprefix("file://")), predicate, present)
                            for uri in table.file_uris())
         nulled, version = 0, None
-        if rows_holding and not dry_run:
-            metrics = table.update(updates={c: "NULL" for c in present}, predicate=holding,
-                                   commit_properties=CommitProperties(custom_metadata={REASON_KEY: reason}))
+        for attempt in range(1, UPDATE_ATTEMPTS + 1):
+            if not rows_holding or dry_run:
+                break
+            try:
+                metrics = table.update(updates={c: "NULL" for c in present}, predicate=holding,
+                                       commit_properties=CommitProperties(custom_metadata={REASON_KEY: reason}))
+            except CommitFailedError:  # another writer (the projection) committed first: count again and retry
+                if attempt == UPDATE_ATTEMPTS:
+                    raise
+                table.update_incremental()
+                rows_holding = sum(_count(con, Path(uri.removeprefix("file://")), predicate, present)
+                                   for uri in table.file_uris())
+                continue
             nulled = int(metrics.get("num_updated_rows", rows_holding))
             version = table.version()
+            break
         current = {Path(uri.removeprefix("file://")).resolve() for uri in table.file_uris()}
         files_holding = purged = deferred = 0
         for path in sorted(folder.rglob("*.parquet")):

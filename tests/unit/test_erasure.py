@@ -78,3 +78,23 @@ def test_what_cannot_run_is_refused_naming_the_table(tmp_path):
         erase(path, ADA, ["email"], "r")
     with pytest.raises(ErasureError, match="storage URI is not supported"):
         erase("s3a://lake/account_summary", ADA, ["customer_name"], "r")
+
+
+def test_a_writer_committing_first_makes_the_update_count_again_and_retry(tmp_path, monkeypatch):
+    # The projection MERGEs into the table while forget runs: its commit lands between forget's read and its
+    # UPDATE's commit (here: once, from another DeltaTable of the same table); forget counts again and commits.
+    path = _table(tmp_path)
+    real_update = DeltaTable.update
+    raced = []
+
+    def update(self, *args, **kwargs):
+        if not raced:
+            raced.append(True)
+            write_deltalake(str(path), _rows(("acc-ada-2", "Ada Lovelace", 6)), mode="append")  # a new row of hers
+        return real_update(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaTable, "update", update)
+    done = erase(path, ADA, ["customer_name"], "request #14", now=time.time() + 3600)
+    assert raced and (done.rows_holding, done.rows_nulled) == (3, 3)
+    assert [r for r in _current(path) if r[0].startswith("acc-ada")] == [
+        ("acc-ada-1", None, 10), ("acc-ada-2", None, 5), ("acc-ada-2", None, 6)]
