@@ -11,7 +11,10 @@ from typing import Callable
 
 from spark_apps.arrow_rows import in_schema
 
-__all__ = ["Batch", "merge_into", "side_by_side", "register_delta", "sql_text", "cast_to"]
+__all__ = ["Batch", "merge_into", "side_by_side", "register_delta", "sql_text", "cast_to", "MERGE_ATTEMPTS"]
+
+# How many times a batch's MERGE into a table is tried when other writers commit to it in between.
+MERGE_ATTEMPTS = 5
 
 
 class Batch:
@@ -158,11 +161,26 @@ def merge_into(batch: Batch, target, path, txn: str, source, on: str, insert: di
         # fails on such a commit. The rows are the same; the MERGE reads them as the compaction left them.
         with batch.lock(path):
             target.update_incremental()
-    merger = target.merge(source, predicate=on, source_alias="s", target_alias="t",
-                          commit_properties=batch.commit(txn, **metadata),
-                          post_commithook_properties=batch.hooks())
-    if update:
-        merger = merger.when_matched_update(updates=update,
-                                            predicate="s.first_version = t.version + 1" if guard else None)
-    return merger.when_not_matched_insert(updates=insert, predicate="s.first_version = 1" if guard else None
-                                          ).execute()
+    from deltalake.exceptions import CommitFailedError
+
+    for attempt in range(1, MERGE_ATTEMPTS + 1):
+        merger = target.merge(source, predicate=on, source_alias="s", target_alias="t",
+                              commit_properties=batch.commit(txn, **metadata),
+                              post_commithook_properties=batch.hooks())
+        if update:
+            merger = merger.when_matched_update(updates=update,
+                                                predicate="s.first_version = t.version + 1" if guard else None)
+        try:
+            return merger.when_not_matched_insert(updates=insert,
+                                                  predicate="s.first_version = 1" if guard else None).execute()
+        except CommitFailedError:
+            # Another writer committed to the table since this batch read it (``eventlake forget``'s UPDATE, a
+            # maintenance run): the MERGE is run again on the table as it is now (delta-rs' conflict check says
+            # the query must be rerun). Its result is the same rows: the source and the versions did not change.
+            if attempt == MERGE_ATTEMPTS:
+                raise
+            with batch.lock(path):
+                target.update_incremental()
+            if batch.done(target, txn):
+                return {}
+    return {}
