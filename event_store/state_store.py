@@ -204,11 +204,14 @@ class StateStore:
         with self._env.begin() as txn:
             cursor = txn.cursor()
             if cursor.set_range(_STATE):
-                for key, value in cursor:
+                for n, (key, value) in enumerate(cursor):
                     if not key.startswith(_STATE):
                         break
+                    if n % _RELEASE_EVERY_ENTRIES == _RELEASE_EVERY_ENTRIES - 1:
+                        self._pages.now()  # a walk through the store: the pages it read handed back (as _cut)
                     aggregate_type, _, aggregate_id = key[1:].partition(_SEP)
                     yield aggregate_type.decode(), aggregate_id.decode(), bytes(value)
+        self._pages.now()
 
     def event_ids(self) -> Iterator[str]:
         """Every id of the event-id index."""

@@ -82,6 +82,9 @@ class Settings:
     # (event_store.state_store: aggregate states, idempotency windows, log positions on disk under
     # <home>/handler-state), in MB.
     handler_state_cache_mb: int = 64
+    # The fraud detector's (eventlake detect-fraud) cache of encoded account states, shared out over the topic's
+    # partitions, in MB; the states themselves live on disk (LMDB under <home>/fraud-detector-state).
+    fraud_state_cache_mb: int = 128
     # The Spark projection's sequence gate (spark_apps/sequence.py): "ledger" joins each batch with every event
     # ever admitted; "heads" reads only the batch's aggregates' heads (flat in the log's length, more jobs per
     # batch: slower on small ledgers today, bench/sequence_gate.py).

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import fnmatch
 from pathlib import Path, PurePosixPath
-from typing import Iterator, Mapping, Union
+from typing import Iterable, Iterator, Mapping, Union
 from urllib.parse import urlsplit
 from lakehouse.errors import Unavailable
 
 __all__ = ["Location", "RemoteLocation", "StorageError", "location", "is_remote", "remove_tree", "tree_bytes",
-           "storage_options", "delta_table"]
+           "storage_options", "delta_table", "write_chunks", "read_chunks"]
 
 
 class StorageError(Unavailable, OSError):
@@ -177,6 +177,35 @@ class RemoteLocation:
     def write_text(self, text: str, encoding: str = "utf-8") -> int:
         return self.write_bytes(text.encode(encoding))
 
+    def write_chunks(self, chunks: Iterable[bytes]) -> int:
+        """Write the file from ``chunks`` as they come (a file bigger than what the caller holds in memory)."""
+        stream = self._handler()._handler.open_output_stream(self._key)
+        written = 0
+        try:
+            for chunk in chunks:
+                stream.write(bytes(chunk))
+                written += len(chunk)
+        finally:
+            stream.close()
+        return written
+
+    def read_chunks(self, size: int) -> Iterator[bytes]:
+        """The file's bytes, ``size`` at a time."""
+        try:
+            stream = self._handler().open_input_stream(self._key)
+        except Exception as e:  # noqa: BLE001 -- as read_bytes
+            if not self.exists():
+                raise FileNotFoundError(f"no such file: {self.uri}") from None
+            raise StorageError(f"{self.uri}: cannot read ({e})") from e
+        try:
+            while True:
+                chunk = stream.read(size)
+                if not chunk:
+                    return
+                yield bytes(chunk)
+        finally:
+            stream.close()
+
     def replace(self, target: "RemoteLocation") -> "RemoteLocation":
         """Rename (HDFS, local: atomic; an object store copies then deletes: readers may see both for a while)."""
         if not isinstance(target, RemoteLocation) or target._root != self._root:
@@ -279,3 +308,25 @@ def delta_table(where, **kwargs):
     from deltalake import DeltaTable
 
     return DeltaTable(str(where), storage_options=storage_options(where), **kwargs)
+
+
+def write_chunks(where: Location, chunks: Iterable[bytes]) -> int:
+    """Write the file at ``where`` (local or remote) from ``chunks``, never holding the whole of it."""
+    if isinstance(where, RemoteLocation):
+        return where.write_chunks(chunks)
+    written = 0
+    with open(where, "wb") as out:
+        for chunk in chunks:
+            out.write(chunk)
+            written += len(chunk)
+    return written
+
+
+def read_chunks(where: Location, size: int = 1 << 20) -> Iterator[bytes]:
+    """The bytes of the file at ``where`` (local or remote), ``size`` at a time."""
+    if isinstance(where, RemoteLocation):
+        yield from where.read_chunks(size)
+        return
+    with open(where, "rb") as f:
+        while chunk := f.read(size):
+            yield chunk

@@ -7,15 +7,24 @@ with it); this consumer polls the events topic (``read_committed``), folds each 
 order through ``detect`` and sends each finding at once as a ``FlagFraud`` command, like the Spark app (the same
 command: id derived from payment and rule, so a repeat is answered by the handler as a duplicate).
 
-**State and restarts.** Each account's ``FraudState`` lives in memory, per partition of the events topic (an
-account's events are in one partition). Every ``snapshot_every_s`` seconds, on a stop and when a partition is
-taken away, the state of each partition is written with the offset it is complete up to, *after* every finding
-up to that offset was delivered: ``<checkpoints>/fraud-detector-consumer/partition-<n>.json`` (local folders and
-storage URIs alike, ``lakehouse.storage``; written whole and renamed into place). A partition assigned to this
-consumer starts from its snapshot (state and offset), or from the log's start without one. After a crash the
-events since the snapshot are read again: the state skips nothing it had not seen (``detect`` ignores versions it
-has folded), and the findings they cause again carry the same command ids. So no finding is lost and none is
-recorded twice.
+**State and restarts.** Each account's ``FraudState`` lives on disk, in a state store per partition of the events
+topic (an account's events are in one partition): LMDB under ``<home>/fraud-detector-state/<topic>-<partition>``
+(``event_store.state_store``; each state's JSON zlib-compressed, ~4x smaller: LMDB keeps it on its leaf pages
+and the cache holds more), with the offset it is complete up to in the same transaction. What the detector holds
+in memory is what changed since the last store write and a cache of encoded states bounded by the setting
+``fraud_state_cache_mb`` (issue 42: its memory follows the cache and the recent traffic, not the number of
+accounts). About once a second, on a stop and when a partition is taken away, the changed states are written with
+that offset, *after* every finding up to it was delivered. The states keep device locations sealed (as the events
+had them), so no location reaches the disk in clear.
+
+A state store is local to its machine. For an instance elsewhere (a pod that lost its disk, another host taking the
+partition), every ``snapshot_every_s`` seconds (first soon after start) and on a stop each partition's store is also
+streamed to ``<checkpoints>/fraud-detector-consumer/partition-<n>.json`` (local folders and storage URIs alike,
+``lakehouse.storage``; a header line with topic, partition and offset, then one line per account; written whole and
+renamed into place). A partition assigned to this consumer starts from whichever of the two is further on (the
+snapshot is copied into the store first), or from the log's start without either. After a crash the events since
+then are read again: the state skips nothing it had not seen (``detect`` ignores versions it has folded), and the
+findings they cause again carry the same command ids. So no finding is lost and none is recorded twice.
 
 **Scale-out.** Instances share the consumer group ``<topic prefix>fraud-detector`` (``fraud_detector_group_id``):
 each owns some partitions and their snapshots; a rebalance hands a partition over with its snapshot. The group's
@@ -29,11 +38,13 @@ from __future__ import annotations
 import json
 import threading
 import time
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
+import orjson
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from event_store import kafka_clients, kafka_log
@@ -44,13 +55,20 @@ from event_store.envelope import CommandEnvelope, EventEnvelope, dumps, format_t
 from event_store.errors import InvalidRecord
 from event_store.personal_data import SubjectForgotten, is_sealed, token_subject
 from event_store.sealing import Unsealer
+from event_store.state_store import StateStore
 from lakehouse.metrics import Sample, consumer_lag_samples
 from lakehouse.settings import Settings
+from lakehouse.storage import read_chunks, write_chunks
 
 __all__ = ["event_time_ms", "FraudConsumer", "FraudStats", "figures", "findings_for", "encode_state", "decode_state", "SNAPSHOT_FOLDER",
-           "observation", "snapshot_positions", "status_line"]
+           "observation", "snapshot_positions", "status_line", "STATE_FOLDER", "state_store_path"]
 
 SNAPSHOT_FOLDER = "fraud-detector-consumer"
+STATE_FOLDER = "fraud-detector-state"
+_KIND = "account"  # the state store's aggregate type for the accounts' states
+_STORE_EVERY_S = 1.0  # how often the changed states go to the state stores
+_RESTORE_CHUNK = 10_000  # states per transaction when a snapshot is copied into a store
+_TOKENS_HELD = 100_000  # sealed locations remembered (each sealed once while remembered)
 INPUT_TYPES = frozenset({"PaymentAuthorized", "PaymentDeclined", "DeviceLocationReported"})
 _INPUT_MARKERS = tuple(t.encode() for t in sorted(INPUT_TYPES))  # looked for in the raw bytes before parsing
 _CALL_TIMEOUT_S = 5.0
@@ -58,8 +76,9 @@ _MAX_RECORDS = 5_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-def encode_state(state: FraudState) -> list:
-    return [state.last_version, state.max_amount, [list(a) for a in state.attempts], [list(d) for d in state.devices]]
+def encode_state(state: FraudState) -> tuple:
+    """A state as JSON arrays (tuples serialise as arrays: nothing copied)."""
+    return state.last_version, state.max_amount, state.attempts, state.devices
 
 
 def decode_state(value: list) -> FraudState:
@@ -81,7 +100,7 @@ def observation(event: EventEnvelope) -> Observation:
                        p.get("payment_id"), None if amount is None else int(amount), p.get("location"))
 
 
-def findings_for(states: dict[str, FraudState], events: Iterable[EventEnvelope]) -> list[CommandEnvelope]:
+def findings_for(states, events: Iterable[EventEnvelope]) -> list[CommandEnvelope]:
     """Pure: fold ``events`` (any order; each account's in version order, as the Spark app sorts a batch) into
     ``states`` (changed in place) and return the ``FlagFraud`` commands of the findings, in the order found."""
     by_account: dict[str, list[EventEnvelope]] = defaultdict(list)
@@ -106,26 +125,80 @@ def findings_for(states: dict[str, FraudState], events: Iterable[EventEnvelope])
     return commands
 
 
+def state_store_path(settings: Settings, partition: int):
+    """Where the detector's state store of ``partition`` lives (local to the machine, under the home)."""
+    return settings.home / STATE_FOLDER / f"{settings.events_topic}-{partition}"
+
+
+def _snapshot_header(path) -> dict | None:
+    """The first line of a partition's snapshot at ``path`` (an older snapshot, one JSON object, whole), or None
+    when there is none."""
+    if not path.exists():
+        return None
+    head = b""
+    for chunk in read_chunks(path, 1 << 16):
+        head += chunk
+        if b"\n" in head:
+            break
+    line = head.split(b"\n", 1)[0]
+    if b'"states"' in line:  # the format before state stores: everything in one object
+        line = path.read_bytes()
+    return json.loads(line)
+
+
+def _snapshot_states(path, header: dict) -> Iterator[tuple[str, bytes]]:
+    """(account, its encoded state) of the snapshot at ``path`` whose first line is ``header``, streamed."""
+    if "states" in header:  # the older format: all in one object, read whole
+        for account, value in header["states"].items():
+            yield account, dumps(value)
+        return
+    rest, first = b"", True
+    for chunk in read_chunks(path):
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            if first:
+                first = False
+                continue
+            if line:
+                account, value = json.loads(line)
+                yield account, dumps(value)
+    if rest.strip() and not first:
+        account, value = json.loads(rest)
+        yield account, dumps(value)
+
+
 def snapshot_positions(settings: Settings) -> dict[int, tuple[int, str]]:
-    """partition -> (the offset its state snapshot is complete up to, when it was written); {} without any.
-    Unreadable snapshots are left out (the detector names them when it starts)."""
+    """partition -> (the offset its state is complete up to on disk, when it was written): the further of its state
+    store on this machine and its snapshot under the checkpoints; {} without any. Unreadable ones are left out (the
+    detector names them when it starts)."""
     folder = settings.checkpoints / SNAPSHOT_FOLDER
     out = {}
-    if not folder.exists():
-        return out
-    for path in folder.iterdir():
-        if not (path.name.startswith("partition-") and path.name.endswith(".json")):
-            continue
-        try:
-            snapshot = json.loads(path.read_bytes())
-            out[int(snapshot["partition"])] = (int(snapshot["offset"]), str(snapshot.get("written_at", "")))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+    if folder.exists():
+        for path in folder.iterdir():
+            if not (path.name.startswith("partition-") and path.name.endswith(".json")):
+                continue
+            try:
+                snapshot = _snapshot_header(path)
+                out[int(snapshot["partition"])] = (int(snapshot["offset"]), str(snapshot.get("written_at", "")))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+    stores = settings.home / STATE_FOLDER
+    prefix = f"{settings.events_topic}-"
+    if stores.is_dir():
+        for path in stores.iterdir():
+            tail = path.name[len(prefix):]
+            if not (path.name.startswith(prefix) and tail.isdigit() and (path / "data.mdb").exists()):
+                continue
+            with StateStore(path, cache_bytes=0) as store:
+                positions, meta = store.positions(), store.meta()
+            if positions is not None and positions[0] > out.get(int(tail), (-1, ""))[0]:
+                out[int(tail)] = (positions[0], str(json.loads(meta).get("written_at", "")) if meta else "")
     return out
 
 
 def status_line(settings: Settings, log_end: int | None) -> str | None:
-    """``eventlake status``'s line for the detector: its lag at its last state snapshots (None: it never ran)."""
+    """``eventlake status``'s line for the detector: its lag at its last state writes (None: it never ran)."""
     positions = snapshot_positions(settings)
     if not positions:
         return None
@@ -142,7 +215,8 @@ class FraudStats:
     observed: int = 0
     findings: int = 0
     skipped: int = 0
-    snapshots: int = 0
+    snapshots: int = 0  # snapshots under the checkpoints
+    state_writes: int = 0  # writes of the changed states to the state stores
     consumers_renewed: int = 0  # consumers replaced after not rejoining their group (kafka_clients.RejoinWatch)
     by_rule: dict[str, int] = field(default_factory=dict)  # rule -> FlagFraud commands sent
     accounts: int = 0  # accounts whose state this instance holds (its partitions'), as of the last lag refresh
@@ -151,7 +225,8 @@ class FraudStats:
 
     def line(self) -> str:
         return (f"{self.events} events read ({self.observed} payments and device reports), {self.findings} FlagFraud "
-                f"commands sent, {self.skipped} unreadable events skipped, {self.snapshots} state snapshots written"
+                f"commands sent, {self.skipped} unreadable events skipped, {self.state_writes} state writes, "
+                f"{self.snapshots} state snapshots written"
                 + (f", {self.consumers_renewed} consumers renewed after not rejoining their group"
                    if self.consumers_renewed else ""))
 
@@ -173,12 +248,35 @@ def figures(stats: FraudStats) -> list[Sample]:
 
 
 class _Partition:
-    """What this consumer holds of one partition: its accounts' states and the offset they are complete up to."""
+    """What this consumer holds of one partition: its state store, the states changed since the store's last write,
+    and the offsets they are complete up to."""
 
-    def __init__(self, states: dict[str, FraudState], offset: int):
-        self.states = states
-        self.offset = offset          # the next offset to fold (state complete below it)
-        self.saved_offset = offset    # the offset of the snapshot on storage
+    def __init__(self, number: int, store: StateStore, offset: int, snapshot_offset: int, opened):
+        self.number = number
+        self.store = store
+        self.dirty: dict[str, FraudState] = {}
+        self.offset = offset              # the next offset to fold (state complete below it)
+        self.saved_offset = offset        # what the state store covers
+        self.snapshot_offset = snapshot_offset  # what the snapshot under the checkpoints covers (-1: none)
+        self.snapshot_due = 0.0 if snapshot_offset < offset or snapshot_offset < 0 else time.monotonic()
+        self._opened = opened
+
+    # The mapping findings_for folds into: the states changed since the last store write, then the store (its
+    # cache of encoded states, then LMDB).
+    def get(self, account: str, default=None):
+        state = self.dirty.get(account)
+        if state is None:
+            raw = self.store.state(_KIND, account)
+            if raw is None:
+                return default
+            state = self._opened(account, decode_state(orjson.loads(zlib.decompress(raw))))
+        return state
+
+    def __setitem__(self, account: str, state: FraudState) -> None:
+        self.dirty[account] = state
+
+    def close(self) -> None:
+        self.store.close()
 
 
 class FraudConsumer:
@@ -186,9 +284,9 @@ class FraudConsumer:
 
     Like the fraud policy: a broker that goes away is waited out (librdkafka reconnects by itself), commands the
     broker did not take are sent again, and ``stop()`` (SIGTERM) ends ``run()`` within seconds whatever it waits
-    for. A snapshot is written only after every finding before its offset was delivered."""
+    for. A state is written only after every finding before its offset was delivered."""
 
-    def __init__(self, settings: Settings, log: Callable[[str], None] = print, snapshot_every_s: float = 10.0):
+    def __init__(self, settings: Settings, log: Callable[[str], None] = print, snapshot_every_s: float = 300.0):
         self.settings = settings
         self.log = log
         self.snapshot_every_s = snapshot_every_s
@@ -196,13 +294,16 @@ class FraudConsumer:
         self.folder = settings.checkpoints / SNAPSHOT_FOLDER
         self._stopping = threading.Event()
         self._partitions: dict[int, _Partition] = {}
+        # The states' cache, encoded (a decoded state takes ~6x its encoded size), shared out over the partitions.
+        self._cache_bytes = (max(settings.fraud_state_cache_mb, 0) << 20) // max(settings.topic_partitions, 1)
         self._at_end: set[int] = set()
         self._broker_error: str | None = None
         self._sender: kafka_clients.RecordSender | None = None
         self._consumer = None
-        # Sealed locations back in clear for the rules (null once forgotten; event_store.sealing). The state
-        # snapshots keep them sealed again, under the subject their events named (account -> subject), so no
-        # location reaches the files in clear; (subject, location) -> its token, made once.
+        # Sealed locations back in clear for the rules (null once forgotten; event_store.sealing). The stored
+        # states keep them sealed again, under the subject their events named (account -> subject, for the
+        # accounts changed since the last store write), so no location reaches the disk in clear;
+        # (subject, location) -> its token, made once while remembered.
         self._unsealer = Unsealer(settings)
         self._subjects: dict[str, str] = {}
         self._tokens: dict[tuple[str, str], str] = {}
@@ -212,42 +313,63 @@ class FraudConsumer:
     def stop(self) -> None:
         self._stopping.set()
 
-    # -- snapshots -------------------------------------------------------------------------------------------
+    # -- state stores and snapshots --------------------------------------------------------------------------
     def _snapshot_path(self, partition: int):
         return self.folder / f"partition-{partition}.json"
 
     def _load(self, partition: int) -> _Partition:
         path = self._snapshot_path(partition)
         try:
-            if not path.exists():
-                return _Partition({}, OFFSET_BEGINNING)
-            snapshot = json.loads(path.read_bytes())
+            header = _snapshot_header(path)
         except (OSError, ValueError) as e:
             raise RuntimeError(f"fraud detector: cannot read the state snapshot {path}: {e}; move it away to "
                                f"rebuild the state of partition {partition} from the log's start") from None
-        if snapshot.get("topic") != self.settings.events_topic:
-            raise RuntimeError(f"fraud detector: the state snapshot {path} is of topic {snapshot.get('topic')!r}, "
+        if header is not None and header.get("topic") != self.settings.events_topic:
+            raise RuntimeError(f"fraud detector: the state snapshot {path} is of topic {header.get('topic')!r}, "
                                f"not {self.settings.events_topic!r}; move it away to start over")
-        states = {account: self._opened(account, decode_state(value))
-                  for account, value in snapshot["states"].items()}
-        return _Partition(states, int(snapshot["offset"]))
+        store = StateStore(state_store_path(self.settings, partition), cache_bytes=self._cache_bytes)
+        stored = store.positions()
+        snapshot_offset = -1 if header is None else int(header["offset"])
+        if header is not None and (stored is None or stored[0] < snapshot_offset):
+            self._restore(store, path, header)
+            stored = store.positions()
+        offset = OFFSET_BEGINNING if stored is None else stored[0]
+        return _Partition(partition, store, offset, snapshot_offset, self._opened)
+
+    def _restore(self, store: StateStore, path, header: dict) -> None:
+        """Copy the snapshot at ``path`` into ``store`` (emptied first), streamed: a partition's states need not
+        fit in memory."""
+        store.clear()
+        chunk: dict = {}
+        for account, raw in _snapshot_states(path, header):
+            chunk[(_KIND, account)] = zlib.compress(raw, 1)
+            if len(chunk) >= _RESTORE_CHUNK:
+                store.restore(chunk, (), {}, 0)
+                chunk = {}
+        if chunk:
+            store.restore(chunk, (), {}, 0)
+        store.write(int(header["offset"]), 0, meta=dumps({"written_at": header.get("written_at", "")}), mark=False)
+        self.log(f"fraud detector: partition {header['partition']}'s state copied from the snapshot {path}")
 
     def _opened(self, account: str, state: FraudState) -> FraudState:
-        """A state read from a snapshot, its sealed device locations unsealed (null once forgotten)."""
+        """A stored state, its sealed device locations unsealed (null once forgotten)."""
         if not any(is_sealed(location) for _, location in state.devices):
             return state
+        plain: dict = {}  # token -> value: the stored tokens of one location are one (see _sealed)
         for _, location in state.devices:
-            if is_sealed(location):
+            if is_sealed(location) and location not in plain:
                 self._subjects[account] = token_subject(location)
-        return replace(state, devices=tuple((t, self._unsealer.value(location, "location"))
-                                            for t, location in state.devices))
+                plain[location] = self._unsealer.value(location, "location")
+        return replace(state, devices=tuple((t, plain.get(location, location)) for t, location in state.devices))
 
-    def _sealed(self, account: str, state: FraudState) -> list:
-        """``encode_state`` of a state to snapshot, the device locations sealed under the account's subject when
+    def _sealed(self, account: str, state: FraudState) -> tuple:
+        """``encode_state`` of a state to store, the device locations sealed under the account's subject when
         its events were sealed (a forgotten subject's: null)."""
         subject = self._subjects.get(account)
         if subject is None or not state.devices:
             return encode_state(state)
+        if len(self._tokens) > _TOKENS_HELD:
+            self._tokens.clear()
         devices = []
         for t, location in state.devices:
             token = None
@@ -262,36 +384,69 @@ class FraudConsumer:
             devices.append((t, token))
         return encode_state(replace(state, devices=tuple(devices)))
 
-    def _save(self, partition: int, held: _Partition) -> None:
-        if held.offset == held.saved_offset or held.offset < 0:
+    def _save(self, held: _Partition) -> None:
+        """The changed states and the offset they are complete up to, in one write of the state store."""
+        if held.offset < 0 or (held.offset == held.saved_offset and not held.dirty):
+            return
+        states = {}
+        for account, state in held.dirty.items():
+            states[(_KIND, account)] = zlib.compress(dumps(self._sealed(account, state)), 1)
+            self._subjects.pop(account, None)
+        if not held.store.write(held.offset, 0, states, meta=dumps({"written_at": utc_now()}), mark=False):
+            self.log(f"fraud detector: partition {held.number}'s state store covers more than this instance "
+                     f"(another instance owns it now); nothing written")
+        held.dirty.clear()
+        held.saved_offset = held.offset
+        self.stats.state_writes += 1
+
+    def _snapshot(self, held: _Partition) -> None:
+        """Stream the partition's state store (just written) to its snapshot under the checkpoints."""
+        if held.saved_offset < 0 or held.saved_offset == held.snapshot_offset:
+            held.snapshot_due = time.monotonic() + self.snapshot_every_s
             return
         # The folder may be a storage URI (settings.checkpoints): written through its path object, not the OS's.
         self.folder.mkdir(parents=True, exist_ok=True)
-        # orjson (through dumps): every 10 s the detector stops reading while its states are written.
-        data = dumps({"topic": self.settings.events_topic, "partition": partition, "offset": held.offset,
-                      "written_at": utc_now(), "states": {a: self._sealed(a, s) for a, s in held.states.items()}})
-        path = self._snapshot_path(partition)
-        partial = self.folder / f"partition-{partition}.json.partial"
-        partial.write_bytes(data)
-        partial.replace(path)
-        held.saved_offset = held.offset
+        header = {"topic": self.settings.events_topic, "partition": held.number, "offset": held.saved_offset,
+                  "written_at": utc_now(), "format": "lines"}
+
+        def lines():
+            yield dumps(header) + b"\n"
+            batch = []
+            for _, account, raw in held.store.states():
+                batch.append(b"[" + dumps(account) + b"," + zlib.decompress(raw) + b"]\n")
+                if len(batch) >= 1_000:
+                    yield b"".join(batch)
+                    batch = []
+            yield b"".join(batch)
+
+        partial = self.folder / f"partition-{held.number}.json.partial"
+        write_chunks(partial, lines())
+        partial.replace(self._snapshot_path(held.number))
+        held.snapshot_offset = held.saved_offset
+        held.snapshot_due = time.monotonic() + self.snapshot_every_s
         self.stats.snapshots += 1
 
-    def _save_all(self, partitions: Iterable[int] | None = None) -> None:
-        """Snapshots of every held partition (or of ``partitions``); only call when every finding so far is
-        delivered."""
+    def _save_all(self, snapshots: bool = False) -> None:
+        """Write every held partition's changes (and its snapshot when due, or ``snapshots``); only call when
+        every finding so far is delivered."""
         committed = []
-        for partition, held in self._partitions.items():
-            if partitions is not None and partition not in partitions:
-                continue
-            self._save(partition, held)
+        now = time.monotonic()
+        for held in self._partitions.values():
+            self._save(held)
+            if snapshots or now >= held.snapshot_due:
+                self._snapshot(held)
             if held.saved_offset >= 0:
-                committed.append(TopicPartition(self.settings.events_topic, partition, held.saved_offset))
+                committed.append(TopicPartition(self.settings.events_topic, held.number, held.saved_offset))
         if committed and self._consumer is not None:
             try:  # for lag tools only: never read back
                 self._consumer.commit(offsets=committed, asynchronous=True)
             except KafkaException:
                 pass
+
+    def _drop(self, held: _Partition) -> None:
+        for account in held.dirty:
+            self._subjects.pop(account, None)
+        held.close()
 
     # -- the group's callbacks (called from inside consume(), on this thread) ---------------------------------
     def _on_assign(self, consumer, partitions: list[TopicPartition]) -> None:
@@ -302,7 +457,8 @@ class FraudConsumer:
             self._at_end.discard(tp.partition)
             starts.append(TopicPartition(tp.topic, tp.partition, held.offset))
             where = "the log's start" if held.offset < 0 else f"offset {held.offset}"
-            self.log(f"fraud detector: partition {tp.partition} from {where} ({len(held.states)} accounts' state)")
+            self.log(f"fraud detector: partition {tp.partition} from {where} "
+                     f"({max(held.store.entries() - 3, 0)} accounts' state)")
         consumer.incremental_assign(starts)
         self._rejoin.assigned()
 
@@ -314,19 +470,23 @@ class FraudConsumer:
         delivered = self._sender is None or self._sender.all_delivered()
         for tp in partitions:
             held = self._partitions.pop(tp.partition, None)
-            if held is not None and delivered:
-                self._save(tp.partition, held)  # else the next owner reads from the older snapshot: ids repeat
+            if held is not None:
+                if delivered:
+                    self._save(held)  # else the next owner reads from the older state: ids repeat
+                self._drop(held)
             self._at_end.discard(tp.partition)
         consumer.incremental_unassign(partitions)
 
     def _on_lost(self, consumer, partitions: list[TopicPartition]) -> None:
         """Partitions lost without a revoke (this consumer was out of its group too long): another instance may
-        own them already, so their state is dropped unsaved; their next owner starts from the last snapshot."""
+        own them already, so their changes are dropped unsaved; their next owner starts from the stored state."""
         self._rejoin.lost()
         self.log(f"fraud detector: group session lost; partitions {sorted(tp.partition for tp in partitions)} "
-                 f"dropped (their next owner starts from their last snapshot)")
+                 f"dropped (their next owner starts from their last stored state)")
         for tp in partitions:
-            self._partitions.pop(tp.partition, None)
+            held = self._partitions.pop(tp.partition, None)
+            if held is not None:
+                self._drop(held)
             self._at_end.discard(tp.partition)
         consumer.incremental_unassign(partitions)
 
@@ -340,10 +500,10 @@ class FraudConsumer:
         kafka_log.ensure_topics(s, log=self.log)
         self._consumer = consumer = self._subscribed()
         self._sender = sender = kafka_clients.RecordSender(s, "fraud detector", self.log, self._stopping, flush_s=0.5)
-        self.log(f"fraud detector: reading {s.events_topic}, flagging to {s.commands_topic} (state snapshots in "
-                 f"{self.folder})")
+        self.log(f"fraud detector: reading {s.events_topic}, flagging to {s.commands_topic} (state in "
+                 f"{s.home / STATE_FOLDER}, snapshots in {self.folder})")
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
-        last_snapshot, turn = time.monotonic(), -1
+        last_write = time.monotonic()
         stopped = False
         try:
             while not self._stopping.is_set() and (deadline is None or time.monotonic() < deadline):
@@ -366,20 +526,19 @@ class FraudConsumer:
                     break
                 if self._lag.refresh(consumer, self._at_end):
                     self.stats.lag = self._lag.lag
-                    self.stats.accounts = sum(len(held.states) for held in self._partitions.values())
-                # One partition at a time, each every snapshot_every_s: the detector reads nothing while it
-                # writes one, and all at once their pauses would add up.
-                if self._partitions and time.monotonic() - last_snapshot >= self.snapshot_every_s / len(
-                        self._partitions):
-                    turn = (turn + 1) % len(self._partitions)
-                    self._save_all([sorted(self._partitions)[turn]])
-                    last_snapshot = time.monotonic()
+                    self.stats.accounts = sum(max(held.store.entries() - 3, 0) for held in self._partitions.values())
+                if self._partitions and time.monotonic() - last_write >= _STORE_EVERY_S:
+                    self._save_all()
+                    last_write = time.monotonic()
                 collector.tick()
             if not stopped:
-                self._save_all()
+                self._save_all(snapshots=True)
         finally:
             sender.flush(_CALL_TIMEOUT_S)
             kafka_clients.close_within(consumer, _CALL_TIMEOUT_S, "fraud-detector")
+            for held in self._partitions.values():
+                self._drop(held)
+            self._partitions.clear()
         return self.stats
 
     def _subscribed(self):
@@ -435,7 +594,7 @@ class FraudConsumer:
         for partition, events in by_partition.items():
             self.stats.observed += len(events)
             try:
-                commands += findings_for(self._partitions[partition].states, events)
+                commands += findings_for(self._partitions[partition], events)
             except InvalidRecord as e:  # an event time the envelope let through but that is no time
                 self.stats.skipped += 1
                 self.log(f"fraud detector: skipped a batch of partition {partition}: {e}")

@@ -11,7 +11,7 @@ import pytest
 
 from event_store import kafka_log
 from event_store.account import AccountState
-from event_store.account.fraud_consumer import SNAPSHOT_FOLDER, FraudConsumer, observation
+from event_store.account.fraud_consumer import SNAPSHOT_FOLDER, STATE_FOLDER, FraudConsumer, observation
 from event_store.account.fraud_rules import FraudState, detect, flag_command_id
 from event_store.decider import execute
 from event_store.envelope import CommandEnvelope
@@ -152,6 +152,38 @@ def test_killed_with_sigkill_mid_stream_and_started_again_no_finding_is_lost_or_
           again.output().splitlines()[-1])
     assert {(c.aggregate_id, c.payload["payment_id"], c.payload["rule"]) for c in flags} == expected
     assert all(c.command_id == flag_command_id(c.payload["payment_id"], c.payload["rule"]) for c in flags)
+
+
+@pytest.mark.slow
+def test_the_state_lives_on_disk_past_a_cache_of_nothing_and_a_lost_disk_restores_from_the_snapshot(settings):
+    """Issue 42: with no cache at all every account's state is read from its partition's state store (LMDB under
+    the home) and the findings are still the rules' own. The home lost (another machine), the next run copies the
+    snapshots under the checkpoints into new stores and goes on from their offsets: every finding once, none
+    twice, none missing."""
+    import shutil
+
+    settings = settings.replace(fraud_state_cache_mb=0)
+    events = _random_stream(accounts=40, payments=1_500, seed=5)
+    expected = _oracle(events)
+    kafka_log.ensure_topics(settings, **QUIET)
+    half = len(events) // 2
+    _publish(settings, events[:half])
+    first = FraudConsumer(settings, **QUIET).run(until_caught_up=True)
+    assert first.state_writes and first.snapshots
+    stores = settings.home / STATE_FOLDER
+    assert sorted(p.name for p in stores.iterdir()) == [f"{settings.events_topic}-{n}" for n in range(3)]
+    snapshot = (settings.checkpoints / SNAPSHOT_FOLDER / "partition-0.json").read_bytes().splitlines()
+    header, accounts = json.loads(snapshot[0]), [json.loads(line)[0] for line in snapshot[1:]]
+    assert header["partition"] == 0 and header["offset"] > 0 and accounts and len(set(accounts)) == len(accounts)
+
+    shutil.rmtree(stores)
+    _publish(settings, events[half:])
+    lines: list[str] = []
+    again = FraudConsumer(settings, log=lines.append).run(until_caught_up=True)
+    assert sum("copied from the snapshot" in line for line in lines) == 3, lines
+    assert again.events == len(events) - half  # from the snapshots' offsets, not the log's start
+    flags = [(c.aggregate_id, c.payload["payment_id"], c.payload["rule"]) for c in _flags(settings)]
+    assert len(flags) == len(set(flags)) and set(flags) == expected
 
 
 @pytest.mark.slow

@@ -112,6 +112,11 @@ def test_the_fraud_detector_consumer_keeps_its_state_snapshots_at_the_uri(at_uri
     first = FraudConsumer(settings, **QUIET).run(until_caught_up=True)
     assert first.observed and first.snapshots
     assert sorted(p.name for p in (store / "checkpoints" / SNAPSHOT_FOLDER).iterdir() if p.name.endswith(".json"))
+    import shutil
+
+    from event_store.account.fraud_consumer import STATE_FOLDER
+
+    shutil.rmtree(settings.home / STATE_FOLDER)  # this machine's state stores lost: the snapshots at the URI remain
     again = FraudConsumer(settings, **QUIET).run(until_caught_up=True)  # from the snapshots at the URI
     assert again.observed == 0 and again.findings == 0
     assert not (settings.home / "checkpoints").exists()
