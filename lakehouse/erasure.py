@@ -12,6 +12,14 @@
    the last ``grace_s`` seconds is left alone (it may be a concurrent writer's file, not committed yet) and counted
    as deferred: run it again later.
 
+3. **Purge the log.** A Delta commit keeps statistics of the files it adds (each column's minimum and maximum, a
+   string cut to its first characters), so an old commit file may still quote a value. The values the run nulls
+   (read from the current rows and from the old files still holding them, before either changes) are looked for
+   in the table's commit files; when one holds any, a checkpoint of the current version is written and every
+   commit file before it that holds one is deleted, with every older checkpoint (compressed: not searchable, and
+   superseded by the new one). Readers start from the checkpoint; time travel to a purged version fails. Commits
+   of the last ``grace_s`` seconds are left (a live writer may still read them), counted as deferred.
+
 A second run finds nothing to null and nothing to purge (a run killed at any point is run again). ``dry_run``
 counts what a run would do and changes nothing. The predicate is SQL that both DuckDB (counting) and delta-rs
 (the UPDATE) read: comparisons, ``IN`` lists, ``AND``/``OR``, quoted strings.
@@ -48,11 +56,15 @@ class Erasure:
     files_purged: int
     files_deferred: int  # too recent to delete safely: run again after the grace period
     dry_run: bool = False
+    log_holding: int = 0  # commit files (before the run's checkpoint) that quoted a value, and older checkpoints
+    log_purged: int = 0
+    log_deferred: int = 0
 
     @property
     def complete(self) -> bool:
         """Nothing of the subject's values left in the table or its history (a dry run is never complete)."""
-        return not self.dry_run and not self.files_deferred and self.rows_nulled == self.rows_holding
+        return (not self.dry_run and not self.files_deferred and not self.log_deferred
+                and self.rows_nulled == self.rows_holding)
 
     def line(self) -> str:
         verb = "would null" if self.dry_run else "nulled"
@@ -60,10 +72,15 @@ class Erasure:
         deferred = (f", {self.files_deferred} written in the grace period left for the next run"
                     if self.files_deferred else "")
         at = f" (Delta version {self.version})" if self.version is not None else ""
+        log = ""
+        if self.log_holding:
+            log_deferred = f", {self.log_deferred} of the grace period left" if self.log_deferred else ""
+            log = (f"; log: {self.log_holding} commit file(s) quoted values, {purge} "
+                   f"{self.log_holding - self.log_deferred if self.dry_run else self.log_purged}{log_deferred}")
         return (f"{self.table}: {self.rows_holding} row(s) held values; {verb} "
                 f"{self.rows_holding if self.dry_run else self.rows_nulled}{at}; history: "
                 f"{self.files_holding} old file(s) held values, {purge} "
-                f"{self.files_holding - self.files_deferred if self.dry_run else self.files_purged}{deferred}")
+                f"{self.files_holding - self.files_deferred if self.dry_run else self.files_purged}{deferred}{log}")
 
 
 def erase(where, predicate: str, columns: Sequence[str], reason: str, *, dry_run: bool = False,
@@ -93,8 +110,9 @@ def erase(where, predicate: str, columns: Sequence[str], reason: str, *, dry_run
     holding = _holding(predicate, present)
     con = duckdb.connect()
     try:
-        rows_holding = sum(_count(con, Path(uri.removeprefix("file://")), predicate, present)
-                           for uri in table.file_uris())
+        current_files = [Path(uri.removeprefix("file://")) for uri in table.file_uris()]
+        rows_holding = sum(_count(con, path, predicate, present) for path in current_files)
+        values = set().union(*(_values(con, path, predicate, present) for path in current_files))
         nulled, version = 0, None
         for attempt in range(1, UPDATE_ATTEMPTS + 1):
             if not rows_holding or dry_run:
@@ -106,20 +124,25 @@ def erase(where, predicate: str, columns: Sequence[str], reason: str, *, dry_run
                 if attempt == UPDATE_ATTEMPTS:
                     raise
                 table.update_incremental()
-                rows_holding = sum(_count(con, Path(uri.removeprefix("file://")), predicate, present)
-                                   for uri in table.file_uris())
+                current_files = [Path(uri.removeprefix("file://")) for uri in table.file_uris()]
+                rows_holding = sum(_count(con, path, predicate, present) for path in current_files)
+                values |= set().union(*(_values(con, path, predicate, present) for path in current_files))
                 continue
             nulled = int(metrics.get("num_updated_rows", rows_holding))
             version = table.version()
             break
         current = {Path(uri.removeprefix("file://")).resolve() for uri in table.file_uris()}
-        files_holding = purged = deferred = 0
+        old_holding = []
         for path in sorted(folder.rglob("*.parquet")):
             if "_delta_log" in path.parts or path.resolve() in current:
                 continue
-            if not _count(con, path, predicate, present):
-                continue
-            files_holding += 1
+            if _count(con, path, predicate, present):
+                old_holding.append(path)
+                values |= _values(con, path, predicate, present)
+        # The log before the data files: a run killed in between finds the values again in the files left.
+        log_holding, log_purged, log_deferred = _purge_log(table, folder, values, started, grace_s, dry_run)
+        purged = deferred = 0
+        for path in old_holding:
             if path.stat().st_mtime > started - grace_s:
                 deferred += 1
             elif not dry_run:
@@ -127,7 +150,64 @@ def erase(where, predicate: str, columns: Sequence[str], reason: str, *, dry_run
                 purged += 1
     finally:
         con.close()
-    return Erasure(str(folder), rows_holding, nulled, version, files_holding, purged, deferred, dry_run)
+    return Erasure(str(folder), rows_holding, nulled, version, len(old_holding), purged, deferred, dry_run,
+                   log_holding, log_purged, log_deferred)
+
+
+_NEEDLE_BYTES = 16  # how much of a value is looked for in the log (statistics keep a string's first characters)
+
+
+def _needles(values: set[str]) -> set[bytes]:
+    """What a commit file quoting one of ``values`` holds: each value as JSON writes it, cut to its first bytes."""
+    import json
+
+    return {json.dumps(v, ensure_ascii=False)[1:-1].encode()[:_NEEDLE_BYTES] for v in values if v}
+
+
+def _purge_log(table, folder: Path, values: set[str], started: float, grace_s: float,
+               dry_run: bool) -> tuple[int, int, int]:
+    """Step 3 of the module docstring -> (commit files and old checkpoints holding, deleted, deferred)."""
+    needles = _needles(values)
+    log = folder / "_delta_log"
+    if not needles or not log.is_dir():
+        return 0, 0, 0
+    version = table.version()
+    commits = [p for p in log.glob("*.json") if p.name.split(".")[0].isdigit()
+               and int(p.name.split(".")[0]) < version and any(n in p.read_bytes() for n in needles)]
+    if not commits:
+        return 0, 0, 0
+    if not dry_run:
+        table.create_checkpoint()
+    checkpoints = [p for p in log.glob("*.checkpoint*.parquet") if int(p.name.split(".")[0]) < version]
+    holding = commits + checkpoints
+    purged = deferred = 0
+    for path in holding:
+        if path.stat().st_mtime > started - grace_s:
+            deferred += 1
+        elif not dry_run:
+            path.unlink(missing_ok=True)
+            purged += 1
+    return len(holding), purged, deferred
+
+
+def _values(con, path: Path, predicate: str, columns: Sequence[str]) -> set[str]:
+    """The text values in ``columns`` of the rows of the data file at ``path`` that ``predicate`` selects."""
+    import duckdb
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    names = set(schema.names)
+    mine = [c for c in columns if c in names]
+    text = [c for c in mine if str(schema.field(c).type) in ("string", "large_string", "string_view")]
+    out: set[str] = set()
+    for column in text:
+        try:
+            rows = con.execute(f'SELECT DISTINCT "{column}" FROM read_parquet(?) WHERE ({predicate}) AND '
+                               f'"{column}" IS NOT NULL', [str(path)]).fetchall()
+        except duckdb.BinderException:
+            continue
+        out |= {r[0] for r in rows}
+    return out
 
 
 def _holding(predicate: str, columns: Sequence[str]) -> str:

@@ -7,8 +7,13 @@ in every generation of every read model that names its ``subject_column``, nulls
 (``ReadModel.personal_columns``) in those aggregates' rows and purges them from the table's history
 (``lakehouse.erasure``). Each table's outcome is an ``Erasure``: rows before and after, old files deleted or left.
 
+``forget_in_dead_letters`` does the same for the projections' dead letters (``DEAD_LETTER_TABLE``: records that
+were no valid event, kept with their exact bytes for triage): a dead letter keyed by one of the subject's aggregates
+(an event's Kafka key is its aggregate id) or whose bytes hold a token of the subject loses its bytes
+(``raw_value``, ``raw_value_base64``, ``raw_bytes``); its reason, topic, partition and offset stay.
+
 Not covered here: events written while sealing was off (plaintext, no token names their subject), tables under a
-storage URI, the dead letters (a rejected command's original bytes).
+storage URI, the dead-letters topic of the commands (a Kafka topic: its segments go by retention).
 """
 from __future__ import annotations
 
@@ -20,10 +25,14 @@ from event_store.personal_data import SubjectKeys, keys_dir, token_head
 from event_store.sealing import personal_event_fields
 from lakehouse.erasure import DEFAULT_GRACE_S, Erasure, erase
 from lakehouse.settings import Settings
-from read_models.catalog import ARCHIVE_TABLE, Catalog
+from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Catalog
 from read_models.spec import ReadModel
 
-__all__ = ["personal_columns_of", "subject_aggregates", "forget_in_read_models", "ForgetReport", "forget_subject"]
+__all__ = ["personal_columns_of", "subject_aggregates", "forget_in_read_models", "forget_in_dead_letters",
+           "ForgetReport", "forget_subject", "DEAD_LETTER_BYTES"]
+
+# The columns of a dead letter that hold the record's bytes (spark_apps.spark_projection.dead_letter_schema).
+DEAD_LETTER_BYTES = ("raw_value", "raw_value_base64", "raw_bytes")
 
 
 def personal_columns_of(model: ReadModel) -> tuple[str, ...]:
@@ -60,18 +69,45 @@ def subject_aggregates(settings: Settings, subject: str) -> list[tuple[str, str]
     return [(t, i) for t, i in rows]
 
 
+def _sql_list(values) -> str:
+    return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
+
+
+def forget_in_dead_letters(settings: Settings, subject: str, aggregate_ids: list[str], reason: str,
+                           dry_run: bool = False, grace_s: float = DEFAULT_GRACE_S,
+                           log: Callable[[str], None] = print) -> list[Erasure]:
+    """Null the bytes of the dead letters of ``subject`` (keyed by one of ``aggregate_ids``, or holding a token of
+    the subject) and purge them from the table's history (module docstring) -> its ``Erasure`` ([] when there
+    is no dead-letter table)."""
+    from lakehouse.tables import TableNotFound
+
+    head = token_head(subject).replace("'", "''")
+    predicate = f"strpos(\"raw_value\", '{head}') > 0"
+    if aggregate_ids:
+        predicate = f"\"kafka_key\" IN ({_sql_list(aggregate_ids)}) OR {predicate}"
+    try:
+        erased = erase(settings.table_path(DEAD_LETTER_TABLE), predicate, DEAD_LETTER_BYTES, reason,
+                       dry_run=dry_run, grace_s=grace_s)
+    except TableNotFound:
+        return []
+    log(f"forget: dead letters: {erased.line()}")
+    return [erased]
+
+
 def forget_in_read_models(settings: Settings, subject: str, reason: str, dry_run: bool = False,
                           grace_s: float = DEFAULT_GRACE_S, log: Callable[[str], None] = print) -> list[Erasure]:
-    """Null ``subject``'s personal values in every generation of every read model and purge them from the tables'
-    history (module docstring) -> each table's ``Erasure``, in order. Run again after a kill: it completes."""
+    """Null ``subject``'s personal values in every generation of every read model and in the dead letters, and
+    purge them from the tables' history (module docstring) -> each table's ``Erasure``, in order. Run again after a
+    kill: it completes."""
     from lakehouse.tables import TableNotFound
 
     aggregates = subject_aggregates(settings, subject)
     ids = sorted({aggregate_id for _, aggregate_id in aggregates})
     log(f"forget: subject {subject!r}: {len(ids)} aggregate(s) in the archive carry their sealed values")
+    letters = forget_in_dead_letters(settings, subject, ids, reason, dry_run=dry_run, grace_s=grace_s, log=log)
     if not ids:
-        return []
-    listed = ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
+        return letters
+    listed = _sql_list(ids)
     catalog = Catalog(settings)
     done = []
     for model in read_models.select(None):
@@ -86,7 +122,7 @@ def forget_in_read_models(settings: Settings, subject: str, reason: str, dry_run
                 continue
             log(f"forget: {model.name} {generation.label}: {erased.line()}")
             done.append(erased)
-    return done
+    return done + letters
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,9 @@ def _table(tmp_path):
     # A MERGE-like rewrite: version 2 replaces version 0's file (the old one stays for time travel).
     DeltaTable(str(path)).update(updates={"balance": "balance + 1"}, predicate="account_id = 'acc-grace'")
     old = time.time() - 3600
-    for f in path.rglob("*.parquet"):
-        os.utime(f, (old, old))
+    for f in path.rglob("*"):  # data files and commits: older than the grace period
+        if f.is_file():
+            os.utime(f, (old, old))
     return path
 
 
@@ -47,7 +48,12 @@ def test_the_rows_are_nulled_and_every_old_file_holding_them_is_deleted(tmp_path
     # No byte of Ada's name is left in any data file; Grace's still is.
     data = b"".join(f.read_bytes() for f in path.rglob("*.parquet"))
     assert b"Ada Lovelace" not in data and b"Grace Hopper" in data
-    with pytest.raises(Exception, match="(?i)not found|no such file"):
+    # Nor in the log: the commits whose statistics quoted it are gone behind a checkpoint of the erasure's version.
+    logged = b"".join(f.read_bytes() for f in (path / "_delta_log").iterdir() if f.is_file())
+    assert done.log_purged == done.log_holding >= 1 and b"Ada Lovelace" not in logged
+    assert _current(path) == [("acc-ada-1", None, 10), ("acc-ada-2", None, 5), ("acc-grace", "Grace Hopper", 21)]
+    # Time travel before the erasure fails: its commits are gone (or, kept, the files they name).
+    with pytest.raises(Exception, match="(?i)not found|no such file|no files in log segment"):
         DeltaTable(str(path), version=1).to_pyarrow_table()
     again = erase(path, ADA, ["customer_name"], "GDPR art. 17 request #12")
     assert (again.rows_holding, again.rows_nulled, again.version, again.files_holding) == (0, 0, None, 0)

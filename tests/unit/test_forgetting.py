@@ -71,6 +71,9 @@ def test_a_subjects_values_are_nulled_in_every_read_model_and_the_rest_stays(tmp
     assert _rows(settings, "payments") == [("acc-ada-1", "p1", None), ("acc-ada-2", "p2", None),
                                            ("acc-grace", "p3", "US-SFO")]
     assert any("2 aggregate(s) in the archive" in line for line in lines)
+    # Not a byte of Ada's name or email under the tables, Delta logs included (their statistics quoted them).
+    stored = b"".join(p.read_bytes() for p in settings.warehouse.rglob("*") if p.is_file())
+    assert b"Ada Lovelace" not in stored and b"ada@example.org" not in stored and b"Grace Hopper" in stored
     assert all(e.rows_holding == e.files_holding == 0
                for e in forget_in_read_models(settings, "cust-ada", "request #7", grace_s=0, log=print))
     assert forget_in_read_models(settings, "cust-nobody", "request #8") == []
@@ -92,3 +95,35 @@ def test_eventlake_forget_deletes_the_key_then_the_values_and_says_what_it_did(t
     out = capsys.readouterr().out
     assert "key deleted before" in out and "complete: no read model table" in out
     assert _rows(settings, "account_summary")[0] == ("acc-ada-1", "cust-ada", None, None, None, 1)
+
+
+def test_the_dead_letters_of_a_subject_lose_their_bytes_and_keep_why_and_where(tmp_path):
+    """A dead letter keyed by one of the subject's accounts (an event written around the handler, in plain text)
+    and one whose bytes hold a token of the subject (under another key) lose their bytes; their reason, topic and
+    offset stay; another customer's dead letter keeps everything; the old file holding them is purged."""
+    from datetime import datetime, timezone
+
+    from read_models.catalog import DEAD_LETTER_TABLE
+    from read_models.forgetting import DEAD_LETTER_BYTES
+
+    settings = _home(tmp_path)
+    token = SubjectKeys(keys_dir(settings.home)).seal("cust-ada", "location", "IS-RKV")
+    at = datetime(2026, 11, 30, tzinfo=timezone.utc)
+    letters = [(b'{"aggregate_id": "acc-ada-1", "customer_name": "Ada Lovelace"', "acc-ada-1", 1),
+               (b'{"location": "' + token.encode() + b'", "amount_minor": "x"}', "acc-\u00e9'q", 2),
+               (b'{"customer_name": "Grace Hopper"', "acc-grace", 3)]
+    write_deltalake(str(settings.table_path(DEAD_LETTER_TABLE)), pa.Table.from_pylist([
+        {"reason": f"reason {n}", "raw_value": raw.decode(), "raw_value_base64": "b64", "kafka_topic": "events",
+         "kafka_partition": 0, "kafka_offset": n, "dead_lettered_at": at, "raw_bytes": raw, "kafka_key": key}
+        for raw, key, n in letters]))
+
+    erased = forget_in_read_models(settings, "cust-ada", "request #10", grace_s=0, log=lambda *_: None)
+
+    letters_erasure = [e for e in erased if e.table.endswith("_dead_letters/events")]
+    assert [(e.rows_nulled, e.files_purged, e.complete) for e in letters_erasure] == [(2, 1, True)]
+    rows = sorted(read_table(settings.table_path(DEAD_LETTER_TABLE)).to_pylist(), key=lambda r: r["kafka_offset"])
+    assert [(r["reason"], r["kafka_offset"]) for r in rows] == [("reason 1", 1), ("reason 2", 2), ("reason 3", 3)]
+    assert [[r[c] for c in DEAD_LETTER_BYTES] for r in rows[:2]] == [[None, None, None], [None, None, None]]
+    assert rows[2]["raw_bytes"] == letters[2][0] and rows[2]["raw_value"] == letters[2][0].decode()
+    stored = b"".join(p.read_bytes() for p in settings.table_path(DEAD_LETTER_TABLE).rglob("*") if p.is_file())
+    assert b"Ada Lovelace" not in stored and token.encode() not in stored and b"Grace Hopper" in stored
