@@ -26,6 +26,9 @@ counts what a run would do and changes nothing. The predicate is SQL that both D
 """
 from __future__ import annotations
 
+import os
+import re
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +37,20 @@ from typing import Sequence
 from lakehouse.errors import BadInput
 from lakehouse.tables import TableNotFound
 
-__all__ = ["Erasure", "ErasureError", "erase", "REASON_KEY", "DEFAULT_GRACE_S"]
+__all__ = ["Erasure", "ErasureError", "erase", "REASON_KEY", "DEFAULT_GRACE_S", "fault_point"]
 
 REASON_KEY = "eventlake.erasure"  # in the UPDATE commit's commitInfo: why the values were erased
 DEFAULT_GRACE_S = 900.0
 UPDATE_ATTEMPTS = 5  # the UPDATE's commit, when another writer keeps committing to the table first
+# A fault hook for the crash test (tests/integration/test_forget_kills.py): with this variable set to a step's name,
+# the process SIGKILLs itself there: "after-key" (read_models.forgetting: the key deleted), "after-update" (the UPDATE committed), "after-checkpoint" (the log's checkpoint
+# written, nothing deleted), "after-first-delete" (one old commit or data file deleted).
+FAULT_STEP = os.environ.get("EVENTLAKE_FAULT_KILL_IN_ERASURE", "")
+
+
+def fault_point(step: str) -> None:
+    if FAULT_STEP == step:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class ErasureError(BadInput, ValueError):
@@ -130,6 +142,7 @@ def erase(where, predicate: str, columns: Sequence[str], reason: str, *, dry_run
                 continue
             nulled = int(metrics.get("num_updated_rows", rows_holding))
             version = table.version()
+            fault_point("after-update")
             break
         current = {Path(uri.removeprefix("file://")).resolve() for uri in table.file_uris()}
         old_holding = []
@@ -148,20 +161,34 @@ def erase(where, predicate: str, columns: Sequence[str], reason: str, *, dry_run
             elif not dry_run:
                 path.unlink(missing_ok=True)
                 purged += 1
+                fault_point("after-first-delete")
     finally:
         con.close()
     return Erasure(str(folder), rows_holding, nulled, version, len(old_holding), purged, deferred, dry_run,
                    log_holding, log_purged, log_deferred)
 
 
-_NEEDLE_BYTES = 16  # how much of a value is looked for in the log (statistics keep a string's first characters)
+_NEEDLE_BYTES = 16  # how much of a value's start is looked for in the log
+_STATS_PREFIX = 32  # Delta statistics keep a string's first characters (Spark: 32)
+_UNESCAPED = re.compile(r'[^"\\\x00-\x1f]{4,}')  # a run of characters no JSON escaping changes
 
 
 def _needles(values: set[str]) -> set[bytes]:
-    """What a commit file quoting one of ``values`` holds: each value as JSON writes it, cut to its first bytes."""
+    """What a commit file quoting one of ``values`` holds: each value's start as it is, as JSON writes it and as
+    JSON inside JSON (a commit's statistics are a JSON string), and each run of at least 4 characters of its first
+    ``_STATS_PREFIX`` that no escaping changes. A needle that also matches other values only costs history."""
     import json
 
-    return {json.dumps(v, ensure_ascii=False)[1:-1].encode()[:_NEEDLE_BYTES] for v in values if v}
+    out = set()
+    for value in values:
+        if not value:
+            continue
+        text = value
+        for _ in range(3):
+            out.add(text.encode()[:_NEEDLE_BYTES])
+            text = json.dumps(text, ensure_ascii=False)[1:-1]
+        out |= {run.encode()[:_NEEDLE_BYTES] for run in _UNESCAPED.findall(value[:_STATS_PREFIX])}
+    return out
 
 
 def _purge_log(table, folder: Path, values: set[str], started: float, grace_s: float,
@@ -178,6 +205,7 @@ def _purge_log(table, folder: Path, values: set[str], started: float, grace_s: f
         return 0, 0, 0
     if not dry_run:
         table.create_checkpoint()
+        fault_point("after-checkpoint")
     checkpoints = [p for p in log.glob("*.checkpoint*.parquet") if int(p.name.split(".")[0]) < version]
     holding = commits + checkpoints
     purged = deferred = 0
@@ -187,6 +215,7 @@ def _purge_log(table, folder: Path, values: set[str], started: float, grace_s: f
         elif not dry_run:
             path.unlink(missing_ok=True)
             purged += 1
+            fault_point("after-first-delete")
     return len(holding), purged, deferred
 
 

@@ -23,7 +23,7 @@ from typing import Callable
 import read_models
 from event_store.personal_data import SubjectKeys, keys_dir, token_head
 from event_store.sealing import personal_event_fields
-from lakehouse.erasure import DEFAULT_GRACE_S, Erasure, erase
+from lakehouse.erasure import DEFAULT_GRACE_S, Erasure, erase, fault_point
 from lakehouse.settings import Settings
 from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Catalog
 from read_models.spec import ReadModel
@@ -162,5 +162,6 @@ def forget_subject(settings: Settings, subject: str, reason: str, dry_run: bool 
     before = keys.state(subject)
     if not dry_run:
         keys.forget(subject)
+        fault_point("after-key")
     tables = forget_in_read_models(settings, subject, reason, dry_run=dry_run, grace_s=grace_s, log=log)
     return ForgetReport(subject, before, tuple(tables), dry_run)
