@@ -35,22 +35,22 @@ offset and reason; they are the projection's dead letters, not the detector's.
 """
 from __future__ import annotations
 
-import json
 import threading
 import time
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
-import orjson
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from event_store import kafka_clients, kafka_log
 from event_store.collector import CollectorPaced
 from event_store.account import AGGREGATE_TYPE
 from event_store.account.fraud_rules import FraudState, Observation, detect, flag_command_id
+from event_store.account.fraud_state import (SNAPSHOT_FOLDER, STATE_FOLDER, STATE_KIND, HeldPartition, encode_state, snapshot_header, snapshot_states,
+                                             state_store_path)
 from event_store.envelope import CommandEnvelope, EventEnvelope, dumps, format_time, parse_time, utc_now
 from event_store.errors import InvalidRecord
 from event_store.personal_data import SubjectForgotten, is_sealed, token_subject
@@ -58,14 +58,10 @@ from event_store.sealing import Unsealer
 from event_store.state_store import StateStore
 from lakehouse.metrics import Sample, consumer_lag_samples
 from lakehouse.settings import Settings
-from lakehouse.storage import read_chunks, write_chunks
+from lakehouse.storage import write_chunks
 
-__all__ = ["event_time_ms", "FraudConsumer", "FraudStats", "figures", "findings_for", "encode_state", "decode_state", "SNAPSHOT_FOLDER",
-           "observation", "snapshot_positions", "status_line", "STATE_FOLDER", "state_store_path"]
+__all__ = ["event_time_ms", "FraudConsumer", "FraudStats", "figures", "findings_for", "observation"]
 
-SNAPSHOT_FOLDER = "fraud-detector-consumer"
-STATE_FOLDER = "fraud-detector-state"
-_KIND = "account"  # the state store's aggregate type for the accounts' states
 _STORE_EVERY_S = 1.0  # how often the changed states go to the state stores
 _RESTORE_CHUNK = 10_000  # states per transaction when a snapshot is copied into a store
 _TOKENS_HELD = 100_000  # sealed locations remembered (each sealed once while remembered)
@@ -74,16 +70,6 @@ _INPUT_MARKERS = tuple(t.encode() for t in sorted(INPUT_TYPES))  # looked for in
 _CALL_TIMEOUT_S = 5.0
 _MAX_RECORDS = 5_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-def encode_state(state: FraudState) -> tuple:
-    """A state as JSON arrays (tuples serialise as arrays: nothing copied)."""
-    return state.last_version, state.max_amount, state.attempts, state.devices
-
-
-def decode_state(value: list) -> FraudState:
-    last_version, max_amount, attempts, devices = value
-    return FraudState(last_version, max_amount, tuple(map(tuple, attempts)), tuple(map(tuple, devices)))
 
 
 def event_time_ms(occurred_at: str) -> int:
@@ -125,90 +111,6 @@ def findings_for(states, events: Iterable[EventEnvelope]) -> list[CommandEnvelop
     return commands
 
 
-def state_store_path(settings: Settings, partition: int):
-    """Where the detector's state store of ``partition`` lives (local to the machine, under the home)."""
-    return settings.home / STATE_FOLDER / f"{settings.events_topic}-{partition}"
-
-
-def _snapshot_header(path) -> dict | None:
-    """The first line of a partition's snapshot at ``path`` (an older snapshot, one JSON object, whole), or None
-    when there is none."""
-    if not path.exists():
-        return None
-    head = b""
-    for chunk in read_chunks(path, 1 << 16):
-        head += chunk
-        if b"\n" in head:
-            break
-    line = head.split(b"\n", 1)[0]
-    if b'"states"' in line:  # the format before state stores: everything in one object
-        line = path.read_bytes()
-    return json.loads(line)
-
-
-def _snapshot_states(path, header: dict) -> Iterator[tuple[str, bytes]]:
-    """(account, its encoded state) of the snapshot at ``path`` whose first line is ``header``, streamed."""
-    if "states" in header:  # the older format: all in one object, read whole
-        for account, value in header["states"].items():
-            yield account, dumps(value)
-        return
-    rest, first = b"", True
-    for chunk in read_chunks(path):
-        lines = (rest + chunk).split(b"\n")
-        rest = lines.pop()
-        for line in lines:
-            if first:
-                first = False
-                continue
-            if line:
-                account, value = json.loads(line)
-                yield account, dumps(value)
-    if rest.strip() and not first:
-        account, value = json.loads(rest)
-        yield account, dumps(value)
-
-
-def snapshot_positions(settings: Settings) -> dict[int, tuple[int, str]]:
-    """partition -> (the offset its state is complete up to on disk, when it was written): the further of its state
-    store on this machine and its snapshot under the checkpoints; {} without any. Unreadable ones are left out (the
-    detector names them when it starts)."""
-    folder = settings.checkpoints / SNAPSHOT_FOLDER
-    out = {}
-    if folder.exists():
-        for path in folder.iterdir():
-            if not (path.name.startswith("partition-") and path.name.endswith(".json")):
-                continue
-            try:
-                snapshot = _snapshot_header(path)
-                out[int(snapshot["partition"])] = (int(snapshot["offset"]), str(snapshot.get("written_at", "")))
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-    stores = settings.home / STATE_FOLDER
-    prefix = f"{settings.events_topic}-"
-    if stores.is_dir():
-        for path in stores.iterdir():
-            tail = path.name[len(prefix):]
-            if not (path.name.startswith(prefix) and tail.isdigit() and (path / "data.mdb").exists()):
-                continue
-            with StateStore(path, cache_bytes=0) as store:
-                positions, meta = store.positions(), store.meta()
-            if positions is not None and positions[0] > out.get(int(tail), (-1, ""))[0]:
-                out[int(tail)] = (positions[0], str(json.loads(meta).get("written_at", "")) if meta else "")
-    return out
-
-
-def status_line(settings: Settings, log_end: int | None) -> str | None:
-    """``eventlake status``'s line for the detector: its lag at its last state writes (None: it never ran)."""
-    positions = snapshot_positions(settings)
-    if not positions:
-        return None
-    done = sum(offset for offset, _ in positions.values())
-    lag = "unknown" if log_end is None else f"{max(log_end - done, 0)}"
-    newest = max(written for _, written in positions.values())
-    return (f"fraud detector (eventlake detect-fraud): lag {lag} events at its last state snapshots "
-            f"({len(positions)} partition(s), newest {newest})")
-
-
 @dataclass
 class FraudStats:
     events: int = 0
@@ -247,38 +149,6 @@ def figures(stats: FraudStats) -> list[Sample]:
             *consumer_lag_samples(stats.lag)]
 
 
-class _Partition:
-    """What this consumer holds of one partition: its state store, the states changed since the store's last write,
-    and the offsets they are complete up to."""
-
-    def __init__(self, number: int, store: StateStore, offset: int, snapshot_offset: int, opened):
-        self.number = number
-        self.store = store
-        self.dirty: dict[str, FraudState] = {}
-        self.offset = offset              # the next offset to fold (state complete below it)
-        self.saved_offset = offset        # what the state store covers
-        self.snapshot_offset = snapshot_offset  # what the snapshot under the checkpoints covers (-1: none)
-        self.snapshot_due = 0.0 if snapshot_offset < offset or snapshot_offset < 0 else time.monotonic()
-        self._opened = opened
-
-    # The mapping findings_for folds into: the states changed since the last store write, then the store (its
-    # cache of encoded states, then LMDB).
-    def get(self, account: str, default=None):
-        state = self.dirty.get(account)
-        if state is None:
-            raw = self.store.state(_KIND, account)
-            if raw is None:
-                return default
-            state = self._opened(account, decode_state(orjson.loads(zlib.decompress(raw))))
-        return state
-
-    def __setitem__(self, account: str, state: FraudState) -> None:
-        self.dirty[account] = state
-
-    def close(self) -> None:
-        self.store.close()
-
-
 class FraudConsumer:
     """Consume events, send ``FlagFraud`` commands. ``run()`` until stopped, or until caught up.
 
@@ -293,7 +163,7 @@ class FraudConsumer:
         self.stats = FraudStats()
         self.folder = settings.checkpoints / SNAPSHOT_FOLDER
         self._stopping = threading.Event()
-        self._partitions: dict[int, _Partition] = {}
+        self._partitions: dict[int, HeldPartition] = {}
         # The states' cache, encoded (a decoded state takes ~6x its encoded size), shared out over the partitions.
         self._cache_bytes = (max(settings.fraud_state_cache_mb, 0) << 20) // max(settings.topic_partitions, 1)
         self._at_end: set[int] = set()
@@ -317,10 +187,10 @@ class FraudConsumer:
     def _snapshot_path(self, partition: int):
         return self.folder / f"partition-{partition}.json"
 
-    def _load(self, partition: int) -> _Partition:
+    def _load(self, partition: int) -> HeldPartition:
         path = self._snapshot_path(partition)
         try:
-            header = _snapshot_header(path)
+            header = snapshot_header(path)
         except (OSError, ValueError) as e:
             raise RuntimeError(f"fraud detector: cannot read the state snapshot {path}: {e}; move it away to "
                                f"rebuild the state of partition {partition} from the log's start") from None
@@ -334,15 +204,15 @@ class FraudConsumer:
             self._restore(store, path, header)
             stored = store.positions()
         offset = OFFSET_BEGINNING if stored is None else stored[0]
-        return _Partition(partition, store, offset, snapshot_offset, self._opened)
+        return HeldPartition(partition, store, offset, snapshot_offset, self._opened)
 
     def _restore(self, store: StateStore, path, header: dict) -> None:
         """Copy the snapshot at ``path`` into ``store`` (emptied first), streamed: a partition's states need not
         fit in memory."""
         store.clear()
         chunk: dict = {}
-        for account, raw in _snapshot_states(path, header):
-            chunk[(_KIND, account)] = zlib.compress(raw, 1)
+        for account, raw in snapshot_states(path, header):
+            chunk[(STATE_KIND, account)] = zlib.compress(raw, 1)
             if len(chunk) >= _RESTORE_CHUNK:
                 store.restore(chunk, (), {}, 0)
                 chunk = {}
@@ -384,13 +254,13 @@ class FraudConsumer:
             devices.append((t, token))
         return encode_state(replace(state, devices=tuple(devices)))
 
-    def _save(self, held: _Partition) -> None:
+    def _save(self, held: HeldPartition) -> None:
         """The changed states and the offset they are complete up to, in one write of the state store."""
         if held.offset < 0 or (held.offset == held.saved_offset and not held.dirty):
             return
         states = {}
         for account, state in held.dirty.items():
-            states[(_KIND, account)] = zlib.compress(dumps(self._sealed(account, state)), 1)
+            states[(STATE_KIND, account)] = zlib.compress(dumps(self._sealed(account, state)), 1)
             self._subjects.pop(account, None)
         if not held.store.write(held.offset, 0, states, meta=dumps({"written_at": utc_now()}), mark=False):
             self.log(f"fraud detector: partition {held.number}'s state store covers more than this instance "
@@ -399,7 +269,7 @@ class FraudConsumer:
         held.saved_offset = held.offset
         self.stats.state_writes += 1
 
-    def _snapshot(self, held: _Partition) -> None:
+    def _snapshot(self, held: HeldPartition) -> None:
         """Stream the partition's state store (just written) to its snapshot under the checkpoints."""
         if held.saved_offset < 0 or held.saved_offset == held.snapshot_offset:
             held.snapshot_due = time.monotonic() + self.snapshot_every_s
@@ -443,7 +313,7 @@ class FraudConsumer:
             except KafkaException:
                 pass
 
-    def _drop(self, held: _Partition) -> None:
+    def _drop(self, held: HeldPartition) -> None:
         for account in held.dirty:
             self._subjects.pop(account, None)
         held.close()

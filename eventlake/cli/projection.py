@@ -46,7 +46,7 @@ def _cmd_detect_anomalies(settings: Settings, args) -> int:
 
 
 def _cmd_status(settings: Settings, args) -> int:
-    from event_store.account.fraud_consumer import status_line
+    from event_store.account.fraud_state import status_line
     from spark_apps.status import log_end, render
 
     print(render(settings))

@@ -11,7 +11,8 @@ import pytest
 
 from event_store import kafka_log
 from event_store.account import AccountState
-from event_store.account.fraud_consumer import SNAPSHOT_FOLDER, STATE_FOLDER, FraudConsumer, observation
+from event_store.account.fraud_consumer import FraudConsumer, observation
+from event_store.account.fraud_state import SNAPSHOT_FOLDER, STATE_FOLDER
 from event_store.account.fraud_rules import FraudState, detect, flag_command_id
 from event_store.decider import execute
 from event_store.envelope import CommandEnvelope
@@ -83,7 +84,7 @@ def test_a_restarted_detector_keeps_each_accounts_state_in_its_snapshots(setting
     _publish(settings, events[split:])
     FraudConsumer(settings, **QUIET).run(until_caught_up=True)
     assert sorted((c.payload["payment_id"], c.payload["rule"]) for c in _flags(settings)) == sorted(EXPECTED)
-    from event_store.account.fraud_consumer import status_line
+    from event_store.account.fraud_state import status_line
     from spark_apps.status import log_end
 
     assert status_line(settings, log_end(settings)).startswith(

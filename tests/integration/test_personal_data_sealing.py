@@ -9,7 +9,8 @@ import pytest
 
 import read_models
 from event_store import kafka_log
-from event_store.account.fraud_consumer import SNAPSHOT_FOLDER, FraudConsumer
+from event_store.account.fraud_consumer import FraudConsumer
+from event_store.account.fraud_state import SNAPSHOT_FOLDER
 from event_store.envelope import CommandEnvelope, CommandResult, EventEnvelope
 from event_store.handler import CommandHandler
 from event_store.personal_data import SubjectKeys, keys_dir

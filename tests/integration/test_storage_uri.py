@@ -106,7 +106,8 @@ def test_the_fraud_detector_keeps_its_state_and_checkpoint_at_the_uri(spark, at_
 
 
 def test_the_fraud_detector_consumer_keeps_its_state_snapshots_at_the_uri(at_uri):
-    from event_store.account.fraud_consumer import SNAPSHOT_FOLDER, FraudConsumer
+    from event_store.account.fraud_consumer import FraudConsumer
+    from event_store.account.fraud_state import SNAPSHOT_FOLDER
 
     settings, _, store, _ = at_uri
     first = FraudConsumer(settings, **QUIET).run(until_caught_up=True)
@@ -114,7 +115,7 @@ def test_the_fraud_detector_consumer_keeps_its_state_snapshots_at_the_uri(at_uri
     assert sorted(p.name for p in (store / "checkpoints" / SNAPSHOT_FOLDER).iterdir() if p.name.endswith(".json"))
     import shutil
 
-    from event_store.account.fraud_consumer import STATE_FOLDER
+    from event_store.account.fraud_state import STATE_FOLDER
 
     shutil.rmtree(settings.home / STATE_FOLDER)  # this machine's state stores lost: the snapshots at the URI remain
     again = FraudConsumer(settings, **QUIET).run(until_caught_up=True)  # from the snapshots at the URI

@@ -3,7 +3,8 @@ snapshot encoding, event times as the Spark app reads them."""
 from datetime import datetime, timedelta, timezone
 
 from event_store.account import AccountState
-from event_store.account.fraud_consumer import event_time_ms, decode_state, encode_state, findings_for, observation
+from event_store.account.fraud_consumer import event_time_ms, findings_for, observation
+from event_store.account.fraud_state import decode_state, encode_state
 from event_store.account.fraud_rules import FraudState, detect, flag_command_id
 from event_store.decider import execute
 from event_store.envelope import CommandEnvelope
