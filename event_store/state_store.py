@@ -18,15 +18,11 @@ ones the process has touched are handed back at most once a second after a write
 every 65,536 entries of a snapshot's walk through the store (``lakehouse.mapped_pages``), so they do not count in
 the handler's RSS as the store grows.
 
-``event_store.snapshots.PartitionState.stored`` reads the handler's states and windows through a store (its own
-cache of decoded values; the store's byte cache is then off) and writes each committed batch's changes with
-``write``; ``event_store.partition_rebuild`` starts a partition from its store when the store's positions are
-within the log. Several handler instances may share a home (and so a partition's store, one after the other):
-``write`` never moves the positions back, so an instance that lost the partition cannot overwrite a newer owner's
-state. The snapshots topic (``event_store.snapshots``, written from the store's ``cut``) stays what a handler that
-never held the partition restores from; incremental snapshots (only what changed since the previous one) are a
-later step.
-
+The handler reads its states and windows through a store (``event_store.stored_state``: its own cache of decoded
+values) and writes each committed batch's changes; ``event_store.partition_rebuild`` starts a partition from its
+store when its positions are within the log. Instances sharing a home: ``write`` never moves the positions back.
+The snapshots topic (``event_store.snapshots``: incremental, from the marks writes leave) is what an instance that
+never held the partition restores from. The fraud detector's states: ``event_store.account.fraud_state``.
 Chosen over SQLite in WAL mode by bench/state_store.py (1M aggregates: 1.6x the batch rate, ~30x the random reads).
 """
 from __future__ import annotations
