@@ -154,14 +154,7 @@ def erase(where, predicate: str, columns: Sequence[str], reason: str, *, dry_run
                 values |= _values(con, path, predicate, present)
         # The log before the data files: a run killed in between finds the values again in the files left.
         log_holding, log_purged, log_deferred = _purge_log(table, folder, values, started, grace_s, dry_run)
-        purged = deferred = 0
-        for path in old_holding:
-            if path.stat().st_mtime > started - grace_s:
-                deferred += 1
-            elif not dry_run:
-                path.unlink(missing_ok=True)
-                purged += 1
-                fault_point("after-first-delete")
+        purged, deferred = _delete_past_grace(old_holding, started, grace_s, dry_run)
     finally:
         con.close()
     return Erasure(str(folder), rows_holding, nulled, version, len(old_holding), purged, deferred, dry_run,
@@ -200,7 +193,7 @@ def _purge_log(table, folder: Path, values: set[str], started: float, grace_s: f
         return 0, 0, 0
     version = table.version()
     commits = [p for p in log.glob("*.json") if p.name.split(".")[0].isdigit()
-               and int(p.name.split(".")[0]) < version and any(n in p.read_bytes() for n in needles)]
+               and int(p.name.split(".")[0]) < version and _quotes(p.read_bytes(), needles)]
     if not commits:
         return 0, 0, 0
     if not dry_run:
@@ -208,15 +201,25 @@ def _purge_log(table, folder: Path, values: set[str], started: float, grace_s: f
         fault_point("after-checkpoint")
     checkpoints = [p for p in log.glob("*.checkpoint*.parquet") if int(p.name.split(".")[0]) < version]
     holding = commits + checkpoints
+    return (len(holding), *_delete_past_grace(holding, started, grace_s, dry_run))
+
+
+def _quotes(data: bytes, needles: set[bytes]) -> bool:
+    return any(needle in data for needle in needles)
+
+
+def _delete_past_grace(paths: list[Path], started: float, grace_s: float, dry_run: bool) -> tuple[int, int]:
+    """Delete each of ``paths`` written before the grace period (a dry run: none) -> (deleted, left as too
+    recent)."""
     purged = deferred = 0
-    for path in holding:
+    for path in paths:
         if path.stat().st_mtime > started - grace_s:
             deferred += 1
         elif not dry_run:
             path.unlink(missing_ok=True)
             purged += 1
             fault_point("after-first-delete")
-    return len(holding), purged, deferred
+    return purged, deferred
 
 
 def _values(con, path: Path, predicate: str, columns: Sequence[str]) -> set[str]:
