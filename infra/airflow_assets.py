@@ -4,12 +4,12 @@ which, and the watchers that start DAGs from outside (a landed merchants file, a
 A table's Asset is named after the table and its URI is ``eventlake://warehouse/<table>``: the read models by
 their logical name (a rebuild's new generation, once switched to, is an update of its read model's Asset), and
 ``dim_merchant``. The asset graph: ``merchants_landed`` -> ``load_merchants`` -> ``dim_merchant``;
-``rebuild_read_model``, ``reprocess_windows``, ``maintenance`` -> the read models -> ``check_read_models`` ->
+``rebuild_read_model``, ``reprocess_windows``, ``maintenance``, ``forget_subject`` -> the read models -> ``check_read_models`` ->
 ``read_model_checks``; ``dead_letters`` (the Kafka topic, watched) -> ``triage_dead_letters`` ->
 ``dead_letter_report``.
 
-Which read models a rebuild, a reprocess or maintenance writes is known only at run time (the form's models;
-the models that had late events; the models not skipped), one per mapped task: those DAGs declare an
+Which read models a rebuild, a reprocess, maintenance or a forgetting writes is known only at run time (the form's
+models; the models that had late events; the models not skipped; the models that held the subject's values), one per mapped task: those DAGs declare an
 ``AssetAlias`` as their outlet and each task adds the event of the one table it wrote, with the Delta version in
 its extra (``record_written``), so no table is announced as updated that was not written. ``load_merchants``,
 ``check_read_models`` and ``triage_dead_letters`` write fixed Assets.
@@ -29,8 +29,8 @@ from read_models.catalog import DIM_MERCHANT_TABLE
 from read_models.spec import WINDOWED_SUM
 
 __all__ = ["SCHEME", "LANDED_MERCHANTS", "READ_MODEL_CHECKS", "DEAD_LETTERS", "DEAD_LETTER_REPORT", "REBUILT",
-           "REPROCESSED", "MAINTAINED", "KAFKA_CONNECTION_ID", "READ_MODELS",
-           "WINDOWED", "URIS", "GROUPS", "WRITES", "ALIASES", "warehouse_uri", "table_asset", "read_model_assets",
+           "REPROCESSED", "MAINTAINED", "FORGOTTEN", "KAFKA_CONNECTION_ID", "READ_MODELS",
+           "WINDOWED", "PERSONAL", "URIS", "GROUPS", "WRITES", "ALIASES", "warehouse_uri", "table_asset", "read_model_assets",
            "asset", "alias", "landed_merchants", "dead_letters", "record_written", "kafka_connection",
            "kafka_connection_env", "table_version"]
 
@@ -44,12 +44,16 @@ DEAD_LETTER_REPORT = "dead_letter_report"  # the triage report, beside the Data 
 REBUILT = "read_models_rebuilt"
 REPROCESSED = "read_models_reprocessed"
 MAINTAINED = "read_models_maintained"
+FORGOTTEN = "read_models_forgotten"
 # The Airflow connection the dead-letters watcher reads Kafka through (its extra: librdkafka's configuration);
 # ``kafka_connection_env`` gives it as the environment variable Airflow reads.
 KAFKA_CONNECTION_ID = "eventlake_kafka"
 
 READ_MODELS: tuple[str, ...] = tuple(read_models.REGISTRY)
 WINDOWED: tuple[str, ...] = tuple(m.name for m in read_models.REGISTRY.values() if m.merge_strategy == WINDOWED_SUM)
+# The read models that hold personal values of a data subject (what ``eventlake forget`` may change).
+PERSONAL: tuple[str, ...] = tuple(m.name for m in read_models.REGISTRY.values()
+                                  if m.personal_columns and m.subject_column)
 
 
 def warehouse_uri(table: str) -> str:
@@ -76,8 +80,10 @@ WRITES: dict[str, tuple[str, ...]] = {
     "maintenance": READ_MODELS,
     "check_read_models": (READ_MODEL_CHECKS,),
     "triage_dead_letters": (DEAD_LETTER_REPORT,),
+    "forget_subject": PERSONAL,
 }
-ALIASES: dict[str, str] = {"rebuild_read_model": REBUILT, "reprocess_windows": REPROCESSED, "maintenance": MAINTAINED}
+ALIASES: dict[str, str] = {"rebuild_read_model": REBUILT, "reprocess_windows": REPROCESSED, "maintenance": MAINTAINED,
+                           "forget_subject": FORGOTTEN}
 
 
 @functools.cache

@@ -21,7 +21,7 @@ from projection_core.errors import ProjectionError
 
 __all__ = ["LOG_VERSION", "OFFSETS", "COMMITS", "METADATA", "SOURCES", "SPARK_OFFSET_CONF", "RETAINED_BATCHES",
            "Checkpoint", "batch_numbers", "committed_batches", "last_committed_batch", "batch_offsets",
-           "offsets_total", "committed_at", "planned_at", "initial_offsets"]
+           "offsets_total", "committed_at", "planned_at", "planned_not_committed", "initial_offsets"]
 
 # Spark's metadata log format version: the first line of offsets/N, commits/N and sources/0/0.
 LOG_VERSION = "v1"
@@ -89,6 +89,13 @@ def committed_at(checkpoint: Path, batch: int) -> datetime:
 def planned_at(checkpoint: Path, batch: int) -> datetime:
     """When batch ``batch`` was planned (its offset log entry's time)."""
     return datetime.fromtimestamp((location(checkpoint) / OFFSETS / str(batch)).stat().st_mtime, timezone.utc)
+
+
+def planned_not_committed(checkpoint: Path) -> list[int]:
+    """The batches planned (``offsets/N``) after the last committed one: the batch a query is running, or was running
+    when it stopped (its next start runs it again with exactly those offsets)."""
+    last = last_committed_batch(checkpoint)
+    return [n for n in batch_numbers(location(checkpoint) / OFFSETS) if last is None or n > last]
 
 
 def initial_offsets(checkpoint: Path, topic: str) -> dict[int, int]:

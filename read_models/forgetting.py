@@ -17,19 +17,18 @@ storage URI, the dead-letters topic of the commands (a Kafka topic: its segments
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import read_models
-from event_store.personal_data import SubjectKeys, keys_dir, token_head
+from event_store.personal_data import token_head
 from event_store.sealing import personal_event_fields
-from lakehouse.erasure import DEFAULT_GRACE_S, Erasure, erase, fault_point
+from lakehouse.erasure import DEFAULT_GRACE_S, Erasure, erase
 from lakehouse.settings import Settings
 from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Catalog
 from read_models.spec import ReadModel
 
-__all__ = ["personal_columns_of", "subject_aggregates", "forget_in_read_models", "forget_in_dead_letters",
-           "ForgetReport", "forget_subject", "DEAD_LETTER_BYTES"]
+__all__ = ["personal_columns_of", "holds_personal_values", "subject_aggregates", "forget_in_model",
+           "forget_in_read_models", "forget_in_dead_letters", "DEAD_LETTER_BYTES"]
 
 # The columns of a dead letter that hold the record's bytes (spark_apps.spark_projection.dead_letter_schema).
 DEAD_LETTER_BYTES = ("raw_value", "raw_value_base64", "raw_bytes")
@@ -94,74 +93,46 @@ def forget_in_dead_letters(settings: Settings, subject: str, aggregate_ids: list
     return [erased]
 
 
+def forget_in_model(settings: Settings, model: ReadModel, aggregate_ids: list[str], reason: str,
+                    dry_run: bool = False, grace_s: float = DEFAULT_GRACE_S,
+                    log: Callable[[str], None] = print) -> list[Erasure]:
+    """Null the personal columns of ``model`` in the rows of ``aggregate_ids`` in each of its generations, and purge
+    them from each table's history -> each generation's ``Erasure`` ([] for a model with no personal column or
+    subject column, or no ids)."""
+    from lakehouse.tables import TableNotFound
+
+    columns = personal_columns_of(model)
+    if not columns or not model.subject_column or not aggregate_ids:
+        return []
+    listed = _sql_list(aggregate_ids)
+    done = []
+    for generation in Catalog(settings).generations(model.name):
+        try:
+            erased = erase(generation.table, f'"{model.subject_column}" IN ({listed})', columns, reason,
+                           dry_run=dry_run, grace_s=grace_s)
+        except TableNotFound:
+            continue
+        log(f"forget: {model.name} {generation.label}: {erased.line()}")
+        done.append(erased)
+    return done
+
+
+def holds_personal_values(model: ReadModel) -> bool:
+    """Whether ``forget_in_model`` has anything to do in ``model``'s tables."""
+    return bool(personal_columns_of(model)) and bool(model.subject_column)
+
+
 def forget_in_read_models(settings: Settings, subject: str, reason: str, dry_run: bool = False,
                           grace_s: float = DEFAULT_GRACE_S, log: Callable[[str], None] = print) -> list[Erasure]:
     """Null ``subject``'s personal values in every generation of every read model and in the dead letters, and
     purge them from the tables' history (module docstring) -> each table's ``Erasure``, in order. Run again after a
-    kill: it completes."""
-    from lakehouse.tables import TableNotFound
-
+    kill: it completes. Beside live writers, ``projection_core.forget_subject`` orders these steps after the
+    projections' batches in flight and under each model's rebuild lock."""
     aggregates = subject_aggregates(settings, subject)
     ids = sorted({aggregate_id for _, aggregate_id in aggregates})
     log(f"forget: subject {subject!r}: {len(ids)} aggregate(s) in the archive carry their sealed values")
     letters = forget_in_dead_letters(settings, subject, ids, reason, dry_run=dry_run, grace_s=grace_s, log=log)
-    if not ids:
-        return letters
-    listed = _sql_list(ids)
-    catalog = Catalog(settings)
     done = []
     for model in read_models.select(None):
-        columns = personal_columns_of(model)
-        if not columns or not model.subject_column:
-            continue
-        for generation in catalog.generations(model.name):
-            try:
-                erased = erase(generation.table, f'"{model.subject_column}" IN ({listed})', columns, reason,
-                               dry_run=dry_run, grace_s=grace_s)
-            except TableNotFound:
-                continue
-            log(f"forget: {model.name} {generation.label}: {erased.line()}")
-            done.append(erased)
+        done += forget_in_model(settings, model, ids, reason, dry_run=dry_run, grace_s=grace_s, log=log)
     return done + letters
-
-
-@dataclass(frozen=True)
-class ForgetReport:
-    """What ``forget_subject`` found and did: the key's state before, each table's erasure."""
-    subject: str
-    key_before: str  # "key", "forgotten" or "unknown"
-    tables: tuple[Erasure, ...]
-    dry_run: bool
-
-    @property
-    def complete(self) -> bool:
-        return not self.dry_run and all(e.complete for e in self.tables)
-
-    def lines(self) -> list[str]:
-        key = {"key": "deleted (a tombstone kept: the subject's key is never made again)",
-               "forgotten": "deleted before", "unknown": "never made (a tombstone now refuses any later data)"}
-        out = [f"subject {self.subject!r}: key " + ("would be deleted" if self.dry_run and self.key_before == "key"
-                                                   else key[self.key_before])]
-        out += [e.line() for e in self.tables]
-        if self.dry_run:
-            out.append("dry run: nothing changed")
-        elif self.complete:
-            out.append("complete: no read model table or its history holds the subject's values")
-        else:
-            out.append(f"not complete: run again after the grace period ({DEFAULT_GRACE_S / 60:.0f} minutes by "
-                       f"default): files written in it may belong to a writer's open transaction")
-        return out
-
-
-def forget_subject(settings: Settings, subject: str, reason: str, dry_run: bool = False,
-                   grace_s: float = DEFAULT_GRACE_S, log: Callable[[str], None] = print) -> ForgetReport:
-    """Forget ``subject``: delete their key (every reader reads their sealed values as null from its next batch,
-    the handler refuses their commands), then null and purge their values in the read models
-    (``forget_in_read_models``). Each step is safe to repeat: a run killed anywhere is run again."""
-    keys = SubjectKeys(keys_dir(settings.home))
-    before = keys.state(subject)
-    if not dry_run:
-        keys.forget(subject)
-        fault_point("after-key")
-    tables = forget_in_read_models(settings, subject, reason, dry_run=dry_run, grace_s=grace_s, log=log)
-    return ForgetReport(subject, before, tuple(tables), dry_run)

@@ -10,10 +10,10 @@ EXIT_INCOMPLETE = 4  # done as far as it could: run again after the grace period
 
 
 def _cmd_forget(settings: Settings, args) -> int:
-    from read_models.forgetting import forget_subject
+    from projection_core.forget_subject import forget_subject
 
     report = forget_subject(settings, args.subject, args.reason, dry_run=args.dry_run,
-                            grace_s=args.grace_minutes * 60.0)
+                            grace_s=args.grace_minutes * 60.0, wait_s=args.wait_seconds)
     for line in report.lines():
         print(line)
     return 0 if report.complete or report.dry_run else EXIT_INCOMPLETE
@@ -28,4 +28,7 @@ def add_verbs(sub) -> None:
     p.add_argument("--grace-minutes", type=float, default=15.0,
                    help="old files written this recently are left for the next run (a writer's open transaction "
                         "may hold them); default 15")
+    p.add_argument("--wait-seconds", type=float, default=120.0,
+                   help="how long to wait for the projections' batches planned before the key went (they may have "
+                        "read the subject's values) to commit; default 120")
     p.set_defaults(run=_cmd_forget)

@@ -27,11 +27,36 @@ pytestmark = pytest.mark.slow
 
 EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
 DAG_IDS = {"check_read_models", "rebuild_read_model", "reprocess_windows", "maintenance", "load_merchants",
-           "triage_dead_letters"}
+           "triage_dead_letters", "forget_subject"}
+
+
+_MIGRATED: list[Path] = []  # Airflow's metadata database, migrated once per run
+
+
+def _migrated_airflow_db(settings: Settings) -> None:
+    """Give ``settings``' home Airflow's metadata database as ``infra.airflow.ensure_db`` leaves it, copied from one
+    migrated once per test run: `airflow db migrate` takes ~15 s, and each test has a home of its own."""
+    import shutil
+    import tempfile
+
+    from infra.airflow import airflow_home, ensure_db
+
+    target = airflow_home(settings)
+    if (target / ".migrated").exists():
+        return
+    if not _MIGRATED:
+        template = Settings(home=Path(tempfile.mkdtemp(prefix="eventlake-airflow-db-")))
+        ensure_db(template, log=lambda *_: None)
+        _MIGRATED.append(airflow_home(template))
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("airflow.db", ".migrated"):
+        shutil.copy2(_MIGRATED[0] / name, target / name)
 
 
 def eventlake_env(settings: Settings) -> dict:
-    """What a worker's environment says for ``settings``: the same home, broker and topics."""
+    """What a worker's environment says for ``settings``: the same home, broker and topics (and Airflow's database
+    migrated)."""
+    _migrated_airflow_db(settings)
     env = dict(os.environ)
     # This checkout's code (and DAGs folder) first, whatever checkout the console script was installed from.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
@@ -88,6 +113,8 @@ def test_every_dag_file_imports_cleanly(tmp_path):
     assert found["scheduled"]["triage_dead_letters"] == [[assets.DEAD_LETTERS, ["dead_letters_topic"]]]
     assert found["scheduled"]["load_merchants"] == [[assets.LANDED_MERCHANTS, ["merchants_ready_flag"]]]
     assert found["params"]["triage_dead_letters"] == ["account", "by", "reason", "record"]
+    assert found["params"]["forget_subject"] == ["dry_run", "grace_minutes", "reason", "subject", "wait_seconds"]
+    assert found["outlets"]["forget_subject"] == {"forget": [assets.FORGOTTEN]}
 
 
 def test_a_run_owns_the_lock_across_its_tasks_and_refuses_everyone_else(tmp_path):
@@ -290,3 +317,39 @@ def test_a_dead_letter_fires_the_watcher_and_each_is_reported_once(settings):
         "command: not valid JSON (...)", "command: missing required field 'command_id'",
         "command: expected a JSON object, got list"}, signal
 
+
+
+def test_forget_subject_forgets_a_person_from_the_form_and_announces_each_table_it_changed(tmp_path):
+    """The form (subject, reason, no grace period): the key goes, Ada's values are nulled in every read model
+    holding them (Grace's stay), the task's log lists each table, and each changed read model's Asset gets an event
+    with its Delta version."""
+    import sqlite3
+
+    from event_store.personal_data import SubjectKeys, keys_dir
+    from infra.airflow import airflow_home
+    from tests.unit.test_forgetting import personal_home
+
+    settings = personal_home(tmp_path)
+    proc = dags_test(settings, "forget_subject", {"subject": "cust-ada", "reason": "request #14",
+                                                  "grace_minutes": 0})
+    text = output(proc)
+    assert proc.returncode == 0, text[-4000:]
+    assert "subject 'cust-ada': key deleted" in text and "complete: no read model table" in text, text[-4000:]
+    assert SubjectKeys(keys_dir(settings.home)).state("cust-ada") == "forgotten"
+    catalog = Catalog(settings)
+    summary = {r["account_id"]: r for r in catalog_rows(catalog, "account_summary")}
+    assert summary["acc-ada-1"]["customer_name"] is None and summary["acc-grace"]["customer_name"] == "Grace Hopper"
+    assert {r["payment_id"]: r["location"] for r in catalog_rows(catalog, "payments")} == {
+        "p1": None, "p2": None, "p3": "US-SFO"}
+    with sqlite3.connect(airflow_home(settings) / "airflow.db") as db:
+        events = db.execute("SELECT a.name, e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+                            "ORDER BY a.name").fetchall()
+    announced = {name: json.loads(extra) for name, extra in events}
+    assert set(announced) == {"account_summary", "payments"}, events
+    assert announced["payments"]["rows_nulled"] == 2 and announced["payments"]["delta_version"] >= 1
+
+
+def catalog_rows(catalog: Catalog, name: str) -> list[dict]:
+    from lakehouse.tables import read_table
+
+    return read_table(catalog.current(name).table).to_pylist()

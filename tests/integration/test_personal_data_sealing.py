@@ -213,7 +213,7 @@ def test_sealed_on_the_log_clear_in_the_read_models_and_null_once_forgotten(sett
     # 5. `eventlake forget` (read_models.forgetting; the key is gone already): Ada's values nulled in the live read
     # models and purged from their history. No byte of them is left in the warehouse or the checkpoints (data files,
     # Delta logs, the engine's state); Grace's stay; the reconciliation with the log holds again.
-    from read_models.forgetting import forget_subject
+    from projection_core.forget_subject import forget_subject
 
     assert ADA["customer_name"].encode() in files_bytes(Path(settings.warehouse))  # the scan sees them before
     report = forget_subject(settings, "cust-ada", "GDPR art. 17 request (test)", grace_s=0, log=lambda *_: None)

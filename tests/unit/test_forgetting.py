@@ -23,7 +23,7 @@ def test_each_read_models_personal_columns_are_the_personal_fields_of_its_events
         assert bool(model.subject_column) == bool(model.personal_columns), model.name
 
 
-def _home(tmp_path):
+def personal_home(tmp_path):
     settings = Settings.load({}).replace(home=tmp_path / "home")
     keys = SubjectKeys(keys_dir(settings.home))
     archive = [{"aggregate_type": "account", "aggregate_id": a, "customer_name": name, "location": place}
@@ -53,7 +53,7 @@ def _rows(settings, name):
 
 
 def test_a_subjects_values_are_nulled_in_every_read_model_and_the_rest_stays(tmp_path):
-    settings = _home(tmp_path)
+    settings = personal_home(tmp_path)
     assert subject_aggregates(settings, "cust-ada") == [("account", "acc-ada-1"), ("account", "acc-ada-2")]
     before = {name: _rows(settings, name) for name in ("account_summary", "payments")}
     lines = []
@@ -82,14 +82,15 @@ def test_a_subjects_values_are_nulled_in_every_read_model_and_the_rest_stays(tmp
 def test_eventlake_forget_deletes_the_key_then_the_values_and_says_what_it_did(tmp_path, monkeypatch, capsys):
     from eventlake.cli import main
 
-    settings = _home(tmp_path)
+    settings = personal_home(tmp_path)
     monkeypatch.setenv("EVENTLAKE_HOME", str(settings.home))
     assert main(["forget", "cust-ada", "--reason", "request #9", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "key would be deleted" in out and "dry run: nothing changed" in out
     assert SubjectKeys(keys_dir(settings.home)).state("cust-ada") == "key"
     assert main(["forget", "cust-ada", "--reason", "request #9"]) == 4  # files of the last minutes: run again
-    assert "not complete: run again after the grace period" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "not complete: run again later: files written in the grace period" in out
     assert SubjectKeys(keys_dir(settings.home)).state("cust-ada") == "forgotten"
     assert main(["forget", "cust-ada", "--reason", "request #9", "--grace-minutes", "0"]) == 0
     out = capsys.readouterr().out
@@ -106,7 +107,7 @@ def test_the_dead_letters_of_a_subject_lose_their_bytes_and_keep_why_and_where(t
     from read_models.catalog import DEAD_LETTER_TABLE
     from read_models.forgetting import DEAD_LETTER_BYTES
 
-    settings = _home(tmp_path)
+    settings = personal_home(tmp_path)
     token = SubjectKeys(keys_dir(settings.home)).seal("cust-ada", "location", "IS-RKV")
     at = datetime(2026, 11, 30, tzinfo=timezone.utc)
     letters = [(b'{"aggregate_id": "acc-ada-1", "customer_name": "Ada Lovelace"', "acc-ada-1", 1),
@@ -127,3 +128,81 @@ def test_the_dead_letters_of_a_subject_lose_their_bytes_and_keep_why_and_where(t
     assert rows[2]["raw_bytes"] == letters[2][0] and rows[2]["raw_value"] == letters[2][0].decode()
     stored = b"".join(p.read_bytes() for p in settings.table_path(DEAD_LETTER_TABLE).rglob("*") if p.is_file())
     assert b"Ada Lovelace" not in stored and token.encode() not in stored and b"Grace Hopper" in stored
+
+
+def _projection_checkpoint(settings, name="projection-account_summary+payments"):
+    from projection_core.checkpoint import Checkpoint
+
+    checkpoint = Checkpoint(settings.checkpoints / name, settings.events_topic, 1)
+    checkpoint.start({0: 0})
+    checkpoint.plan(0, {0: 5})
+    checkpoint.commit(0)
+    return checkpoint
+
+
+def test_forget_waits_for_a_batch_planned_before_the_key_went_then_nulls_what_it_wrote(tmp_path):
+    """A projection's batch planned before the key went may have unsealed the subject's values; when it commits after
+    forget's UPDATE it writes them back. forget waits for it: the values it writes late are nulled too."""
+    import threading
+    import time
+
+    from deltalake import DeltaTable
+
+    from projection_core.forget_subject import forget_subject
+
+    settings = personal_home(tmp_path)
+    checkpoint = _projection_checkpoint(settings)
+    checkpoint.plan(1, {0: 9})  # in flight as the key goes
+    keys = SubjectKeys(keys_dir(settings.home))
+    table = str(Catalog(settings).current("payments").table)
+
+    def the_batch_in_flight():  # it read Ada's place before the key went; it writes and commits a little after
+        deadline = time.monotonic() + 30
+        while keys.state("cust-ada") != "forgotten" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            keys.reload()
+        time.sleep(2.0)
+        DeltaTable(table).merge(pa.Table.from_pylist([{"account_id": "acc-ada-2", "payment_id": "p4",
+                                                       "location": "IS-AKU"}]),
+                                "t.payment_id = s.payment_id", source_alias="s", target_alias="t") \
+            .when_not_matched_insert_all().execute()
+        checkpoint.commit(1)
+
+    batch = threading.Thread(target=the_batch_in_flight)
+    batch.start()
+    lines = []
+    report = forget_subject(settings, "cust-ada", "request #11", grace_s=0, wait_s=60, log=lines.append)
+    batch.join()
+    assert report.complete and not report.in_flight, report.lines()
+    assert any("waiting" in line and "projection-account_summary+payments batch 1" in line for line in lines), lines
+    assert _rows(settings, "payments") == [("acc-ada-1", "p1", None), ("acc-ada-2", "p2", None),
+                                           ("acc-ada-2", "p4", None), ("acc-grace", "p3", "US-SFO")]
+
+
+def test_a_batch_that_never_commits_or_a_rebuild_running_leaves_forget_incomplete_and_named(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """A projection killed in a batch planned before the key went (it runs it again when it starts) and a rebuild
+    holding a read model: forget erases what it may, names what it could not, and exits 4; once they are done, a
+    second run completes."""
+    from eventlake.cli import main
+    from projection_core.rebuild_lock import RebuildLock
+
+    settings = personal_home(tmp_path)
+    monkeypatch.setenv("EVENTLAKE_HOME", str(settings.home))
+    checkpoint = _projection_checkpoint(settings, "generations/payments/g0002/projection-payments")
+    checkpoint.plan(1, {0: 9})
+    rebuild = RebuildLock(settings, "account_summary", log=lambda *_: None).acquire()
+    try:
+        code = main(["forget", "cust-ada", "--reason", "request #12", "--grace-minutes", "0", "--wait-seconds", "0.5"])
+        out = capsys.readouterr().out
+    finally:
+        rebuild.release()
+    assert code == 4, out
+    assert "generations/payments/g0002/projection-payments batch 1: planned before the key went" in out
+    assert "account_summary: a rebuild of it is already running" in out and "not erased" in out
+    assert "a projection's batch planned before the key went had not committed" in out
+    assert _rows(settings, "account_summary")[0][2] == "Ada Lovelace"  # left, under the rebuild's lock
+    assert _rows(settings, "payments")[0] == ("acc-ada-1", "p1", None)
+    checkpoint.commit(1)
+    assert main(["forget", "cust-ada", "--reason", "request #12", "--grace-minutes", "0"]) == 0, capsys.readouterr()
+    assert _rows(settings, "account_summary")[0] == ("acc-ada-1", "cust-ada", None, None, None, 1)

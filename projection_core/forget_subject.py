@@ -1,0 +1,190 @@
+"""``eventlake forget`` and the ``forget_subject`` DAG: a data subject forgotten beside the live writers (issue 45,
+docs/forgetting.md).
+
+Three steps, each safe to repeat (a run killed anywhere is run again and completes):
+
+1. **The key goes** (``SubjectKeys.forget``: a tombstone stays, so the key is never made again). From then on every
+   reader reads the subject's sealed values as null and the handler refuses their commands.
+2. **The batches in flight are waited for.** A projection's batch that unsealed the subject's values before the key
+   went, and commits after step 3's UPDATE, would write them back. Both engines plan a batch (its checkpoint's
+   ``offsets/N``) before they unseal it (the keys are read again after the plan), so only the batches planned and not
+   yet committed (``commits/N``) when the key went can hold values: forget waits until every one of them has
+   committed. One that does not within ``wait_s`` (a long batch, or a projection killed in it: its next start runs it
+   again, with the key gone) is named in the report, which is then not complete: run forget again later.
+3. **The tables forget** (``read_models.forgetting``): each read model under its rebuild lock (``RebuildLock``,
+   purpose "forget"), so a rebuild or maintenance of it is not raced: a model whose lock is held is left, named, and
+   the run is not complete; then the dead letters.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import read_models
+from event_store.personal_data import SubjectKeys, keys_dir
+from lakehouse.erasure import DEFAULT_GRACE_S, Erasure, fault_point
+from lakehouse.settings import Settings
+from projection_core.checkpoint import COMMITS, OFFSETS, last_committed_batch, planned_not_committed
+from projection_core.rebuild_errors import RebuildRefused
+from projection_core.rebuild_lock import RebuildLock
+from read_models.forgetting import forget_in_dead_letters, forget_in_model, holds_personal_values, subject_aggregates
+
+__all__ = ["DEFAULT_WAIT_S", "ForgetReport", "InFlight", "batches_in_flight", "wait_for_batches", "forget_subject"]
+
+DEFAULT_WAIT_S = 120.0  # how long forget waits for the batches planned before the key went
+_POLL_S = 0.2
+_DEPTH = 4  # checkpoints lie at most this deep under the checkpoints folder (generations/<model>/<gNNNN>/<query>)
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A query's batch planned and not committed."""
+    checkpoint: str  # relative to the checkpoints folder
+    batch: int
+
+    def line(self) -> str:
+        return f"{self.checkpoint} batch {self.batch}"
+
+
+def _query_checkpoints(root, depth: int = _DEPTH) -> list:
+    """Every query checkpoint (a folder with an offset log) under ``root``."""
+    out = []
+    try:
+        if not root.is_dir():
+            return out
+        children = list(root.iterdir())
+    except OSError:
+        return out
+    names = {child.name for child in children}
+    if OFFSETS in names and (COMMITS in names or "metadata" in names or "sources" in names):
+        return [root]
+    if depth > 0:
+        for child in sorted(children, key=lambda c: c.name):
+            if not child.name.startswith((".", "_")):
+                out += _query_checkpoints(child, depth - 1)
+    return out
+
+
+def batches_in_flight(settings: Settings) -> list[InFlight]:
+    """The batches planned and not committed in every query checkpoint under the checkpoints folder (the live
+    projections', the rebuilds' catch-ups, the archive's)."""
+    root = settings.checkpoints
+    out = []
+    for checkpoint in _query_checkpoints(root):
+        name = str(checkpoint).removeprefix(str(root)).lstrip("/") or checkpoint.name
+        out += [InFlight(name, batch) for batch in planned_not_committed(checkpoint)]
+    return out
+
+
+def wait_for_batches(settings: Settings, batches: list[InFlight], wait_s: float,
+                     log: Callable[[str], None] = print) -> list[InFlight]:
+    """Wait up to ``wait_s`` seconds until each of ``batches`` is committed (its query's last committed batch is it or
+    later) -> those that are not."""
+    if not batches:
+        return []
+    log(f"forget: waiting (up to {wait_s:.0f} s) for {len(batches)} projection batch(es) planned before the key "
+        f"went: " + ", ".join(b.line() for b in batches))
+    root = settings.checkpoints
+    deadline = time.monotonic() + wait_s
+    pending = list(batches)
+    while True:
+        pending = [b for b in pending if (last_committed_batch(root / b.checkpoint) or -1) < b.batch]
+        if not pending or time.monotonic() >= deadline:
+            return pending
+        time.sleep(_POLL_S)
+
+
+@dataclass(frozen=True)
+class ForgetReport:
+    """What ``forget_subject`` found and did: the key's state before, each table's erasure, and what kept it from
+    completing (batches still in flight, models whose rebuild lock was held)."""
+    subject: str
+    key_before: str  # "key", "forgotten" or "unknown"
+    tables: tuple[Erasure, ...]
+    dry_run: bool
+    in_flight: tuple[InFlight, ...] = ()
+    locked: tuple[str, ...] = ()  # "<model>: <why>"
+    wait_s: float = DEFAULT_WAIT_S
+    changed_models: dict[str, int] = field(default_factory=dict)  # read model -> rows nulled (its tables changed)
+
+    @property
+    def complete(self) -> bool:
+        return (not self.dry_run and not self.in_flight and not self.locked
+                and all(e.complete for e in self.tables))
+
+    def summary(self) -> dict:
+        """The report as plain data (a DAG run's XCom)."""
+        return {"subject": self.subject, "key_before": self.key_before, "dry_run": self.dry_run,
+                "complete": self.complete, "tables": [asdict(e) for e in self.tables],
+                "in_flight": [b.line() for b in self.in_flight], "locked": list(self.locked),
+                "changed_models": dict(self.changed_models)}
+
+    def lines(self) -> list[str]:
+        key = {"key": "deleted (a tombstone kept: the subject's key is never made again)",
+               "forgotten": "deleted before", "unknown": "never made (a tombstone now refuses any later data)"}
+        out = [f"subject {self.subject!r}: key " + ("would be deleted" if self.dry_run and self.key_before == "key"
+                                                   else key[self.key_before])]
+        out += [e.line() for e in self.tables]
+        for batch in self.in_flight:
+            out.append(f"{batch.line()}: planned before the key went and not committed after {self.wait_s:.0f} s; it "
+                       f"may write the subject's values again (a projection killed in it runs it again with the key "
+                       f"gone when it starts)")
+        out += [f"{why}: not erased" for why in self.locked]
+        if self.dry_run:
+            out.append("dry run: nothing changed")
+        elif self.complete:
+            out.append("complete: no read model table or its history holds the subject's values")
+        else:
+            reasons = []
+            if any(not e.complete for e in self.tables):
+                reasons.append(f"files written in the grace period ({DEFAULT_GRACE_S / 60:.0f} minutes by default) "
+                               f"may belong to a writer's open transaction")
+            if self.in_flight:
+                reasons.append("a projection's batch planned before the key went had not committed")
+            if self.locked:
+                reasons.append("a rebuild or maintenance held a read model")
+            out.append("not complete: run again later: " + "; ".join(reasons))
+        return out
+
+
+def forget_subject(settings: Settings, subject: str, reason: str, dry_run: bool = False,
+                   grace_s: float = DEFAULT_GRACE_S, wait_s: float = DEFAULT_WAIT_S,
+                   log: Callable[[str], None] = print) -> ForgetReport:
+    """Forget ``subject`` (module docstring): delete their key, wait for the projections' batches planned before,
+    then null and purge their values in every read model and the dead letters."""
+    keys = SubjectKeys(keys_dir(settings.home))
+    before = keys.state(subject)
+    in_flight: list[InFlight] = []
+    if not dry_run:
+        keys.forget(subject)
+        fault_point("after-key")
+        # Listed after the key went: a batch planned later reads the key store after its plan, so reads nulls.
+        in_flight = wait_for_batches(settings, batches_in_flight(settings), wait_s, log)
+    aggregates = subject_aggregates(settings, subject)
+    ids = sorted({aggregate_id for _, aggregate_id in aggregates})
+    log(f"forget: subject {subject!r}: {len(ids)} aggregate(s) in the archive carry their sealed values")
+    tables: list[Erasure] = []
+    locked: list[str] = []
+    changed: dict[str, int] = {}
+    for model in read_models.select(None):
+        if not holds_personal_values(model) or not ids:
+            continue
+        if dry_run:
+            tables += forget_in_model(settings, model, ids, reason, dry_run=True, grace_s=grace_s, log=log)
+            continue
+        try:
+            lock = RebuildLock(settings, model.name, log=log, purpose="forget").acquire()
+        except RebuildRefused as refused:
+            log(f"forget: left for now: {refused}")
+            locked.append(str(refused))
+            continue
+        try:
+            erased = forget_in_model(settings, model, ids, reason, grace_s=grace_s, log=log)
+        finally:
+            lock.release()
+        tables += erased
+        if any(e.rows_nulled or e.files_purged or e.log_purged for e in erased):
+            changed[model.name] = sum(e.rows_nulled for e in erased)
+    tables += forget_in_dead_letters(settings, subject, ids, reason, dry_run=dry_run, grace_s=grace_s, log=log)
+    return ForgetReport(subject, before, tuple(tables), dry_run, tuple(in_flight), tuple(locked), wait_s, changed)
