@@ -143,6 +143,10 @@ class Domain:
     # the events it causes; None when there is none yet. Pure. None: the domain has no personal data (its schemas
     # mark no field personal; ``event_store.sealing`` refuses a domain that marks some without a subject).
     subject: Callable[[Any, Command], str | None] | None = None
+    # The payload field that names the data subject in the events that name it (the account's ``customer_id`` of
+    # ``AccountOpened``): how a reader of the event tables finds a subject's aggregates whose events were written
+    # with sealing off, when no token names the subject (``read_models.forgetting``). "": no such field.
+    subject_field: str = ""
 
     def fold_fields(self, state: Any, event_type: str, payload: Mapping[str, Any], version: int | None) -> Any:
         """``evolve`` from an event's parts (``evolve_fields`` when the domain has one)."""

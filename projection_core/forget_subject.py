@@ -13,7 +13,8 @@ Three steps, each safe to repeat (a run killed anywhere is run again and complet
    again, with the key gone) is named in the report, which is then not complete: run forget again later.
 3. **The tables forget** (``read_models.forgetting``): each read model under its rebuild lock (``RebuildLock``,
    purpose "forget"), so a rebuild or maintenance of it is not raced: a model whose lock is held is left, named, and
-   the run is not complete; then the dead letters.
+   the run is not complete; then the plain values of events written with sealing off in the archive, then the dead
+   letters.
 """
 from __future__ import annotations
 
@@ -23,12 +24,14 @@ from typing import Callable
 
 import read_models
 from event_store.personal_data import SubjectKeys, keys_dir
+from event_store.sealing import sealing_on
 from lakehouse.erasure import DEFAULT_GRACE_S, Erasure, fault_point
 from lakehouse.settings import Settings
 from projection_core.checkpoint import COMMITS, OFFSETS, last_committed_batch, planned_not_committed
 from projection_core.rebuild_errors import RebuildRefused
 from projection_core.rebuild_lock import RebuildLock
-from read_models.forgetting import forget_in_dead_letters, forget_in_model, holds_personal_values, subject_aggregates
+from read_models.forgetting import forget_in_archive, forget_in_dead_letters, forget_in_model, holds_personal_values, \
+    subject_aggregates
 
 __all__ = ["DEFAULT_WAIT_S", "ForgetReport", "InFlight", "batches_in_flight", "wait_for_batches", "forget_subject"]
 
@@ -107,6 +110,7 @@ class ForgetReport:
     locked: tuple[str, ...] = ()  # "<model>: <why>"
     wait_s: float = DEFAULT_WAIT_S
     changed_models: dict[str, int] = field(default_factory=dict)  # read model -> rows nulled (its tables changed)
+    sealing: bool = True  # personal_data_seal was on (off: the log holds plain values, new commands are accepted)
 
     @property
     def complete(self) -> bool:
@@ -118,7 +122,7 @@ class ForgetReport:
         return {"subject": self.subject, "key_before": self.key_before, "dry_run": self.dry_run,
                 "complete": self.complete, "tables": [asdict(e) for e in self.tables],
                 "in_flight": [b.line() for b in self.in_flight], "locked": list(self.locked),
-                "changed_models": dict(self.changed_models)}
+                "changed_models": dict(self.changed_models), "sealing": self.sealing}
 
     def lines(self) -> list[str]:
         key = {"key": "deleted (a tombstone kept: the subject's key is never made again)",
@@ -131,6 +135,9 @@ class ForgetReport:
                        f"may write the subject's values again (a projection killed in it runs it again with the key "
                        f"gone when it starts)")
         out += [f"{why}: not erased" for why in self.locked]
+        if not self.sealing:
+            out.append("personal_data_seal is off: the events topic keeps the subject's plain values until its "
+                       "retention deletes them, and the handler still accepts their new commands (docs/forgetting.md)")
         if self.dry_run:
             out.append("dry run: nothing changed")
         elif self.complete:
@@ -186,5 +193,7 @@ def forget_subject(settings: Settings, subject: str, reason: str, dry_run: bool 
         tables += erased
         if any(e.rows_nulled or e.files_purged or e.log_purged for e in erased):
             changed[model.name] = sum(e.rows_nulled for e in erased)
+    tables += forget_in_archive(settings, ids, reason, dry_run=dry_run, grace_s=grace_s, log=log)
     tables += forget_in_dead_letters(settings, subject, ids, reason, dry_run=dry_run, grace_s=grace_s, log=log)
-    return ForgetReport(subject, before, tuple(tables), dry_run, tuple(in_flight), tuple(locked), wait_s, changed)
+    return ForgetReport(subject, before, tuple(tables), dry_run, tuple(in_flight), tuple(locked), wait_s, changed,
+                        sealing_on(settings))

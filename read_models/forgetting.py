@@ -12,8 +12,12 @@ were no valid event, kept with their exact bytes for triage): a dead letter keye
 (an event's Kafka key is its aggregate id) or whose bytes hold a token of the subject loses its bytes
 (``raw_value``, ``raw_value_base64``, ``raw_bytes``); its reason, topic, partition and offset stay.
 
-Not covered here: events written while sealing was off (plaintext, no token names their subject), tables under a
-storage URI, the dead-letters topic of the commands (a Kafka topic: its segments go by retention).
+Events written while sealing was off hold the values in plain text and no token names their subject: their
+aggregates are found by their domain's subject field (``Domain.subject_field``: the account's ``customer_id``), and
+``forget_in_archive`` nulls the plain values the archive holds (the events topic keeps them until its retention).
+
+Not covered here: tables under a storage URI, the dead-letters topic of the commands (a Kafka topic: its segments go
+by retention).
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Catalog
 from read_models.spec import ReadModel
 
 __all__ = ["personal_columns_of", "holds_personal_values", "subject_aggregates", "forget_in_model",
-           "forget_in_read_models", "forget_in_dead_letters", "DEAD_LETTER_BYTES"]
+           "forget_in_archive", "forget_in_read_models", "forget_in_dead_letters", "DEAD_LETTER_BYTES"]
 
 # The columns of a dead letter that hold the record's bytes (spark_apps.spark_projection.dead_letter_schema).
 DEAD_LETTER_BYTES = ("raw_value", "raw_value_base64", "raw_bytes")
@@ -42,8 +46,18 @@ def personal_columns_of(model: ReadModel) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*model.personal_columns, *(c for c in model.columns if c in named)]))
 
 
+def _subject_rules(names: set[str]) -> list[tuple[str, str]]:
+    """(aggregate type, column) of each registered domain whose events name their subject in a column the event
+    table has (``Domain.subject_field``)."""
+    from event_store.domains import DOMAINS
+
+    return [(d.aggregate_type, d.subject_field) for d in DOMAINS.values() if d.subject_field in names]
+
+
 def subject_aggregates(settings: Settings, subject: str) -> list[tuple[str, str]]:
-    """(aggregate type, aggregate id) of every aggregate whose archived events carry a token of ``subject``."""
+    """(aggregate type, aggregate id) of every aggregate of ``subject``: those whose archived events carry a token
+    of theirs, and those whose events name them in their domain's subject field (``Domain.subject_field``: the
+    account's ``customer_id``), for events written with sealing off."""
     import duckdb
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
@@ -56,16 +70,47 @@ def subject_aggregates(settings: Settings, subject: str) -> list[tuple[str, str]
         return []
     names = set(archive.schema().to_arrow().names)
     columns = sorted(personal_columns() & names)
+    rules = _subject_rules(names) if "aggregate_type" in names else []
     files = [uri.removeprefix("file://") for uri in archive.file_uris()]
-    if not columns or not files:
+    if not (columns or rules) or not files:
         return []
     head = token_head(subject)
-    where = " OR ".join(f'starts_with("{c}", $head)' for c in columns)
+    where = " OR ".join([f'starts_with("{c}", $head)' for c in columns]
+                        + [f'(aggregate_type = \'{t}\' AND "{c}" = $subject)' for t, c in rules])
+    params = {"files": files} | ({"head": head} if columns else {}) | ({"subject": subject} if rules else {})
     with duckdb.connect() as con:
         rows = con.execute(f"SELECT DISTINCT aggregate_type, aggregate_id FROM read_parquet($files, "
-                           f"union_by_name = true) WHERE {where} ORDER BY 1, 2",
-                           {"files": files, "head": head}).fetchall()
+                           f"union_by_name = true) WHERE {where} ORDER BY 1, 2", params).fetchall()
     return [(t, i) for t, i in rows]
+
+
+def forget_in_archive(settings: Settings, aggregate_ids: list[str], reason: str, dry_run: bool = False,
+                      grace_s: float = DEFAULT_GRACE_S, log: Callable[[str], None] = print) -> list[Erasure]:
+    """Null the personal values the archive holds in plain text (events written with sealing off) in the events of
+    ``aggregate_ids``, and purge them from its history -> its ``Erasure`` ([] when there is no archive, no personal
+    column or no id). Sealed values are left: with the key gone they are unreadable, and a rebuild reads them as
+    null all the same."""
+    from lakehouse.tables import TableNotFound
+    from event_store.personal_data import TOKEN_PREFIX
+    from event_store.sealing import personal_columns
+
+    path = settings.table_path(ARCHIVE_TABLE)
+    if not aggregate_ids or not (path / "_delta_log").is_dir():
+        return []
+    from deltalake import DeltaTable
+
+    names = set(DeltaTable(str(path)).schema().to_arrow().names)
+    columns = sorted(personal_columns() & names)
+    if not columns:
+        return []
+    plain = " OR ".join(f'("{c}" IS NOT NULL AND NOT starts_with("{c}", \'{TOKEN_PREFIX}\'))' for c in columns)
+    try:
+        erased = erase(path, f'"aggregate_id" IN ({_sql_list(aggregate_ids)}) AND ({plain})', columns, reason,
+                       dry_run=dry_run, grace_s=grace_s)
+    except TableNotFound:
+        return []
+    log(f"forget: archive: {erased.line()}")
+    return [erased]
 
 
 def _sql_list(values) -> str:
@@ -135,4 +180,5 @@ def forget_in_read_models(settings: Settings, subject: str, reason: str, dry_run
     done = []
     for model in read_models.select(None):
         done += forget_in_model(settings, model, ids, reason, dry_run=dry_run, grace_s=grace_s, log=log)
-    return done + letters
+    archive = forget_in_archive(settings, ids, reason, dry_run=dry_run, grace_s=grace_s, log=log)
+    return done + archive + letters

@@ -40,4 +40,5 @@ DOMAIN = Domain(
     index_probe=payment_id_probe,
     index_known=payment_id_known,
     subject=subject_of,
+    subject_field="customer_id",
 )

@@ -26,13 +26,15 @@ def test_each_read_models_personal_columns_are_the_personal_fields_of_its_events
 def personal_home(tmp_path):
     settings = Settings.load({}).replace(home=tmp_path / "home")
     keys = SubjectKeys(keys_dir(settings.home))
-    archive = [{"aggregate_type": "account", "aggregate_id": a, "customer_name": name, "location": place}
-               for a, name, place in [
-                   ("acc-ada-1", keys.seal("cust-ada", "customer_name", "Ada Lovelace"), None),
-                   ("acc-ada-1", None, keys.seal("cust-ada", "location", "IS-RKV")),
-                   ("acc-ada-2", None, keys.seal("cust-ada", "location", "IS-AKU")),
-                   ("acc-grace", keys.seal("cust-grace", "customer_name", "Grace Hopper"), None),
-                   ("acc-old", "Plain Name", "US-NYC")]]  # written before sealing: no token
+    archive = [{"aggregate_type": "account", "aggregate_id": a, "customer_id": customer, "customer_name": name,
+                "location": place}
+               for a, customer, name, place in [
+                   ("acc-ada-1", "cust-ada", keys.seal("cust-ada", "customer_name", "Ada Lovelace"), None),
+                   ("acc-ada-1", None, None, keys.seal("cust-ada", "location", "IS-RKV")),
+                   ("acc-ada-2", None, None, keys.seal("cust-ada", "location", "IS-AKU")),
+                   ("acc-grace", "cust-grace", keys.seal("cust-grace", "customer_name", "Grace Hopper"), None),
+                   ("acc-old", "cust-old", "Plain Name", None),  # written with sealing off: no token
+                   ("acc-old", None, None, "US-NYC")]]
     write_deltalake(str(settings.table_path(ARCHIVE_TABLE)), pa.Table.from_pylist(archive))
     catalog = Catalog(settings)
     write_deltalake(str(catalog.current("account_summary").table), pa.Table.from_pylist([
@@ -58,14 +60,17 @@ def test_a_subjects_values_are_nulled_in_every_read_model_and_the_rest_stays(tmp
     before = {name: _rows(settings, name) for name in ("account_summary", "payments")}
     lines = []
     dry = forget_in_read_models(settings, "cust-ada", "request #7", dry_run=True, log=lines.append)
-    assert [e.rows_holding for e in dry] == [1, 2] and {name: _rows(settings, name) for name in before} == before
+    # account_summary, payments, then the archive (Ada's events in it are sealed: no plain value to null)
+    assert [e.rows_holding for e in dry] == [1, 2, 0]
+    assert {name: _rows(settings, name) for name in before} == before
     # The tables' files were written just now: by default they wait out the grace period (a writer's file may not
     # be committed yet), and the run says so; with none, it completes.
     waited = forget_in_read_models(settings, "cust-ada", "request #7", log=lines.append)
-    assert [(e.rows_nulled, e.complete) for e in waited] == [(1, False), (2, False)]
-    assert all(e.files_deferred for e in waited)
+    assert [(e.rows_nulled, e.complete) for e in waited] == [(1, False), (2, False), (0, True)]
+    assert all(e.files_deferred for e in waited[:2])
     done = forget_in_read_models(settings, "cust-ada", "request #7", grace_s=0, log=lines.append)
-    assert [(e.rows_holding, e.complete, e.files_purged > 0) for e in done] == [(0, True, True), (0, True, True)]
+    assert [(e.rows_holding, e.complete, e.files_purged > 0) for e in done] == [(0, True, True), (0, True, True),
+                                                                                   (0, True, False)]
     assert _rows(settings, "account_summary") == [("acc-ada-1", "cust-ada", None, None, None, 1),
                                                   ("acc-grace", "cust-grace", "Grace Hopper", None, None, 2)]
     assert _rows(settings, "payments") == [("acc-ada-1", "p1", None), ("acc-ada-2", "p2", None),
@@ -95,6 +100,7 @@ def test_eventlake_forget_deletes_the_key_then_the_values_and_says_what_it_did(t
     assert main(["forget", "cust-ada", "--reason", "request #9", "--grace-minutes", "0"]) == 0
     out = capsys.readouterr().out
     assert "key deleted before" in out and "complete: no read model table" in out
+    assert "personal_data_seal is off: the events topic keeps the subject's plain values" in out
     assert _rows(settings, "account_summary")[0] == ("acc-ada-1", "cust-ada", None, None, None, 1)
 
 
@@ -206,3 +212,30 @@ def test_a_batch_that_never_commits_or_a_rebuild_running_leaves_forget_incomplet
     checkpoint.commit(1)
     assert main(["forget", "cust-ada", "--reason", "request #12", "--grace-minutes", "0"]) == 0, capsys.readouterr()
     assert _rows(settings, "account_summary")[0] == ("acc-ada-1", "cust-ada", None, None, None, 1)
+
+
+def test_a_subject_whose_events_were_written_with_sealing_off_is_found_by_their_customer_id_and_forgotten(tmp_path):
+    """No token names them: their accounts are found by the customer_id their AccountOpened names; their plain values
+    are nulled in the read models and in the archive (whose copies of their sealed values, and everyone else's
+    values, stay), and purged from the tables' history."""
+    settings = personal_home(tmp_path)
+    catalog = Catalog(settings)
+    write_deltalake(str(catalog.current("account_summary").table), pa.Table.from_pylist([
+        {"account_id": "acc-old", "customer_id": "cust-old", "customer_name": "Plain Name",
+         "customer_email": "plain@example.org", "last_device_location": "US-NYC", "balance": 3}]), mode="append")
+    write_deltalake(str(catalog.current("payments").table), pa.Table.from_pylist([
+        {"account_id": "acc-old", "payment_id": "p5", "location": "US-NYC"}]), mode="append")
+    assert subject_aggregates(settings, "cust-old") == [("account", "acc-old")]
+
+    erased = forget_in_read_models(settings, "cust-old", "request #15", grace_s=0, log=lambda *_: None)
+
+    assert [e.rows_nulled for e in erased if e.table.endswith(ARCHIVE_TABLE)] == [2]
+    assert _rows(settings, "account_summary")[2] == ("acc-old", "cust-old", None, None, None, 3)
+    assert ("acc-old", "p5", None) in _rows(settings, "payments")
+    archive = {(r["aggregate_id"], r["customer_id"]): r for r in read_table(settings.table_path(ARCHIVE_TABLE))
+               .to_pylist() if r["customer_id"]}
+    assert archive[("acc-old", "cust-old")]["customer_name"] is None
+    assert archive[("acc-ada-1", "cust-ada")]["customer_name"].startswith("elk1:")  # sealed: left as it is
+    stored = b"".join(p.read_bytes() for p in settings.warehouse.rglob("*") if p.is_file())
+    assert b"Plain Name" not in stored and b"plain@example.org" not in stored and b"US-NYC" not in stored
+    assert b"Ada Lovelace" in stored and b"Grace Hopper" in stored  # in the read models: not forgotten
