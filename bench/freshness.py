@@ -137,8 +137,9 @@ class Services:
             peaks[name] = total / 1024
         return peaks
 
-    def rss_mib(self) -> dict[str, float]:
-        """Each service's processes' resident sets now (VmRSS), summed per service, in MiB."""
+    def rss_mib(self, field: str = "VmRSS") -> dict[str, float]:
+        """Each service's processes' resident sets now (``field`` of /proc/PID/status: VmRSS, or RssAnon for the
+        private part without mapped files), summed per service, in MiB."""
         now: dict[str, float] = {name: 0.0 for name in self.processes}
         groups = {process.pid: name for name, process in self.processes.items()}
         for status in Path("/proc").glob("[0-9]*/status"):
@@ -147,7 +148,7 @@ class Services:
                 if name is None:
                     continue
                 now[name] += next(int(line.split()[1]) for line in status.read_text().splitlines()
-                                  if line.startswith("VmRSS:")) / 1024
+                                  if line.startswith(field + ":")) / 1024
             except (OSError, StopIteration, ValueError):
                 continue
         return now
@@ -467,10 +468,13 @@ def main() -> None:
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()
         rss_samples: list[tuple[float, dict[str, float]]] = []  # (seconds into the measurement, MiB per service)
+        anon_samples: list[tuple[float, dict[str, float]]] = []  # the same, private memory only (RssAnon)
 
         def sample_rss() -> None:
             while not stop_poll.is_set():
-                rss_samples.append((round(time.time() - measure_from, 1), services.rss_mib()))
+                at = round(time.time() - measure_from, 1)
+                rss_samples.append((at, services.rss_mib()))
+                anon_samples.append((at, services.rss_mib("RssAnon")))
                 stop_poll.wait(args.rss_every)
 
         sampler = threading.Thread(target=sample_rss, daemon=True)
@@ -558,11 +562,17 @@ def main() -> None:
         if handler_lines:
             print(f"  the handler's last progress line: {handler_lines[-1]}")
         slopes = rss_slopes(rss_samples, 600.0) if args.seconds > 1200 else {}
-        if slopes:
-            print("  resident memory after the first 10 minutes (a sample every "
-                  f"{args.rss_every:.0f}s; least-squares slope): "
-                  + ", ".join(f"{name} {f['first_mib']:,.0f} -> {f['last_mib']:,.0f} MiB, {f['mib_per_hour']:+,.1f} "
-                              f"MiB/h ({f['percent_per_hour']:+.2f}%/h)" for name, f in slopes.items()))
+        anon_slopes = rss_slopes(anon_samples, 600.0) if args.seconds > 1200 else {}
+        # VmRSS counts the pages of mapped files a process touched (the state stores' LMDB files: page cache the
+        # kernel takes back when it needs it, swinging by hundreds of MiB within seconds); RssAnon is the memory
+        # the process holds for itself.
+        for what, found in (("resident memory (VmRSS, mapped files included)", slopes),
+                            ("private memory (RssAnon)", anon_slopes)):
+            if found:
+                print(f"  {what} after the first 10 minutes (a sample every {args.rss_every:.0f}s; least-squares "
+                      f"slope): " + ", ".join(f"{name} {f['first_mib']:,.0f} -> {f['last_mib']:,.0f} MiB, "
+                                              f"{f['mib_per_hour']:+,.1f} MiB/h ({f['percent_per_hour']:+.2f}%/h)"
+                                              for name, f in found.items()))
         peaks = services.peak_rss_mib()
         print("  peak resident memory per service (its processes, Spark JVM included): "
               + ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in peaks.items()))
@@ -577,7 +587,9 @@ def main() -> None:
                 "fraud_split": [[round(detector, 3), round(handler, 3)] for detector, handler in split],
                 "batches": [[b[1], b[2]] for b in done], "not_visible": len(pending),
                 "rss_samples": [[t, {k: round(v, 1) for k, v in rss.items()}] for t, rss in rss_samples],
-                "rss_slopes": slopes}))
+                "rss_slopes": slopes,
+                "anon_samples": [[t, {k: round(v, 1) for k, v in rss.items()}] for t, rss in anon_samples],
+                "anon_slopes": anon_slopes}))
     finally:
         services.stop()
         store.close()

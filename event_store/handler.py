@@ -94,7 +94,7 @@ class CommandHandler:
         # The partitions' snapshots, a step after each commit (event_store.handler_snapshots).
         self.snapshots = SnapshotSchedule(settings, instance_id, log, self.stats, self.partitions, _Stopping)
         # Personal data sealed under each subject's key before it reaches the events topic (personal_data_seal;
-        # event_store.sealing): None when off.
+        # event_store.sealing); with it off, forgotten subjects' commands are refused all the same.
         self.sealer = Sealer.for_settings(settings)
         # Its OpenLineage run (lakehouse.lineage): started with the handler, ended by close().
         self.lineage = Lineage.for_settings(settings, log)
@@ -132,7 +132,7 @@ class CommandHandler:
         # Fences any older instance with this id and aborts its open transaction before we read state.
         self._tx.init(60)
         self.snapshots.tx = self._tx
-        if self.sealer is not None:
+        if self.sealer.sealing:
             self.log(f"handler {self.instance_id}: personal data is sealed under its subjects' keys in "
                      f"{self.sealer.keys.directory} (personal_data_seal=on; docs/forgetting.md)")
         self._rebuilder.open()
@@ -292,8 +292,7 @@ class CommandHandler:
         time_limit = EventTimeLimit.at(now, self.settings.max_event_time_ahead_s)
         staged = StagedChanges()
         counts = DecisionCounts()
-        if self.sealer is not None:
-            self.sealer.refresh()  # a subject forgotten meanwhile is refused from this transaction on
+        self.sealer.refresh()  # a subject forgotten meanwhile is refused from this transaction on
         self._delivered_events, self._delivered_results, self._refused = {}, {}, []
         generations = {tp.partition: self.group.generation.get(tp.partition) for tp in owned}
         tx.begin()

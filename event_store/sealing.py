@@ -1,9 +1,9 @@
 """Personal data on the way to the log and back (issue 45, docs/forgetting.md): the handler's sealer and the readers'
 unsealer, both through ``event_store.personal_data`` (the one module that seals and unseals).
 
-- :class:`Sealer` (the command handler, with ``personal_data_seal`` on): a command of a forgotten data subject is
-  refused (``SubjectForgotten``) before its aggregate decides; the personal fields of the events a command causes
-  are sealed under its subject's key (``Domain.subject``) *before* the events are folded into the aggregate's state
+- :class:`Sealer` (the command handler): a command of a forgotten data subject is refused (``SubjectForgotten``)
+  before its aggregate decides, whether or not ``personal_data_seal`` is on; with it on, the personal fields of the
+  events a command causes are sealed under its subject's key (``Domain.subject``) *before* the events are folded into the aggregate's state
   and encoded, so the events topic, the handler's states, its state store and its snapshots hold tokens, never the
   plain values. Event ids derive from the aggregate, version and command (``decider.event_id_for``), not from the
   payload: a re-decided command seals with fresh nonces (other bytes) under the same event ids.
@@ -86,10 +86,13 @@ def personal_columns() -> frozenset[str]:
 
 
 class Sealer:
-    """The handler's side: refuses a forgotten subject's commands, seals the personal fields of new events."""
+    """The handler's side: refuses a forgotten subject's commands, seals the personal fields of new events. With
+    ``seal=False`` (``personal_data_seal`` off) it only refuses: a subject ``eventlake forget`` forgot must not get
+    new data in plain text either."""
 
-    def __init__(self, keys: SubjectKeys):
+    def __init__(self, keys: SubjectKeys, seal: bool = True):
         self.keys = keys
+        self.sealing = seal
         self.personal = personal_event_fields()
         for domain in DOMAINS.values():
             if domain.subject is None and any(t in self.personal for t in domain.events):
@@ -97,9 +100,10 @@ class Sealer:
                                  f"data subject (Domain.subject)")
 
     @classmethod
-    def for_settings(cls, settings: Settings) -> Sealer | None:
-        """The sealer of the handler of ``settings``: None when sealing is off."""
-        return cls(SubjectKeys(keys_dir(settings.home))) if sealing_on(settings) else None
+    def for_settings(cls, settings: Settings) -> Sealer:
+        """The sealer of the handler of ``settings``: with sealing off, one that only refuses the commands of
+        forgotten subjects (the home's key store holds their tombstones; a missing store is an empty one)."""
+        return cls(SubjectKeys(keys_dir(settings.home)), seal=sealing_on(settings))
 
     def refresh(self) -> None:
         """Once per transaction: a subject forgotten by another process since is refused from now on."""
@@ -108,12 +112,17 @@ class Sealer:
     def check(self, domain: Domain, state: Any, command: Any) -> None:
         """CommandRejected (``SubjectForgotten``) when ``command``'s data subject was forgotten: every command of
         it, whether or not it carries personal data (the relationship has ended; docs/forgetting.md)."""
+        if not len(self.keys):  # no subject known, none forgotten (sealing off, nobody forgotten yet)
+            return
         subject = domain.subject(state, command) if domain.subject is not None else None
         if subject is not None and self.keys.state(subject) == "forgotten":
             raise CommandRejected("SubjectForgotten", _forgotten(domain, command, subject))
 
     def seal(self, domain: Domain, state: Any, command: Any, new_events: list[NewEvent]) -> list[NewEvent]:
-        """``new_events`` with their personal fields sealed under the subject of ``command`` on ``state``."""
+        """``new_events`` with their personal fields sealed under the subject of ``command`` on ``state`` (as they
+        are when sealing is off)."""
+        if not self.sealing:
+            return new_events
         out = []
         for new in new_events:
             fields = self.personal.get(new.event_type)

@@ -110,7 +110,7 @@ class ForgetReport:
     locked: tuple[str, ...] = ()  # "<model>: <why>"
     wait_s: float = DEFAULT_WAIT_S
     changed_models: dict[str, int] = field(default_factory=dict)  # read model -> rows nulled (its tables changed)
-    sealing: bool = True  # personal_data_seal was on (off: the log holds plain values, new commands are accepted)
+    sealing: bool = True  # personal_data_seal was on (off: the events topic holds plain values until its retention)
 
     @property
     def complete(self) -> bool:
@@ -137,7 +137,7 @@ class ForgetReport:
         out += [f"{why}: not erased" for why in self.locked]
         if not self.sealing:
             out.append("personal_data_seal is off: the events topic keeps the subject's plain values until its "
-                       "retention deletes them, and the handler still accepts their new commands (docs/forgetting.md)")
+                       "retention deletes them (the handler refuses their new commands; docs/forgetting.md)")
         if self.dry_run:
             out.append("dry run: nothing changed")
         elif self.complete:

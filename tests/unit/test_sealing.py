@@ -129,6 +129,23 @@ def test_a_forgotten_subjects_commands_are_refused_and_other_subjects_are_not(ke
     assert result.status == "accepted" and len(encoded) == 1
 
 
+def test_with_sealing_off_events_stay_plain_and_a_forgotten_subjects_commands_are_refused_all_the_same(keys):
+    """``eventlake forget`` on a home that never sealed: nothing to seal or delete, but the subject's tombstone
+    refuses their new commands, which would otherwise bring their data back in plain text."""
+    sealer = Sealer(keys, seal=False)
+    events, state, _ = run([open_account(customer_name=NAME), located()], sealer)
+    assert [json.loads(e)["payload"].get("customer_name", json.loads(e)["payload"].get("location")) for e in events] \
+        == [NAME, "IS-RKV"]
+    assert not keys.path.exists()  # sealing off makes no key
+    SubjectKeys(keys.directory).forget("cust-1")
+    sealer.refresh()
+    _, encoded, result = execute_encoded(state, pay(), T, None, sealer)
+    assert (result.error_type, encoded) == ("SubjectForgotten", [])
+    _, encoded, result = execute_encoded(AccountState("acc-2"), open_account("acc-2", customer="cust-2"), T, None,
+                                         sealer)
+    assert result.status == "accepted" and not is_sealed(json.loads(encoded[0])["payload"]["customer_id"])
+
+
 def test_the_batch_decision_answers_a_forgotten_subjects_command_with_its_rejection(keys):
     class Record:
         def __init__(self, value, offset):
@@ -212,7 +229,7 @@ def test_sealing_is_a_setting_and_spark_readers_refuse_to_run_with_it_on(tmp_pat
     refuse_spark(settings.replace(personal_data_seal="off"), "fraud detector (engine spark)")
     with pytest.raises(SettingsError, match="personal_data_seal"):
         sealing_on(settings.replace(personal_data_seal="yes"))
-    assert Sealer.for_settings(settings.replace(personal_data_seal="off")) is None
+    assert not Sealer.for_settings(settings.replace(personal_data_seal="off")).sealing
     assert Sealer.for_settings(settings).keys.directory == keys_dir(tmp_path)
 
 
