@@ -29,10 +29,8 @@ from read_models.catalog import ARCHIVE_TABLE, Catalog, Generation
 from lakehouse.errors import NotFound
 
 __all__ = ["CheckReport", "Failure", "Verdict", "check_table", "check_tables", "context", "data_docs_index", "verdict",
-           "TableMissing", "DATA_DOCS_FOLDER", "KEEP_VALIDATIONS"]
+           "TableMissing", "KEEP_VALIDATIONS"]
 
-DATA_DOCS_FOLDER = "data_docs"  # under settings.home: the HTML site
-_GX_STORES_FOLDER = "gx"  # under settings.home: the validation results and suites the site is built from
 KEEP_VALIDATIONS = 20  # per suite: older validation results (and their pages) are deleted when a new one comes
 
 
@@ -135,7 +133,7 @@ def check_table(settings: Settings, name: str, ge=None, generation: Generation |
 
 def data_docs_index(settings: Settings) -> Path:
     """The Data Docs site's front page: every suite's recent validations."""
-    return settings.home / DATA_DOCS_FOLDER / "index.html"
+    return settings.data_docs / "index.html"
 
 
 def _docs_context(settings: Settings):
@@ -144,7 +142,7 @@ def _docs_context(settings: Settings):
     import great_expectations as gx
     from great_expectations.data_context.types.base import DataContextConfig, InMemoryStoreBackendDefaults
 
-    stores = settings.home / _GX_STORES_FOLDER
+    stores = settings.check_results
     config = DataContextConfig(store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False))
     filesystem = lambda folder: {"class_name": "TupleFilesystemStoreBackend",  # noqa: E731
                                  "base_directory": str(folder)}
@@ -154,7 +152,7 @@ def _docs_context(settings: Settings):
                                            "store_backend": filesystem(stores / "expectations")}
     config.data_docs_sites = {"eventlake": {
         "class_name": "SiteBuilder", "show_how_to_buttons": False,
-        "store_backend": filesystem(settings.home / DATA_DOCS_FOLDER),
+        "store_backend": filesystem(settings.data_docs),
         "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}}}
     return gx.get_context(project_config=config)
 
@@ -177,7 +175,7 @@ def _publish_data_docs(settings: Settings, gx, name: str, module, result, genera
     docs.validation_results_store.set(key, result)
     _prune_validations(settings, name)
     docs.build_data_docs(resource_identifiers=[key, suite_key])
-    folder = settings.home / DATA_DOCS_FOLDER
+    folder = settings.data_docs
     data_docs_assets.localise(folder, settings.cache_dir, log=_say_once)
     pages = sorted((folder / "validations" / name).glob(f"{generation.label}-v{version}/*/{name}.html"),
                    key=lambda p: p.stat().st_mtime)
@@ -197,12 +195,12 @@ def _prune_validations(settings: Settings, name: str) -> None:
     """Keep the newest KEEP_VALIDATIONS results of suite ``name`` (and their pages): the index stays short."""
     import shutil
 
-    root = settings.home / _GX_STORES_FOLDER / "validations" / name
+    root = settings.check_results / "validations" / name
     results = sorted(root.glob("*/*/*.json"), key=lambda p: p.parent.name)  # run_time folders sort by time
     for stale in results[:-KEEP_VALIDATIONS]:
         relative = stale.parent.relative_to(root)
         shutil.rmtree(stale.parent, ignore_errors=True)
-        shutil.rmtree(settings.home / DATA_DOCS_FOLDER / "validations" / name / relative, ignore_errors=True)
+        shutil.rmtree(settings.data_docs / "validations" / name / relative, ignore_errors=True)
 
 
 def _arguments(kwargs: dict) -> str:

@@ -34,7 +34,7 @@ __all__ = ["DeadLetter", "TriageReport", "QuarantineNotResolved", "REPORT_FOLDER
            "reason_kind", "summarize", "render_html", "report_folder", "read_new", "triage", "dead_letter_signal",
            "resolve_quarantine"]
 
-REPORT_FOLDER = "dead_letters"  # under the Data Docs folder (expectations.checks.DATA_DOCS_FOLDER)
+REPORT_FOLDER = "dead_letters"  # under the Data Docs folder (settings.data_docs)
 NO_KEY = "(no key)"  # the aggregate of a dead letter whose record had no key
 RECORD = re.compile(r"[^/\s]+/[0-9]+/[0-9]+")  # a record as the form and the verb take it: topic/partition/offset
 _POSITION_FILE = "position.json"
@@ -185,9 +185,7 @@ def render_html(report: TriageReport, earlier: Iterable[str] = ()) -> str:
 
 def report_folder(settings: Settings) -> Path:
     """Where the reports are: ``<home>/data_docs/dead_letters``, beside the Great Expectations Data Docs."""
-    from expectations.checks import DATA_DOCS_FOLDER
-
-    return settings.home / DATA_DOCS_FOLDER / REPORT_FOLDER
+    return settings.data_docs / REPORT_FOLDER
 
 
 def read_new(settings: Settings, positions: Mapping[int, int], limit: int = 100_000

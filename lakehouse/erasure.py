@@ -37,7 +37,8 @@ from typing import Sequence
 from lakehouse.errors import BadInput
 from lakehouse.tables import TableNotFound
 
-__all__ = ["Erasure", "ErasureError", "erase", "REASON_KEY", "DEFAULT_GRACE_S", "fault_point"]
+__all__ = ["Erasure", "ErasureError", "erase", "REASON_KEY", "DEFAULT_GRACE_S", "fault_point", "values_held",
+           "QuotingFiles", "purge_quoting"]
 
 REASON_KEY = "eventlake.erasure"  # in the UPDATE commit's commitInfo: why the values were erased
 DEFAULT_GRACE_S = 900.0
@@ -202,6 +203,63 @@ def _purge_log(table, folder: Path, values: set[str], started: float, grace_s: f
     checkpoints = [p for p in log.glob("*.checkpoint*.parquet") if int(p.name.split(".")[0]) < version]
     holding = commits + checkpoints
     return (len(holding), *_delete_past_grace(holding, started, grace_s, dry_run))
+
+
+def values_held(where, predicate: str, columns: Sequence[str]) -> set[str]:
+    """The text values in ``columns`` of the rows ``predicate`` selects in the current version of the table at
+    ``where`` (a local folder; none when it has no such column): what ``erase`` would null, sought by
+    ``purge_quoting`` in the files outside the table that may quote them."""
+    import duckdb
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(str(where))
+    except TableNotFoundError:
+        return set()
+    present = [c for c in columns if c in table.schema().to_arrow().names]
+    if not present:
+        return set()
+    with duckdb.connect() as con:
+        return set().union(*(_values(con, Path(uri.removeprefix("file://")), predicate, present)
+                             for uri in table.file_uris()))
+
+
+@dataclass(frozen=True)
+class QuotingFiles:
+    """What ``purge_quoting`` found under one folder: files quoting an erased value, deleted."""
+    folder: str
+    holding: int
+    deleted: int
+    dry_run: bool = False
+
+    def line(self) -> str:
+        verb = "would delete" if self.dry_run else "deleted"
+        done = self.holding if self.dry_run else self.deleted
+        return f"{self.folder}: {self.holding} file(s) quoted the subject's values; {verb} {done}"
+
+
+def purge_quoting(folder: Path, values: set[str], dry_run: bool = False) -> QuotingFiles:
+    """Delete every file under ``folder`` (reports a later run writes again: Data Docs pages, validation results)
+    that quotes one of ``values``: as it is, as JSON or JSON in JSON writes it, as HTML escapes it, or a run of its
+    first characters that no escaping changes (``_needles``; a page quoting a value shared with others goes too,
+    which only costs a page the next run rebuilds)."""
+    import html
+
+    needles = _needles(values) | {html.escape(v, quote=True).encode()[:_NEEDLE_BYTES] for v in values if v}
+    holding = deleted = 0
+    if needles and folder.is_dir():
+        for path in sorted(folder.rglob("*")):
+            try:
+                if not path.is_file() or path.is_symlink() or not _quotes(path.read_bytes(), needles):
+                    continue
+            except OSError:  # deleted meanwhile (a check run prunes its old results)
+                continue
+            holding += 1
+            if not dry_run:
+                path.unlink(missing_ok=True)
+                deleted += 1
+    return QuotingFiles(str(folder), holding, deleted, dry_run)
 
 
 def _quotes(data: bytes, needles: set[bytes]) -> bool:

@@ -186,6 +186,16 @@ class Settings:
         return self.home / "kafka"
 
     @property
+    def data_docs(self) -> Path:
+        """The Data Docs site of the checks (expectations.checks) and the dead-letter triage's reports."""
+        return self.home / "data_docs"
+
+    @property
+    def check_results(self) -> Path:
+        """Great Expectations' stores (validation results, suites) the Data Docs are built from."""
+        return self.home / "gx"
+
+    @property
     def credentials_file(self) -> Path:
         return self.kafka_credentials_file or self.kafka_dir / "credentials.toml"
 

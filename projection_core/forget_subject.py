@@ -11,7 +11,8 @@ Three steps, each safe to repeat (a run killed anywhere is run again and complet
    yet committed (``commits/N``) when the key went can hold values: forget waits until every one of them has
    committed. One that does not within ``wait_s`` (a long batch, or a projection killed in it: its next start runs it
    again, with the key gone) is named in the report, which is then not complete: run forget again later.
-3. **The tables forget** (``read_models.forgetting``): each read model under its rebuild lock (``RebuildLock``,
+3. **The reports that quote the values go** (Data Docs pages and the validation results they are built from: the
+   next check writes them again), then **the tables forget** (``read_models.forgetting``): each read model under its rebuild lock (``RebuildLock``,
    purpose "forget"), so a rebuild or maintenance of it is not raced: a model whose lock is held is left, named, and
    the run is not complete; then the plain values of events written with sealing off in the archive, then the dead
    letters.
@@ -25,13 +26,13 @@ from typing import Callable
 import read_models
 from event_store.personal_data import SubjectKeys, keys_dir
 from event_store.sealing import sealing_on
-from lakehouse.erasure import DEFAULT_GRACE_S, Erasure, fault_point
+from lakehouse.erasure import DEFAULT_GRACE_S, Erasure, QuotingFiles, fault_point, purge_quoting
 from lakehouse.settings import Settings
 from projection_core.checkpoint import COMMITS, OFFSETS, last_committed_batch, planned_not_committed
 from projection_core.rebuild_errors import RebuildRefused
 from projection_core.rebuild_lock import RebuildLock
 from read_models.forgetting import forget_in_archive, forget_in_dead_letters, forget_in_model, holds_personal_values, \
-    subject_aggregates
+    subject_aggregates, values_in_model
 
 __all__ = ["DEFAULT_WAIT_S", "ForgetReport", "InFlight", "batches_in_flight", "wait_for_batches", "forget_subject"]
 
@@ -111,6 +112,7 @@ class ForgetReport:
     wait_s: float = DEFAULT_WAIT_S
     changed_models: dict[str, int] = field(default_factory=dict)  # read model -> rows nulled (its tables changed)
     sealing: bool = True  # personal_data_seal was on (off: the events topic holds plain values until its retention)
+    reports: tuple[QuotingFiles, ...] = ()  # the Data Docs and check results that quoted the values
 
     @property
     def complete(self) -> bool:
@@ -122,7 +124,8 @@ class ForgetReport:
         return {"subject": self.subject, "key_before": self.key_before, "dry_run": self.dry_run,
                 "complete": self.complete, "tables": [asdict(e) for e in self.tables],
                 "in_flight": [b.line() for b in self.in_flight], "locked": list(self.locked),
-                "changed_models": dict(self.changed_models), "sealing": self.sealing}
+                "changed_models": dict(self.changed_models), "sealing": self.sealing,
+                "reports": [asdict(f) for f in self.reports]}
 
     def lines(self) -> list[str]:
         key = {"key": "deleted (a tombstone kept: the subject's key is never made again)",
@@ -130,6 +133,7 @@ class ForgetReport:
         out = [f"subject {self.subject!r}: key " + ("would be deleted" if self.dry_run and self.key_before == "key"
                                                    else key[self.key_before])]
         out += [e.line() for e in self.tables]
+        out += [f.line() for f in self.reports]
         for batch in self.in_flight:
             out.append(f"{batch.line()}: planned before the key went and not committed after {self.wait_s:.0f} s; it "
                        f"may write the subject's values again (a projection killed in it runs it again with the key "
@@ -174,6 +178,14 @@ def forget_subject(settings: Settings, subject: str, reason: str, dry_run: bool 
     tables: list[Erasure] = []
     locked: list[str] = []
     changed: dict[str, int] = {}
+    # The reports (Data Docs pages, validation results) that quote the values go first: a run killed after the
+    # tables finds the values there no more.
+    values = set().union(*(values_in_model(settings, m, ids) for m in read_models.select(None)))
+    reports = [purge_quoting(folder, values, dry_run=dry_run) for folder in (settings.data_docs,
+                                                                              settings.check_results)]
+    for found in reports:
+        if found.holding:
+            log(f"forget: reports: {found.line()}")
     for model in read_models.select(None):
         if not holds_personal_values(model) or not ids:
             continue
@@ -196,4 +208,4 @@ def forget_subject(settings: Settings, subject: str, reason: str, dry_run: bool 
     tables += forget_in_archive(settings, ids, reason, dry_run=dry_run, grace_s=grace_s, log=log)
     tables += forget_in_dead_letters(settings, subject, ids, reason, dry_run=dry_run, grace_s=grace_s, log=log)
     return ForgetReport(subject, before, tuple(tables), dry_run, tuple(in_flight), tuple(locked), wait_s, changed,
-                        sealing_on(settings))
+                        sealing_on(settings), tuple(reports))

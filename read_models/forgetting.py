@@ -31,7 +31,7 @@ from lakehouse.settings import Settings
 from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Catalog
 from read_models.spec import ReadModel
 
-__all__ = ["personal_columns_of", "holds_personal_values", "subject_aggregates", "forget_in_model",
+__all__ = ["personal_columns_of", "holds_personal_values", "subject_aggregates", "forget_in_model", "values_in_model",
            "forget_in_archive", "forget_in_read_models", "forget_in_dead_letters", "DEAD_LETTER_BYTES"]
 
 # The columns of a dead letter that hold the record's bytes (spark_apps.spark_projection.dead_letter_schema).
@@ -160,6 +160,18 @@ def forget_in_model(settings: Settings, model: ReadModel, aggregate_ids: list[st
         log(f"forget: {model.name} {generation.label}: {erased.line()}")
         done.append(erased)
     return done
+
+
+def values_in_model(settings: Settings, model: ReadModel, aggregate_ids: list[str]) -> set[str]:
+    """The text values ``forget_in_model`` would null in ``model``'s generations (the reports that quoted them go
+    too: ``projection_core.forget_subject``)."""
+    from lakehouse.erasure import values_held
+
+    columns = personal_columns_of(model)
+    if not columns or not model.subject_column or not aggregate_ids:
+        return set()
+    predicate = f'"{model.subject_column}" IN ({_sql_list(aggregate_ids)})'
+    return set().union(*(values_held(g.table, predicate, columns) for g in Catalog(settings).generations(model.name)))
 
 
 def holds_personal_values(model: ReadModel) -> bool:

@@ -1,6 +1,8 @@
 """A data subject forgotten in the read models (read_models.forgetting) on real delta-rs tables under a home: the
 subject's aggregates found by the tokens of the archive, their personal columns nulled in every read model that
 has them, other customers and other columns untouched, the old files purged; a dry run changes nothing."""
+import json
+
 import pyarrow as pa
 from deltalake import write_deltalake
 
@@ -239,3 +241,28 @@ def test_a_subject_whose_events_were_written_with_sealing_off_is_found_by_their_
     stored = b"".join(p.read_bytes() for p in settings.warehouse.rglob("*") if p.is_file())
     assert b"Plain Name" not in stored and b"plain@example.org" not in stored and b"US-NYC" not in stored
     assert b"Ada Lovelace" in stored and b"Grace Hopper" in stored  # in the read models: not forgotten
+
+
+def test_the_reports_quoting_a_subjects_values_go_and_the_others_stay(tmp_path):
+    """A Data Docs page quoting Ada's name (HTML-escaped), a validation result quoting her place (JSON), a dead-letter
+    report quoting her email: deleted before the tables forget, and listed; a page quoting Grace only stays. A dry
+    run lists them and deletes nothing."""
+    from projection_core.forget_subject import forget_subject
+
+    settings = personal_home(tmp_path)
+    ada = settings.data_docs / "validations" / "account_summary" / "g0001-v3" / "run" / "account_summary.html"
+    place = settings.check_results / "validations" / "payments" / "g0001-v2" / "run" / "payments.json"
+    letters = settings.data_docs / "dead_letters" / "report-20261130T000000Z.json"
+    grace = settings.data_docs / "validations" / "account_summary" / "g0001-v2" / "run" / "account_summary.html"
+    for path, text in ((ada, "<td>Ada Lovelace</td>"), (place, json.dumps({"unexpected": ["IS-AKU"]})),
+                       (letters, json.dumps({"raw": "ada@example.org"})), (grace, "<td>Grace Hopper</td>")):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    dry = forget_subject(settings, "cust-ada", "request #16", dry_run=True, log=lambda *_: None)
+    assert [(f.holding, f.deleted) for f in dry.reports] == [(2, 0), (1, 0)] and ada.exists()
+    report = forget_subject(settings, "cust-ada", "request #16", grace_s=0, log=lambda *_: None)
+    assert [(f.holding, f.deleted) for f in report.reports] == [(2, 2), (1, 1)], report.lines()
+    assert not ada.exists() and not place.exists() and not letters.exists() and grace.exists()
+    assert any("data_docs: 2 file(s) quoted the subject's values; deleted 2" in line for line in report.lines())
+    assert report.complete
