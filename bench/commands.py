@@ -12,7 +12,7 @@ counted with librdkafka, so the counting costs the handler little CPU.
 
     .venv/bin/python bench/commands.py [--commands 100000] [--accounts 2000] [--instances 1 2] [--repeat 1]
                                        [--no-raw] [--no-drain] [--domain accounts|iot|site|mixed|all ...]
-                                       [--devices 200] [--sites 30]
+                                       [--devices 200] [--sites 30] [--sealing off on]
 
 With ``--repeat N`` each end-to-end run is made N times (fresh topics each time) and the median and range are
 printed too: on a shared 2-core host single runs vary by ±20%.
@@ -23,6 +23,9 @@ printed too: on a shared 2-core host single runs vary by ±20%.
 (``mixed``). With several domains (``all`` is the four) every run is made for each domain in turn, on fresh
 topics and with the same handler count, and the figures are printed side by side with each domain's ratio to
 the accounts' commands/s.
+
+``--sealing off on`` adds drain runs of the accounts' commands with ``personal_data_seal`` off and on, alternated
+``--repeat`` times (issue 45's cost: the command path with personal data sealed within 0.9x of without).
 """
 from __future__ import annotations
 
@@ -114,15 +117,21 @@ def count_committed(consumer, wanted: int, timeout_s: float) -> tuple[int, float
     return seen, first_at, first_n
 
 
-def drain(settings: Settings, records: list[tuple[str, bytes]], log_dir: Path) -> dict:
-    """Commands already on the topic, then one handler: its rate from the first committed result to the last."""
+def drain(settings: Settings, records: list[tuple[str, bytes]], log_dir: Path, sealing: str | None = None,
+          home: Path | None = None) -> dict:
+    """Commands already on the topic, then one handler: its rate from the first committed result to the last.
+    ``sealing`` "on"/"off": the handler's ``personal_data_seal``, with its home (its subject keys) at ``home``."""
     env = {**os.environ, **security_env(settings), "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
            "EVENTLAKE_TOPIC_PREFIX": settings.topic_prefix, "EVENTLAKE_HANDLER_GROUP_ID": settings.handler_group_id,
            "EVENTLAKE_HANDLER_MAX_BATCH": os.environ.get("EVENTLAKE_HANDLER_MAX_BATCH", "5000")}
+    if sealing is not None:
+        env["EVENTLAKE_PERSONAL_DATA_SEAL"] = sealing
+    if home is not None:
+        env["EVENTLAKE_HOME"] = str(home)
     with EventStore(settings) as store:
         store.send_raw(records)
     consumer = results_reader(settings, at_end=False)
-    with open(log_dir / "handler-drain.log", "w") as log:
+    with open(log_dir / f"handler-drain{'-seal-' + sealing if sealing else ''}.log", "w") as log:
         handler = subprocess.Popen([EVENTLAKE, "handler"], env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             seen, first_at, first_n = count_committed(consumer, len(records), timeout_s=600)
@@ -194,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="end-to-end runs per handler count (median, range)")
     parser.add_argument("--no-raw", action="store_true", help="skip the raw produce ceilings")
     parser.add_argument("--no-drain", action="store_true", help="skip the drain run")
+    parser.add_argument("--sealing", nargs="+", choices=["off", "on"], default=[],
+                        help="drain runs of the accounts' commands with personal_data_seal off and/or on, side by "
+                             "side (--repeat times each; the first run with it on makes the customers' keys)")
     args = parser.parse_args(argv)
     domains = domains_of(args.domain)
     several = len(domains) > 1
@@ -260,6 +272,27 @@ def main(argv: list[str] | None = None) -> int:
             say(d, f"drain, 1 handler alone: {r['commands']:,} commands at {r['rate']:,.0f} commands/s "
                    f"(first to last committed result)")
         summary.append(side_by_side("drain, 1 handler alone, commands/s", drained))
+    if args.sealing:
+        # The same commands, one handler alone, personal data sealed or not; each run's home keeps its subject
+        # keys for the next (a customer's first sealed event makes its key: two fsyncs, the first run's cost).
+        sealed: dict[str, list[float]] = {seal: [] for seal in args.sealing}
+        homes = {seal: log_dir / f"home-{run_id}-seal-{seal}" for seal in args.sealing}
+        for i in range(max(args.repeat, 1)):
+            order = args.sealing[i % len(args.sealing):] + args.sealing[:i % len(args.sealing)]
+            for seal in order:
+                with fresh(settings, f"seal{seal}") as scratch:
+                    r = drain(scratch, loads.get("accounts", next(iter(loads.values()))).records, log_dir,
+                              sealing=seal, home=homes[seal])
+                if r["rate"] is not None:
+                    sealed[seal].append(r["rate"])
+                print(f"drain, personal_data_seal={seal}, run {i + 1}: {r['commands']:,} commands at "
+                      + (f"{r['rate']:,.0f} commands/s" if r["rate"] is not None else "no rate"), flush=True)
+        medians = {seal: statistics.median(r) for seal, r in sealed.items() if r}
+        line = " | ".join(f"{seal} {m:,.0f}" for seal, m in medians.items())
+        if "on" in medians and "off" in medians:
+            line += f" (on/off {medians['on'] / medians['off']:.2f}x; aim >= 0.9x)"
+        summary.append(f"side by side, drain, 1 handler alone, personal_data_seal, median commands/s: {line}")
+        print(summary[-1])
     if several:
         for line in summary:
             print(line)
