@@ -12,10 +12,10 @@ Three steps, each safe to repeat (a run killed anywhere is run again and complet
    committed. One that does not within ``wait_s`` (a long batch, or a projection killed in it: its next start runs it
    again, with the key gone) is named in the report, which is then not complete: run forget again later.
 3. **The reports that quote the values go** (Data Docs pages and the validation results they are built from: the
-   next check writes them again), then **the tables forget** (``read_models.forgetting``): each read model under its rebuild lock (``RebuildLock``,
-   purpose "forget"), so a rebuild or maintenance of it is not raced: a model whose lock is held is left, named, and
-   the run is not complete; then the plain values of events written with sealing off in the archive, then the dead
-   letters.
+   next check writes them again), then **the tables forget** (``read_models.forgetting``): each read model under
+   its rebuild lock (``RebuildLock``, purpose "forget"), so a rebuild or maintenance of it is not raced: a model
+   whose lock is held is left, named, and the run is not complete; then the plain values of events written with
+   sealing off in the archive, then the dead letters.
 """
 from __future__ import annotations
 
@@ -174,7 +174,8 @@ def forget_subject(settings: Settings, subject: str, reason: str, dry_run: bool 
         in_flight = wait_for_batches(settings, batches_in_flight(settings), wait_s, log)
     aggregates = subject_aggregates(settings, subject)
     ids = sorted({aggregate_id for _, aggregate_id in aggregates})
-    log(f"forget: subject {subject!r}: {len(ids)} aggregate(s) in the archive carry their sealed values")
+    log(f"forget: subject {subject!r}: {len(ids)} aggregate(s) of theirs in the archive (by their tokens or their "
+        f"subject field)")
     tables: list[Erasure] = []
     locked: list[str] = []
     changed: dict[str, int] = {}

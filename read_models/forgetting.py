@@ -90,15 +90,15 @@ def forget_in_archive(settings: Settings, aggregate_ids: list[str], reason: str,
     ``aggregate_ids``, and purge them from its history -> its ``Erasure`` ([] when there is no archive, no personal
     column or no id). Sealed values are left: with the key gone they are unreadable, and a rebuild reads them as
     null all the same."""
-    from lakehouse.tables import TableNotFound
+    from deltalake import DeltaTable
+
     from event_store.personal_data import TOKEN_PREFIX
     from event_store.sealing import personal_columns
+    from lakehouse.tables import TableNotFound
 
     path = settings.table_path(ARCHIVE_TABLE)
     if not aggregate_ids or not (path / "_delta_log").is_dir():
         return []
-    from deltalake import DeltaTable
-
     names = set(DeltaTable(str(path)).schema().to_arrow().names)
     columns = sorted(personal_columns() & names)
     if not columns:
@@ -187,7 +187,8 @@ def forget_in_read_models(settings: Settings, subject: str, reason: str, dry_run
     projections' batches in flight and under each model's rebuild lock."""
     aggregates = subject_aggregates(settings, subject)
     ids = sorted({aggregate_id for _, aggregate_id in aggregates})
-    log(f"forget: subject {subject!r}: {len(ids)} aggregate(s) in the archive carry their sealed values")
+    log(f"forget: subject {subject!r}: {len(ids)} aggregate(s) of theirs in the archive (by their tokens or their "
+        f"subject field)")
     letters = forget_in_dead_letters(settings, subject, ids, reason, dry_run=dry_run, grace_s=grace_s, log=log)
     done = []
     for model in read_models.select(None):

@@ -77,7 +77,7 @@ def test_a_subjects_values_are_nulled_in_every_read_model_and_the_rest_stays(tmp
                                                   ("acc-grace", "cust-grace", "Grace Hopper", None, None, 2)]
     assert _rows(settings, "payments") == [("acc-ada-1", "p1", None), ("acc-ada-2", "p2", None),
                                            ("acc-grace", "p3", "US-SFO")]
-    assert any("2 aggregate(s) in the archive" in line for line in lines)
+    assert any("2 aggregate(s) of theirs in the archive" in line for line in lines)
     # Not a byte of Ada's name or email under the tables, Delta logs included (their statistics quoted them).
     stored = b"".join(p.read_bytes() for p in settings.warehouse.rglob("*") if p.is_file())
     assert b"Ada Lovelace" not in stored and b"ada@example.org" not in stored and b"Grace Hopper" in stored
