@@ -3,8 +3,8 @@ unsealer, both through ``event_store.personal_data`` (the one module that seals 
 
 - :class:`Sealer` (the command handler): a command of a forgotten data subject is refused (``SubjectForgotten``)
   before its aggregate decides, whether or not ``personal_data_seal`` is on; with it on, the personal fields of the
-  events a command causes are sealed under its subject's key (``Domain.subject``) *before* the events are folded into the aggregate's state
-  and encoded, so the events topic, the handler's states, its state store and its snapshots hold tokens, never the
+  events a command causes are sealed under its subject's key (``Domain.subject``) *before* the events are folded
+  into the aggregate's state and encoded, so the events topic, the handler's states, its state store and its snapshots hold tokens, never the
   plain values. Event ids derive from the aggregate, version and command (``decider.event_id_for``), not from the
   payload: a re-decided command seals with fresh nonces (other bytes) under the same event ids.
 - :class:`Unsealer` (every Python reader): tokens back to their values, a forgotten subject's as null, plain values

@@ -28,7 +28,8 @@ from event_store.personal_data import SubjectKeys, keys_dir
 from event_store.sealing import sealing_on
 from lakehouse.erasure import DEFAULT_GRACE_S, Erasure, QuotingFiles, fault_point, purge_quoting
 from lakehouse.settings import Settings
-from projection_core.checkpoint import COMMITS, OFFSETS, last_committed_batch, planned_not_committed
+from projection_core.checkpoint import COMMITS, METADATA, OFFSETS, SOURCES, last_committed_batch, \
+    planned_not_committed
 from projection_core.rebuild_errors import RebuildRefused
 from projection_core.rebuild_lock import RebuildLock
 from read_models.forgetting import forget_in_archive, forget_in_dead_letters, forget_in_model, holds_personal_values, \
@@ -61,7 +62,7 @@ def _query_checkpoints(root, depth: int = _DEPTH) -> list:
     except OSError:
         return out
     names = {child.name for child in children}
-    if OFFSETS in names and (COMMITS in names or "metadata" in names or "sources" in names):
+    if OFFSETS in names and (COMMITS in names or METADATA in names or SOURCES in names):
         return [root]
     if depth > 0:
         for child in sorted(children, key=lambda c: c.name):
