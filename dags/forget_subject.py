@@ -4,11 +4,13 @@ tables' history (issue 45; docs/forgetting.md).
 Trigger it with the form: **subject** (the account domain's `customer_id`), **reason** (recorded in each table's
 history: the request's reference, never personal data), **dry_run** (say what would be done; change nothing),
 **grace_minutes** (old files written this recently may belong to a writer's open transaction: left for a later
-try) and **wait_seconds** (how long to wait for the projections' batches planned before the key went).
+try), **wait_seconds** (how long to wait for the projections' batches planned before the key went) and
+**log_event** (send each of the subject's accounts a ForgetSubject command, answered by a SubjectForgotten event on
+the log; off only for a home whose broker is gone).
 
 `forget` does what `eventlake forget SUBJECT --reason REASON` does (projection_core/forget_subject.py): the key goes
 (a tombstone stays; every reader reads the subject's sealed values as null, the handler refuses their commands), the
-projections' batches in flight are waited for, then each read model is erased under its rebuild lock, then the dead
+projections' batches in flight are waited for, the forget commands are sent, then each read model is erased under its rebuild lock, then the dead
 letters. Its log lists every table touched (rows holding values, nulled, the Delta version, old files and log files
 deleted). When something is left (files of the grace period, a batch still in flight, a rebuild holding a model) the
 task fails with the reason and is **retried** after the grace period (4 times); each try is safe to repeat.
@@ -40,7 +42,10 @@ _GRACE_MINUTES = 15  # lakehouse.erasure.DEFAULT_GRACE_S (not imported at parse 
                                     description="old files written this recently are left for a later try"),
              "wait_seconds": Param(120, type="number", minimum=0, title="Wait for batches in flight (seconds)",
                                    description="how long to wait for the projections' batches planned before "
-                                               "the key went")})
+                                               "the key went"),
+             "log_event": Param(True, type="boolean", title="Record it on the log",
+                                description="append SubjectForgotten to each of the subject's accounts (through "
+                                            "the command handler)")})
 def forget_subject():
     @task(retries=4, retry_delay=pendulum.duration(minutes=_GRACE_MINUTES + 1),
           outlets=[assets.alias(assets.FORGOTTEN)])
@@ -55,6 +60,7 @@ def forget_subject():
         settings = Settings.load()
         report = forget_it(settings, p["subject"], p["reason"], dry_run=p["dry_run"],
                            grace_s=float(p["grace_minutes"]) * 60.0, wait_s=float(p["wait_seconds"]),
+                           record=bool(p["log_event"]),
                            log=lambda line: print(line, flush=True))
         for line in report.lines():
             print(line, flush=True)

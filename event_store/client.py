@@ -150,8 +150,10 @@ class EventStore:
         return count
 
     def wait_for(self, command_ids: Iterable[str], timeout_s: float = 120.0,
-                 what: Mapping[str, CommandEnvelope] | None = None) -> dict[str, CommandResult]:
-        """The results of ``command_ids`` (sent after this EventStore was made); TimeoutError if any is missing."""
+                 what: Mapping[str, CommandEnvelope] | None = None,
+                 partial: bool = False) -> dict[str, CommandResult]:
+        """The results of ``command_ids`` (sent after this EventStore was made); TimeoutError if any is missing
+        (``partial``: those that came by then)."""
         wanted = set(command_ids)
         found = {cid: self._seen.pop(cid) for cid in list(wanted) if cid in self._seen}
         # On a busy results topic most records answer other commands: one that cannot hold a wanted id is not
@@ -161,6 +163,8 @@ class EventStore:
         while len(found) < len(wanted):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                if partial:
+                    return found
                 missing = sorted(wanted - set(found))
                 first = what.get(missing[0]) if what else None
                 about = f" ({first.command_type} on {first.aggregate_id})" if first else ""

@@ -147,6 +147,10 @@ class Domain:
     # ``AccountOpened``): how a reader of the event tables finds a subject's aggregates whose events were written
     # with sealing off, when no token names the subject (``read_models.forgetting``). "": no such field.
     subject_field: str = ""
+    # The command ``eventlake forget`` sends each of a forgotten subject's aggregates (the account's ForgetSubject,
+    # naming the subject by ``subject_field``), answered by an event that records it on the log. The handler lets it
+    # through though the subject is forgotten (``event_store.sealing.Sealer``). "": the domain has none.
+    forget_command: str = ""
 
     def fold_fields(self, state: Any, event_type: str, payload: Mapping[str, Any], version: int | None) -> Any:
         """``evolve`` from an event's parts (``evolve_fields`` when the domain has one)."""

@@ -114,6 +114,8 @@ class Sealer:
         it, whether or not it carries personal data (the relationship has ended; docs/forgetting.md)."""
         if not len(self.keys):  # no subject known, none forgotten (sealing off, nobody forgotten yet)
             return
+        if command.command_type == domain.forget_command and domain.forget_command:
+            return  # what records the forgetting on the log (the aggregate decides it)
         subject = domain.subject(state, command) if domain.subject is not None else None
         if subject is not None and self.keys.state(subject) == "forgotten":
             raise CommandRejected("SubjectForgotten", _forgotten(domain, command, subject))

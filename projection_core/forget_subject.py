@@ -11,7 +11,12 @@ Three steps, each safe to repeat (a run killed anywhere is run again and complet
    yet committed (``commits/N``) when the key went can hold values: forget waits until every one of them has
    committed. One that does not within ``wait_s`` (a long batch, or a projection killed in it: its next start runs it
    again, with the key gone) is named in the report, which is then not complete: run forget again later.
-3. **The reports that quote the values go** (Data Docs pages and the validation results they are built from: the
+3. **The log records it**: the domain's forget command (the account's ForgetSubject) goes to each of the subject's
+   aggregates, and the handler answers with a SubjectForgotten event (no personal data) at its next version: the
+   read models fold it (account_summary nulls the account's personal columns, so a replay of the log does too) and
+   the aggregate takes no command after it. The commands are on the commands topic before forget waits (up to
+   ``ANSWER_WAIT_S``) for the answers: a handler that is not running appends the events when it starts.
+4. **The reports that quote the values go** (Data Docs pages and the validation results they are built from: the
    next check writes them again), then **the tables forget** (``read_models.forgetting``): each read model under
    its rebuild lock (``RebuildLock``, purpose "forget"), so a rebuild or maintenance of it is not raced: a model
    whose lock is held is left, named, and the run is not complete; then the plain values of events written with
@@ -20,6 +25,7 @@ Three steps, each safe to repeat (a run killed anywhere is run again and complet
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -35,9 +41,11 @@ from projection_core.rebuild_lock import RebuildLock
 from read_models.forgetting import forget_in_archive, forget_in_dead_letters, forget_in_model, holds_personal_values, \
     subject_aggregates, values_in_model
 
-__all__ = ["DEFAULT_WAIT_S", "ForgetReport", "InFlight", "batches_in_flight", "wait_for_batches", "forget_subject"]
+__all__ = ["ANSWER_WAIT_S", "DEFAULT_WAIT_S", "ForgetReport", "InFlight", "LogRecord", "batches_in_flight",
+           "wait_for_batches", "record_on_log", "forget_subject"]
 
 DEFAULT_WAIT_S = 120.0  # how long forget waits for the batches planned before the key went
+ANSWER_WAIT_S = 15.0  # how long forget waits for the handler's answers to its forget commands
 _POLL_S = 0.2
 _DEPTH = 4  # checkpoints lie at most this deep under the checkpoints folder (generations/<model>/<gNNNN>/<query>)
 
@@ -101,6 +109,77 @@ def wait_for_batches(settings: Settings, batches: list[InFlight], wait_s: float,
 
 
 @dataclass(frozen=True)
+class LogRecord:
+    """What became of the forget command of one of the subject's aggregates."""
+    aggregate: str  # "<type> <id>"
+    outcome: str  # "recorded", "recorded before", "pending" (sent, not answered yet), "refused", "not sent"
+    detail: str = ""
+
+    def line(self) -> str:
+        return f"log: {self.aggregate}: " + {
+            "recorded": f"SubjectForgotten appended ({self.detail})",
+            "recorded before": "SubjectForgotten was appended by an earlier run",
+            "pending": f"forget command sent; the command handler has not answered in {ANSWER_WAIT_S:.0f} s (it "
+                       f"appends SubjectForgotten when it runs: the command waits in the commands topic)",
+            "refused": f"forget command refused: {self.detail}",
+            "not sent": f"forget command not sent: {self.detail}"}[self.outcome]
+
+    @property
+    def done(self) -> bool:
+        """The command is on the log (answered or not); what the handler refuses or was never sent is not."""
+        return self.outcome in ("recorded", "recorded before", "pending")
+
+
+def forget_command_id(aggregate_type: str, aggregate_id: str, subject: str) -> str:
+    """The forget command's id for one aggregate: the same on every run, so the handler's idempotency answers a
+    repeat as it answered the first."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"eventlake:forget/{aggregate_type}/{aggregate_id}/{subject}"))
+
+
+def record_on_log(settings: Settings, subject: str, aggregates: list[tuple[str, str]],
+                  answer_s: float = ANSWER_WAIT_S, log: Callable[[str], None] = print) -> list[LogRecord]:
+    """Send the domain's forget command to each of ``aggregates`` (type, id) of ``subject`` and wait up to
+    ``answer_s`` for the answers (module docstring, step 3)."""
+    from event_store.client import EventStore
+    from event_store.domains import DOMAINS
+    from event_store.envelope import CommandEnvelope
+    from event_store.kafka_access import check_access
+
+    commands = {}
+    for aggregate_type, aggregate_id in aggregates:
+        domain = DOMAINS.get(aggregate_type)
+        if domain is None or not domain.forget_command:
+            continue
+        command = CommandEnvelope.create(domain.forget_command, aggregate_id, {domain.subject_field: subject},
+                                         command_id=forget_command_id(aggregate_type, aggregate_id, subject),
+                                         aggregate_type=aggregate_type)
+        commands[command.command_id] = (f"{aggregate_type} {aggregate_id}", command)
+    if not commands:
+        return []
+    try:
+        check_access(settings, timeout_s=5.0)
+        with EventStore(settings) as store:
+            store.submit_many([c for _, c in commands.values()])
+            log(f"forget: {len(commands)} forget command(s) sent to {settings.commands_topic}; waiting up to "
+                f"{answer_s:.0f} s for the command handler's answers")
+            answers = store.wait_for(list(commands), timeout_s=answer_s, partial=True)
+    except Exception as e:  # noqa: BLE001 -- named in the report; the run is not complete and is run again
+        return [LogRecord(name, "not sent", f"{type(e).__name__}: {e}") for name, _ in commands.values()]
+    out = []
+    for command_id, (name, _) in commands.items():
+        answer = answers.get(command_id)
+        if answer is None:
+            out.append(LogRecord(name, "pending"))
+        elif not answer.accepted:
+            out.append(LogRecord(name, "refused", f"{answer.error_type}: {answer.reason}"))
+        elif answer.duplicate or not answer.event_ids:
+            out.append(LogRecord(name, "recorded before"))
+        else:
+            out.append(LogRecord(name, "recorded", f"version {answer.version}"))
+    return out
+
+
+@dataclass(frozen=True)
 class ForgetReport:
     """What ``forget_subject`` found and did: the key's state before, each table's erasure, and what kept it from
     completing (batches still in flight, models whose rebuild lock was held)."""
@@ -114,11 +193,13 @@ class ForgetReport:
     changed_models: dict[str, int] = field(default_factory=dict)  # read model -> rows nulled (its tables changed)
     sealing: bool = True  # personal_data_seal was on (off: the events topic holds plain values until its retention)
     reports: tuple[QuotingFiles, ...] = ()  # the Data Docs and check results that quoted the values
+    log_records: tuple[LogRecord, ...] = ()  # the forget commands: SubjectForgotten on the log
+    recorded: bool = True  # False: asked not to record it on the log (--no-log-event)
 
     @property
     def complete(self) -> bool:
         return (not self.dry_run and not self.in_flight and not self.locked
-                and all(e.complete for e in self.tables))
+                and all(e.complete for e in self.tables) and all(r.done for r in self.log_records))
 
     def summary(self) -> dict:
         """The report as plain data (a DAG run's XCom)."""
@@ -126,7 +207,8 @@ class ForgetReport:
                 "complete": self.complete, "tables": [asdict(e) for e in self.tables],
                 "in_flight": [b.line() for b in self.in_flight], "locked": list(self.locked),
                 "changed_models": dict(self.changed_models), "sealing": self.sealing,
-                "reports": [asdict(f) for f in self.reports]}
+                "reports": [asdict(f) for f in self.reports],
+                "log": [asdict(r) for r in self.log_records], "recorded": self.recorded}
 
     def lines(self) -> list[str]:
         key = {"key": "deleted (a tombstone kept: the subject's key is never made again)",
@@ -135,6 +217,9 @@ class ForgetReport:
                                                    else key[self.key_before])]
         out += [e.line() for e in self.tables]
         out += [f.line() for f in self.reports]
+        out += [r.line() for r in self.log_records]
+        if not self.recorded:
+            out.append("log: not recorded (--no-log-event): no SubjectForgotten event was appended")
         for batch in self.in_flight:
             out.append(f"{batch.line()}: planned before the key went and not committed after {self.wait_s:.0f} s; it "
                        f"may write the subject's values again (a projection killed in it runs it again with the key "
@@ -156,15 +241,19 @@ class ForgetReport:
                 reasons.append("a projection's batch planned before the key went had not committed")
             if self.locked:
                 reasons.append("a rebuild or maintenance held a read model")
+            if any(not r.done for r in self.log_records):
+                reasons.append("a forget command was not sent or was refused")
             out.append("not complete: run again later: " + "; ".join(reasons))
         return out
 
 
 def forget_subject(settings: Settings, subject: str, reason: str, dry_run: bool = False,
                    grace_s: float = DEFAULT_GRACE_S, wait_s: float = DEFAULT_WAIT_S,
-                   log: Callable[[str], None] = print) -> ForgetReport:
+                   log: Callable[[str], None] = print, record: bool = True,
+                   answer_s: float = ANSWER_WAIT_S) -> ForgetReport:
     """Forget ``subject`` (module docstring): delete their key, wait for the projections' batches planned before,
-    then null and purge their values in every read model and the dead letters."""
+    record it on the log (``record``), then null and purge their values in every read model and the dead
+    letters."""
     keys = SubjectKeys(keys_dir(settings.home))
     before = keys.state(subject)
     in_flight: list[InFlight] = []
@@ -177,6 +266,7 @@ def forget_subject(settings: Settings, subject: str, reason: str, dry_run: bool 
     ids = sorted({aggregate_id for _, aggregate_id in aggregates})
     log(f"forget: subject {subject!r}: {len(ids)} aggregate(s) of theirs in the archive (by their tokens or their "
         f"subject field)")
+    records = record_on_log(settings, subject, aggregates, answer_s, log) if record and not dry_run else []
     tables: list[Erasure] = []
     locked: list[str] = []
     changed: dict[str, int] = {}
@@ -210,4 +300,4 @@ def forget_subject(settings: Settings, subject: str, reason: str, dry_run: bool 
     tables += forget_in_archive(settings, ids, reason, dry_run=dry_run, grace_s=grace_s, log=log)
     tables += forget_in_dead_letters(settings, subject, ids, reason, dry_run=dry_run, grace_s=grace_s, log=log)
     return ForgetReport(subject, before, tuple(tables), dry_run, tuple(in_flight), tuple(locked), wait_s, changed,
-                        sealing_on(settings), tuple(reports))
+                        sealing_on(settings), tuple(reports), tuple(records), record)

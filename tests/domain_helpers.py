@@ -13,12 +13,21 @@ from eventlake.generator import (GeneratorConfig, IotGeneratorConfig, decide_all
 __all__ = ["events_for", "events_of", "iot_events_for", "interleaved"]
 
 
-def events_for(cfg: GeneratorConfig, flag_every: int = 0) -> list[EventEnvelope]:
+def events_for(cfg: GeneratorConfig, flag_every: int = 0, forget_after: int = 0) -> list[EventEnvelope]:
     """The events the command handler would append for ``cfg``'s commands, in log order; with ``flag_every``
-    every n-th payment is also flagged (FlagFraud), as the fraud detector would."""
+    every n-th payment is also flagged (FlagFraud), as the fraud detector would; with ``forget_after``, the customer
+    of the first account opened is forgotten after that many commands (ForgetSubject on each of their accounts, as
+    ``eventlake forget`` sends it: a SubjectForgotten each, and their later commands are refused)."""
     states: dict[str, AccountState] = {}
     events: list[EventEnvelope] = []
-    for _, raw in generate_commands(cfg):
+    for n, (_, raw) in enumerate(generate_commands(cfg), 1):
+        if n == forget_after + 1 and forget_after:
+            customer = next(e.payload["customer_id"] for e in events if e.event_type == "AccountOpened")
+            for account, state in sorted(states.items()):
+                if state.customer_id == customer:
+                    forget = CommandEnvelope.create("ForgetSubject", account, {"customer_id": customer})
+                    states[account], new, _ = execute(state, forget, recorded_at="2026-02-01T00:00:00.000Z")
+                    events += new
         try:
             command = CommandEnvelope.from_json(raw)
         except InvalidRecord:

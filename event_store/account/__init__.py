@@ -41,4 +41,5 @@ DOMAIN = Domain(
     index_known=payment_id_known,
     subject=subject_of,
     subject_field="customer_id",
+    forget_command="ForgetSubject",
 )

@@ -52,6 +52,8 @@ class AccountState:
     # (record, reason) when the events topic holds a record of this account that cannot be read (record is
     # "topic/partition/offset"): the account takes no command but ResolveQuarantine until an operator decides.
     quarantine: tuple[str, str] | None = None
+    # The customer was forgotten (SubjectForgotten, issue 45): the account refuses every command from then on.
+    forgotten: bool = False
 
     @property
     def available_minor(self) -> int:
@@ -62,6 +64,8 @@ def decide(state: AccountState, command: Command) -> list[NewEvent]:
     """The events ``command`` causes on ``state`` (possibly none), or CommandRejected."""
     p = command.payload
     kind = command.command_type
+    if state.forgotten or kind == "ForgetSubject":
+        return _decide_forget(state, command)
     if state.quarantine is not None or kind == "ResolveQuarantine":
         return _decide_quarantine(state, command)
     if kind == "AuthorizePayment" and state.opened:  # by far the most frequent command: tested first
@@ -122,6 +126,24 @@ def subject_of(state: AccountState, command: Command) -> str | None:
     return command.payload.get("customer_id") if command.command_type == "OpenAccount" else None
 
 
+def _decide_forget(state: AccountState, command: Command) -> list[NewEvent]:
+    """ForgetSubject, or any command once the customer is forgotten. ForgetSubject names the account's customer
+    (whose key ``eventlake forget`` deleted): SubjectForgotten, even while quarantined (the law does not wait for an
+    operator); again: accepted, no event (forget may run twice). Any other command of a forgotten customer's account
+    is refused."""
+    if command.command_type != "ForgetSubject":
+        raise CommandRejected("SubjectForgotten", f"account {state.account_id}: its customer {state.customer_id!r} "
+                                                  f"was forgotten; the account takes no command (docs/forgetting.md)")
+    if not state.opened:
+        raise CommandRejected("AccountNotFound", f"account {state.account_id} does not exist; nothing to forget")
+    if command.payload["customer_id"] != state.customer_id:
+        raise CommandRejected("SubjectMismatch", f"account {state.account_id} belongs to customer "
+                                                 f"{state.customer_id!r}, not {command.payload['customer_id']!r}")
+    if state.forgotten:
+        return []
+    return [NewEvent("SubjectForgotten", {"customer_id": state.customer_id}, command.issued_at)]
+
+
 def _decide_quarantine(state: AccountState, command: Command) -> list[NewEvent]:
     return decide_quarantine(f"account {state.account_id}", state.quarantine, command, "ResolveQuarantine",
                              "QuarantineResolved", "AccountQuarantined",
@@ -163,6 +185,8 @@ def evolve_fields(state: AccountState, kind: str, p: Mapping[str, Any], version:
     elif kind == "QuarantineResolved":
         if state.quarantine is not None and state.quarantine[0] == p["record"]:
             changes.update(quarantine=None)
+    elif kind == "SubjectForgotten":
+        changes.update(forgotten=True, last_device_location=None)
     elif kind != "FraudSuspected":
         raise ValueError(f"account aggregate cannot apply unknown event type {kind!r}")
     return _replace(state, changes) if changes else state

@@ -62,6 +62,9 @@ COMMANDS: dict[str, dict[str, Field]] = {
     # An operator's decision on a quarantined account (a record of it in the events topic cannot be read):
     # ``record`` names that record as "topic/partition/offset", ``reason`` says what was decided and why.
     "ResolveQuarantine": {"record": _ID, "reason": _ID, "resolved_by": _ID},
+    # ``eventlake forget`` (issue 45, docs/forgetting.md), sent for each of the customer's accounts once their key is
+    # gone: it names the customer (the pseudonym, no personal data) and is taken even while the account is quarantined.
+    "ForgetSubject": {"customer_id": _ID},
 }
 
 EVENTS: dict[str, dict[str, Field]] = {
@@ -80,6 +83,9 @@ EVENTS: dict[str, dict[str, Field]] = {
     # The audit trail of a ResolveQuarantine: the record given up, the operator's reason, who decided, and
     # (``evidence``) why the record could not be read. It takes the account's next version like any event.
     "QuarantineResolved": {"record": _ID, "reason": _ID, "resolved_by": _ID, "evidence": Field(str, required=False)},
+    # The customer was forgotten (issue 45): the account's last event. It holds no personal data; read models null
+    # the account's personal columns when they fold it, and the account refuses every later command.
+    "SubjectForgotten": {"customer_id": _ID},
 }
 
 # The schema version each event type is written at today (the version EVENTS describes). Every older version

@@ -13,7 +13,8 @@ def _cmd_forget(settings: Settings, args) -> int:
     from projection_core.forget_subject import forget_subject
 
     report = forget_subject(settings, args.subject, args.reason, dry_run=args.dry_run,
-                            grace_s=args.grace_minutes * 60.0, wait_s=args.wait_seconds)
+                            grace_s=args.grace_minutes * 60.0, wait_s=args.wait_seconds,
+                            record=not args.no_log_event)
     for line in report.lines():
         print(line)
     return 0 if report.complete or report.dry_run else EXIT_INCOMPLETE
@@ -31,4 +32,7 @@ def add_verbs(sub) -> None:
     p.add_argument("--wait-seconds", type=float, default=120.0,
                    help="how long to wait for the projections' batches planned before the key went (they may have "
                         "read the subject's values) to commit; default 120")
+    p.add_argument("--no-log-event", action="store_true",
+                   help="do not send the forget commands that append SubjectForgotten to each of the subject's "
+                        "aggregates (a home whose broker is gone: the tables are erased all the same)")
     p.set_defaults(run=_cmd_forget)

@@ -15,7 +15,7 @@ from read_models.spec import CURRENT_STATE_BY_VERSION, ReadModel, version_range
 __all__ = ["MODEL"]
 
 EVENT_TYPES = ("AccountOpened", "PaymentAuthorized", "PaymentDeclined", "DeviceLocationReported",
-               "AccountFrozen", "AccountUnfrozen", "FraudSuspected", "QuarantineResolved")
+               "AccountFrozen", "AccountUnfrozen", "FraudSuspected", "QuarantineResolved", "SubjectForgotten")
 
 
 def _schema():
@@ -44,7 +44,10 @@ def _schema():
 
 # Events that change a string column; every other event (the payments, nearly all of the log) only moves
 # counts and sums.
-_DESCRIBING = ("AccountOpened", "AccountFrozen", "AccountUnfrozen", "DeviceLocationReported")
+_DESCRIBING = ("AccountOpened", "AccountFrozen", "AccountUnfrozen", "DeviceLocationReported", "SubjectForgotten")
+# The personal columns (``MODEL.personal_columns``) are null from the account's SubjectForgotten on. No event
+# carrying one can follow it (the account refuses every command once its customer is forgotten), so a batch holding
+# it folds them to null, and the fold's ``_forgotten`` tells the merge to null the stored ones too.
 
 
 def _fold(events):
@@ -75,22 +78,33 @@ def _fold(events):
         .alias("authorized_total_minor"),
         F.max_by("recorded_at", version).alias("updated_at"),
     )
+    forgotten = F.max(kind == "SubjectForgotten")
+
+    def personal(value):
+        return F.when(forgotten, F.lit(None).cast("string")).otherwise(value)
+
     strings = events.filter(kind.isin(*_DESCRIBING)).groupBy(account).agg(
         latest(opened, F.col("customer_id")).alias("customer_id"),
-        latest(opened, F.col("customer_name")).alias("customer_name"),
-        latest(opened, F.col("customer_email")).alias("customer_email"),
+        personal(latest(opened, F.col("customer_name"))).alias("customer_name"),
+        personal(latest(opened, F.col("customer_email"))).alias("customer_email"),
         latest(opened, F.col("credit_limit_minor")).alias("credit_limit_minor"),
         latest(opened, F.col("currency")).alias("currency"),
         latest(kind.isin("AccountOpened", "AccountFrozen", "AccountUnfrozen"),
                F.when(kind == "AccountFrozen", F.lit("frozen")).otherwise(F.lit("open"))).alias("status"),
-        latest(kind == "DeviceLocationReported", F.col("location")).alias("last_device_location"),
+        personal(latest(kind == "DeviceLocationReported", F.col("location"))).alias("last_device_location"),
+        forgotten.alias("_forgotten"),
     )
     return numbers.join(strings, "account_id", "left")
 
 
 def _latest(column: str, types: tuple[str, ...]) -> str:
     kinds = ", ".join(f"'{t}'" for t in types)
-    return f"arg_max_null({column}, aggregate_version) FILTER (WHERE event_type IN ({kinds}))"
+    latest = f"arg_max_null({column}, aggregate_version) FILTER (WHERE event_type IN ({kinds}))"
+    return f"CASE WHEN {_FORGOTTEN_SQL} THEN NULL ELSE {latest} END" if column in _PERSONAL_SOURCES else latest
+
+
+_FORGOTTEN_SQL = "coalesce(bool_or(event_type = 'SubjectForgotten'), false)"
+_PERSONAL_SOURCES = ("customer_name", "customer_email", "location")
 
 
 # The same fold in SQL, for the rebuild (``ReadModel.fold_sql``).
@@ -108,11 +122,19 @@ SELECT aggregate_id AS account_id,
                 ("AccountOpened", "AccountFrozen", "AccountUnfrozen"))} AS status,
        {_latest("location", ("DeviceLocationReported",))} AS last_device_location,
        {_latest("customer_name", ("AccountOpened",))} AS customer_name,
-       {_latest("customer_email", ("AccountOpened",))} AS customer_email
+       {_latest("customer_email", ("AccountOpened",))} AS customer_email,
+       {_FORGOTTEN_SQL} AS _forgotten
 FROM events GROUP BY aggregate_id
 """
 
 _AUTHORIZED_TOTAL = "t.authorized_total_minor + s.authorized_total_minor"
+
+
+def _personal(update: str) -> str:
+    """A personal column's update: null once the batch holds the account's SubjectForgotten."""
+    return f"CASE WHEN s._forgotten THEN NULL ELSE {update} END"
+
+
 MERGE_UPDATE = {
     "customer_id": "coalesce(s.customer_id, t.customer_id)",
     "status": "coalesce(s.status, t.status)",
@@ -122,11 +144,11 @@ MERGE_UPDATE = {
     "payments_authorized": "t.payments_authorized + s.payments_authorized",
     "payments_declined": "t.payments_declined + s.payments_declined",
     "authorized_total_minor": _AUTHORIZED_TOTAL,
-    "last_device_location": "coalesce(s.last_device_location, t.last_device_location)",
+    "last_device_location": _personal("coalesce(s.last_device_location, t.last_device_location)"),
     "version": "s.version",
     "updated_at": "s.updated_at",
-    "customer_name": "coalesce(s.customer_name, t.customer_name)",
-    "customer_email": "coalesce(s.customer_email, t.customer_email)",
+    "customer_name": _personal("coalesce(s.customer_name, t.customer_name)"),
+    "customer_email": _personal("coalesce(s.customer_email, t.customer_email)"),
 }
 MERGE_INSERT = {
     "account_id": "s.account_id",
@@ -163,6 +185,8 @@ def python_fold(events: Iterable[EventEnvelope]) -> dict[tuple, dict[str, Any]]:
             state = evolve(state, event)
             if event.event_type == "AccountOpened":  # not in the aggregate's state: decide never needs them
                 customer = event.payload
+            elif event.event_type == "SubjectForgotten":  # the state forgets the device's location itself
+                customer = {}
             updated_at = parse_time(event.recorded_at, "recorded_at").replace(tzinfo=None)
         if state.version == 0:
             continue

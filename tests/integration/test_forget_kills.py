@@ -58,7 +58,7 @@ def _forget(settings: Settings, fault: str | None = None) -> subprocess.Complete
     if fault:
         env["EVENTLAKE_FAULT_KILL_IN_ERASURE"] = fault
     return subprocess.run([sys.executable, "-c", "from eventlake.cli import entry; entry()", "forget", "cust-ada",
-                           "--reason", "request #21", "--grace-minutes", "0"], env=env, cwd=str(ROOT),
+                           "--reason", "request #21", "--grace-minutes", "0", "--no-log-event"], env=env, cwd=str(ROOT),
                           capture_output=True, text=True, timeout=300)
 
 

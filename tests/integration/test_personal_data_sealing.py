@@ -210,14 +210,39 @@ def test_sealed_on_the_log_clear_in_the_read_models_and_null_once_forgotten(sett
     assert summary_after[("acc-ada-1",)]["customer_id"] == "cust-ada"  # the pseudonym stays
     assert summary_after[("acc-ada-1",)]["authorized_total_minor"] == summary[("acc-ada-1",)]["authorized_total_minor"]
 
-    # 5. `eventlake forget` (read_models.forgetting; the key is gone already): Ada's values nulled in the live read
-    # models and purged from their history. No byte of them is left in the warehouse or the checkpoints (data files,
-    # Delta logs, the engine's state); Grace's stay; the reconciliation with the log holds again.
+    # 5. `eventlake forget` (read_models.forgetting; the key is gone already): each of Ada's accounts gets a
+    # ForgetSubject command, which the handler (run once they are sent) answers with SubjectForgotten though her key
+    # is gone; her values are nulled in the live read models and purged from their history. No byte of them is left
+    # in the warehouse or the checkpoints (data files, Delta logs, the engine's state); Grace's stay; the
+    # reconciliation with the log holds again.
+    import threading
+
     from projection_core.forget_subject import forget_subject
 
     assert ADA["customer_name"].encode() in files_bytes(Path(settings.warehouse))  # the scan sees them before
-    report = forget_subject(settings, "cust-ada", "GDPR art. 17 request (test)", grace_s=0, log=lambda *_: None)
+    sent, reports = threading.Event(), []
+
+    def forget_it():
+        def log(line):
+            if "forget command(s) sent" in line:
+                sent.set()
+        reports.append(forget_subject(settings, "cust-ada", "GDPR art. 17 request (test)", grace_s=0, log=log,
+                                      answer_s=120))
+        sent.set()
+
+    forgetting = threading.Thread(target=forget_it)
+    forgetting.start()
+    assert sent.wait(120)
+    handle_all(settings)
+    forgetting.join(180)
+    [report] = reports
     assert report.complete and report.key_before == "forgotten", report.lines()
+    assert [(r.aggregate, r.outcome) for r in report.log_records] == [("account acc-ada-1", "recorded"),
+                                                                     ("account acc-ada-2", "recorded")]
+    logged = (EventEnvelope.from_json(m.value) for m in kafka_log.read_all(settings, settings.events_topic))
+    forgotten = [e for e in logged if e.event_type == "SubjectForgotten"]
+    assert {(e.aggregate_id, tuple(e.payload.items())) for e in forgotten} == {
+        ("acc-ada-1", (("customer_id", "cust-ada"),)), ("acc-ada-2", (("customer_id", "cust-ada"),))}
     after = {name: table(settings, name) for name in live}
     personal = ("customer_name", "customer_email", "last_device_location")
     assert {k[0]: tuple(r[c] for c in personal) for k, r in after["account_summary"].items()} == {
@@ -229,5 +254,13 @@ def test_sealed_on_the_log_clear_in_the_read_models_and_null_once_forgotten(sett
     assert [p for p in [*ADA.values(), *ADA_PLACES] if p.encode() in kept] == []
     assert GRACE["customer_name"].encode() in kept and GRACE_PLACES[1].encode() in kept
     assert all(reconcile(settings, name).success for name in live)
-    again = forget_subject(settings, "cust-ada", "GDPR art. 17 request (test)", grace_s=0, log=lambda *_: None)
+    again = forget_subject(settings, "cust-ada", "GDPR art. 17 request (test)", grace_s=0, log=lambda *_: None,
+                           answer_s=0.5)  # no handler runs: its commands wait, sent again (same ids)
     assert again.complete and all(e.rows_holding == e.files_holding == 0 for e in again.tables)
+    # The live projection folds the SubjectForgotten events: the rows' versions move on, the values stay null.
+    live_after = project(settings)
+    assert {k[0]: (r["version"], r["customer_name"], r["last_device_location"])
+            for k, r in live_after["account_summary"].items() if k[0].startswith("acc-ada")} == {
+        e.aggregate_id: (e.aggregate_version, None, None) for e in forgotten}
+    assert all(reconcile(settings, name).success for name in live)
+

@@ -225,3 +225,28 @@ def test_a_quarantine_survives_a_snapshot():
 
     loaded = load_snapshot([Record(k, v) for k, v in snapshot_records(part)], 0, 100)
     assert loaded.states[("account", "acc-1")] == state and loaded.states[("account", "acc-1")].quarantine == ("events/0/7", "not JSON")
+
+
+def test_forgetting_the_customer_records_it_once_and_the_account_takes_no_command_after():
+    from event_store.account import quarantined
+
+    forget = cmd("ForgetSubject", {"customer_id": "cus-1"})
+    state, _, _ = run(open_cmd(), cmd("ReportDeviceLocation", {"location": "IS-RKV", "occurred_at": T0}))
+    with pytest.raises(CommandRejected) as other:
+        decide(state, cmd("ForgetSubject", {"customer_id": "cus-2"}))
+    assert other.value.error_type == "SubjectMismatch" and "'cus-1', not 'cus-2'" in other.value.reason
+    # Taken even while quarantined: the law does not wait for an operator.
+    [event] = decide(quarantined(state, "events/0/3", "not JSON"), forget)
+    assert (event.event_type, dict(event.payload)) == ("SubjectForgotten", {"customer_id": "cus-1"})
+    state, events, result = execute(state, forget)
+    assert result.status == "accepted" and events[0].aggregate_version == 3
+    assert state.forgotten and state.last_device_location is None  # the state keeps no location of theirs
+    _, again, result = execute(state, forget)
+    assert again == [] and result.status == "accepted"  # again (forget run twice): accepted, no event
+    for later in (pay(1, "p9"), cmd("FreezeAccount", {}), open_cmd()):
+        with pytest.raises(CommandRejected) as refused:
+            decide(state, later)
+        assert refused.value.error_type == "SubjectForgotten" and "was forgotten" in refused.value.reason
+    with pytest.raises(CommandRejected) as unknown:
+        decide(AccountState("acc-2"), cmd("ForgetSubject", {"customer_id": "cus-1"}, account="acc-2"))
+    assert unknown.value.error_type == "AccountNotFound"

@@ -98,9 +98,13 @@ def test_eventlake_forget_deletes_the_key_then_the_values_and_says_what_it_did(t
     assert main(["forget", "cust-ada", "--reason", "request #9"]) == 4  # files of the last minutes: run again
     out = capsys.readouterr().out
     assert "not complete: run again later: files written in the grace period" in out
+    # No broker in this home: the forget commands (SubjectForgotten on the log) are not sent, and the report says so.
+    assert "log: account acc-ada-1: forget command not sent: KafkaAccessError" in out
+    assert "a forget command was not sent or was refused" in out
     assert SubjectKeys(keys_dir(settings.home)).state("cust-ada") == "forgotten"
-    assert main(["forget", "cust-ada", "--reason", "request #9", "--grace-minutes", "0"]) == 0
+    assert main(["forget", "cust-ada", "--reason", "request #9", "--grace-minutes", "0", "--no-log-event"]) == 0
     out = capsys.readouterr().out
+    assert "log: not recorded (--no-log-event)" in out
     assert "key deleted before" in out and "complete: no read model table" in out
     assert "personal_data_seal is off: the events topic keeps the subject's plain values" in out
     assert _rows(settings, "account_summary")[0] == ("acc-ada-1", "cust-ada", None, None, None, 1)
@@ -179,7 +183,8 @@ def test_forget_waits_for_a_batch_planned_before_the_key_went_then_nulls_what_it
     batch = threading.Thread(target=the_batch_in_flight)
     batch.start()
     lines = []
-    report = forget_subject(settings, "cust-ada", "request #11", grace_s=0, wait_s=60, log=lines.append)
+    report = forget_subject(settings, "cust-ada", "request #11", grace_s=0, wait_s=60, log=lines.append,
+                            record=False)
     batch.join()
     assert report.complete and not report.in_flight, report.lines()
     assert any("waiting" in line and "projection-account_summary+payments batch 1" in line for line in lines), lines
@@ -201,7 +206,8 @@ def test_a_batch_that_never_commits_or_a_rebuild_running_leaves_forget_incomplet
     checkpoint.plan(1, {0: 9})
     rebuild = RebuildLock(settings, "account_summary", log=lambda *_: None).acquire()
     try:
-        code = main(["forget", "cust-ada", "--reason", "request #12", "--grace-minutes", "0", "--wait-seconds", "0.5"])
+        code = main(["forget", "cust-ada", "--reason", "request #12", "--grace-minutes", "0", "--wait-seconds", "0.5",
+                     "--no-log-event"])
         out = capsys.readouterr().out
     finally:
         rebuild.release()
@@ -212,7 +218,8 @@ def test_a_batch_that_never_commits_or_a_rebuild_running_leaves_forget_incomplet
     assert _rows(settings, "account_summary")[0][2] == "Ada Lovelace"  # left, under the rebuild's lock
     assert _rows(settings, "payments")[0] == ("acc-ada-1", "p1", None)
     checkpoint.commit(1)
-    assert main(["forget", "cust-ada", "--reason", "request #12", "--grace-minutes", "0"]) == 0, capsys.readouterr()
+    assert main(["forget", "cust-ada", "--reason", "request #12", "--grace-minutes", "0", "--no-log-event"]) == 0, \
+        capsys.readouterr()
     assert _rows(settings, "account_summary")[0] == ("acc-ada-1", "cust-ada", None, None, None, 1)
 
 
@@ -261,7 +268,7 @@ def test_the_reports_quoting_a_subjects_values_go_and_the_others_stay(tmp_path):
 
     dry = forget_subject(settings, "cust-ada", "request #16", dry_run=True, log=lambda *_: None)
     assert [(f.holding, f.deleted) for f in dry.reports] == [(2, 0), (1, 0)] and ada.exists()
-    report = forget_subject(settings, "cust-ada", "request #16", grace_s=0, log=lambda *_: None)
+    report = forget_subject(settings, "cust-ada", "request #16", grace_s=0, log=lambda *_: None, record=False)
     assert [(f.holding, f.deleted) for f in report.reports] == [(2, 2), (1, 1)], report.lines()
     assert not ada.exists() and not place.exists() and not letters.exists() and grace.exists()
     assert any("data_docs: 2 file(s) quoted the subject's values; deleted 2" in line for line in report.lines())
