@@ -32,6 +32,12 @@ are printed side by side, with each domain's ratio to the accounts' and to its o
                                          [--domain accounts|iot|mixed|all ...] [--devices 2000]
                                          [--engines spark python]
     .venv/bin/python bench/projection.py --engine-memory 1000000 5000000 [--accounts 20000] [--more-accounts]
+    .venv/bin/python bench/projection.py --sealing off on [--events 200000] [--accounts 20000] [--repeat 2]
+
+``--sealing off on`` runs the Python engine alone on the same account events twice per ``--repeat``, alternated, each
+on a topic of its own: once as they are, once with their personal fields sealed (as the handler writes them with
+``personal_data_seal`` on: a key per customer in the engine's key store), and prints events/s side by side: what
+unsealing costs the projection (issue 45).
 
 ``--engine-memory`` runs the Python engine alone (no Spark), once per size on a topic of its own, and prints its
 events/s and peak RSS side by side: whether its memory stays flat as the log grows. A larger size is copies of the
@@ -491,6 +497,61 @@ def engine_memory(base: Settings, sizes: list[int], accounts: int, max_offsets: 
     return runs
 
 
+def sealed_events(records: list[tuple[bytes, bytes]], keys_home: Path) -> list[tuple[bytes, bytes]]:
+    """``records`` with their personal fields sealed as the handler seals them (``event_store.sealing.Sealer``),
+    under a key per customer made in the key store of ``keys_home`` (the engine's home)."""
+    from event_store.envelope import dumps
+    from event_store.personal_data import SubjectKeys, keys_dir
+    from event_store.sealing import personal_event_fields
+
+    keys = SubjectKeys(keys_dir(keys_home))
+    personal = personal_event_fields()
+    customers: dict[str, str] = {}
+    out = []
+    for key, value in records:
+        event = json.loads(value)
+        payload = event["payload"]
+        if event["event_type"] == "AccountOpened":
+            customers[event["aggregate_id"]] = payload["customer_id"]
+        fields = [f for f in personal.get(event["event_type"], ()) if payload.get(f) is not None]
+        if fields:
+            customer = customers[event["aggregate_id"]]
+            for name in fields:
+                payload[name] = keys.seal(customer, name, payload[name])
+            value = dumps(event)
+        out.append((key, value))
+    return out
+
+
+def sealing_cost(base: Settings, events: int, accounts: int, max_offsets: int, repeat: int,
+                 settings_of: list[str]) -> list[dict]:
+    """The Python engine alone on the same account events, plain and sealed (``settings_of``: "off", "on"),
+    alternated ``repeat`` times, each run on a topic and home of its own: events/s side by side."""
+    models = domain_models("accounts")
+    plain = generated_events(events, accounts, base.cache_dir / "bench")
+    runs = []
+    for round_ in range(repeat):
+        for sealing in settings_of:
+            run = uuid.uuid4().hex[:8]
+            settings = base.replace(topic_prefix=f"bench-sealing-{run}.", home=base.home / "bench" / run)
+            records = sealed_events(plain, settings.home / "python-engine") if sealing == "on" else plain
+            with scratch_topics(settings):
+                publish(settings, records)
+                engine = python_engine(settings, models, max_offsets,
+                                       env_extra={"EVENTLAKE_PERSONAL_DATA_SEAL": sealing})
+            rate = engine["events"] / engine["seconds"]
+            runs.append({"sealing": sealing, "round": round_ + 1, "events": engine["events"], "events_per_s": rate,
+                         "batches": engine["batches"], "steps": engine["steps"]})
+            print(f"round {round_ + 1}, sealing {sealing}: {engine['events']:,} events, Python engine {rate:,.0f} "
+                  f"events/s, {engine['batches']} batches, peak RSS {engine['peak_rss_mib']:,.0f} MiB", flush=True)
+            shutil.rmtree(settings.home, ignore_errors=True)
+    best = {s: max(r["events_per_s"] for r in runs if r["sealing"] == s) for s in settings_of}
+    if "off" in best and "on" in best:
+        print(f"side by side (best of {repeat}): off {best['off']:,.0f} events/s, on {best['on']:,.0f} events/s: "
+              f"{best['on'] / best['off']:.2f}x")
+    return runs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -513,8 +574,20 @@ def main() -> int:
     parser.add_argument("--more-accounts", action="store_true",
                         help="with --engine-memory: a larger size's copies each of accounts of their own (the read "
                              "models grow with the log), not the same accounts going on")
+    parser.add_argument("--sealing", nargs="+", choices=["off", "on"],
+                        help="instead: the Python engine alone on the account events plain and sealed, side by side")
+    parser.add_argument("--repeat", type=int, default=2, help="with --sealing: runs of each setting, alternated")
     args = parser.parse_args()
     domains = [d for d in DOMAINS if d in args.domain or "all" in args.domain]
+    if args.sealing:
+        base = Settings.load(role="admin")
+        if base.uses_local_kafka:
+            from infra import kafka
+            kafka.up(base)
+        runs = sealing_cost(base, args.events, args.accounts, args.max_offsets, args.repeat, args.sealing)
+        if args.json:
+            args.json.write_text(json.dumps({"sealing": runs}))
+        return 0
     if args.engine_memory:
         base = Settings.load(role="admin")
         if base.uses_local_kafka:

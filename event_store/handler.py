@@ -312,6 +312,7 @@ class CommandHandler:
                 part_events = counts.events - events_before
                 offsets.append(confluent_kafka.TopicPartition(tp.topic, tp.partition, records[-1].offset() + 1))
                 owned[tp] = (part, part_events)
+            self.sealer.sync()  # the keys this transaction's tokens need are durable before its events are
             tx.commit(offsets, lambda: self.group.consumer.consumer_group_metadata(),
                       lambda: self.group.moved(generations))
         except _Stopping:

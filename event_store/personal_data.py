@@ -5,8 +5,9 @@ is about, named by a pseudonymous id such as ``customer_id``), so that deleting 
 of the value at once, wherever the ciphertext went (the events topic, the archive, Delta history, snapshots, dead
 letters). This module is the one place that seals and unseals; every reader goes through it (docs/forgetting.md).
 
-- :class:`SubjectKeys`: the key store, one file under a directory (``<home>/subject-keys/keys.json``, mode 0600),
-  rewritten whole and atomically on each change. A key is made on first use; :meth:`SubjectKeys.forget` replaces it
+- :class:`SubjectKeys`: the key store under a directory (``<home>/subject-keys/``, files of mode 0600): a snapshot
+  (``keys.json``, written whole and atomically) and a journal of the keys made since (``keys.journal``, one record
+  per line, appended). A key is made on first use; :meth:`SubjectKeys.forget` replaces it
   with a tombstone, for good: a forgotten subject never gets a key again, and :meth:`SubjectKeys.seal` refuses
   (:class:`SubjectForgotten`) to seal new data of it. Refused rather than stored as null: a null would silently drop
   a value a command carried (and break a required field's schema), while a refusal becomes the command's rejection
@@ -47,6 +48,8 @@ TOKEN_PREFIX = "elk1:"
 _PREFIX_LENGTH = len(TOKEN_PREFIX)
 _FORMAT = "eventlake-subject-keys/1"
 _FILE = "keys.json"
+_JOURNAL = "keys.journal"
+_COMPACT_AFTER = 4096  # journal lines: beyond these (and beyond the snapshot's records), the next change compacts
 _KEY_BYTES = 32   # AES-256
 _NONCE_BYTES = 12  # GCM's standard nonce; random per value (2^32 values per subject stay far inside its bound)
 _FIELD_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -117,58 +120,120 @@ class KeyRecord:
 
 
 class SubjectKeys:
-    """The data keys of every subject, in one file under ``directory``, durable across restarts.
+    """The data keys of every subject, in files under ``directory``, durable across restarts.
 
-    Each change (a key made, a subject forgotten) re-reads the file under an exclusive lock, applies the change and
-    writes the file whole (a temporary file, fsync, rename, fsync of the directory), so several processes on one
-    home may share it, and a kill at any moment leaves the old file or the new one. The file holds subject ids and
-    keys only, never a value. A reader that meets a subject it does not know reloads the file once (another process
-    may have made the key); a reader that holds a key forgotten elsewhere since still reads with it until it
-    :meth:`reload` s (the keys topic of a later slice tells every reader at once)."""
+    A snapshot (``keys.json``, every record, written whole: a temporary file, fsync, rename, fsync of the directory)
+    and a journal (``keys.journal``: the records of the keys made since, one JSON line each, appended under the
+    store's lock and fsynced). Making a key appends one line, whatever the number of subjects (the first version
+    rewrote the whole file per key: its cost grew with the customers, bench/commands.py --sealing). Forgetting a
+    subject **compacts**: a new snapshot with the tombstone and without the key, then a new empty journal (the old
+    one held the key's bytes); so does a journal grown past ``compact_after`` lines (and the snapshot's records). Several processes on one home
+    share the files; a kill at any moment leaves the old snapshot or the new one, and at most a partial last journal
+    line, which readers ignore and the next writer cuts off. The files hold subject ids and keys only, never a value.
 
-    def __init__(self, directory: str | os.PathLike):
+    A reader that meets a subject it does not know reads the new journal lines once (another process may have made
+    the key); one that holds a key forgotten elsewhere since still reads with it until it :meth:`refresh` es (the
+    keys topic of a later slice tells every reader at once). ``defer_sync`` (the command handler's): appended keys
+    are fsynced by :meth:`sync`, once per transaction before it commits, not once per key."""
+
+    def __init__(self, directory: str | os.PathLike, defer_sync: bool = False, compact_after: int = _COMPACT_AFTER):
         self.directory = Path(directory)
+        self.compact_after = compact_after
         self.path = self.directory / _FILE
+        self.journal = self.directory / _JOURNAL
+        self.defer_sync = defer_sync
+        self._unsynced = False
         self._records: dict[str, KeyRecord] = {}
         self._ciphers: dict[str, AESGCM] = {}
         self._sealing: dict[tuple[str, str], tuple[bytes, str]] = {}  # (subject, field) -> (associated data, head)
         # (subject as in tokens, field) -> (subject, associated data): what unseal worked out of a token's head
         self._opening: dict[tuple[str, str], tuple[str, bytes]] = {}
-        self._stamp: tuple[int, int, int] | None = None
+        self._stamp: tuple[int, int, int] | None = None  # the snapshot's (inode, mtime, size) when read
+        self._journal_at: tuple[int, int] | None = None  # the journal's (inode, bytes read) when read
+        self._journal_lines = 0
+        self._snapshot_size = 0  # records in the snapshot
         self.reload()
 
     # -- the records --------------------------------------------------------------------------------------------
 
     def reload(self) -> None:
-        """Read the file again (a missing file is an empty store)."""
+        """Read the snapshot and the journal again (missing files are an empty store)."""
+        for _ in range(20):
+            stamp = _stamp_of(self.path)
+            records = self._read_snapshot()
+            snapshot_size = len(records)
+            journal = self._read_journal(records, 0, None, 0)
+            if _stamp_of(self.path) == stamp:  # no compaction meanwhile (else its journal may miss records)
+                break
+        self._records, self._stamp, self._snapshot_size = records, stamp, snapshot_size
+        self._journal_at, self._journal_lines = journal
+        # Keys never change, so a cipher made from a subject's key stays right while the subject keeps it.
+        self._ciphers = {s: c for s, c in self._ciphers.items()
+                         if s in self._records and not self._records[s].forgotten}
+
+    def _read_snapshot(self) -> dict[str, KeyRecord]:
         try:
-            stat = self.path.stat()
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            self._records, self._ciphers, self._stamp = {}, {}, None
-            return
+            return {}
         try:
             doc = json.loads(text)
             if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
                 raise ValueError(f"format {doc.get('format') if isinstance(doc, dict) else None!r}, "
                                  f"not {_FORMAT!r}")
-            records = [KeyRecord.from_json(obj) for obj in doc["records"]]
+            return {r.subject: r for r in (KeyRecord.from_json(obj) for obj in doc["records"])}
         except (ValueError, KeyError, TypeError) as e:
             raise BadInput(f"subject key store {self.path}: unreadable ({e}); it is not rewritten, so no key is "
                            f"lost: restore it from a backup or the keys topic") from e
-        self._records = {r.subject: r for r in records}
-        # Keys never change, so a cipher made from a subject's key stays right while the subject keeps it.
-        self._ciphers = {s: c for s, c in self._ciphers.items()
-                         if s in self._records and not self._records[s].forgotten}
-        self._stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+
+    def _read_journal(self, records: dict[str, KeyRecord], offset: int, inode: int | None,
+                      lines_before: int) -> tuple[tuple[int, int] | None, int]:
+        """Apply the journal's whole lines from ``offset`` (of the file ``inode``; another inode: from its start) to
+        ``records`` (in place) -> (the journal's (inode, bytes read), its lines read in all, ``lines_before`` being
+        those before ``offset``). A partial last line (a writer killed while appending) is left unread."""
+        try:
+            with open(self.journal, "rb") as f:
+                stat = os.fstat(f.fileno())
+                if inode is not None and stat.st_ino != inode:
+                    offset, lines_before = 0, 0
+                f.seek(offset)
+                raw = f.read()
+        except FileNotFoundError:
+            return None, 0
+        whole = raw[:raw.rfind(b"\n") + 1]
+        lines = whole.splitlines()
+        for n, line in enumerate(lines):
+            try:
+                _merge(records, KeyRecord.from_json(json.loads(line)))
+            except (ValueError, TypeError) as e:
+                raise BadInput(f"subject key store {self.journal}: line {lines_before + n + 1} unreadable ({e}); it "
+                               f"is not rewritten, so no key is lost: restore it from a backup or the keys "
+                               f"topic") from e
+        return (stat.st_ino, offset + len(whole)), lines_before + len(lines)
 
     def refresh(self) -> bool:
-        """Read the file again if another process changed it since (a key made, a subject forgotten): one stat
-        when it did not. A long-running reader or writer calls it once per batch, so a forgetting elsewhere
-        reaches it within a batch. True if it was read again."""
-        if not self._changed_on_disk():
+        """Read what another process changed since (a key made, a subject forgotten): two stats when nothing did, the
+        new journal lines when keys were made, everything after a compaction. A long-running reader or writer calls
+        it once per batch, so a forgetting elsewhere reaches it within a batch. True if something was read."""
+        stamp = _stamp_of(self.path)
+        if stamp != self._stamp:
+            self.reload()
+            return True
+        journal = _stamp_of(self.journal)
+        if journal is None and self._journal_at is None:
             return False
-        self.reload()
+        if journal is None or self._journal_at is None or journal[0] != self._journal_at[0]:
+            self.reload()
+            return True
+        if journal[2] == self._journal_at[1]:
+            return False
+        records = dict(self._records)
+        self._journal_at, self._journal_lines = self._read_journal(records, self._journal_at[1],
+                                                                   self._journal_at[0], self._journal_lines)
+        if _stamp_of(self.path) != self._stamp:  # compacted meanwhile
+            self.reload()
+            return True
+        self._records = records
         return True
 
     def __len__(self) -> int:
@@ -346,24 +411,100 @@ class SubjectKeys:
         return self._records[subject]
 
     def _changed_on_disk(self) -> bool:
-        try:
-            stat = self.path.stat()
-        except FileNotFoundError:
-            return self._stamp is not None
-        return (stat.st_ino, stat.st_mtime_ns, stat.st_size) != self._stamp
+        return _stamp_of(self.path) != self._stamp or (
+            (_stamp_of(self.journal) or (None, None, None))[::2] != (self._journal_at or (None, None)))
 
     def _change(self, change) -> None:
-        """Re-read the file under the store's lock, ``change`` its records in place, write it whole and durably."""
+        """Under the store's lock: read what changed, ``change`` the records in place, then append the keys it made
+        to the journal (fsynced now, or by :meth:`sync` with ``defer_sync``), or compact when it forgot a subject
+        (a key's bytes must leave the files) or the journal grew long."""
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         with open(self.directory / ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            self.reload()
+            self.refresh()
             current = dict(self._records)
             change(current)
-            if current != self._records:
-                doc = {"format": _FORMAT, "records": [r.to_json() for r in current.values()]}
-                write_whole(self.path, json.dumps(doc, indent=0, sort_keys=True), mode=0o600, durable=True)
-                self.reload()
+            made = [r for subject, r in current.items() if self._records.get(subject) != r]
+            if not made:
+                return
+            grown = self._journal_lines + len(made) > max(self.compact_after, self._snapshot_size)
+            if grown or any(r.forgotten for r in made):
+                self._compact(current)
+            else:
+                self._append(made)
+                self._records = current
+
+    def _append(self, records: list[KeyRecord]) -> None:
+        """The journal lines of ``records``, appended (after cutting off a partial last line a killed writer left)."""
+        created = not self.journal.exists()
+        fd = os.open(self.journal, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            size = os.fstat(fd).st_size
+            whole = self._journal_at[1] if self._journal_at and self._journal_at[0] == os.fstat(fd).st_ino else 0
+            if size > whole:  # a partial line: refresh() read every whole line, under this lock
+                os.ftruncate(fd, whole)
+            os.lseek(fd, whole, os.SEEK_SET)
+            data = b"".join(json.dumps(r.to_json(), sort_keys=True).encode("utf-8") + b"\n" for r in records)
+            os.write(fd, data)
+            if self.defer_sync:
+                self._unsynced = True
+            else:
+                os.fsync(fd)
+            self._journal_at = (os.fstat(fd).st_ino, whole + len(data))
+            self._journal_lines += len(records)
+        finally:
+            os.close(fd)
+        if created:
+            _sync_directory(self.directory)
+
+    @property
+    def unsynced(self) -> bool:
+        """Keys appended and not yet fsynced (``defer_sync``): :meth:`sync` is due before they are used in a commit."""
+        return self._unsynced
+
+    def sync(self) -> None:
+        """Make the keys appended since the last call durable (``defer_sync``): before a transaction whose events
+        were sealed with them commits."""
+        if not self._unsynced:
+            return
+        fd = os.open(self.journal, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._unsynced = False
+
+    def _compact(self, records: dict[str, KeyRecord]) -> None:
+        """A new snapshot of ``records``, then a new empty journal (the old one's bytes gone with its inode)."""
+        doc = {"format": _FORMAT, "records": [r.to_json() for r in records.values()]}
+        write_whole(self.path, json.dumps(doc, indent=0, sort_keys=True), mode=0o600, durable=True)
+        if self.journal.exists():
+            write_whole(self.journal, b"", mode=0o600, durable=True)
+        self._unsynced = False
+        self.reload()
+
+
+def _merge(records: dict[str, KeyRecord], record: KeyRecord) -> None:
+    """``record`` taken into ``records``: a tombstone wins over a key, a subject's first key stays."""
+    known = records.get(record.subject)
+    if known is None or (record.forgotten and not known.forgotten):
+        records[record.subject] = record
+
+
+def _stamp_of(path: Path) -> tuple[int, int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # -- payloads -------------------------------------------------------------------------------------------------------

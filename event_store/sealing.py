@@ -102,8 +102,14 @@ class Sealer:
     @classmethod
     def for_settings(cls, settings: Settings) -> Sealer:
         """The sealer of the handler of ``settings``: with sealing off, one that only refuses the commands of
-        forgotten subjects (the home's key store holds their tombstones; a missing store is an empty one)."""
-        return cls(SubjectKeys(keys_dir(settings.home)), seal=sealing_on(settings))
+        forgotten subjects (the home's key store holds their tombstones; a missing store is an empty one). The keys
+        it makes are made durable once per transaction (:meth:`sync`), not once per key."""
+        return cls(SubjectKeys(keys_dir(settings.home), defer_sync=True), seal=sealing_on(settings))
+
+    def sync(self) -> None:
+        """Before a transaction commits: the keys its events were sealed with are on disk (fsynced), so no committed
+        event ever holds a token whose key a power cut lost."""
+        self.keys.sync()
 
     def refresh(self) -> None:
         """Once per transaction: a subject forgotten by another process since is refused from now on."""

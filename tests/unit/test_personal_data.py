@@ -114,7 +114,8 @@ def test_keys_survive_a_reopen(tmp_path):
     assert {s: again.unseal(t) for s, t in tokens.items()} == {"cus-1": "US-000", "cus-2": "US-001",
                                                                  "a:b/c ü": "US-002"}
     assert {r.subject for r in again.records()} == set(tokens)
-    assert oct((keys_dir(tmp_path) / "keys.json").stat().st_mode & 0o777) == "0o600"
+    assert [oct(p.stat().st_mode & 0o777) for p in keys_dir(tmp_path).iterdir() if p.name.startswith("keys")] \
+        == ["0o600"]  # the journal (no snapshot yet): never readable by others
 
 
 def test_another_process_s_new_key_is_found(tmp_path):
@@ -143,11 +144,12 @@ def test_a_forgotten_subject_reads_null_and_stays_forgotten(tmp_path, keys):
 def test_forgetting_removes_the_key_bytes_from_the_file(tmp_path, keys):
     keys.seal(SUBJECT, "location", "US-NYC")
     key = next(r.key for r in keys.records() if r.subject == SUBJECT)
-    raw = (keys_dir(tmp_path) / "keys.json").read_bytes()
-    assert _b64(key).encode() in raw
+    def stored():
+        return b"".join(p.read_bytes() for p in keys_dir(tmp_path).iterdir())
+
+    assert _b64(key).encode() in stored()  # in the journal
     keys.forget(SUBJECT)
-    raw = (keys_dir(tmp_path) / "keys.json").read_bytes()
-    assert _b64(key).encode() not in raw and b"forgotten_at" in raw
+    assert _b64(key).encode() not in stored() and b"forgotten_at" in stored()  # compacted: a new snapshot
     assert not [p for p in keys_dir(tmp_path).iterdir() if p.name.endswith(".partial")]
 
 
@@ -267,3 +269,56 @@ def test_the_mark_changes_no_validation():
 def test_the_store_directory_is_private(tmp_path, keys):
     keys.seal(SUBJECT, "location", "US-NYC")
     assert oct(os.stat(keys_dir(tmp_path)).st_mode & 0o777) == "0o700"
+
+
+def test_a_key_made_is_one_journal_line_and_the_journal_is_compacted_as_it_grows(tmp_path):
+    """Making a key appends a line (the whole store is not rewritten per key: that cost grew with the customers);
+    past ``compact_after`` lines (and the snapshot's size) the next key compacts it into a new snapshot. Another
+    process's store reads only the new lines, and every key survives a reopen."""
+    directory = keys_dir(tmp_path)
+    writer = SubjectKeys(directory, compact_after=10)
+    reader = SubjectKeys(directory)
+    tokens = {}
+    for n in range(8):
+        tokens[f"cus-{n}"] = writer.seal(f"cus-{n}", "location", f"US-{n:03d}")
+    assert not (directory / "keys.json").exists()
+    assert len((directory / "keys.journal").read_bytes().splitlines()) == 8
+    assert reader.refresh() and len(reader) == 8 and not reader.refresh()  # the new lines, then nothing
+    for n in range(8, 25):
+        tokens[f"cus-{n}"] = writer.seal(f"cus-{n}", "location", f"US-{n:03d}")
+    snapshot = json.loads((directory / "keys.json").read_text())
+    assert 10 < len(snapshot["records"]) < 25  # compacted once, then appended again
+    assert len(snapshot["records"]) + len((directory / "keys.journal").read_bytes().splitlines()) == 25
+    again = SubjectKeys(directory)
+    assert {s: again.unseal(t) for s, t in tokens.items()} == {f"cus-{n}": f"US-{n:03d}" for n in range(25)}
+    assert {s: reader.unseal(t) for s, t in tokens.items()} == {f"cus-{n}": f"US-{n:03d}" for n in range(25)}
+
+
+def test_a_writer_killed_in_the_middle_of_a_journal_line_loses_no_key(tmp_path):
+    """A partial last line (a writer killed -9 while appending) is not read, and the next writer cuts it off before
+    it appends: every key written before and after is read back."""
+    directory = keys_dir(tmp_path)
+    keys = SubjectKeys(directory)
+    first = keys.seal("cus-1", "location", "US-NYC")
+    with open(directory / "keys.journal", "ab") as journal:
+        journal.write(b'{"key": "AAAA", "subj')  # killed here
+    survivor = SubjectKeys(directory)
+    assert survivor.unseal(first) == "US-NYC" and len(survivor) == 1
+    second = survivor.seal("cus-2", "location", "GB-LON")
+    lines = (directory / "keys.journal").read_bytes().split(b"\n")
+    assert lines[-1] == b"" and [json.loads(line)["subject"] for line in lines[:-1]] == ["cus-1", "cus-2"]
+    reopened = SubjectKeys(directory)
+    assert (reopened.unseal(first), reopened.unseal(second)) == ("US-NYC", "GB-LON")
+    assert keys.unseal(second) == "GB-LON"  # the first store reads the new line past the cut
+
+
+def test_the_handlers_keys_are_made_durable_once_per_transaction(tmp_path):
+    """``defer_sync`` (the handler's sealer): keys are appended and readable at once, and ``sync`` (before the
+    transaction commits) leaves nothing pending."""
+    directory = keys_dir(tmp_path)
+    handler = SubjectKeys(directory, defer_sync=True)
+    tokens = [handler.seal(f"cus-{n}", "location", "US-NYC") for n in range(3)]
+    assert handler.unsynced
+    assert [SubjectKeys(directory).unseal(t) for t in tokens] == ["US-NYC"] * 3
+    handler.sync()
+    assert not handler.unsynced
