@@ -542,8 +542,11 @@ def sealing_cost(base: Settings, events: int, accounts: int, max_offsets: int, r
             rate = engine["events"] / engine["seconds"]
             runs.append({"sealing": sealing, "round": round_ + 1, "events": engine["events"], "events_per_s": rate,
                          "batches": engine["batches"], "steps": engine["steps"]})
+            steps = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in
+                              sorted(engine["steps"].items(), key=lambda kv: -kv[1])[:6])
             print(f"round {round_ + 1}, sealing {sealing}: {engine['events']:,} events, Python engine {rate:,.0f} "
-                  f"events/s, {engine['batches']} batches, peak RSS {engine['peak_rss_mib']:,.0f} MiB", flush=True)
+                  f"events/s, {engine['batches']} batches, peak RSS {engine['peak_rss_mib']:,.0f} MiB; its "
+                  f"steps: {steps}", flush=True)
             shutil.rmtree(settings.home, ignore_errors=True)
     best = {s: max(r["events_per_s"] for r in runs if r["sealing"] == s) for s in settings_of}
     if "off" in best and "on" in best:

@@ -227,13 +227,10 @@ class SubjectKeys:
             return True
         if journal[2] == self._journal_at[1]:
             return False
-        records = dict(self._records)
-        self._journal_at, self._journal_lines = self._read_journal(records, self._journal_at[1],
+        self._journal_at, self._journal_lines = self._read_journal(self._records, self._journal_at[1],
                                                                    self._journal_at[0], self._journal_lines)
-        if _stamp_of(self.path) != self._stamp:  # compacted meanwhile
+        if _stamp_of(self.path) != self._stamp:  # compacted meanwhile: its new journal may miss records
             self.reload()
-            return True
-        self._records = records
         return True
 
     def __len__(self) -> int:
@@ -247,15 +244,17 @@ class SubjectKeys:
     def apply(self, records: Iterable[KeyRecord]) -> None:
         """Take ``records`` (from another store, or a keys topic) into this one and write it. A tombstone always
         wins over a key, and a subject's existing key is never replaced by another."""
-        def change(current: dict[str, KeyRecord]) -> None:
+        def change(current: Mapping[str, KeyRecord]) -> list[KeyRecord]:
+            taken: dict[str, KeyRecord] = {}
             for record in records:
-                known = current.get(record.subject)
+                known = taken.get(record.subject) or current.get(record.subject)
                 if record.forgotten and (known is None or not known.forgotten):
-                    current[record.subject] = record
+                    taken[record.subject] = record
                 elif not record.forgotten and known is None:
-                    current[record.subject] = record
+                    taken[record.subject] = record
                 elif not record.forgotten and not known.forgotten and known.key != record.key:
                     raise Refused(f"subject {record.subject!r} has another key in {self.path}; keys never change")
+            return list(taken.values())
         self._change(change)
 
     def state(self, subject: str) -> str:
@@ -281,14 +280,11 @@ class SubjectKeys:
         forgot it, False if it was forgotten already. A subject never seen is tombstoned too: its data, should any
         arrive, is refused."""
         _check_subject(subject)
-        done = []
-
-        def change(current: dict[str, KeyRecord]) -> None:
+        def change(current: Mapping[str, KeyRecord]) -> list[KeyRecord]:
             if subject in current and current[subject].forgotten:
-                return
-            current[subject] = KeyRecord(subject, None, datetime.now(timezone.utc).isoformat(timespec="seconds"))
-            done.append(True)
-        self._change(change)
+                return []
+            return [KeyRecord(subject, None, datetime.now(timezone.utc).isoformat(timespec="seconds"))]
+        done = self._change(change)
         self._ciphers.pop(subject, None)
         return bool(done)
 
@@ -404,9 +400,10 @@ class SubjectKeys:
         return cipher
 
     def _make_key(self, subject: str) -> KeyRecord:
-        def change(current: dict[str, KeyRecord]) -> None:
-            if subject not in current:  # another process may have made it, or forgotten it, meanwhile
-                current[subject] = KeyRecord(subject, AESGCM.generate_key(bit_length=_KEY_BYTES * 8))
+        def change(current: Mapping[str, KeyRecord]) -> list[KeyRecord]:
+            if subject in current:  # another process may have made it, or forgotten it, meanwhile
+                return []
+            return [KeyRecord(subject, AESGCM.generate_key(bit_length=_KEY_BYTES * 8))]
         self._change(change)
         return self._records[subject]
 
@@ -414,25 +411,29 @@ class SubjectKeys:
         return _stamp_of(self.path) != self._stamp or (
             (_stamp_of(self.journal) or (None, None, None))[::2] != (self._journal_at or (None, None)))
 
-    def _change(self, change) -> None:
-        """Under the store's lock: read what changed, ``change`` the records in place, then append the keys it made
-        to the journal (fsynced now, or by :meth:`sync` with ``defer_sync``), or compact when it forgot a subject
-        (a key's bytes must leave the files) or the journal grew long."""
+    def _change(self, change) -> list[KeyRecord]:
+        """Under the store's lock: read what changed, ask ``change`` (given the records, read-only) for the records it
+        makes, then append them to the journal (fsynced now, or by :meth:`sync` with ``defer_sync``), or compact when
+        one forgets a subject (a key's bytes must leave the files) or the journal grew long -> those records. Its
+        cost does not grow with the store (but a compaction's, once per as many keys as the snapshot holds)."""
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         with open(self.directory / ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             self.refresh()
-            current = dict(self._records)
-            change(current)
-            made = [r for subject, r in current.items() if self._records.get(subject) != r]
+            made = change(self._records)
             if not made:
-                return
+                return made
             grown = self._journal_lines + len(made) > max(self.compact_after, self._snapshot_size)
             if grown or any(r.forgotten for r in made):
+                current = dict(self._records)
+                for record in made:
+                    _merge(current, record)
                 self._compact(current)
             else:
                 self._append(made)
-                self._records = current
+                for record in made:
+                    _merge(self._records, record)
+        return made
 
     def _append(self, records: list[KeyRecord]) -> None:
         """The journal lines of ``records``, appended (after cutting off a partial last line a killed writer left)."""

@@ -159,6 +159,10 @@ def _forgotten(domain: Domain, command: Any, subject: str) -> str:
             f"(docs/forgetting.md)")
 
 
+_UNOPENED = object()
+_OPENED_MAX = 500_000  # tokens per field an Unsealer remembers between refreshes (each ~200 bytes with its value)
+
+
 class Unsealer:
     """The readers' side: tokens in events, payloads or event rows back to their values (null once forgotten)."""
 
@@ -169,6 +173,10 @@ class Unsealer:
         self._keys = keys
         self.personal = personal_event_fields()
         self.columns = personal_columns()
+        # field name -> token -> value: what DUCKDB_UNSEAL opened in this batch. A batch's tokens are unsealed once
+        # however many read models fold them (each model's fold reads the batch's personal columns again); emptied
+        # by refresh(), so a subject forgotten since reads as null from the next batch on.
+        self._opened: dict[str, dict[str, Any]] = {}
 
     @property
     def keys(self) -> SubjectKeys:
@@ -178,6 +186,7 @@ class Unsealer:
 
     def refresh(self) -> None:
         """Once per batch: a subject forgotten by another process since reads as null from now on."""
+        self._opened = {}
         if self._keys is not None:
             self._keys.refresh()
 
@@ -215,8 +224,20 @@ class Unsealer:
         def unseal(values, field_names):
             if not pc.any(pc.starts_with(values, TOKEN_PREFIX)).as_py():
                 return values
-            return pa.array([self.value(v, f) for v, f in zip(values.to_pylist(), field_names.to_pylist())],
-                            type=pa.string())
+            out = []
+            opened_by_field = self._opened
+            for value, field_name in zip(values.to_pylist(), field_names.to_pylist()):
+                if value is None or not value.startswith(TOKEN_PREFIX):
+                    out.append(value)
+                    continue
+                opened = opened_by_field.get(field_name)
+                if opened is None or len(opened) >= _OPENED_MAX:  # bounded: a rebuild folds a whole archive
+                    opened = opened_by_field[field_name] = {}
+                plain = opened.get(value, _UNOPENED)
+                if plain is _UNOPENED:
+                    plain = opened[value] = self.keys.unseal(value, field_name=field_name)
+                out.append(plain)
+            return pa.array(out, type=pa.string())
 
         try:
             # "special": nulls come in (and pass through) and go out (a forgotten subject's value).

@@ -30,6 +30,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import read_models
+from event_store.client import EventStore
+from event_store.domains import DOMAINS
+from event_store.envelope import CommandEnvelope
+from event_store.kafka_access import check_access
 from event_store.personal_data import SubjectKeys, keys_dir
 from event_store.sealing import sealing_on
 from lakehouse.erasure import DEFAULT_GRACE_S, Erasure, QuotingFiles, fault_point, purge_quoting
@@ -140,11 +144,6 @@ def record_on_log(settings: Settings, subject: str, aggregates: list[tuple[str, 
                   answer_s: float = ANSWER_WAIT_S, log: Callable[[str], None] = print) -> list[LogRecord]:
     """Send the domain's forget command to each of ``aggregates`` (type, id) of ``subject`` and wait up to
     ``answer_s`` for the answers (module docstring, step 3)."""
-    from event_store.client import EventStore
-    from event_store.domains import DOMAINS
-    from event_store.envelope import CommandEnvelope
-    from event_store.kafka_access import check_access
-
     commands = {}
     for aggregate_type, aggregate_id in aggregates:
         domain = DOMAINS.get(aggregate_type)

@@ -91,6 +91,7 @@ def test_eventlake_forget_deletes_the_key_then_the_values_and_says_what_it_did(t
 
     settings = personal_home(tmp_path)
     monkeypatch.setenv("EVENTLAKE_HOME", str(settings.home))
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")  # no broker, whatever runs on this machine
     assert main(["forget", "cust-ada", "--reason", "request #9", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "key would be deleted" in out and "dry run: nothing changed" in out

@@ -263,6 +263,17 @@ def test_a_duckdb_fold_reads_personal_columns_unsealed_through_the_registered_fu
         assert con.sql("SELECT event_id, location FROM events ORDER BY event_id").fetchall() == [
             ("e1", "IS-RKV"), ("e2", "US-NYC"), ("e3", None)]
         assert con.sql("SELECT location FROM batch WHERE event_id = 'e1'").fetchall()[0][0].startswith("elk1:")
+        # A batch's tokens are opened once, however many folds read them (a model each); the memo is the batch's.
+        opened = []
+        unseal = keys.unseal
+        keys.unseal = lambda token, **kw: opened.append(token) or unseal(token, **kw)
+        for _ in range(3):
+            assert con.sql("SELECT location FROM events WHERE event_id = 'e1'").fetchall() == [("IS-RKV",)]
+        assert opened == []  # opened by the first query above already
+        unsealer.refresh()
+        assert con.sql("SELECT location FROM events WHERE event_id = 'e1'").fetchall() == [("IS-RKV",)]
+        assert len(opened) == 1
+        del keys.unseal
         keys.forget("cust-1")
         unsealer.refresh()
         assert con.sql("SELECT location FROM events WHERE event_id = 'e1'").fetchall() == [(None,)]
