@@ -501,7 +501,7 @@ def sealed_events(records: list[tuple[bytes, bytes]], keys_home: Path) -> list[t
     """``records`` with their personal fields sealed as the handler seals them (``event_store.sealing.Sealer``),
     under a key per customer made in the key store of ``keys_home`` (the engine's home)."""
     from event_store.envelope import dumps
-    from event_store.personal_data import SubjectKeys, keys_dir
+    from event_store.personal_data import SubjectKeys, keys_dir, seal_payload
     from event_store.sealing import personal_event_fields
 
     keys = SubjectKeys(keys_dir(keys_home))
@@ -513,11 +513,9 @@ def sealed_events(records: list[tuple[bytes, bytes]], keys_home: Path) -> list[t
         payload = event["payload"]
         if event["event_type"] == "AccountOpened":
             customers[event["aggregate_id"]] = payload["customer_id"]
-        fields = [f for f in personal.get(event["event_type"], ()) if payload.get(f) is not None]
-        if fields:
-            customer = customers[event["aggregate_id"]]
-            for name in fields:
-                payload[name] = keys.seal(customer, name, payload[name])
+        fields = personal.get(event["event_type"])
+        if fields and any(payload.get(f) is not None for f in fields):
+            event["payload"] = seal_payload(keys, customers[event["aggregate_id"]], payload, fields)
             value = dumps(event)
         out.append((key, value))
     return out

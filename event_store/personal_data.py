@@ -267,8 +267,7 @@ class SubjectKeys:
         nonce and tag and the same associated data); None when the subject was forgotten. Raises
         :class:`SubjectKeyMissing` when this store never knew it (after reading the file again once)."""
         record = self._records.get(subject)
-        if record is None and self._changed_on_disk():
-            self.reload()
+        if record is None and self.refresh():  # the lines another process appended since, not the whole store
             record = self._records.get(subject)
         if record is None:
             raise SubjectKeyMissing(f"subject {subject!r}: the key store {self.path} has no key and no tombstone "
@@ -381,8 +380,7 @@ class SubjectKeys:
         if cipher is not None:
             return cipher
         record = self._records.get(subject)
-        if record is None and self._changed_on_disk():
-            self.reload()
+        if record is None and self.refresh():  # the lines another process appended since, not the whole store
             record = self._records.get(subject)
         if record is None:
             if not create:
@@ -406,10 +404,6 @@ class SubjectKeys:
             return [KeyRecord(subject, AESGCM.generate_key(bit_length=_KEY_BYTES * 8))]
         self._change(change)
         return self._records[subject]
-
-    def _changed_on_disk(self) -> bool:
-        return _stamp_of(self.path) != self._stamp or (
-            (_stamp_of(self.journal) or (None, None, None))[::2] != (self._journal_at or (None, None)))
 
     def _change(self, change) -> list[KeyRecord]:
         """Under the store's lock: read what changed, ask ``change`` (given the records, read-only) for the records it

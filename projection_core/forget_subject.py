@@ -117,13 +117,13 @@ class LogRecord:
     """What became of the forget command of one of the subject's aggregates."""
     aggregate: str  # "<type> <id>"
     outcome: str  # "recorded", "recorded before", "pending" (sent, not answered yet), "refused", "not sent"
-    detail: str = ""
+    detail: str = ""  # the answer's version, the refusal, the error; "pending": the seconds waited
 
     def line(self) -> str:
         return f"log: {self.aggregate}: " + {
             "recorded": f"SubjectForgotten appended ({self.detail})",
             "recorded before": "SubjectForgotten was appended by an earlier run",
-            "pending": f"forget command sent; the command handler has not answered in {ANSWER_WAIT_S:.0f} s (it "
+            "pending": f"forget command sent; the command handler has not answered in {self.detail} s (it "
                        f"appends SubjectForgotten when it runs: the command waits in the commands topic)",
             "refused": f"forget command refused: {self.detail}",
             "not sent": f"forget command not sent: {self.detail}"}[self.outcome]
@@ -168,7 +168,7 @@ def record_on_log(settings: Settings, subject: str, aggregates: list[tuple[str, 
     for command_id, (name, _) in commands.items():
         answer = answers.get(command_id)
         if answer is None:
-            out.append(LogRecord(name, "pending"))
+            out.append(LogRecord(name, "pending", f"{answer_s:g}"))
         elif not answer.accepted:
             out.append(LogRecord(name, "refused", f"{answer.error_type}: {answer.reason}"))
         elif answer.duplicate or not answer.event_ids:
