@@ -32,6 +32,7 @@ from lakehouse.storage import delta_table
 from lakehouse.tables import read_table
 from projection_core import positions
 from projection_core.checkpoint import batch_offsets, last_committed_batch
+from projection_core.reference import ReferenceTables
 from read_models.catalog import ARCHIVE_TABLE, Catalog, Generation
 from read_models.sequence import sequence
 from read_models.spec import WINDOWED_SUM
@@ -194,7 +195,8 @@ def reconcile(settings: Settings, name: str, examples: int = 3,
         # the late ones it recorded in late_events instead.
         late = _late_not_reprocessed(generation)
         admitted = [e for e in admitted if e.event_id not in late]
-    expected = model.python_fold(admitted)
+    # The reference tables its fold joins, as they are now (every version: the join is as of each event's time).
+    expected = model.expected_rows(admitted, ReferenceTables(settings).rows(model.reference_tables))
     actual = {tuple(row[k] for k in model.key): row for row in _table_rows(generation.table)}
     missing = [k for k in expected if k not in actual]
     unexpected = [k for k in actual if k not in expected]

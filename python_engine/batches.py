@@ -109,6 +109,9 @@ def read_models_batch(query, records: Records, batch: Batch) -> dict:
                     raise HandOver(f"{model.name}: events wait in {generation.pending} for an earlier version")
         types = {t for (t,) in con.execute("SELECT DISTINCT event_type FROM batch").fetchall()}
         units = [(m, g) for m, g in engine.plan.units(generations) if types.intersection(m.event_types)]
+        with batch.timed("reference tables"):
+            for name in sorted({t for m, _ in units for t in m.reference_tables}):
+                con.register(name, engine.reference.arrow(name))  # read again only when its version moved
         writes = [plan_unit(con, batch, model, generation, engine.key_index) for model, generation in units]
         with batch.timed("sequence: ledger"):
             admitted = con.sql(f"SELECT aggregate_id, aggregate_version, event_id, kafka_partition, kafka_offset, "

@@ -11,6 +11,7 @@ from python_engine.key_index import KeyIndex, key_hashes
 from python_engine.delta_writes import Batch, cast_to, merge_into, register_delta, sql_text
 from python_engine.errors import HandOver
 from read_models.catalog import SHARED_LATE_EVENTS_TABLE, Generation
+from read_models.enrichment import enriched_sql
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
 __all__ = ["plan_unit"]
@@ -18,9 +19,13 @@ __all__ = ["plan_unit"]
 
 def _fold(con, model: ReadModel, relation: str):
     """``model.fold_sql`` over ``relation`` (its relation ``events``, personal values unsealed: the connection has
-    the unsealing function, ``read_models_batch``) -> an Arrow table."""
+    the unsealing function, and a relation per reference table the model joins, ``read_models_batch``) -> an
+    Arrow table."""
     columns = [d[0] for d in con.execute(f"SELECT * FROM {relation} LIMIT 0").description]
-    con.execute(f"CREATE OR REPLACE TEMP VIEW events AS {unsealed_select(relation, columns)}")
+    unsealed = unsealed_select(relation, columns)
+    if model.reference_tables:
+        unsealed = enriched_sql(f"({unsealed})", model.reference_tables)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW events AS {unsealed}")
     return con.sql(model.fold_sql).to_arrow_table()
 
 

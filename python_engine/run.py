@@ -12,6 +12,7 @@ from projection_core.checkpoint import Checkpoint
 from projection_core.errors import ProjectionError, ProjectionRun
 from projection_core.figures import READ_MODELS_QUERY, QueryFigures
 from projection_core.plan import ProjectionPlan
+from projection_core.reference import ReferenceTables
 from python_engine import parsing
 from python_engine.batches import archive_batch, read_models_batch
 from python_engine.key_index import INDEX_FOLDER, KeyIndex
@@ -157,6 +158,8 @@ class PythonProjection:
         self.parser = ParseWorker(log)  # a second process parsing large batches with this one
         # Personal data back in clear for the read models (event_store.sealing; its key store under the home).
         self.unsealer = Unsealer(settings)
+        # The reference tables folds join as of each event's time (dim_merchant), read again when they change.
+        self.reference = ReferenceTables(settings)
 
     def key_index(self, path, columns, heads: bool = False) -> KeyIndex:
         """The index on disk of the keys (hashes of ``columns``) and, with ``heads``, the aggregates' heads of the

@@ -61,6 +61,7 @@ import read_models
 from lakehouse.settings import Settings
 from lakehouse.storage import Location, delta_table, remove_tree, storage_options, tree_bytes
 from lakehouse.errors import NotFound, Refused
+from read_models.enrichment import MERCHANT_TABLE
 
 __all__ = ["Catalog", "CatalogError", "CatalogEntry", "CatalogRefused", "Generation", "ModelState",
            "CATALOG_TABLE", "GENERATIONS_FOLDER", "SHARED_LATE_EVENTS_TABLE", "late_events_sources",
@@ -80,7 +81,7 @@ ARCHIVE_TABLE = "event_archive"
 DEAD_LETTER_TABLE = "_dead_letters/events"
 # Reference data (reference_data/, issue 46), at ``settings.table_path(name)`` like the other non-model tables:
 # the merchants dimension, kept as SCD type 2 history (one row per merchant and attribute version) ...
-DIM_MERCHANT_TABLE = "dim_merchant"
+DIM_MERCHANT_TABLE = MERCHANT_TABLE  # "dim_merchant": the name the read models' as-of join reads (enrichment)
 # ... the ledger of its loads (one row per load, keyed by the content hash of what was loaded) ...
 MERCHANT_LOADS_TABLE = "_reference/merchants/loads"
 # ... the folder of staged batches (one Delta table per load, removed once merged) ...

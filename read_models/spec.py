@@ -57,6 +57,10 @@ class ReadModel:
     # subject's aggregates (read_models.forgetting; issue 45).
     personal_columns: tuple[str, ...] = ()
     subject_column: str = ""
+    # Reference tables the fold joins as of each event's time (``read_models.enrichment``; e.g. ``dim_merchant``):
+    # every engine adds their columns to the events before the fold, and ``python_fold`` takes their rows as a
+    # second argument (name -> list of row dicts; ``expected_rows`` passes them).
+    reference_tables: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.merge_strategy not in MERGE_STRATEGIES:
@@ -68,6 +72,14 @@ class ReadModel:
     @property
     def columns(self) -> list[str]:
         return [f.name for f in self.schema().fields]
+
+    def expected_rows(self, events: Iterable[Any], reference: Mapping[str, list] | None = None
+                      ) -> dict[tuple, dict[str, Any]]:
+        """The oracle: ``python_fold`` of ``events``, with the rows of its reference tables (name -> row dicts;
+        a table not given has no rows) when the fold joins any."""
+        if not self.reference_tables:
+            return self.python_fold(events)
+        return self.python_fold(events, {name: list((reference or {}).get(name, ())) for name in self.reference_tables})
 
 
 def version_range():

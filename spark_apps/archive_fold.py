@@ -24,7 +24,9 @@ from typing import Callable
 
 from event_store.sealing import Unsealer, unsealed_select
 from lakehouse.settings import Settings
+from projection_core.reference import ReferenceTables
 from read_models.catalog import ARCHIVE_TABLE
+from read_models.enrichment import enriched_sql
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 from spark_apps.arrow_rows import in_schema
 from projection_core.rebuild_errors import RebuildError
@@ -92,6 +94,8 @@ class _Fold:
         self.con.execute("SET TimeZone = 'UTC'")
         self.con.execute("SET preserve_insertion_order = false")
         Unsealer(settings).register(self.con)  # the models' folds read personal values unsealed
+        # The reference tables folds join as of each event's time (read_models.enrichment), as relations.
+        self.reference = ReferenceTables(settings)
         self.schema = pa.schema(self.archive.schema().to_arrow())
         protocol = self.archive.protocol()
         if protocol.reader_features or protocol.min_reader_version > 1 or self.archive.metadata().partition_columns:
@@ -253,8 +257,12 @@ def _fold_model(fold: _Fold, model: ReadModel, targets, rows_schema) -> int:
     # The fold reads personal values unsealed (``events``); what the rebuild keeps of the events themselves
     # (pending, applied ids) is written from the sealed rows (``events_sealed``).
     fold.con.execute(f"CREATE OR REPLACE VIEW events_sealed AS SELECT * FROM admitted WHERE event_type IN ({types})")
-    fold.con.execute(f"CREATE OR REPLACE VIEW events AS "
-                     f"{unsealed_select('events_sealed', [f.name for f in fold.schema])}")
+    unsealed = unsealed_select('events_sealed', [f.name for f in fold.schema])
+    for name in model.reference_tables:
+        fold.con.register(name, fold.reference.arrow(name))
+    if model.reference_tables:
+        unsealed = enriched_sql(f"({unsealed})", model.reference_tables)
+    fold.con.execute(f"CREATE OR REPLACE VIEW events AS {unsealed}")
     schema = arrow_schema(model.schema())
     stats = tuple(model.stats_columns or model.key)
     insert = model.merge_insert or {f.name: f"s.{f.name}" for f in schema}

@@ -101,10 +101,17 @@ class BatchContext:
 
     def fold(self, model: ReadModel, events):
         """``model.fold`` of ``events`` with their personal values unsealed (``spark_apps.unsealing``: vectorised,
-        null once forgotten); what is kept of the events themselves (pending, late, ledgers) stays sealed."""
+        null once forgotten) and the model's reference tables joined as of each event's time
+        (``spark_apps.reference_join``); what is kept of the events themselves (pending, late, ledgers) stays
+        sealed."""
+        from spark_apps.reference_join import with_reference
         from spark_apps.unsealing import unsealed
 
-        return model.fold(unsealed(events, self.unsealer))
+        if model.reference_tables and getattr(self, "_reference", None) is None:
+            from projection_core.reference import ReferenceTables
+
+            self._reference = ReferenceTables(self.settings)
+        return model.fold(with_reference(unsealed(events, self.unsealer), model, getattr(self, "_reference", None)))
 
     def generation(self, model_name: str) -> Generation:
         """The generation of read model ``model_name`` this batch writes: its table and bookkeeping paths."""

@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from event_store.sealing import Unsealer
+from spark_apps.reference_join import with_reference
 from spark_apps.unsealing import unsealed
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
 from projection_core.rebuild_errors import RebuildError
+from projection_core.reference import ReferenceTables
 from read_models.catalog import ARCHIVE_TABLE, SHARED_LATE_EVENTS_TABLE, held_table, ledger_table
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
 
@@ -225,7 +227,7 @@ def fold_archive(spark, settings: Settings, models: list[ReadModel], targets: di
         for model in models:
             t0 = time.monotonic()
             rows = _fold_model(spark, model, admission.admitted, targets[model.name], metadata,
-                               Unsealer(settings))
+                               Unsealer(settings), ReferenceTables(settings))
             step(model.name, t0, rows)
     finally:
         admission.release()
@@ -359,7 +361,7 @@ def insert_rows(model: ReadModel, folded):
 
 
 def _fold_model(spark, model: ReadModel, admitted, targets: FoldTargets, metadata: dict,
-                unsealer: Unsealer) -> int:
+                unsealer: Unsealer, reference: ReferenceTables) -> int:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -367,7 +369,7 @@ def _fold_model(spark, model: ReadModel, admitted, targets: FoldTargets, metadat
 
     mine = admitted.filter(F.col("event_type").isin(*model.event_types))
     # The fold reads personal values unsealed; the pending rows and applied ids stay sealed.
-    clear = unsealed(mine, unsealer)
+    clear = with_reference(unsealed(mine, unsealer), model, reference)
     stats = model.stats_columns or model.key
     if model.merge_strategy == CURRENT_STATE_BY_VERSION:
         # The admitted events of an aggregate are its versions 1..n; a model that skipped some event types

@@ -33,9 +33,11 @@ from typing import Callable
 
 from event_store.sealing import Unsealer
 from lakehouse.settings import Settings
+from projection_core.reference import ReferenceTables
 from read_models.catalog import REPROCESSED_AT
 from read_models.spec import WINDOWED_SUM, ReadModel
 from lakehouse.errors import BadInput, Refused
+from spark_apps.reference_join import with_reference
 from spark_apps.unsealing import unsealed
 
 __all__ = ["ReprocessError", "ReprocessRefused", "ReprocessOutcome", "WINDOW", "parse_bound", "validate",
@@ -268,7 +270,7 @@ def reprocess(spark, settings: Settings, name: str, start, end, by: str = "",
 
         # 3. The range's rows as the log has them, against the table's.
         # Personal values unsealed for the fold (null once forgotten), as the live projection folds them.
-        clear = unsealed(mine, Unsealer(settings))
+        clear = with_reference(unsealed(mine, Unsealer(settings)), model, ReferenceTables(settings))
         rows = insert_rows(model, model.fold(clear)).persist(StorageLevel.MEMORY_AND_DISK)
         admission.cached.append(rows)
         window_filter = f"window_start >= {_sql_time(t1)} AND window_start < {_sql_time(t2)}"

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from expectations.account import account_summary, fraud_alerts, merchant_minute_volume, payments
+from expectations.account import (account_summary, category_minute_volume, fraud_alerts, merchant_minute_volume,
+                                  payments)
 
 __all__ = ["SUITES"]
 
-SUITES: dict[str, ModuleType] = {m.TABLE: m for m in (account_summary, payments, merchant_minute_volume, fraud_alerts)}
+SUITES: dict[str, ModuleType] = {m.TABLE: m for m in (account_summary, payments, merchant_minute_volume, fraud_alerts,
+                                                      category_minute_volume)}

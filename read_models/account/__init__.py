@@ -6,11 +6,14 @@ checkpoint name and every runner follow).
 from __future__ import annotations
 
 from read_models.account.account_summary import MODEL as ACCOUNT_SUMMARY
+from read_models.account.category_minute_volume import MODEL as CATEGORY_MINUTE_VOLUME
 from read_models.account.fraud_alerts import MODEL as FRAUD_ALERTS
 from read_models.account.merchant_minute_volume import MODEL as MERCHANT_MINUTE_VOLUME
 from read_models.account.payments import MODEL as PAYMENTS
 from read_models.spec import ReadModel
 
-__all__ = ["MODELS", "ACCOUNT_SUMMARY", "PAYMENTS", "MERCHANT_MINUTE_VOLUME", "FRAUD_ALERTS"]
+__all__ = ["MODELS", "ACCOUNT_SUMMARY", "PAYMENTS", "MERCHANT_MINUTE_VOLUME", "FRAUD_ALERTS",
+           "CATEGORY_MINUTE_VOLUME"]
 
-MODELS: dict[str, ReadModel] = {m.name: m for m in (ACCOUNT_SUMMARY, PAYMENTS, MERCHANT_MINUTE_VOLUME, FRAUD_ALERTS)}
+MODELS: dict[str, ReadModel] = {m.name: m for m in (ACCOUNT_SUMMARY, PAYMENTS, MERCHANT_MINUTE_VOLUME, FRAUD_ALERTS,
+                                                    CATEGORY_MINUTE_VOLUME)}

@@ -15,6 +15,7 @@ from expectations.checks import TableMissing, check_table, check_tables
 from lakehouse.settings import Settings
 from tests import site_events
 from tests.domain_helpers import events_for, iot_events_for
+from tests.merchant_history import reference
 
 EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
 
@@ -25,8 +26,9 @@ def write_folded(settings: Settings, events) -> None:
 
     from spark_apps.archive_fold import arrow_schema
 
+    dimension = reference(events)  # the merchants joined as of each payment's time (some unknown: nulls)
     for model in read_models.REGISTRY.values():
-        rows = [{**dict(zip(model.key, key)), **row} for key, row in model.python_fold(events).items()]
+        rows = [{**dict(zip(model.key, key)), **row} for key, row in model.expected_rows(events, dimension).items()]
         if not rows:  # another domain's table: empty, typed as the projection creates it
             empty = pa.Table.from_pylist([], arrow_schema(model.schema()))
             write_deltalake(str(settings.table_path(model.name)), empty, mode="overwrite")

@@ -1,6 +1,7 @@
 """The registry's contract with the engines, on the shared broker and Spark session (slow): over a small generated
-log of every domain (the unit contract suite's, ``tests/unit/test_read_model_contracts.py``), the Python engine and
-the Spark engine, each into a home of its own, give every read model the oracle's rows, so the same rows; and a
+log of every domain (the unit contract suite's, ``tests/unit/test_read_model_contracts.py``) and a merchants
+dimension with every case of the as-of join, the Python engine and the Spark engine, each into a home of its own,
+give every read model the oracle's rows, so the same rows; and a
 batch whose table writes committed but whose commit-log entry did not (the entries removed from Structured
 Streaming's commit logs, as a crash between the two leaves them) is replayed on purpose by each engine and counts
 once. Both engines run as ``eventlake project --until-caught-up`` runs them (``spark_apps.projection.project``).
@@ -13,6 +14,7 @@ import read_models
 from read_models.catalog import ARCHIVE_TABLE
 from spark_apps.projection import project
 from tests.integration.test_projection import delta, publish
+from tests.merchant_history import write_dimension
 from tests.oracle import assert_matches_oracle, table_rows
 from tests.unit.test_read_model_contracts import LOG
 
@@ -57,6 +59,9 @@ def test_both_engines_give_every_model_the_oracles_rows(spark, settings, tmp_pat
     publish(settings, [(e.aggregate_id, e.to_json()) for e in LOG])
     # Each engine, from the same log into a home of its own: every model equals the oracle, so the engines agree.
     other = settings.replace(home=tmp_path / "spark-home")
+    # The merchants dimension payments are joined with as of their time (every case: tests/merchant_history.py).
+    for home in (settings, other):
+        write_dimension(home, LOG)
     _project(settings, "python")
     _project(other, "spark")
     for home in (settings, other):

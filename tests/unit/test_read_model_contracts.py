@@ -28,9 +28,11 @@ from event_store.envelope import CommandEnvelope
 from event_store.errors import InvalidRecord
 from eventlake.generator import (GeneratorConfig, IotGeneratorConfig, SiteGeneratorConfig, generate_commands,
                                  generate_iot_commands, generate_site_commands, interleaved)
+from read_models.enrichment import MERCHANT_TABLE, enriched_sql
 from read_models.sequence import sequence
 from tests.domain_helpers import events_for, events_of, iot_events_for
 from tests.iot_events import archive_table, duckdb_rows
+from tests.merchant_history import dimension_table, reference
 
 MODELS = list(read_models.REGISTRY)
 RECORDED_AT = "2026-02-01T00:00:00.000Z"
@@ -43,6 +45,9 @@ SITES = SiteGeneratorConfig(sites=2, views=60, minutes=3, seed=47, run_id="contr
 LOG = interleaved(events_for(ACCOUNTS, flag_every=5, forget_after=120), iot_events_for(DEVICES, flag_every=4),
                   events_of(generate_site_commands(SITES)))
 ADMITTED = sequence(LOG).admitted
+# The merchants dimension the folds that join it read (every case of the as-of join: tests/merchant_history.py).
+REFERENCE = reference(ADMITTED)
+DIMENSION = dimension_table(ADMITTED)
 
 
 def _archive(events):
@@ -50,17 +55,26 @@ def _archive(events):
     return archive_table(events, (domains.EVENTS,))
 
 
+def _over_events(model, sql: str, events) -> dict[tuple, dict]:
+    """``sql`` (reading relation ``events``) in DuckDB over ``events`` of the model's types, joined with the
+    contract's ``dim_merchant`` as of each event's time where the model's fold joins it, as
+    ``spark_apps.archive_fold`` runs it."""
+    archive = _archive([e for e in events if e.event_type in model.event_types])
+    if not model.reference_tables:
+        return duckdb_rows(sql, {"events": archive}, model.key)
+    return duckdb_rows(f"WITH events AS ({enriched_sql('events_plain', model.reference_tables)}) {sql}",
+                       {"events_plain": archive, MERCHANT_TABLE: DIMENSION}, model.key)
+
+
 def _sql_fold(model, events) -> dict[tuple, dict]:
-    """``model.fold_sql`` in DuckDB over ``events`` of its types, as ``spark_apps.archive_fold`` runs it."""
-    return duckdb_rows(model.fold_sql, {"events": _archive([e for e in events if e.event_type in model.event_types])},
-                       model.key)
+    """``model.fold_sql`` in DuckDB over ``events`` of its types."""
+    return _over_events(model, model.fold_sql, events)
 
 
 def _inserted(model, events) -> dict[tuple, dict]:
     """The table the fold of ``events`` gives a new table: ``fold_sql`` through ``merge_insert`` (or as folded)."""
     columns = ", ".join(f"{sql} AS {c}" for c, sql in model.merge_insert.items()) if model.merge_insert else "*"
-    return duckdb_rows(f"SELECT {columns} FROM ({model.fold_sql}) s",
-                       {"events": _archive([e for e in events if e.event_type in model.event_types])}, model.key)
+    return _over_events(model, f"SELECT {columns} FROM ({model.fold_sql}) s", events)
 
 
 def _oracle_columns(model, rows: dict[tuple, dict]) -> set[str]:
@@ -82,7 +96,7 @@ def test_the_schema_is_the_folds_columns(name):
     assert table, f"{name}: the generated log gives the model no row; give the contract log events it folds"
     for row in table.values():
         assert list(row) == model.columns  # every column, in the schema's order, and nothing else
-    oracle = model.python_fold(ADMITTED)
+    oracle = model.expected_rows(ADMITTED, REFERENCE)
     assert set(oracle) == set(table)
     assert _oracle_columns(model, oracle) <= set(model.columns)
 
@@ -90,18 +104,18 @@ def test_the_schema_is_the_folds_columns(name):
 @pytest.mark.parametrize("name", MODELS)
 def test_a_batch_applied_twice_equals_once(name):
     model = read_models.get(name)
-    once = model.python_fold(ADMITTED)
+    once = model.expected_rows(ADMITTED, REFERENCE)
     assert once
-    assert model.python_fold(ADMITTED + ADMITTED) == once
+    assert model.expected_rows(ADMITTED + ADMITTED, REFERENCE) == once
     # The same records delivered twice in the log (a producer's retry, a replay) are admitted once.
     assert sequence(LOG + LOG).admitted == ADMITTED
-    assert model.python_fold(sequence(LOG + LOG).admitted) == once
+    assert model.expected_rows(sequence(LOG + LOG).admitted, REFERENCE) == once
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_fold_sql_agrees_with_the_oracle(name):
     model = read_models.get(name)
-    expected = model.python_fold(ADMITTED)
+    expected = model.expected_rows(ADMITTED, REFERENCE)
     folded = _inserted(model, ADMITTED)
     assert set(folded) == set(expected)
     for key, row in expected.items():
@@ -129,7 +143,7 @@ def _merged(model, first, second) -> dict[tuple, dict]:
 @pytest.mark.parametrize("name", MODELS)
 def test_merging_a_second_batch_gives_the_fold_of_both(name):
     model = read_models.get(name)
-    expected = model.python_fold(ADMITTED)
+    expected = model.expected_rows(ADMITTED, REFERENCE)
     # ADMITTED is per aggregate, in version order: the last cut puts a forgotten customer's SubjectForgotten in the
     # second batch, after the values the first stored.
     forgotten = next(n for n, e in enumerate(ADMITTED) if e.event_type == "SubjectForgotten")
