@@ -86,6 +86,14 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, devi
         frozen = handler.run(until_caught_up=True)
     step(f"fraud policy: {policy.line()}; handler: {frozen.events} AccountFrozen events")
 
+    # Reference data (issue 46): a merchants file dropped in the landing folder, loaded into dim_merchant (SCD2)
+    # before the projection, which joins each payment with its merchant as of the payment's time.
+    from reference_data.loads import landing_folder, load_merchants
+    from reference_data.samples import write_sample_merchants
+
+    landed = write_sample_merchants(landing_folder(settings) / f"merchants-{run_id}.csv", cfg.merchants)
+    step("reference data: " + " ".join(load_merchants(settings, str(landed), full=True).lines()))
+
     spark = build_session(settings, app_name="eventlake-demo", log=log)
     step("spark session ready")
     # The device's detector: out-of-range runs and silent devices (an event-time timer) -> FlagTelemetryAnomaly.
@@ -104,12 +112,6 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, devi
         run = projection.run_until_caught_up()
     step(f"projection ({engine} engine): {run.input_rows} events in {run.batches} batch(es) -> Delta tables under "
          f"{settings.warehouse}")
-    # Reference data (issue 46): a merchants file dropped in the landing folder, loaded into dim_merchant (SCD2).
-    from reference_data.loads import landing_folder, load_merchants
-    from reference_data.samples import write_sample_merchants
-
-    landed = write_sample_merchants(landing_folder(settings) / f"merchants-{run_id}.csv", cfg.merchants)
-    step("reference data: " + " ".join(load_merchants(settings, str(landed), full=True).lines()))
     ge = context()
     verdicts = [verdict(settings, name, reconcile=True, ge=ge) for name in read_models.REGISTRY]
     failed = [line for v in verdicts if v.failed for line in v.lines()]
@@ -145,6 +147,11 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, devi
                  f"WHERE site_id LIKE 'web-{run_id}-%' GROUP BY page ORDER BY views DESC, page LIMIT 5")
     page_cols, page_rows = query_duckdb(settings, pages_sql)
     _, volume = query_duckdb(settings, "SELECT count(*), sum(payments) FROM merchant_minute_volume")
+    # Each payment joined with its merchant as of its time (dim_merchant, the file loaded above).
+    categories_sql = ("SELECT merchant_category, sum(payments) AS payments, sum(amount_minor) AS amount_minor "
+                      "FROM category_minute_volume GROUP BY merchant_category ORDER BY payments DESC, "
+                      "merchant_category LIMIT 5")
+    category_cols, category_rows = query_duckdb(settings, categories_sql)
     _, late = query_duckdb(settings, "SELECT count(*) FROM late_events")
     log("")
     log(f"== eventlake demo: run {run_id} ==")
@@ -173,6 +180,9 @@ def run_demo(settings: Settings, accounts: int = 300, commands: int = 3000, devi
     log("")
     log(f"$ eventlake query \"{pages_sql}\"")
     log(format_table(page_cols, page_rows))
+    log("")
+    log(f"$ eventlake query \"{categories_sql}\"")
+    log(format_table(category_cols, category_rows))
     log("")
     log("where the data lives:")
     log(f"  Kafka:        {settings.bootstrap_servers}, topics {settings.topic_prefix}*"

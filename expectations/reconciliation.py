@@ -34,10 +34,15 @@ from projection_core import positions
 from projection_core.checkpoint import batch_offsets, last_committed_batch
 from projection_core.reference import ReferenceTables
 from read_models.catalog import ARCHIVE_TABLE, Catalog, Generation
+from read_models.enrichment import MERCHANT_COLUMNS
 from read_models.sequence import sequence
 from read_models.spec import WINDOWED_SUM
 
 __all__ = ["Reconciliation", "reconcile", "table_position", "archive_end", "last_committed_batch", "batch_offsets"]
+
+
+# The columns a fold takes from reference data (read_models.enrichment): a difference in one may be a backfill's.
+REFERENCE_COLUMNS = frozenset(MERCHANT_COLUMNS.values())
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,9 @@ class Reconciliation:
         out += [f"  not in the fold: {k}" for k in self.unexpected]
         out += [f"  {k}: {column} is {actual!r} in the table, {expected!r} in the fold"
                 for k, column, actual, expected in self.different]
+        if any(column in REFERENCE_COLUMNS for _, column, _, _ in self.different):
+            out.append("  (reference data joined as of each event's time: the dimension learned something after "
+                       "these rows were projected; `eventlake backfill` brings them in line)")
         return out
 
 

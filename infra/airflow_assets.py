@@ -4,7 +4,8 @@ which, and the watchers that start DAGs from outside (a landed merchants file, a
 A table's Asset is named after the table and its URI is ``eventlake://warehouse/<table>``: the read models by
 their logical name (a rebuild's new generation, once switched to, is an update of its read model's Asset), and
 ``dim_merchant``. The asset graph: ``merchants_landed`` -> ``load_merchants`` -> ``dim_merchant``;
-``rebuild_read_model``, ``reprocess_windows``, ``maintenance``, ``forget_subject`` -> the read models -> ``check_read_models`` ->
+``dim_merchant`` -> ``backfill_reference``; ``rebuild_read_model``, ``reprocess_windows``, ``maintenance``,
+``forget_subject``, ``backfill_reference`` -> the read models -> ``check_read_models`` ->
 ``read_model_checks``; ``dead_letters`` (the Kafka topic, watched) -> ``triage_dead_letters`` ->
 ``dead_letter_report``.
 
@@ -29,7 +30,7 @@ from read_models.catalog import DIM_MERCHANT_TABLE
 from read_models.spec import WINDOWED_SUM
 
 __all__ = ["SCHEME", "LANDED_MERCHANTS", "READ_MODEL_CHECKS", "DEAD_LETTERS", "DEAD_LETTER_REPORT", "REBUILT",
-           "REPROCESSED", "MAINTAINED", "FORGOTTEN", "KAFKA_CONNECTION_ID", "READ_MODELS",
+           "REPROCESSED", "MAINTAINED", "FORGOTTEN", "BACKFILLED", "ENRICHED", "KAFKA_CONNECTION_ID", "READ_MODELS",
            "WINDOWED", "PERSONAL", "URIS", "GROUPS", "WRITES", "ALIASES", "warehouse_uri", "table_asset", "read_model_assets",
            "asset", "alias", "landed_merchants", "dead_letters", "record_written", "kafka_connection",
            "kafka_connection_env", "table_version"]
@@ -45,6 +46,7 @@ REBUILT = "read_models_rebuilt"
 REPROCESSED = "read_models_reprocessed"
 MAINTAINED = "read_models_maintained"
 FORGOTTEN = "read_models_forgotten"
+BACKFILLED = "read_models_backfilled"
 # The Airflow connection the dead-letters watcher reads Kafka through (its extra: librdkafka's configuration);
 # ``kafka_connection_env`` gives it as the environment variable Airflow reads.
 KAFKA_CONNECTION_ID = "eventlake_kafka"
@@ -54,6 +56,8 @@ WINDOWED: tuple[str, ...] = tuple(m.name for m in read_models.REGISTRY.values() 
 # The read models that hold personal values of a data subject (what ``eventlake forget`` may change).
 PERSONAL: tuple[str, ...] = tuple(m.name for m in read_models.REGISTRY.values()
                                   if m.personal_columns and m.subject_column)
+# The read models that join reference data as of each event's time (what ``eventlake backfill`` may change).
+ENRICHED: tuple[str, ...] = tuple(m.name for m in read_models.REGISTRY.values() if m.reference_tables)
 
 
 def warehouse_uri(table: str) -> str:
@@ -81,9 +85,10 @@ WRITES: dict[str, tuple[str, ...]] = {
     "check_read_models": (READ_MODEL_CHECKS,),
     "triage_dead_letters": (DEAD_LETTER_REPORT,),
     "forget_subject": PERSONAL,
+    "backfill_reference": ENRICHED,
 }
 ALIASES: dict[str, str] = {"rebuild_read_model": REBUILT, "reprocess_windows": REPROCESSED, "maintenance": MAINTAINED,
-                           "forget_subject": FORGOTTEN}
+                           "forget_subject": FORGOTTEN, "backfill_reference": BACKFILLED}
 
 
 @functools.cache

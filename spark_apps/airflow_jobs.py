@@ -31,6 +31,7 @@ from typing import Callable
 
 from lakehouse.files import write_whole
 from lakehouse.settings import Settings
+from lakehouse.storage import delta_table
 
 __all__ = ["JOBS", "RESULTS_KEPT_DAYS", "result_path", "read_result", "write_result", "rebuild_build",
            "reprocess_skipped", "reprocess_range", "maintain_model", "parser", "main"]
@@ -146,6 +147,33 @@ def reprocess_range(settings: Settings, name: str, start, end, dag_id: str, run_
             "windows_changed": outcome.windows_changed, "late_folded": outcome.late_folded,
             "table_version": outcome.table_version, "seconds": round(outcome.seconds, 1),
             "interval_start": t1.isoformat(), "interval_end": t2.isoformat()}
+
+
+def backfill_models(settings: Settings, dag_id: str, run_id: str, log: Callable[[str], None] = _log) -> dict:
+    """The task of ``backfill_reference``: ``eventlake backfill`` of every read model that joins reference data,
+    in the worker. Returns what it found and did, and ``versions``: the read models whose table it committed to,
+    with their Delta version now (the asset events due)."""
+    import read_models
+    from read_models.catalog import Catalog
+    from spark_apps.backfill import backfill_with_spark
+
+    catalog = Catalog(settings)
+    names = [m.name for m in read_models.select(None) if m.reference_tables]
+
+    def versions() -> dict:
+        out = {}
+        for name in names:
+            try:
+                out[name] = delta_table(catalog.current(name).table).version()
+            except Exception:  # noqa: BLE001 -- delta-rs' TableNotFoundError: not projected yet
+                out[name] = None
+        return out
+
+    before = versions()
+    result = backfill_with_spark(settings, by=f"airflow {dag_id} {run_id}", log=log)
+    after = versions()
+    return {"stale": result.stale, "updated": result.updated, "windows": result.windows, "waiting": result.waiting,
+            "complete": result.complete, "versions": {n: v for n, v in after.items() if v != before[n]}}
 
 
 def maintain_model(settings: Settings, name: str, retention_hours: int, dag_id: str, run_id: str,

@@ -41,7 +41,7 @@ from spark_apps.reference_join import with_reference
 from spark_apps.unsealing import unsealed
 
 __all__ = ["ReprocessError", "ReprocessRefused", "ReprocessOutcome", "WINDOW", "parse_bound", "validate",
-           "late_events_waiting", "reprocess"]
+           "late_events_waiting", "reprocess", "reprocess_closed"]
 
 # The windows of a windowed model are event-time minutes (its fold: date_trunc('minute'), window_end = +1 minute).
 WINDOW = dt.timedelta(minutes=1)
@@ -367,3 +367,26 @@ def _mark_late(spark, model: ReadModel, generation, mine, t1: dt.datetime, t2: d
     finally:
         conf.unset("spark.databricks.delta.commitInfo.userMetadata")
     return to_mark, already
+
+
+def reprocess_closed(spark, settings: Settings, name: str, start: dt.datetime, end: dt.datetime, by: str = "",
+                     log: Callable[[str], None] = print) -> dt.datetime:
+    """``reprocess`` of the closed part of windows ``start`` .. ``end`` (what ``reference_data.backfill`` asks for):
+    -> the end of what was reprocessed (``start``: nothing, every window still open, or refused: said in a log
+    line)."""
+    from read_models.catalog import Catalog
+
+    model, t1, t2 = validate(name, start, end)
+    generation = Catalog(settings).current(name)
+    if not (generation.table / "_delta_log").is_dir():
+        return t1
+    watermark = table_watermark(spark, model, str(generation.table))
+    closed_end = t1 if watermark is None else min(t2, max(t1, watermark.replace(second=0, microsecond=0)))
+    if closed_end <= t1:
+        return t1
+    try:
+        reprocess(spark, settings, name, t1, closed_end, by=by, log=log)
+    except ReprocessRefused as e:
+        log(f"reprocess: {e}")
+        return t1
+    return closed_end

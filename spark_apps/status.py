@@ -236,6 +236,7 @@ def render(settings: Settings) -> str:
                      f"{SHARED_LATE_EVENTS_TABLE}" + (f"; {w.reprocessed:,} of them since folded back in by eventlake "
                                                f"reprocess" if w.reprocessed else "") + ")")
     lines.extend(quarantine_lines(settings))
+    lines.extend(reference_lines(settings))
     lines.append("read models (eventlake catalog lists every generation; eventlake rollback NAME goes one back):")
     lines.extend(generation_lines(settings))
     lines.append(f"tables (under {settings.warehouse}):")
@@ -318,4 +319,37 @@ def quarantine_lines(settings: Settings) -> list[str]:
         lines.append("  events waiting after a gap in their account's versions: "
                      + ", ".join(f"{a} ({n})" for a, n in sorted(others.items())[:20])
                      + (" ..." if len(others) > 20 else ""))
+    return lines
+
+
+def reference_lines(settings: Settings) -> list[str]:
+    """Per read model that joins reference data and keeps a row per event (``payments``): the rows without their
+    merchant (the dimension did not know it at their time, or when they were projected), and those that differ from
+    the dimension now (what ``eventlake backfill`` would set)."""
+    import pyarrow.dataset as ds
+
+    from lakehouse.tables import dataset
+    from projection_core.reference import ReferenceTables
+    from read_models.enrichment import MERCHANT_COLUMNS
+    from read_models.spec import INSERT_ONCE
+    from reference_data.backfill import stale_rows
+
+    reference = ReferenceTables(settings)
+    lines = []
+    for model in read_models.select(None):
+        if not model.reference_tables or model.merge_strategy != INSERT_ONCE:
+            continue
+        path = Catalog(settings).current(model.name).table
+        if not (path / "_delta_log").is_dir():
+            continue
+        table = delta_table(path)
+        unknown = None
+        for column in MERCHANT_COLUMNS.values():
+            unknown = ds.field(column).is_null() if unknown is None else unknown & ds.field(column).is_null()
+        without = dataset(table).count_rows(filter=unknown)
+        stale = stale_rows(table, model, reference).num_rows
+        versions = ", ".join(f"{name} version {v}" if v is not None else f"no {name} yet"
+                             for name, v in reference.versions(model.reference_tables).items())
+        lines.append(f"{model.name}: {without:,} row(s) without their merchant; {stale:,} differ from the reference "
+                     f"data now ({versions})" + ("; eventlake backfill sets them" if stale else ""))
     return lines

@@ -1,10 +1,12 @@
-"""The load verb: reference data from outside the log into its dimension (``eventlake load merchants``)."""
+"""The reference data verbs: ``eventlake load merchants`` (from outside the log into its dimension) and
+``eventlake backfill`` (the read-model rows that join it, brought in line with what it knows now)."""
 from __future__ import annotations
 
 import sys
 
 from lakehouse.errors import BadInput
 from lakehouse.settings import Settings
+from eventlake.cli.common import who
 
 __all__ = ["ROLES", "add_verbs"]
 
@@ -25,6 +27,19 @@ def _cmd_load_merchants(settings: Settings, args) -> int:
     return 0
 
 
+def _cmd_backfill(settings: Settings, args) -> int:
+    """Backfill the read models that join reference data (a Spark session only when some windowed minute needs
+    reprocessing). Exit 1 when rows wait for their minute to close."""
+    from spark_apps.backfill import backfill_with_spark
+
+    try:
+        result = backfill_with_spark(settings, args.models or None, dry_run=args.dry_run, by=who(args),
+                                     log=lambda line: print(line, flush=True))
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    return 0 if result.complete else 1
+
+
 def add_verbs(sub) -> None:
     """Add this group's verbs to the ``eventlake`` parser's subparsers."""
     p = sub.add_parser("load", help="load reference data (merchants) into its SCD2 dimension (dim_merchant)")
@@ -41,3 +56,15 @@ def add_verbs(sub) -> None:
     m.add_argument("--full", action="store_true",
                    help="a full extract: a current merchant missing from it is closed (valid_to set)")
     m.set_defaults(run=_cmd_load_merchants)
+
+    p = sub.add_parser("backfill", help="bring the read-model rows that join reference data (payments, "
+                                        "category_minute_volume) in line with what dim_merchant knows now",
+                       description="A payment projected before its merchant was loaded has null merchant columns "
+                                   "(a rebuild now would give it the merchant's first version). The backfill sets "
+                                   "them (one MERGE) and reprocesses the closed minutes of the windowed models they "
+                                   "count in; rows of a minute still open wait for a later run (exit 1). What the "
+                                   "backfill_reference DAG runs after every load.")
+    p.add_argument("models", nargs="*", help="read models (default: every one that joins reference data)")
+    p.add_argument("--dry-run", action="store_true", help="count the rows that differ; write nothing")
+    p.add_argument("--by", help="who runs it (default: the current user)")
+    p.set_defaults(run=_cmd_backfill)

@@ -44,8 +44,12 @@ def test_demo_then_sql_query(env, settings):
                      r"sites", out), out
     pages = out.split("FROM page_minute_clicks")[1]
     assert re.search(r"^/\s*\|\s*\d+", pages, re.M), pages  # the home page draws the most views
-    assert ("data quality: 8 tables against their Great Expectations suites (expectations/) and reconciled with "
-            "a fold of the archived log: all passed") in out
+    assert ("data quality: 9 tables against their Great Expectations suites (expectations/) and reconciled with "
+            "a fold of the archived log: all passed") in out, out
+    # The merchants file loaded before the projection: each payment joined with its merchant as of its time, so
+    # the categories are the sample's MCCs (four digits), none unknown.
+    categories = out.split("FROM category_minute_volume")[1].split("\n\n")[0]
+    assert re.search(r"^\d{4}\s*\|\s*\d+", categories, re.M) and "unknown" not in categories, categories
     assert str(settings.warehouse) in out and settings.events_topic in out
 
     _assert_the_lineage_graph(settings)
@@ -64,7 +68,8 @@ def test_demo_then_sql_query(env, settings):
 
     status = run(["status"], env)
     assert status.returncode == 0, status.stderr
-    assert re.search(r"projection-account_summary\+payments\+merchant_minute_volume\+fraud_alerts\+device_status\+"
+    assert re.search(r"projection-account_summary\+payments\+merchant_minute_volume\+fraud_alerts\+"
+                     r"category_minute_volume\+device_status\+"
                      r"device_minute_readings\+telemetry_anomalies\+page_minute_clicks: lag 0 events",
                      status.stdout), status.stdout
     assert re.search(r"account_summary\s+40 rows", status.stdout), status.stdout

@@ -17,6 +17,7 @@ from lakehouse.settings import PROJECT_ROOT, Settings
 from read_models.catalog import Catalog
 from projection_core.rebuild_errors import RebuildRefused
 from projection_core.rebuild_lock import RebuildLock, airflow_owner, lock_path
+from read_models.catalog import DIM_MERCHANT_TABLE
 from tests.domain_helpers import events_for
 from tests.integration.test_checks import write_folded
 from tests.integration.prometheus_server import PUSHGATEWAY, PushgatewayServer
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
 DAG_IDS = {"check_read_models", "rebuild_read_model", "reprocess_windows", "maintenance", "load_merchants",
-           "triage_dead_letters", "forget_subject"}
+           "triage_dead_letters", "forget_subject", "backfill_reference"}
 
 
 _MIGRATED: list[Path] = []  # Airflow's metadata database, migrated once per run
@@ -116,6 +117,9 @@ def test_every_dag_file_imports_cleanly(tmp_path):
     assert found["params"]["forget_subject"] == ["dry_run", "grace_minutes", "log_event", "reason", "subject",
                                                  "wait_seconds"]
     assert found["outlets"]["forget_subject"] == {"forget": [assets.FORGOTTEN]}
+    # Issue 46 part 2: the backfill runs when dim_merchant is updated (a load), and on its schedule.
+    assert found["scheduled"]["backfill_reference"] == [[DIM_MERCHANT_TABLE, []]]
+    assert found["outlets"]["backfill_reference"] == {"backfill_read_models": [assets.BACKFILLED]}
 
 
 def test_a_run_owns_the_lock_across_its_tasks_and_refuses_everyone_else(tmp_path):

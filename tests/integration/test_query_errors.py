@@ -20,8 +20,8 @@ pytestmark = pytest.mark.slow
 
 EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
 ROOT = str(Path(__file__).resolve().parents[2])
-TABLES = ("(tables: account_summary, payments, merchant_minute_volume, fraud_alerts, device_status, "
-          "device_minute_readings, telemetry_anomalies, page_minute_clicks)")
+TABLES = ("(tables: account_summary, payments, merchant_minute_volume, fraud_alerts, category_minute_volume, "
+          "device_status, device_minute_readings, telemetry_anomalies, page_minute_clicks)")
 
 
 def run_cli(home: Path, *args: str) -> subprocess.CompletedProcess:

@@ -1,0 +1,48 @@
+"""Bring the read models that join reference data in line with it: after every load of `dim_merchant` (its Asset
+event) and every 30 minutes (rows of a minute that was still open wait for a later run).
+
+A payment projected before its merchant was loaded has null merchant columns, and counts under the `unknown`
+category of `category_minute_volume`; a rebuild now would give it the merchant's version as of its time (the first
+one, for a payment older than the merchant's load). The task finds those rows (DuckDB over the table's files), sets
+them in one MERGE and reprocesses the closed minutes they count in (Spark in the worker, started only when a minute
+needs it), then announces an update of each read model it committed to (`eventlake://warehouse/<read model>`,
+through the alias `read_models_backfilled`, the Delta version in the extra): `check_read_models` runs on it.
+A run with nothing to do changes nothing. The task's log lists what differed, what was set and what waits.
+The same from a shell: `eventlake backfill` (`--dry-run` to count only).
+"""
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import dag, get_current_context, task
+from airflow.timetables.assets import AssetOrTimeSchedule
+from airflow.timetables.trigger import CronTriggerTimetable
+
+from infra import airflow_assets as assets  # names only: Spark and the tables are touched by the task
+from read_models.catalog import DIM_MERCHANT_TABLE
+
+_DAG_ID = "backfill_reference"
+
+
+@dag(dag_id=_DAG_ID, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False, max_active_runs=1,
+     schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("*/30 * * * *", timezone="UTC"),
+                                  assets=assets.table_asset(DIM_MERCHANT_TABLE)),
+     doc_md=__doc__, tags=["eventlake", "reference-data"])
+def backfill_reference():
+    @task(outlets=[assets.alias(assets.BACKFILLED)])
+    def backfill_read_models() -> dict:
+        from lakehouse.settings import Settings
+        from spark_apps.airflow_jobs import backfill_models
+
+        context = get_current_context()
+        settings = Settings.load(role="reader")
+        result = backfill_models(settings, _DAG_ID, context["run_id"])
+        for name, version in result["versions"].items():
+            assets.record_written(context, _DAG_ID, name, {**assets.table_version(settings, name),
+                                                           "rows_set": result["updated"].get(name, 0),
+                                                           "minutes_reprocessed": result["windows"].get(name, 0)})
+        return result
+
+    backfill_read_models()
+
+
+backfill_reference()

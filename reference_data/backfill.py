@@ -1,0 +1,209 @@
+"""``eventlake backfill``: the read-model rows that join reference data, brought in line with what the reference
+data knows now (issue 46 part 2).
+
+A fold joins ``dim_merchant`` as of each event's time (``read_models.enrichment``), with the dimension as the
+projection read it. A payment projected before its merchant was loaded holds null attributes, where a rebuild
+now gives it the merchant's first version; an event folded before a load whose versions start earlier than the
+event holds the version that was current then. The reconciliation's oracle joins the dimension as it is now, so
+those rows differ from it until the backfill, which the ``backfill_reference`` DAG runs after every load:
+
+1. per insert-once model that joins a reference table (``payments``, the ledger of the events: one row each), its
+   rows whose joined columns differ from the join with the dimension now (DuckDB over the table's files: the
+   key, the merchant, the time and those columns only);
+2. per windowed model that joins one (``category_minute_volume``), the minutes of those rows, recomputed from the
+   archive with the dimension now and replaced where different (``eventlake reprocess``, through the
+   ``reprocess`` callable: the caller's Spark session). Only closed minutes can be: the rows of a minute still
+   open stay as they are (step 3 skips them), so the next run, after the watermark passed it, finds them again;
+3. the ledger's rows: one MERGE setting the joined columns, retried when the projection commits first.
+
+A second run finds nothing to do. The current generation of each model is backfilled (a rebuild's new one is
+built with the dimension of its time; run the backfill after it switches). ``dry_run`` counts and writes nothing.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Callable
+
+import read_models
+from lakehouse.errors import Refused
+from lakehouse.settings import Settings
+from lakehouse.storage import delta_table
+from projection_core.reference import ReferenceTables
+from read_models.catalog import Catalog
+from read_models.enrichment import MERCHANT_COLUMNS, enriched_sql
+from read_models.spec import INSERT_ONCE, WINDOWED_SUM, ReadModel
+
+__all__ = ["Backfill", "BackfillConflict", "backfill", "stale_rows", "ranges"]
+
+MERGE_ATTEMPTS = 5
+WINDOW = dt.timedelta(minutes=1)
+# Reprocess callable: (model name, first window start, end) -> the end of what it reprocessed (the start itself:
+# nothing, every window open).
+Reprocess = Callable[[str, dt.datetime, dt.datetime], dt.datetime]
+
+
+class BackfillConflict(Refused, RuntimeError):
+    """The table kept changing under the backfill's MERGE (the projection committing each time): run it again."""
+
+
+@dataclass
+class Backfill:
+    """What a backfill found and did, per model (its lines name each)."""
+    dry_run: bool = False
+    stale: dict[str, int] = field(default_factory=dict)       # ledger model -> rows that differed
+    updated: dict[str, int] = field(default_factory=dict)     # ledger model -> rows set
+    windows: dict[str, int] = field(default_factory=dict)     # windowed model -> minutes reprocessed
+    waiting: dict[str, int] = field(default_factory=dict)     # ledger model -> rows left for a later run
+    versions: dict[str, int | None] = field(default_factory=dict)  # reference table -> the version joined
+
+    @property
+    def complete(self) -> bool:
+        return not any(self.waiting.values())
+
+    def lines(self) -> list[str]:
+        joined = ", ".join(f"{name} version {v}" if v is not None else f"{name} (no table yet)"
+                           for name, v in self.versions.items())
+        out = [f"backfill{' (dry run)' if self.dry_run else ''}: joined with {joined or 'no reference table'}"]
+        for name, n in self.stale.items():
+            done = "would be set" if self.dry_run else f"{self.updated.get(name, 0):,} set"
+            wait = self.waiting.get(name, 0)
+            out.append(f"  {name}: {n:,} row(s) differed from the reference data now, {done}"
+                       + (f"; {wait:,} wait for their minute to close (run again later)" if wait else ""))
+        for name, n in self.windows.items():
+            out.append(f"  {name}: {n:,} minute(s) reprocessed from the archive")
+        return out
+
+
+def _ledgers(models: list[ReadModel]) -> list[ReadModel]:
+    return [m for m in models if m.reference_tables and m.merge_strategy == INSERT_ONCE]
+
+
+def _windowed(models: list[ReadModel], ledger: ReadModel) -> list[ReadModel]:
+    """The windowed models whose events ``ledger`` records one per row (its event types cover theirs) and that
+    join its reference tables: a ledger row that changes says which of their minutes change."""
+    return [m for m in models if m.merge_strategy == WINDOWED_SUM and m.reference_tables
+            and set(m.event_types) <= set(ledger.event_types) and set(m.reference_tables) <= set(ledger.reference_tables)]
+
+
+def stale_rows(table, model: ReadModel, reference: ReferenceTables, event_time: str = "occurred_at"):
+    """The rows of ``table`` (a ``deltalake.DeltaTable`` of insert-once ``model``) whose joined columns differ from
+    the join with the reference tables now: the key, ``event_time`` and the new values, as Arrow."""
+    import duckdb
+
+    from lakehouse.tables import dataset
+
+    columns = [c for c in MERCHANT_COLUMNS.values() if c in model.columns]
+    con = duckdb.connect()
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        con.register("stored", dataset(table))
+        for name in model.reference_tables:
+            con.register(name, reference.arrow(name))
+        keys = ", ".join(dict.fromkeys([*model.key, "merchant_id", event_time]))
+        old = ", ".join(f"{c} AS _old_{c}" for c in columns)
+        joined = enriched_sql(f"(SELECT {keys}, {old} FROM stored)", model.reference_tables)
+        differs = " OR ".join(f"{c} IS DISTINCT FROM _old_{c}" for c in columns)
+        picked = ", ".join(dict.fromkeys([*model.key, event_time, *columns]))
+        return con.sql(f"SELECT {picked} FROM ({joined}) WHERE {differs}").to_arrow_table()
+    finally:
+        con.close()
+
+
+def ranges(minutes: list[dt.datetime], gap: dt.timedelta = dt.timedelta(minutes=10)) -> list[tuple]:
+    """Sorted window starts as ranges [start, end) to reprocess: minutes closer than ``gap`` share one."""
+    out: list[list] = []
+    for m in sorted(set(minutes)):
+        if out and m - out[-1][1] < gap:
+            out[-1][1] = m + WINDOW
+        else:
+            out.append([m, m + WINDOW])
+    return [tuple(r) for r in out]
+
+
+def backfill(settings: Settings, names: list[str] | None = None, *, dry_run: bool = False,
+             reprocess: Reprocess | None = None, by: str = "", log: Callable[[str], None] = print) -> Backfill:
+    """Backfill the read models ``names`` (default: every one that joins reference data) of ``settings``' home
+    (module docstring). ``reprocess`` recomputes a windowed model's closed minutes (needed only when a windowed
+    model's minutes changed; without it those rows wait)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    models = [m for m in read_models.select(names) if m.reference_tables]
+    if names and len(models) < len(names):
+        plain = sorted(set(names) - {m.name for m in models})
+        raise ValueError(f"eventlake backfill: {', '.join(plain)} join(s) no reference table; the read models that "
+                         f"do: {', '.join(m.name for m in read_models.select(None) if m.reference_tables)}")
+    every = read_models.select(None)
+    reference = ReferenceTables(settings)
+    catalog = Catalog(settings)
+    result = Backfill(dry_run=dry_run, versions=reference.versions(
+        sorted({t for m in models for t in m.reference_tables})))
+    for ledger in _ledgers(every):
+        windowed = [m for m in _windowed(every, ledger) if m in models]
+        if ledger not in models and not windowed:
+            continue
+        path = catalog.current(ledger.name).table
+        try:
+            table = delta_table(path)
+        except Exception:  # noqa: BLE001 -- delta-rs' TableNotFoundError: nothing projected yet
+            log(f"backfill: {ledger.name}: no table at {path} yet: nothing to backfill")
+            continue
+        event_time = windowed[0].event_time if windowed else "occurred_at"
+        stale = stale_rows(table, ledger, reference, event_time)
+        result.stale[ledger.name] = stale.num_rows
+        if not stale.num_rows or dry_run:
+            continue
+        starts = [t.replace(second=0, microsecond=0) for t in stale.column(event_time).to_pylist() if t is not None]
+        if windowed and starts:
+            # The windowed models' minutes first; the ledger's rows after, only those whose minute every windowed
+            # model has reprocessed (the others wait: the ledger's difference is what finds them next time).
+            done_until = None
+            for model in windowed:
+                reached = min(starts)  # nothing reprocessed yet
+                for start, end in ranges(starts) if reprocess is not None else ():
+                    reached = reprocess(model.name, start, end)
+                    result.windows[model.name] = result.windows.get(model.name, 0) + (reached - start) // WINDOW
+                    if reached < end:  # the rest is open (past the watermark): so are the later ranges
+                        break
+                done_until = reached if done_until is None else min(done_until, reached)
+            times = stale.column(event_time)
+            ready = pc.fill_null(pc.less(times, pa.scalar(done_until, times.type)), False)
+            result.waiting[ledger.name] = stale.num_rows - pc.sum(ready.cast(pa.int64())).as_py()
+            stale = stale.filter(ready)
+        if ledger in models:
+            result.updated[ledger.name] = _merge(table, ledger, stale, reference, event_time, by, log)
+        else:
+            result.waiting.pop(ledger.name, None)
+    for line in result.lines():
+        log(line)
+    return result
+
+
+def _merge(table, model: ReadModel, rows, reference: ReferenceTables, event_time: str, by: str, log) -> int:
+    """Set the joined columns of ``rows`` (by key) in ``table``: one MERGE; when another writer commits first, the
+    rows are found again on the new version and the MERGE retried."""
+    from deltalake import CommitProperties
+    from deltalake.exceptions import CommitFailedError
+
+    columns = [c for c in MERCHANT_COLUMNS.values() if c in model.columns]
+    on = " AND ".join(f"t.{k} = s.{k}" for k in model.key)
+    keys = set(map(tuple, zip(*(rows.column(k).to_pylist() for k in model.key))))
+    for attempt in range(1, MERGE_ATTEMPTS + 1):
+        if not rows.num_rows:
+            return 0
+        try:
+            metrics = (table.merge(rows, predicate=on, source_alias="s", target_alias="t",
+                                   commit_properties=CommitProperties(custom_metadata={
+                                       "eventlake.backfill": by or "backfill"}))
+                       .when_matched_update(updates={c: f"s.{c}" for c in columns}).execute())
+            return int(metrics.get("num_target_rows_updated", rows.num_rows))
+        except CommitFailedError:
+            log(f"backfill: {model.name}: the projection committed first; finding the rows again "
+                f"(attempt {attempt} of {MERGE_ATTEMPTS})")
+            table.update_incremental()
+            fresh = stale_rows(table, model, reference, event_time)
+            mine = [i for i, k in enumerate(zip(*(fresh.column(k).to_pylist() for k in model.key))) if k in keys]
+            rows = fresh.take(mine)
+    raise BackfillConflict(f"backfill: {model.name}: the table changed under each of {MERGE_ATTEMPTS} MERGEs; "
+                           f"run it again")
