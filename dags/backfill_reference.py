@@ -20,10 +20,9 @@ from airflow.timetables.trigger import CronTriggerTimetable
 from infra import airflow_assets as assets  # names only: Spark and the tables are touched by the task
 from read_models.catalog import DIM_MERCHANT_TABLE
 
-_DAG_ID = "backfill_reference"
 
-
-@dag(dag_id=_DAG_ID, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False, max_active_runs=1,
+@dag(dag_id="backfill_reference", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False,
+     max_active_runs=1,
      schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("*/30 * * * *", timezone="UTC"),
                                   assets=assets.table_asset(DIM_MERCHANT_TABLE)),
      doc_md=__doc__, tags=["eventlake", "reference-data"])
@@ -35,11 +34,11 @@ def backfill_reference():
 
         context = get_current_context()
         settings = Settings.load(role="reader")
-        result = backfill_models(settings, _DAG_ID, context["run_id"])
-        for name, version in result["versions"].items():
-            assets.record_written(context, _DAG_ID, name, {**assets.table_version(settings, name),
-                                                           "rows_set": result["updated"].get(name, 0),
-                                                           "minutes_reprocessed": result["windows"].get(name, 0)})
+        result = backfill_models(settings, "backfill_reference", context["run_id"])
+        for name in result["versions"]:
+            extra = {**assets.table_version(settings, name), "rows_set": result["updated"].get(name, 0),
+                     "minutes_reprocessed": result["windows"].get(name, 0)}
+            assets.record_written(context, "backfill_reference", name, extra)
         return result
 
     backfill_read_models()

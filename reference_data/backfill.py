@@ -75,6 +75,14 @@ class Backfill:
         return out
 
 
+def _exists(path) -> bool:
+    try:
+        delta_table(path)
+    except Exception:  # noqa: BLE001 -- delta-rs' TableNotFoundError
+        return False
+    return True
+
+
 def _ledgers(models: list[ReadModel]) -> list[ReadModel]:
     return [m for m in models if m.reference_tables and m.merge_strategy == INSERT_ONCE]
 
@@ -140,7 +148,9 @@ def backfill(settings: Settings, names: list[str] | None = None, *, dry_run: boo
     result = Backfill(dry_run=dry_run, versions=reference.versions(
         sorted({t for m in models for t in m.reference_tables})))
     for ledger in _ledgers(every):
-        windowed = [m for m in _windowed(every, ledger) if m in models]
+        # A windowed model without a table yet has no minute to redo (its first batch joins the dimension now).
+        windowed = [m for m in _windowed(every, ledger)
+                    if m in models and _exists(catalog.current(m.name).table)]
         if ledger not in models and not windowed:
             continue
         path = catalog.current(ledger.name).table

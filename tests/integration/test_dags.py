@@ -14,10 +14,9 @@ from eventlake.generator import GeneratorConfig
 from infra import airflow_assets as assets
 from infra.airflow import environment
 from lakehouse.settings import PROJECT_ROOT, Settings
-from read_models.catalog import Catalog
+from read_models.catalog import DIM_MERCHANT_TABLE, Catalog
 from projection_core.rebuild_errors import RebuildRefused
 from projection_core.rebuild_lock import RebuildLock, airflow_owner, lock_path
-from read_models.catalog import DIM_MERCHANT_TABLE
 from tests.domain_helpers import events_for
 from tests.integration.test_checks import write_folded
 from tests.integration.prometheus_server import PUSHGATEWAY, PushgatewayServer
@@ -358,3 +357,46 @@ def catalog_rows(catalog: Catalog, name: str) -> list[dict]:
     from lakehouse.tables import read_table
 
     return read_table(catalog.current(name).table).to_pylist()
+
+
+def test_backfill_reference_sets_the_merchants_of_payments_projected_before_their_load(tmp_path):
+    """Payments written with null merchant columns (projected before the load), then dim_merchant: a run of the
+    DAG sets them as of each payment's time, says so in its log and announces payments' Asset with the rows set.
+    (No windowed table here: no Spark in the worker; the minutes' reprocessing is tests/integration/test_backfill.py's.)"""
+    import sqlite3
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from eventlake.generator import GeneratorConfig
+    from infra.airflow import airflow_home
+    from read_models.enrichment import MERCHANT_COLUMNS
+    from read_models.sequence import sequence
+    from spark_apps.archive_fold import arrow_schema
+    from tests.merchant_history import reference, write_dimension
+
+    settings = Settings(home=tmp_path)
+    events = events_for(GeneratorConfig(accounts=6, commands=80, merchants=10, seed=5, run_id="bfdag"))
+    admitted = sequence(events).admitted
+    payments = read_models.get("payments")
+    before = [{**dict(zip(payments.key, k)), **r} for k, r in payments.expected_rows(admitted).items()]
+    write_deltalake(str(Catalog(settings).current("payments").table),
+                    pa.Table.from_pylist(before, schema=arrow_schema(payments.schema())))
+    write_dimension(settings, events)
+    expected = payments.expected_rows(admitted, reference(events))
+    differing = sum(1 for r in before if any(r[c] != expected[(r["account_id"], r["payment_id"])][c]
+                                             for c in MERCHANT_COLUMNS.values()))
+    assert differing
+
+    proc = dags_test(settings, "backfill_reference")
+    text = output(proc)
+    assert proc.returncode == 0, text[-4000:]
+    assert f"payments: {differing:,} row(s) differed from the reference data now, {differing:,} set" in text, text[-4000:]
+    stored = {(r["account_id"], r["payment_id"]): r for r in catalog_rows(Catalog(settings), "payments")}
+    assert {k: {c: r[c] for c in MERCHANT_COLUMNS.values()} for k, r in stored.items()} == {
+        k: {c: r[c] for c in MERCHANT_COLUMNS.values()} for k, r in expected.items()}
+    with sqlite3.connect(airflow_home(settings) / "airflow.db") as db:
+        events = db.execute("SELECT a.name, e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id").fetchall()
+    announced = {name: json.loads(extra) for name, extra in events}
+    assert set(announced) == {"payments"}, events
+    assert announced["payments"]["rows_set"] == differing and announced["payments"]["delta_version"] == 1
