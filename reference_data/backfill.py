@@ -102,6 +102,7 @@ def stale_rows(table, model: ReadModel, reference: ReferenceTables, event_time: 
     from lakehouse.tables import dataset
 
     columns = [c for c in MERCHANT_COLUMNS.values() if c in model.columns]
+    present = set(table.schema().to_arrow().names)  # a table of an older release lacks them: nulls until written
     con = duckdb.connect()
     try:
         con.execute("SET TimeZone = 'UTC'")
@@ -109,7 +110,7 @@ def stale_rows(table, model: ReadModel, reference: ReferenceTables, event_time: 
         for name in model.reference_tables:
             con.register(name, reference.arrow(name))
         keys = ", ".join(dict.fromkeys([*model.key, "merchant_id", event_time]))
-        old = ", ".join(f"{c} AS _old_{c}" for c in columns)
+        old = ", ".join(f"{c if c in present else 'NULL'} AS _old_{c}" for c in columns)
         joined = enriched_sql(f"(SELECT {keys}, {old} FROM stored)", model.reference_tables)
         differs = " OR ".join(f"{c} IS DISTINCT FROM _old_{c}" for c in columns)
         picked = ", ".join(dict.fromkeys([*model.key, event_time, *columns]))
@@ -160,6 +161,12 @@ def backfill(settings: Settings, names: list[str] | None = None, *, dry_run: boo
             log(f"backfill: {ledger.name}: no table at {path} yet: nothing to backfill")
             continue
         event_time = windowed[0].event_time if windowed else "occurred_at"
+        missing = [c for c in MERCHANT_COLUMNS.values() if c in ledger.columns
+                   and c not in table.schema().to_arrow().names]
+        if missing:
+            log(f"backfill: {ledger.name}: its table has no {', '.join(missing)} yet (written by an older release); "
+                f"the projection adds them with its next batch: run the backfill after it")
+            continue
         stale = stale_rows(table, ledger, reference, event_time)
         result.stale[ledger.name] = stale.num_rows
         if not stale.num_rows or dry_run:

@@ -343,10 +343,12 @@ def reference_lines(settings: Settings) -> list[str]:
         if not (path / "_delta_log").is_dir():
             continue
         table = delta_table(path)
+        present = set(table.schema().to_arrow().names)
         unknown = None
-        for column in MERCHANT_COLUMNS.values():
+        for column in (c for c in MERCHANT_COLUMNS.values() if c in present):
             unknown = ds.field(column).is_null() if unknown is None else unknown & ds.field(column).is_null()
-        without = dataset(table).count_rows(filter=unknown)
+        # A table of an older release has no merchant columns until the projection's next batch adds them.
+        without = dataset(table).count_rows(filter=unknown) if unknown is not None else dataset(table).count_rows()
         stale = stale_rows(table, model, reference).num_rows
         versions = ", ".join(f"{name} version {v}" if v is not None else f"no {name} yet"
                              for name, v in reference.versions(model.reference_tables).items())
