@@ -33,11 +33,14 @@ are printed side by side, with each domain's ratio to the accounts' and to its o
                                          [--engines spark python]
     .venv/bin/python bench/projection.py --engine-memory 1000000 5000000 [--accounts 20000] [--more-accounts]
     .venv/bin/python bench/projection.py --sealing off on [--events 200000] [--accounts 20000] [--repeat 2]
+    .venv/bin/python bench/projection.py --merchants off on [--events 200000] [--accounts 20000] [--repeat 2]
 
 ``--sealing off on`` runs the Python engine alone on the same account events twice per ``--repeat``, alternated, each
 on a topic of its own: once as they are, once with their personal fields sealed (as the handler writes them with
 ``personal_data_seal`` on: a key per customer in the engine's key store), and prints events/s side by side: what
-unsealing costs the projection (issue 45).
+unsealing costs the projection (issue 45). ``--merchants off on`` likewise, without and with ``dim_merchant`` loaded
+into the engine's home first (the generator's 50 merchants): what joining payments with their merchant as of their
+time costs (issue 46).
 
 ``--engine-memory`` runs the Python engine alone (no Spark), once per size on a topic of its own, and prints its
 events/s and peak RSS side by side: whether its memory stays flat as the log grows. A larger size is copies of the
@@ -521,36 +524,66 @@ def sealed_events(records: list[tuple[bytes, bytes]], keys_home: Path) -> list[t
     return out
 
 
-def sealing_cost(base: Settings, events: int, accounts: int, max_offsets: int, repeat: int,
-                 settings_of: list[str]) -> list[dict]:
-    """The Python engine alone on the same account events, plain and sealed (``settings_of``: "off", "on"),
-    alternated ``repeat`` times, each run on a topic and home of its own: events/s side by side."""
-    models = domain_models("accounts")
+def alternated(base: Settings, events: int, accounts: int, max_offsets: int, repeat: int, setting: str,
+               values: list[str], prepare, models: list | None = None) -> list[dict]:
+    """The Python engine alone on the same account events once per value of ``setting`` (e.g. sealing "off",
+    "on"), alternated ``repeat`` times, each run on a topic and home of its own: events/s side by side.
+    ``prepare(value, settings, records)`` -> (the records to publish, the engine's extra environment), run before
+    the engine (it may write into the engine's home, ``settings.home / "python-engine"``)."""
+    models = models or domain_models("accounts")
     plain = generated_events(events, accounts, base.cache_dir / "bench")
     runs = []
     for round_ in range(repeat):
-        for sealing in settings_of:
+        for value in values:
             run = uuid.uuid4().hex[:8]
-            settings = base.replace(topic_prefix=f"bench-sealing-{run}.", home=base.home / "bench" / run)
-            records = sealed_events(plain, settings.home / "python-engine") if sealing == "on" else plain
+            settings = base.replace(topic_prefix=f"bench-{setting}-{run}.", home=base.home / "bench" / run)
+            records, env_extra = prepare(value, settings, plain)
             with scratch_topics(settings):
                 publish(settings, records)
-                engine = python_engine(settings, models, max_offsets,
-                                       env_extra={"EVENTLAKE_PERSONAL_DATA_SEAL": sealing})
+                engine = python_engine(settings, models, max_offsets, env_extra=env_extra)
             rate = engine["events"] / engine["seconds"]
-            runs.append({"sealing": sealing, "round": round_ + 1, "events": engine["events"], "events_per_s": rate,
+            runs.append({setting: value, "round": round_ + 1, "events": engine["events"], "events_per_s": rate,
                          "batches": engine["batches"], "steps": engine["steps"]})
             steps = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in
                               sorted(engine["steps"].items(), key=lambda kv: -kv[1])[:6])
-            print(f"round {round_ + 1}, sealing {sealing}: {engine['events']:,} events, Python engine {rate:,.0f} "
+            print(f"round {round_ + 1}, {setting} {value}: {engine['events']:,} events, Python engine {rate:,.0f} "
                   f"events/s, {engine['batches']} batches, peak RSS {engine['peak_rss_mib']:,.0f} MiB; its "
                   f"steps: {steps}", flush=True)
             shutil.rmtree(settings.home, ignore_errors=True)
-    best = {s: max(r["events_per_s"] for r in runs if r["sealing"] == s) for s in settings_of}
+    best = {v: max(r["events_per_s"] for r in runs if r[setting] == v) for v in values}
     if "off" in best and "on" in best:
         print(f"side by side (best of {repeat}): off {best['off']:,.0f} events/s, on {best['on']:,.0f} events/s: "
               f"{best['on'] / best['off']:.2f}x")
     return runs
+
+
+def sealing_cost(base: Settings, events: int, accounts: int, max_offsets: int, repeat: int,
+                 settings_of: list[str]) -> list[dict]:
+    """The Python engine on the account events plain and sealed (``settings_of``: "off", "on"): what unsealing
+    costs the projection (issue 45)."""
+    def prepare(sealing, settings, plain):
+        records = sealed_events(plain, settings.home / "python-engine") if sealing == "on" else plain
+        return records, {"EVENTLAKE_PERSONAL_DATA_SEAL": sealing}
+
+    return alternated(base, events, accounts, max_offsets, repeat, "sealing", settings_of, prepare)
+
+
+def merchants_cost(base: Settings, events: int, accounts: int, max_offsets: int, repeat: int,
+                   settings_of: list[str]) -> list[dict]:
+    """The Python engine on the account events without and with ``dim_merchant`` (the generator's merchants,
+    loaded by ``reference_data.loads.load_merchants`` into the engine's home first: every payment joined with its
+    merchant as of its time): what the as-of join costs the projection (issue 46 part 2)."""
+    from reference_data.loads import load_merchants
+    from reference_data.samples import write_sample_merchants
+
+    def prepare(merchants, settings, plain):
+        if merchants == "on":
+            home = settings.replace(home=settings.home / "python-engine")
+            landed = write_sample_merchants(settings.home / "merchants.csv", GeneratorConfig().merchants)
+            load_merchants(home, str(landed), full=True)
+        return plain, {}
+
+    return alternated(base, events, accounts, max_offsets, repeat, "merchants", settings_of, prepare)
 
 
 def main() -> int:
@@ -577,7 +610,11 @@ def main() -> int:
                              "models grow with the log), not the same accounts going on")
     parser.add_argument("--sealing", nargs="+", choices=["off", "on"],
                         help="instead: the Python engine alone on the account events plain and sealed, side by side")
-    parser.add_argument("--repeat", type=int, default=2, help="with --sealing: runs of each setting, alternated")
+    parser.add_argument("--merchants", nargs="+", choices=["off", "on"],
+                        help="instead: the Python engine alone on the account events without and with dim_merchant "
+                             "(the as-of join), side by side")
+    parser.add_argument("--repeat", type=int, default=2,
+                        help="with --sealing or --merchants: runs of each setting, alternated")
     args = parser.parse_args()
     domains = [d for d in DOMAINS if d in args.domain or "all" in args.domain]
     if args.sealing:
@@ -588,6 +625,15 @@ def main() -> int:
         runs = sealing_cost(base, args.events, args.accounts, args.max_offsets, args.repeat, args.sealing)
         if args.json:
             args.json.write_text(json.dumps({"sealing": runs}))
+        return 0
+    if args.merchants:
+        base = Settings.load(role="admin")
+        if base.uses_local_kafka:
+            from infra import kafka
+            kafka.up(base)
+        runs = merchants_cost(base, args.events, args.accounts, args.max_offsets, args.repeat, args.merchants)
+        if args.json:
+            args.json.write_text(json.dumps({"merchants": runs}))
         return 0
     if args.engine_memory:
         base = Settings.load(role="admin")
