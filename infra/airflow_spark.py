@@ -34,6 +34,7 @@ JOB_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "reprocess_windows": ("reprocess-range", _MODEL, "--from", "{{ data_interval_start.isoformat() }}",
                           "--to", "{{ data_interval_end.isoformat() }}"),
     "maintenance": ("maintain", _MODEL, "--retention-hours", "{{ params.retention_hours }}"),
+    "backfill_reference": ("backfill", _MODEL),  # <model>: the reference table (dim_merchant)
 }
 
 

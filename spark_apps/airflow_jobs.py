@@ -14,6 +14,9 @@ Jobs:
   holds the figures of the read model's asset event.
 - ``maintain NAME --retention-hours H --dag DAG --run-id RUN``: a ``maintenance`` task's drop, OPTIMIZE and
   VACUUM of a read model, under its rebuild lock; the result says what was done (or why it was skipped).
+- ``backfill dim_merchant --dag DAG --run-id RUN``: a ``backfill_reference`` task's backfill of the read models that
+  join the reference table (``spark_apps.backfill``: its MERGE with delta-rs in the driver, the windowed minutes
+  reprocessed on the cluster); the result names the read models it committed to, with their Delta versions.
 
 A job's bad argument (an unknown or unwindowed read model, a bound that is no time, a retention below Delta's
 default) is refused before Spark starts, with exit code 2 and the reason. The driver's output is the task's log
@@ -149,10 +152,12 @@ def reprocess_range(settings: Settings, name: str, start, end, dag_id: str, run_
             "interval_start": t1.isoformat(), "interval_end": t2.isoformat()}
 
 
-def backfill_models(settings: Settings, dag_id: str, run_id: str, log: Callable[[str], None] = _log) -> dict:
-    """The task of ``backfill_reference``: ``eventlake backfill`` of every read model that joins reference data,
-    in the worker. Returns what it found and did, and ``versions``: the read models whose table it committed to,
-    with their Delta version now (the asset events due)."""
+def backfill_models(settings: Settings, dag_id: str, run_id: str, log: Callable[[str], None] = _log,
+                    where: str = "") -> dict:
+    """The task of ``backfill_reference``, in the Airflow worker or submitted to a cluster (``where`` says which in
+    its last log line): ``eventlake backfill`` of every read model that joins reference data. Returns what it found
+    and did, and ``versions``: the read models whose table it committed to, with their Delta version now (the
+    asset events due)."""
     import read_models
     from read_models.catalog import Catalog
     from spark_apps.backfill import backfill_with_spark
@@ -172,6 +177,8 @@ def backfill_models(settings: Settings, dag_id: str, run_id: str, log: Callable[
     before = versions()
     result = backfill_with_spark(settings, by=f"airflow {dag_id} {run_id}", log=log)
     after = versions()
+    if where:
+        log(f"backfill: done{where}")
     return {"stale": result.stale, "updated": result.updated, "windows": result.windows, "waiting": result.waiting,
             "complete": result.complete, "versions": {n: v for n, v in after.items() if v != before[n]}}
 
@@ -216,7 +223,10 @@ def parser() -> argparse.ArgumentParser:
                                                   "(maintenance)")
     maintained.add_argument("name")
     maintained.add_argument("--retention-hours", type=int, required=True, help="VACUUM retention, at least 168")
-    for job in (build, ranged, maintained):
+    backfilled = jobs.add_parser("backfill", help="the read models that join a reference table brought in line with "
+                                                  "it (backfill_reference)")
+    backfilled.add_argument("name", help="the reference table (dim_merchant)")
+    for job in (build, ranged, maintained, backfilled):
         job.add_argument("--dag", required=True)
         job.add_argument("--run-id", required=True)
         job.add_argument("--lineage-parent", default="", help="the submitting task's OpenLineage run "
@@ -235,6 +245,11 @@ def _refused(args: argparse.Namespace) -> str | None:
             validate(args.name, args.start, args.end)
         except ReprocessError as e:
             return str(e)
+    elif args.job == "backfill":
+        from read_models.enrichment import MERCHANT_TABLE
+
+        if args.name != MERCHANT_TABLE:
+            return f"unknown reference table {args.name!r}; reference tables: {MERCHANT_TABLE}"
     elif args.job == "maintain":
         from spark_apps.maintenance import DEFAULT_RETENTION_HOURS
 
@@ -252,6 +267,8 @@ def _run(settings: Settings, args: argparse.Namespace) -> dict:
         return rebuild_build(settings, args.name, args.dag, args.run_id, where=where)
     if args.job == "reprocess-range":
         return reprocess_range(settings, args.name, args.start, args.end, args.dag, args.run_id, where=where)
+    if args.job == "backfill":
+        return backfill_models(settings, args.dag, args.run_id, where=where)
     return maintain_model(settings, args.name, args.retention_hours, args.dag, args.run_id, where=where)
 
 

@@ -192,3 +192,15 @@ def test_a_day_with_nothing_to_reprocess_is_skipped_without_spark_and_its_result
     assert airflow_jobs.read_result(Settings.load(role="reader"), "reprocess_windows", "scheduled__2026-01-02",
                                     "merchant_minute_volume") == {
         "read_model": "merchant_minute_volume", "skipped": "no event applied yet", "late_folded": 0}
+
+
+def test_the_backfills_submitted_job_names_the_reference_table_and_its_run_and_refuses_another(settings):
+    from read_models.catalog import DIM_MERCHANT_TABLE
+
+    template = airflow_spark.job_arguments("backfill_reference", DIM_MERCHANT_TABLE)
+    args = airflow_jobs.parser().parse_args(_rendered(template, 0))
+    assert (args.job, args.name, args.dag, args.run_id) == ("backfill", DIM_MERCHANT_TABLE, "backfill_reference",
+                                                            "scheduled__2026-01-02T00:00:00+00:00")
+    assert airflow_jobs._refused(args) is None
+    other = airflow_jobs.parser().parse_args(["backfill", "dim_customer", "--dag", "d", "--run-id", "r"])
+    assert "unknown reference table 'dim_customer'" in airflow_jobs._refused(other)
