@@ -5,9 +5,8 @@ is about, named by a pseudonymous id such as ``customer_id``), so that deleting 
 of the value at once, wherever the ciphertext went (the events topic, the archive, Delta history, snapshots, dead
 letters). This module is the one place that seals and unseals; every reader goes through it (docs/forgetting.md).
 
-- :class:`SubjectKeys`: the key store under a directory (``<home>/subject-keys/``, files of mode 0600): a snapshot
-  (``keys.json``, written whole and atomically) and a journal of the keys made since (``keys.journal``, one record
-  per line, appended). A key is made on first use; :meth:`SubjectKeys.forget` replaces it
+- :class:`SubjectKeys`: the key store under a directory (``<home>/subject-keys/``; its files, a snapshot and a
+  journal, are ``event_store.key_files``'). A key is made on first use; :meth:`SubjectKeys.forget` replaces it
   with a tombstone, for good: a forgotten subject never gets a key again, and :meth:`SubjectKeys.seal` refuses
   (:class:`SubjectForgotten`) to seal new data of it. Refused rather than stored as null: a null would silently drop
   a value a command carried (and break a required field's schema), while a refusal becomes the command's rejection
@@ -22,12 +21,9 @@ letters). This module is the one place that seals and unseals; every reader goes
 """
 from __future__ import annotations
 
-import binascii
-import fcntl
 import json
 import os
 import re
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
@@ -37,8 +33,10 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from event_store.fields import Field
+from event_store.key_files import COMPACT_AFTER, KEY_BYTES, KeyFiles, KeyRecord
+from event_store.key_files import b64url as _b64
+from event_store.key_files import unb64url as _unb64
 from lakehouse.errors import BadInput, NotFound, Refused
-from lakehouse.files import write_whole
 
 __all__ = ["SubjectKeys", "KeyRecord", "SealedValueError", "SubjectForgotten", "SubjectKeyMissing", "TOKEN_PREFIX",
            "keys_dir", "is_sealed", "token_head", "token_subject", "associated_data", "personal_fields",
@@ -46,11 +44,6 @@ __all__ = ["SubjectKeys", "KeyRecord", "SealedValueError", "SubjectForgotten", "
 
 TOKEN_PREFIX = "elk1:"
 _PREFIX_LENGTH = len(TOKEN_PREFIX)
-_FORMAT = "eventlake-subject-keys/1"
-_FILE = "keys.json"
-_JOURNAL = "keys.journal"
-_COMPACT_AFTER = 4096  # journal lines: beyond these (and beyond the snapshot's records), the next change compacts
-_KEY_BYTES = 32   # AES-256
 _NONCE_BYTES = 12  # GCM's standard nonce; random per value (2^32 values per subject stay far inside its bound)
 _FIELD_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
 _SCALARS = (str, int, float, bool, type(None))
@@ -76,162 +69,44 @@ def keys_dir(home: str | os.PathLike) -> Path:
     return Path(home) / "subject-keys"
 
 
-@dataclass(frozen=True)
-class KeyRecord:
-    """One subject's entry: its data key, or a tombstone saying when it was forgotten. As a record of a compacted
-    Kafka topic (:meth:`encode`) the tombstone is a value of its own, not Kafka's null value: compaction removes
-    null tombstones after ``delete.retention.ms``, and with them the memory that the subject must never get a key
-    again."""
-    subject: str
-    key: bytes | None
-    forgotten_at: str | None = None
-
-    @property
-    def forgotten(self) -> bool:
-        return self.key is None
-
-    def to_json(self) -> dict[str, Any]:
-        if self.key is None:
-            return {"subject": self.subject, "forgotten_at": self.forgotten_at}
-        return {"subject": self.subject, "key": _b64(self.key)}
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> KeyRecord:
-        subject, key = obj.get("subject"), obj.get("key")
-        if not isinstance(subject, str) or not subject:
-            raise BadInput(f"subject key record {obj!r}: no subject id")
-        if key is None:
-            return cls(subject, None, obj.get("forgotten_at"))
-        raw = _unb64(key) if isinstance(key, str) else None
-        if raw is None or len(raw) != _KEY_BYTES:
-            raise BadInput(f"subject key record of {subject!r}: the key is not {_KEY_BYTES} bytes of base64url")
-        return cls(subject, raw)
-
-    def encode(self) -> tuple[bytes, bytes]:
-        """(Kafka key, value) of this record on a compacted keys topic: the subject id, and the record's JSON."""
-        return self.subject.encode("utf-8"), json.dumps(self.to_json(), sort_keys=True).encode("utf-8")
-
-    @classmethod
-    def decode(cls, key: bytes, value: bytes) -> KeyRecord:
-        record = cls.from_json(json.loads(value))
-        if record.subject != key.decode("utf-8"):
-            raise BadInput(f"subject key record keyed {key!r} names subject {record.subject!r}")
-        return record
-
-
 class SubjectKeys:
-    """The data keys of every subject, in files under ``directory``, durable across restarts.
-
-    A snapshot (``keys.json``, every record, written whole: a temporary file, fsync, rename, fsync of the directory)
-    and a journal (``keys.journal``: the records of the keys made since, one JSON line each, appended under the
-    store's lock and fsynced). Making a key appends one line, whatever the number of subjects (the first version
-    rewrote the whole file per key: its cost grew with the customers, bench/commands.py --sealing). Forgetting a
-    subject **compacts**: a new snapshot with the tombstone and without the key, then a new empty journal (the old
-    one held the key's bytes); so does a journal grown past ``compact_after`` lines (and the snapshot's records). Several processes on one home
-    share the files; a kill at any moment leaves the old snapshot or the new one, and at most a partial last journal
-    line, which readers ignore and the next writer cuts off. The files hold subject ids and keys only, never a value.
+    """The data keys of every subject, in files under ``directory``, durable across restarts: a snapshot and a
+    journal (``event_store.key_files``: making a key appends one line; forgetting compacts, so a key's bytes leave
+    the files; several processes share them; a kill at any moment loses nothing written).
 
     A reader that meets a subject it does not know reads the new journal lines once (another process may have made
     the key); one that holds a key forgotten elsewhere since still reads with it until it :meth:`refresh` es (the
     keys topic of a later slice tells every reader at once). ``defer_sync`` (the command handler's): appended keys
     are fsynced by :meth:`sync`, once per transaction before it commits, not once per key."""
 
-    def __init__(self, directory: str | os.PathLike, defer_sync: bool = False, compact_after: int = _COMPACT_AFTER):
-        self.directory = Path(directory)
-        self.compact_after = compact_after
-        self.path = self.directory / _FILE
-        self.journal = self.directory / _JOURNAL
-        self.defer_sync = defer_sync
-        self._unsynced = False
-        self._records: dict[str, KeyRecord] = {}
+    def __init__(self, directory: str | os.PathLike, defer_sync: bool = False, compact_after: int = COMPACT_AFTER):
         self._ciphers: dict[str, AESGCM] = {}
         self._sealing: dict[tuple[str, str], tuple[bytes, str]] = {}  # (subject, field) -> (associated data, head)
         # (subject as in tokens, field) -> (subject, associated data): what unseal worked out of a token's head
         self._opening: dict[tuple[str, str], tuple[str, bytes]] = {}
-        self._stamp: tuple[int, int, int] | None = None  # the snapshot's (inode, mtime, size) when read
-        self._journal_at: tuple[int, int] | None = None  # the journal's (inode, bytes read) when read
-        self._journal_lines = 0
-        self._snapshot_size = 0  # records in the snapshot
-        self.reload()
+        self._files = KeyFiles(directory, defer_sync, compact_after, on_reload=self._reloaded)
+        self.directory, self.path, self.journal = self._files.directory, self._files.path, self._files.journal
 
     # -- the records --------------------------------------------------------------------------------------------
 
     def reload(self) -> None:
         """Read the snapshot and the journal again (missing files are an empty store)."""
-        for _ in range(20):
-            stamp = _stamp_of(self.path)
-            records = self._read_snapshot()
-            snapshot_size = len(records)
-            journal = self._read_journal(records, 0, None, 0)
-            if _stamp_of(self.path) == stamp:  # no compaction meanwhile (else its journal may miss records)
-                break
-        self._records, self._stamp, self._snapshot_size = records, stamp, snapshot_size
-        self._journal_at, self._journal_lines = journal
+        self._files.reload()
+
+    def _reloaded(self) -> None:
         # Keys never change, so a cipher made from a subject's key stays right while the subject keeps it.
         self._ciphers = {s: c for s, c in self._ciphers.items()
-                         if s in self._records and not self._records[s].forgotten}
-
-    def _read_snapshot(self) -> dict[str, KeyRecord]:
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return {}
-        try:
-            doc = json.loads(text)
-            if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
-                raise ValueError(f"format {doc.get('format') if isinstance(doc, dict) else None!r}, "
-                                 f"not {_FORMAT!r}")
-            return {r.subject: r for r in (KeyRecord.from_json(obj) for obj in doc["records"])}
-        except (ValueError, KeyError, TypeError) as e:
-            raise BadInput(f"subject key store {self.path}: unreadable ({e}); it is not rewritten, so no key is "
-                           f"lost: restore it from a backup or the keys topic") from e
-
-    def _read_journal(self, records: dict[str, KeyRecord], offset: int, inode: int | None,
-                      lines_before: int) -> tuple[tuple[int, int] | None, int]:
-        """Apply the journal's whole lines from ``offset`` (of the file ``inode``; another inode: from its start) to
-        ``records`` (in place) -> (the journal's (inode, bytes read), its lines read in all, ``lines_before`` being
-        those before ``offset``). A partial last line (a writer killed while appending) is left unread."""
-        try:
-            with open(self.journal, "rb") as f:
-                stat = os.fstat(f.fileno())
-                if inode is not None and stat.st_ino != inode:
-                    offset, lines_before = 0, 0
-                f.seek(offset)
-                raw = f.read()
-        except FileNotFoundError:
-            return None, 0
-        whole = raw[:raw.rfind(b"\n") + 1]
-        lines = whole.splitlines()
-        for n, line in enumerate(lines):
-            try:
-                _merge(records, KeyRecord.from_json(json.loads(line)))
-            except (ValueError, TypeError) as e:
-                raise BadInput(f"subject key store {self.journal}: line {lines_before + n + 1} unreadable ({e}); it "
-                               f"is not rewritten, so no key is lost: restore it from a backup or the keys "
-                               f"topic") from e
-        return (stat.st_ino, offset + len(whole)), lines_before + len(lines)
+                         if s in self._files.records and not self._files.records[s].forgotten}
 
     def refresh(self) -> bool:
         """Read what another process changed since (a key made, a subject forgotten): two stats when nothing did, the
         new journal lines when keys were made, everything after a compaction. A long-running reader or writer calls
         it once per batch, so a forgetting elsewhere reaches it within a batch. True if something was read."""
-        stamp = _stamp_of(self.path)
-        if stamp != self._stamp:
-            self.reload()
-            return True
-        journal = _stamp_of(self.journal)
-        if journal is None and self._journal_at is None:
-            return False
-        if journal is None or self._journal_at is None or journal[0] != self._journal_at[0]:
-            self.reload()
-            return True
-        if journal[2] == self._journal_at[1]:
-            return False
-        self._journal_at, self._journal_lines = self._read_journal(self._records, self._journal_at[1],
-                                                                   self._journal_at[0], self._journal_lines)
-        if _stamp_of(self.path) != self._stamp:  # compacted meanwhile: its new journal may miss records
-            self.reload()
-        return True
+        return self._files.refresh()
+
+    @property
+    def _records(self) -> dict[str, KeyRecord]:
+        return self._files.records
 
     def __len__(self) -> int:
         """How many subjects this store knows (keys and tombstones): 0 for a home that never sealed a value."""
@@ -401,105 +276,22 @@ class SubjectKeys:
         def change(current: Mapping[str, KeyRecord]) -> list[KeyRecord]:
             if subject in current:  # another process may have made it, or forgotten it, meanwhile
                 return []
-            return [KeyRecord(subject, AESGCM.generate_key(bit_length=_KEY_BYTES * 8))]
+            return [KeyRecord(subject, AESGCM.generate_key(bit_length=KEY_BYTES * 8))]
         self._change(change)
         return self._records[subject]
 
     def _change(self, change) -> list[KeyRecord]:
-        """Under the store's lock: read what changed, ask ``change`` (given the records, read-only) for the records it
-        makes, then append them to the journal (fsynced now, or by :meth:`sync` with ``defer_sync``), or compact when
-        one forgets a subject (a key's bytes must leave the files) or the journal grew long -> those records. Its
-        cost does not grow with the store (but a compaction's, once per as many keys as the snapshot holds)."""
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with open(self.directory / ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            self.refresh()
-            made = change(self._records)
-            if not made:
-                return made
-            grown = self._journal_lines + len(made) > max(self.compact_after, self._snapshot_size)
-            if grown or any(r.forgotten for r in made):
-                current = dict(self._records)
-                for record in made:
-                    _merge(current, record)
-                self._compact(current)
-            else:
-                self._append(made)
-                for record in made:
-                    _merge(self._records, record)
-        return made
-
-    def _append(self, records: list[KeyRecord]) -> None:
-        """The journal lines of ``records``, appended (after cutting off a partial last line a killed writer left)."""
-        created = not self.journal.exists()
-        fd = os.open(self.journal, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            size = os.fstat(fd).st_size
-            whole = self._journal_at[1] if self._journal_at and self._journal_at[0] == os.fstat(fd).st_ino else 0
-            if size > whole:  # a partial line: refresh() read every whole line, under this lock
-                os.ftruncate(fd, whole)
-            os.lseek(fd, whole, os.SEEK_SET)
-            data = b"".join(json.dumps(r.to_json(), sort_keys=True).encode("utf-8") + b"\n" for r in records)
-            os.write(fd, data)
-            if self.defer_sync:
-                self._unsynced = True
-            else:
-                os.fsync(fd)
-            self._journal_at = (os.fstat(fd).st_ino, whole + len(data))
-            self._journal_lines += len(records)
-        finally:
-            os.close(fd)
-        if created:
-            _sync_directory(self.directory)
+        return self._files.change(change)
 
     @property
     def unsynced(self) -> bool:
         """Keys appended and not yet fsynced (``defer_sync``): :meth:`sync` is due before they are used in a commit."""
-        return self._unsynced
+        return self._files.unsynced
 
     def sync(self) -> None:
         """Make the keys appended since the last call durable (``defer_sync``): before a transaction whose events
         were sealed with them commits."""
-        if not self._unsynced:
-            return
-        fd = os.open(self.journal, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self._unsynced = False
-
-    def _compact(self, records: dict[str, KeyRecord]) -> None:
-        """A new snapshot of ``records``, then a new empty journal (the old one's bytes gone with its inode)."""
-        doc = {"format": _FORMAT, "records": [r.to_json() for r in records.values()]}
-        write_whole(self.path, json.dumps(doc, indent=0, sort_keys=True), mode=0o600, durable=True)
-        if self.journal.exists():
-            write_whole(self.journal, b"", mode=0o600, durable=True)
-        self._unsynced = False
-        self.reload()
-
-
-def _merge(records: dict[str, KeyRecord], record: KeyRecord) -> None:
-    """``record`` taken into ``records``: a tombstone wins over a key, a subject's first key stays."""
-    known = records.get(record.subject)
-    if known is None or (record.forgotten and not known.forgotten):
-        records[record.subject] = record
-
-
-def _stamp_of(path: Path) -> tuple[int, int, int] | None:
-    try:
-        stat = path.stat()
-    except FileNotFoundError:
-        return None
-    return stat.st_ino, stat.st_mtime_ns, stat.st_size
-
-
-def _sync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        self._files.sync()
 
 
 # -- payloads -------------------------------------------------------------------------------------------------------
@@ -588,27 +380,6 @@ def _check_subject(subject: Any) -> None:
 def _check_field(field_name: Any) -> None:
     if not isinstance(field_name, str) or not _FIELD_NAME.match(field_name):
         raise BadInput(f"field name {field_name!r}: must be an identifier (letters, digits, _)")
-
-
-_URL_SAFE = bytes.maketrans(b"+/", b"-_")
-
-
-def _b64(raw: bytes) -> str:
-    return binascii.b2a_base64(raw, newline=False).translate(_URL_SAFE).rstrip(b"=").decode("ascii")
-
-
-_FROM_URL_SAFE = bytes.maketrans(b"-_", b"+/")
-
-
-def _unb64(text: str) -> bytes | None:
-    """base64url without padding -> bytes; None for anything else (other characters, padding, a bad length)."""
-    if "+" in text or "/" in text or "=" in text:
-        return None
-    try:
-        raw = (text + "=" * (-len(text) % 4)).encode("ascii").translate(_FROM_URL_SAFE)
-        return binascii.a2b_base64(raw, strict_mode=True)
-    except (binascii.Error, ValueError):  # UnicodeEncodeError is a ValueError
-        return None
 
 
 def _short(value: Any) -> str:
