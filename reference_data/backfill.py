@@ -27,10 +27,11 @@ from typing import Callable
 
 import read_models
 from lakehouse.errors import Refused
+from lakehouse.lineage import Lineage, table
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
 from projection_core.reference import ReferenceTables
-from read_models.catalog import Catalog
+from read_models.catalog import ARCHIVE_TABLE, Catalog
 from read_models.enrichment import MERCHANT_COLUMNS, enriched_sql
 from read_models.spec import INSERT_ONCE, WINDOWED_SUM, ReadModel
 
@@ -134,15 +135,28 @@ def backfill(settings: Settings, names: list[str] | None = None, *, dry_run: boo
              reprocess: Reprocess | None = None, by: str = "", log: Callable[[str], None] = print) -> Backfill:
     """Backfill the read models ``names`` (default: every one that joins reference data) of ``settings``' home
     (module docstring). ``reprocess`` recomputes a windowed model's closed minutes (needed only when a windowed
-    model's minutes changed; without it those rows wait)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
+    model's minutes changed; without it those rows wait). Its OpenLineage run (job ``backfill``, not for a dry
+    run): the reference tables and the archive in, the models' current tables out."""
     models = [m for m in read_models.select(names) if m.reference_tables]
     if names and len(models) < len(names):
         plain = sorted(set(names) - {m.name for m in models})
         raise ValueError(f"eventlake backfill: {', '.join(plain)} join(s) no reference table; the read models that "
                          f"do: {', '.join(m.name for m in read_models.select(None) if m.reference_tables)}")
+    if dry_run:
+        return _backfill(settings, models, dry_run, reprocess, by, log)
+    catalog = Catalog(settings)
+    references = sorted({t for m in models for t in m.reference_tables})
+    inputs = [table(settings.table_path(n)) for n in [*references, ARCHIVE_TABLE]]
+    outputs = [table(catalog.current(m.name).table) for m in models]
+    with Lineage.for_settings(settings, log).running("backfill", inputs, outputs):
+        return _backfill(settings, models, dry_run, reprocess, by, log)
+
+
+def _backfill(settings: Settings, models: list[ReadModel], dry_run: bool, reprocess: Reprocess | None, by: str,
+              log: Callable[[str], None]) -> Backfill:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     every = read_models.select(None)
     reference = ReferenceTables(settings)
     catalog = Catalog(settings)

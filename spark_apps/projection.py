@@ -97,7 +97,8 @@ def project(settings: Settings, names: list[str], until_caught_up: bool = False,
 
 def lineage_run(settings: Settings, plan: ProjectionPlan, until_caught_up: bool, log=print):
     """The OpenLineage run (``lakehouse.lineage``) of a projection, whichever engine runs it: job
-    ``projection.<its read models, and event_archive, joined by +>``; the events topic in; out, each read model's
+    ``projection.<its read models, and event_archive, joined by +>``; the events topic (and the reference tables
+    its folds join: dim_merchant) in; out, each read model's
     generation(s) the plan writes at the start (a rebuild's switch later moves the live writes to another
     generation, which that rebuild's own run names), the dead letters and, where the plan keeps them, the archive,
     the sequence ledger and the held events. A service (``SERVICE``) or, until caught up, a ``JOB``; a stop
@@ -105,9 +106,11 @@ def lineage_run(settings: Settings, plan: ProjectionPlan, until_caught_up: bool,
     names = [m.name for m in plan.models] + ([ARCHIVE_TABLE] if plan.archive else [])
     outputs = [table(g.table) for gs in plan.resolve().values() for g in gs]
     outputs += [table(settings.table_path(name)) for name in plan.fixed_tables()]
+    # The reference tables its folds join as of each event's time (dim_merchant) are read too.
+    references = sorted({name for m in plan.models for name in m.reference_tables})
+    inputs = [kafka_topic(settings, settings.events_topic)] + [table(settings.table_path(n)) for n in references]
     return Lineage.for_settings(settings, log).running(
-        f"projection.{'+'.join(names)}", [kafka_topic(settings, settings.events_topic)], outputs,
-        job_type="JOB" if until_caught_up else "SERVICE")
+        f"projection.{'+'.join(names)}", inputs, outputs, job_type="JOB" if until_caught_up else "SERVICE")
 
 
 def _run_python_engine(settings: Settings, models, archive: bool, until_caught_up: bool, stop_requested) -> int:

@@ -155,10 +155,12 @@ def build_generation(spark, settings: Settings, name: str, number: int, by: str,
         if progress is not None:
             progress(done, steps, time.monotonic() - started)
 
-    # Its OpenLineage run (lakehouse.lineage): the archive and the events topic after it in, the generation out.
+    # Its OpenLineage run (lakehouse.lineage): the archive and the events topic after it in (and the reference
+    # tables its fold joins), the generation out.
     lineage = Lineage.for_settings(settings, log)
     run = lineage.start(f"rebuild.{name}", [table(settings.table_path(ARCHIVE_TABLE)),
-                                            kafka_topic(settings, settings.events_topic)],
+                                            kafka_topic(settings, settings.events_topic),
+                                            *(table(settings.table_path(t)) for t in model.reference_tables)],
                         [table(generation.table)], job_type="JOB")
     try:
         folded = fold_archive(spark, settings, [model], targets, log=log, on_step=lambda done, _total: report(done))

@@ -95,7 +95,8 @@ def test_demo_then_sql_query(env, settings):
 def _assert_the_lineage_graph(settings) -> None:
     """The demo's OpenLineage runs (the file under the home) make one graph: commands topic -> handler -> events
     topic -> projection -> every read model's table; events -> each detector and the policy -> commands (the loop);
-    the merchants file -> load_merchants -> dim_merchant. Every run started ended, and completed."""
+    the merchants file -> load_merchants -> dim_merchant -> the projection. Every run started ended, and
+    completed."""
     import read_models
     from lakehouse.lineage import events_file, read_events, table
     from read_models.catalog import DIM_MERCHANT_TABLE, Catalog
@@ -116,6 +117,9 @@ def _assert_the_lineage_graph(settings) -> None:
         assert (events_topic, projection, table(catalog.current(name).table).name) in edges, name
     assert any(job == "load_merchants" and out == table(settings.table_path(DIM_MERCHANT_TABLE)).name
                for _, job, out in edges)
+    # ... and dim_merchant -> the projection: payments joined with their merchant as of their time.
+    dim = table(settings.table_path(DIM_MERCHANT_TABLE)).name
+    assert (dim, projection, table(catalog.current("payments").table).name) in edges
 
 
 def test_maintenance_refuses_bad_input_before_starting_spark(env):

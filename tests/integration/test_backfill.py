@@ -14,9 +14,10 @@ import read_models
 from event_store import kafka_log
 from eventlake.generator import GeneratorConfig
 from expectations.reconciliation import reconcile
+from lakehouse.lineage import events_file, read_events, table
 from lakehouse.tables import read_table
 from read_models.account.category_minute_volume import UNKNOWN_CATEGORY
-from read_models.catalog import Catalog
+from read_models.catalog import ARCHIVE_TABLE, DIM_MERCHANT_TABLE, Catalog
 from read_models.enrichment import MERCHANT_COLUMNS
 from read_models.sequence import sequence
 from reference_data.backfill import backfill
@@ -106,6 +107,13 @@ def test_payments_projected_before_their_merchants_were_loaded_are_backfilled_an
             assert (stored[key]["payments"], stored[key]["amount_minor"]) == (row["payments"], row["amount_minor"])
     assert done.updated["payments"] == differing - done.waiting["payments"] > 0
     assert done.windows["category_minute_volume"] > 0, lines
+    # Its OpenLineage run (none for the dry run): the dimension and the archive in, the two tables out.
+    [start, end] = [e for e in read_events(events_file(settings)) if e["job"]["name"] == "backfill"]
+    assert (start["eventType"], end["eventType"]) == ("START", "COMPLETE")
+    assert [i["name"] for i in start["inputs"]] == [table(settings.table_path(n)).name
+                                                    for n in (DIM_MERCHANT_TABLE, ARCHIVE_TABLE)]
+    assert [o["name"] for o in start["outputs"]] == [table(Catalog(settings).current(m.name).table).name
+                                                     for m in (PAYMENTS, CATEGORIES)]
 
     # Later payments move the watermark past every minute of the first run: the next backfill takes the rest.
     later = events_for(LATER)

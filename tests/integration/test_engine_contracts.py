@@ -75,13 +75,15 @@ def _assert_lineage(settings) -> None:
     """The projection's OpenLineage run (the file transport under the home), the same from either engine: the
     events topic in; every read model's table, the archive and the dead letters out."""
     from lakehouse.lineage import events_file, read_events, table
-    from read_models.catalog import DEAD_LETTER_TABLE, Catalog
+    from read_models.catalog import DEAD_LETTER_TABLE, DIM_MERCHANT_TABLE, Catalog
 
     [start, end] = read_events(events_file(settings))
     assert (start["eventType"], end["eventType"], start["run"]["runId"]) == ("START", "COMPLETE", end["run"]["runId"])
     names = [m.name for m in read_models.select(None)]
     assert start["job"]["name"] == "projection." + "+".join(names + [ARCHIVE_TABLE])
-    assert [d["name"] for d in start["inputs"]] == [settings.events_topic]
+    # The events topic, and dim_merchant (payments and category_minute_volume join it as of each event's time).
+    assert [d["name"] for d in start["inputs"]] == [settings.events_topic,
+                                                    table(settings.table_path(DIM_MERCHANT_TABLE)).name]
     outputs = {d["name"] for d in start["outputs"]}
     catalog = Catalog(settings)
     tables = [table(catalog.current(n).table).name for n in names]
