@@ -99,6 +99,16 @@ class BatchContext:
             self._unsealer = Unsealer(self.settings)
         return self._unsealer
 
+    @property
+    def reference(self):
+        """The reference tables the folds join (``projection_core.reference``: read with delta-rs when a fold first
+        needs one)."""
+        if getattr(self, "_reference", None) is None:
+            from projection_core.reference import ReferenceTables
+
+            self._reference = ReferenceTables(self.settings)
+        return self._reference
+
     def fold(self, model: ReadModel, events):
         """``model.fold`` of ``events`` with their personal values unsealed (``spark_apps.unsealing``: vectorised,
         null once forgotten) and the model's reference tables joined as of each event's time
@@ -107,11 +117,7 @@ class BatchContext:
         from spark_apps.reference_join import with_reference
         from spark_apps.unsealing import unsealed
 
-        if model.reference_tables and getattr(self, "_reference", None) is None:
-            from projection_core.reference import ReferenceTables
-
-            self._reference = ReferenceTables(self.settings)
-        return model.fold(with_reference(unsealed(events, self.unsealer), model, getattr(self, "_reference", None)))
+        return model.fold(with_reference(unsealed(events, self.unsealer), model, self.reference))
 
     def generation(self, model_name: str) -> Generation:
         """The generation of read model ``model_name`` this batch writes: its table and bookkeeping paths."""
