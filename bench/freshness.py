@@ -28,12 +28,14 @@ high-water mark of the resident set of its processes, its Spark JVM included).
     .venv/bin/python bench/freshness.py [--rate 2000] [--seconds 60] [--warm-up 30] [--accounts 2000]
                                         [--probe-every 1.0] [--backlog 1000000] [--without projection]
                                         [--fraud-engine python|spark] [--projection-engine auto|spark|python]
+                                        [--merchants on|off]
 
 ``--without projection`` leaves the read models' projection out (no freshness figure): the fraud latency with the
 cores not shared with Spark. ``--fraud-engine spark`` runs the fraud detector as its Structured Streaming app.
 ``--projection-engine`` is ``eventlake project --engine``: ``auto`` (the default a user gets: the Python engine,
 DuckDB + delta-rs, python_engine/, here where the tables are local folders), ``python`` or ``spark``
-(the Structured Streaming queries).
+(the Structured Streaming queries). ``--merchants off`` starts without reference data (by default the generator's
+merchants are loaded into ``dim_merchant`` first, so payments are joined with them as in production).
 """
 from __future__ import annotations
 
@@ -344,6 +346,9 @@ def main() -> None:
     ap.add_argument("--accounts", type=int, default=2000)
     ap.add_argument("--probe-every", type=float, default=1.0)
     ap.add_argument("--keep", action="store_true", help="keep the run's home (logs, tables) and its topics")
+    ap.add_argument("--merchants", choices=["on", "off"], default="on",
+                    help="load the generator's merchants into dim_merchant first (on: the projection joins payments "
+                         "with them; off: no reference data)")
     ap.add_argument("--json", type=Path, help="also write the measurements to this file (bench/report.py reads it)")
     ap.add_argument("--without", nargs="*", choices=["projection"], default=[],
                     help="leave these services out (without the projection: fraud latency alone, no freshness)")
@@ -375,6 +380,14 @@ def main() -> None:
         accounts=args.accounts, commands=total + args.accounts, run_id=f"fresh{run}", seed=11,
         start=datetime.now(timezone.utc), mean_interval_s=1.0 / args.rate)))
     probe = f"acc-probe-{run}"
+    if args.merchants == "on":
+        # Reference data as in production: the generator's merchants in dim_merchant before the services start, so
+        # the projection joins every payment with its merchant as of its time (issue 46).
+        from reference_data.loads import load_merchants
+        from reference_data.samples import write_sample_merchants
+
+        landed = write_sample_merchants(home / "landing" / "merchants.csv", GeneratorConfig().merchants)
+        print(" ".join(load_merchants(settings, str(landed), full=True).lines()), flush=True)
     store = EventStore(settings)  # creates the topics
     if args.backlog:
         sys.path.insert(0, str(ROOT))
