@@ -617,24 +617,16 @@ def main() -> int:
                         help="with --sealing or --merchants: runs of each setting, alternated")
     args = parser.parse_args()
     domains = [d for d in DOMAINS if d in args.domain or "all" in args.domain]
-    if args.sealing:
-        base = Settings.load(role="admin")
-        if base.uses_local_kafka:
-            from infra import kafka
-            kafka.up(base)
-        runs = sealing_cost(base, args.events, args.accounts, args.max_offsets, args.repeat, args.sealing)
-        if args.json:
-            args.json.write_text(json.dumps({"sealing": runs}))
-        return 0
-    if args.merchants:
-        base = Settings.load(role="admin")
-        if base.uses_local_kafka:
-            from infra import kafka
-            kafka.up(base)
-        runs = merchants_cost(base, args.events, args.accounts, args.max_offsets, args.repeat, args.merchants)
-        if args.json:
-            args.json.write_text(json.dumps({"merchants": runs}))
-        return 0
+    for setting, cost in (("sealing", sealing_cost), ("merchants", merchants_cost)):
+        if getattr(args, setting):
+            base = Settings.load(role="admin")
+            if base.uses_local_kafka:
+                from infra import kafka
+                kafka.up(base)
+            runs = cost(base, args.events, args.accounts, args.max_offsets, args.repeat, getattr(args, setting))
+            if args.json:
+                args.json.write_text(json.dumps({setting: runs}))
+            return 0
     if args.engine_memory:
         base = Settings.load(role="admin")
         if base.uses_local_kafka:

@@ -11,7 +11,6 @@ import datetime as dt
 import pytest
 
 import read_models
-from event_store import kafka_log
 from eventlake.generator import GeneratorConfig
 from expectations.reconciliation import reconcile
 from lakehouse.lineage import events_file, read_events, table
@@ -24,6 +23,7 @@ from reference_data.backfill import backfill
 from spark_apps.reprocess import reprocess_closed, table_watermark
 from spark_apps.status import reference_lines
 from tests.domain_helpers import events_for
+from tests.integration.test_rebuild import publish
 from tests.merchant_history import reference, write_dimension
 from tests.projecting import project_in_python
 
@@ -40,15 +40,6 @@ LATER = GeneratorConfig(accounts=2, commands=8, merchants=10, seed=47, run_id="b
                         start=START + dt.timedelta(hours=2))
 
 
-def _publish(settings, events) -> None:
-    kafka_log.ensure_topics(settings, log=lambda *_: None)
-    producer = kafka_log.make_producer(settings)
-    try:
-        kafka_log.produce_all(producer, settings.events_topic, [(e.aggregate_id, e.to_json()) for e in events])
-    finally:
-        producer.close()
-
-
 def _rows(settings, model) -> dict[tuple, dict]:
     rows = read_table(Catalog(settings).current(model.name).table).to_pylist()
     return {tuple(r[k].replace(tzinfo=None) if isinstance(r[k], dt.datetime) else r[k] for k in model.key): r
@@ -62,7 +53,7 @@ def _merchant(row: dict) -> dict:
 def test_payments_projected_before_their_merchants_were_loaded_are_backfilled_and_their_minutes_reprocessed(
         spark, settings):
     first = events_for(CFG)
-    _publish(settings, first)
+    publish(settings, first)
     project_in_python(spark, settings, [PAYMENTS, CATEGORIES], archive=True)
     assert all(_merchant(r) == dict.fromkeys(MERCHANT_COLUMNS.values()) for r in _rows(settings, PAYMENTS).values())
     assert {k[0] for k in _rows(settings, CATEGORIES)} == {UNKNOWN_CATEGORY}
@@ -117,7 +108,7 @@ def test_payments_projected_before_their_merchants_were_loaded_are_backfilled_an
 
     # Later payments move the watermark past every minute of the first run: the next backfill takes the rest.
     later = events_for(LATER)
-    _publish(settings, later)
+    publish(settings, later)
     project_in_python(spark, settings, [PAYMENTS, CATEGORIES], archive=True)
     assert backfill(settings, reprocess=reprocess, log=lambda *_: None).complete
     for name in ("payments", "category_minute_volume"):
