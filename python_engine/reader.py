@@ -3,31 +3,39 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 from lakehouse.settings import Settings
 from projection_core.errors import ProjectionError
 from read_models.catalog import ARCHIVE_TABLE
 from spark_apps.event_rows import Records
 
-__all__ = ["Reader", "CALL_TIMEOUT_S", "prorated"]
+__all__ = ["Reader", "CALL_TIMEOUT_S", "STALL_S", "prorated"]
 
 CALL_TIMEOUT_S = 10.0
+# A reader with records to read that has received nothing for this long is read again by a new consumer at its own
+# positions (``Reader.renew_if_stalled``), then after twice as long, up to ``STALL_MAX_S``.
+STALL_S = 15.0
+STALL_MAX_S = 300.0
 
 
 class Reader:
     """Reads the events topic from a checkpoint's position, ``read_committed``, by partition assignment (no
     group): a batch is what has arrived, up to ``limit`` records."""
 
-    def __init__(self, settings: Settings, name: str):
+    def __init__(self, settings: Settings, name: str, stall_s: float = STALL_S, log: Callable[[str], None] = print):
         from event_store import kafka_clients
 
-        self.settings, self.name = settings, name
+        self.settings, self.name, self.log = settings, name, log
         self.consumer = kafka_clients.range_reader(settings, name)
         self.next: dict[int, int] = {}  # partition -> the next offset the consumer hands out
         self.at_end: set[int] = set()
+        self.ends: dict[int, int] = {}  # partition -> the offset of its last end (``_PARTITION_EOF``) told
         self.buffered: list = []
         self.highs: dict[int, int] = {}  # partition -> its high watermark when last asked (``earliest``)
+        self.stall_s, self.renewals = stall_s, 0  # renewals: in a row, with nothing heard between them
+        self.heard_at = time.monotonic()  # when the consumer last handed out a record or a partition's end
+        self.asked_at = self.renewed_at = self.heard_at  # when ``renew_if_stalled`` last asked the brokers, renewed
 
     def partitions(self) -> list[int]:
         topic = self.consumer.list_topics(self.settings.events_topic, timeout=CALL_TIMEOUT_S).topics[
@@ -53,7 +61,8 @@ class Reader:
             if offset < self.earliest(partition):
                 raise ProjectionError(_data_loss(self.settings, self.name, partition, offset))
         self.consumer.assign([TopicPartition(self.settings.events_topic, p, o) for p, o in sorted(starts.items())])
-        self.next, self.at_end, self.buffered = dict(starts), set(), []
+        self.next, self.at_end, self.ends, self.buffered = dict(starts), set(), {}, []
+        self.heard_at = self.asked_at = time.monotonic()
 
     def read(self, limit: int, wait_s: float, until: Mapping[int, int] | None = None) -> Records:
         """What has arrived since the last batch (at most ``limit`` records), waiting up to ``wait_s`` for the
@@ -76,18 +85,23 @@ class Reader:
         deadline = time.monotonic() + wait_s
         while True:
             if held and all(p in held_partitions or p in self.at_end for p in self.next):
-                self.buffered = held  # every partition has its share, or is read to its end
+                self.buffered, self.heard_at = held, time.monotonic()  # every partition has its share, or its end
                 return batch
             if not messages:
                 timeout = max(0.0, deadline - time.monotonic()) if not batch.rows and not held else 0.0
                 messages = kafka_clients.take(self.consumer, min(limit - len(batch.rows), 10_000), timeout)
                 if not messages:
                     self.buffered = held
+                    if batch.rows or held:
+                        self.heard_at = time.monotonic()
+                    else:
+                        self.renew_if_stalled(until)
                     return batch
             for i, m in enumerate(messages):
                 error = m.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
+                        self.ends[m.partition()], self.heard_at = m.offset(), time.monotonic()
                         if m.partition() in held_partitions:
                             # The end after a record held back: reached once that record is read (librdkafka
                             # tells of an end once; dropped here, the reader would never be caught up again).
@@ -102,7 +116,7 @@ class Reader:
                         raise ProjectionError(f"{self.name}: Kafka: {error.str()}")
                     continue  # transient (a broker away): librdkafka retries by itself
                 if len(batch.rows) >= limit:
-                    self.buffered = held + messages[i:]
+                    self.buffered, self.heard_at = held + messages[i:], time.monotonic()
                     return batch
                 partition, offset = m.partition(), m.offset()
                 if offset < self.next.get(partition, 0):
@@ -116,6 +130,56 @@ class Reader:
                 batch.rows.append((partition, offset, m.key(), m.value()))
                 self.next[partition] = batch.ends[partition] = offset + 1
             messages = []
+
+    def renew_if_stalled(self, until: Mapping[int, int] | None = None) -> bool:
+        """After ``stall_s`` in which the consumer handed out nothing: ask the brokers where the partitions end and,
+        if records this reader may read (below ``until``) lie past both its position and the last end it was told
+        of, read them with a new consumer at its own positions (said in the log): -> whether it did. librdkafka's
+        consumer by assignment can stop fetching after a broker restart and stay silent until it is recreated
+        (confluentinc/librdkafka#5153): the archive once stopped archiving there for good while the read models
+        went on. A broker that does not answer is not a stall (librdkafka reconnects by itself)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        now = time.monotonic()
+        if self.heard_at > self.renewed_at:
+            self.renewals = 0
+        wait_s = min(self.stall_s * 2 ** min(self.renewals, 8), max(self.stall_s, STALL_MAX_S))
+        if now - max(self.heard_at, self.asked_at) < wait_s or not self.next:
+            return False
+        self.asked_at = now
+        waiting = {}
+        for partition, offset in self.next.items():
+            try:
+                _, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(self.settings.events_topic, partition), timeout=2.0, cached=False)
+            except KafkaException:
+                return False
+            readable = min(high, (until or {}).get(partition, high))
+            if readable > max(offset, self.ends.get(partition, -1)):
+                waiting[partition] = readable - offset
+        if not waiting:
+            self.renewals = 0
+            return False
+        self.log(f"{self.name}: the Kafka consumer handed out nothing for {now - self.heard_at:.0f}s while "
+                 f"{sum(waiting.values())} offset(s) of {self.settings.events_topic} partition(s) "
+                 f"{sorted(waiting)} wait to be read; reading them with a new consumer from the same positions "
+                 f"(librdkafka#5153: a consumer can stay silent after a broker restart)")
+        self.renew()
+        self.renewals += 1
+        return True
+
+    def renew(self) -> None:
+        """A new consumer at this reader's positions, the old one closed (what it had fetched past them dropped:
+        the new one fetches it again)."""
+        from confluent_kafka import TopicPartition
+
+        from event_store import kafka_clients
+
+        old, self.consumer = self.consumer, kafka_clients.range_reader(self.settings, self.name)
+        kafka_clients.close_within(old, 5.0, self.name)
+        self.consumer.assign([TopicPartition(self.settings.events_topic, p, o) for p, o in sorted(self.next.items())])
+        self.at_end, self.ends, self.buffered = set(), {}, []
+        self.asked_at = self.renewed_at = time.monotonic()
 
     def _shares(self, limit: int) -> dict[int, int] | None:
         """Partition -> the offset this batch reads up to, when the log holds more than ``limit`` offsets past

@@ -53,7 +53,7 @@ class Query(QueryFigures):
         settings = engine.settings
         self.checkpoint = Checkpoint(checkpoint, settings.events_topic, settings.spark_shuffle_partitions)
         self.app_id = ProjectionPlan.app_id(checkpoint, name)
-        self.reader = Reader(settings, name)
+        self.reader = Reader(settings, name, log=engine.log)
         self.partitions: list[int] = []
         self.batch_id = 0
 

@@ -483,7 +483,7 @@ def test_the_key_index_follows_its_table_reading_only_the_files_added_since(tmp_
 def test_between_batches_the_engine_holds_no_entry_per_event(spark, settings):
     """Issue 42: the sequence ledger's heads and ids and the insert-once tables' keys are on disk, under the read
     models' checkpoint; what the engine holds of them in memory between batches (the versions it has not recorded
-    yet) is the same after a short log and after one three times as long."""
+    yet) is a handful after a short log and after one three times as long."""
     from deltalake import DeltaTable
 
     events = events_for(CLEAN, flag_every=5)
@@ -503,5 +503,7 @@ def test_between_batches_the_engine_holds_no_entry_per_event(spark, settings):
         assert ledger.path.is_relative_to(engine.plan.checkpoint)
         on_disk.append(ledger.entries())
     assert on_disk[1] == len(events) + CLEAN.accounts and on_disk[0] < on_disk[1]
-    assert held[0] == held[1] and held[1] <= len(engine.known), held
+    # At most one version per table not recorded yet (a compaction the background thread committed after the last
+    # batch: CI once saw [0, 1]), after either run: nothing that grows with the log.
+    assert max(held) <= len(engine.known), held
     assert_matches_oracle(spark, settings, events)
