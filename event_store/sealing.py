@@ -10,10 +10,9 @@ unsealer, both through ``event_store.personal_data`` (the one module that seals 
 - :class:`Unsealer` (every Python reader): tokens back to their values, a forgotten subject's as null, plain values
   (events written with sealing off) as they are. Its key store is opened on the first token met, so a log without
   any never needs one; ``refresh`` once per batch sees a forgetting done by another process.
-- :func:`sealing_on` reads the setting; :func:`refuse_spark` is what a reader that cannot unseal calls before it
-  starts (the Spark fraud detector, a streaming query whose keys cannot be looked up per batch): with sealing on it
-  refuses rather than compare tokens. The Spark projection, rebuild and reprocessing unseal with Spark's own
-  functions (``spark_apps.unsealing``).
+- :func:`sealing_on` reads the setting. The Spark projection, rebuild and reprocessing unseal with Spark's own
+  functions (``spark_apps.unsealing``); the Spark fraud detector, a streaming query, with an ``Unsealer`` in its
+  Python workers (``spark_apps.fraud_detector``).
 """
 from __future__ import annotations
 
@@ -24,18 +23,13 @@ from event_store.domain import CommandRejected, Domain, NewEvent
 from event_store.domains import DOMAINS
 from event_store.personal_data import (SubjectForgotten, SubjectKeys, TOKEN_PREFIX, is_sealed, keys_dir,
                                        personal_fields_by_type)
-from lakehouse.errors import Refused
 from lakehouse.settings import Settings, SettingsError
 
-__all__ = ["Sealer", "Unsealer", "SealingUnsupported", "sealing_on", "refuse_spark", "personal_columns",
+__all__ = ["Sealer", "Unsealer", "sealing_on", "personal_columns",
            "unsealed_select", "DUCKDB_UNSEAL", "personal_event_fields"]
 
 # The DuckDB function a reader's connection unseals with (``Unsealer.register``): (value, field name) -> value.
 DUCKDB_UNSEAL = "eventlake_unseal"
-
-
-class SealingUnsupported(Refused):
-    """A reader that cannot unseal yet (Spark) asked to run while the handler seals personal data."""
 
 
 def sealing_on(settings: Settings) -> bool:
@@ -45,19 +39,6 @@ def sealing_on(settings: Settings) -> bool:
         raise SettingsError(f"setting personal_data_seal={value!r}: expected on or off "
                             f"(EVENTLAKE_PERSONAL_DATA_SEAL)")
     return value == "on"
-
-
-_INSTEAD = "run it as a Kafka consumer (eventlake detect-fraud without --engine spark)"
-
-
-def refuse_spark(settings: Settings, what: str, instead: str = _INSTEAD) -> None:
-    """Raise :class:`SealingUnsupported` when personal data is sealed: ``what`` (a reader that does not unseal yet:
-    Spark's) would write tokens where the values belong (docs/forgetting.md); ``instead`` says what to do."""
-    if sealing_on(settings):
-        raise SealingUnsupported(
-            f"{what}: personal_data_seal is on, and this reader does not unseal personal data yet "
-            f"(docs/forgetting.md, issue 45): it would write sealed tokens into the read models. Instead, "
-            f"{instead}; or turn sealing off (EVENTLAKE_PERSONAL_DATA_SEAL=off)")
 
 
 def unsealed_select(relation: str, columns: Iterable[str]) -> str:

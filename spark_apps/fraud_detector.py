@@ -11,12 +11,15 @@ Run it with ``eventlake detect-fraud [--until-caught-up]`` or spark-submit this 
 """
 from __future__ import annotations
 
+import functools
 import json
+from dataclasses import replace
 from typing import Callable, Iterator
 
 from event_store.account import AGGREGATE_TYPE
 from event_store.account.fraud_rules import FraudState, Observation, detect, flag_command_id
-from event_store.sealing import refuse_spark
+from event_store.personal_data import TOKEN_PREFIX, is_sealed
+from event_store.sealing import Unsealer
 from lakehouse.settings import Settings
 from spark_apps import detector_app
 from spark_apps.detector_app import run_detector, run_service, start_findings_query
@@ -41,19 +44,61 @@ def _decode(text: str) -> FraudState:
     return FraudState(last_version, max_amount, tuple(map(tuple, attempts)), tuple(map(tuple, devices)))
 
 
-def detect_in_group(key, frames, state) -> Iterator:
-    """applyInPandasWithState function: one account's new events (any order) -> its findings."""
+# home -> the Unsealer of its key store, per Python worker (Spark reuses its workers from batch to batch)
+_UNSEALERS: dict[str, Unsealer] = {}
+
+
+def _unsealer(settings: Settings) -> Unsealer:
+    unsealer = _UNSEALERS.get(str(settings.home))
+    if unsealer is None:
+        unsealer = _UNSEALERS[str(settings.home)] = Unsealer(settings)
+    return unsealer
+
+
+class _Locations:
+    """One account's sealed device and payment locations opened for rule 3 (null once its subject is forgotten),
+    and the token each opened value came from, so the state is stored with tokens again: Spark's state store and
+    its checkpoints never hold a location in plain text (the Kafka consumer detector's ``_opened``/``_sealed``)."""
+
+    def __init__(self, unsealer: Unsealer):
+        self.unsealer, self.tokens = unsealer, {}
+
+    def opened(self, value):
+        if not is_sealed(value):
+            return value
+        plain = self.unsealer.value(value, "location")
+        if plain is not None:
+            self.tokens.setdefault(plain, value)
+        return plain
+
+    def sealed(self, state: FraudState) -> FraudState:
+        return replace(state, devices=tuple((t, self.tokens.get(location, location) if location is not None
+                                             else None) for t, location in state.devices))
+
+
+def detect_in_group(key, frames, state, settings: Settings | None = None) -> Iterator:
+    """applyInPandasWithState function: one account's new events (any order) -> its findings. With ``settings``
+    (``functools.partial``), sealed locations are opened through its home's key store and kept sealed in the
+    state (``_Locations``)."""
     import pandas as pd
 
     current = _decode(state.get[0]) if state.exists else FraudState()
     rows = pd.concat(list(frames), ignore_index=True).sort_values("aggregate_version")
+    locations = None
+    if settings is not None and (rows["location"].str.startswith(TOKEN_PREFIX, na=False).any()
+                                 or any(is_sealed(location) for _, location in current.devices)):
+        unsealer = _unsealer(settings)
+        unsealer.refresh()  # a subject forgotten since reads as null from now on
+        locations = _Locations(unsealer)
+        current = replace(current, devices=tuple((t, locations.opened(v)) for t, v in current.devices))
+        rows["location"] = [locations.opened(v) for v in rows["location"]]
     findings = []
     for r in rows.itertuples(index=False):
         current, found = detect(current, Observation(
             r.event_type, int(r.aggregate_version), int(r.time_ms), r.payment_id,
-            None if pd.isna(r.amount_minor) else int(r.amount_minor), r.location))
+            None if pd.isna(r.amount_minor) else int(r.amount_minor), None if pd.isna(r.location) else r.location))
         findings += found
-    state.update((_encode(current),))
+    state.update((_encode(locations.sealed(current) if locations is not None else current),))
     if findings:
         yield pd.DataFrame([{"account_id": key[0], "payment_id": f.payment_id, "rule": f.rule, "time_ms": f.time_ms,
                              "evidence": f.evidence, "command_id": flag_command_id(f.payment_id, f.rule)}
@@ -62,7 +107,6 @@ def detect_in_group(key, frames, state) -> Iterator:
 
 class FraudDetector:
     def __init__(self, spark, settings: Settings, log: Callable[[str], None] = print):
-        refuse_spark(settings, "fraud detector (engine spark)")  # rule 3 compares plain locations
         self.spark, self.settings, self.log = spark, settings, log
         self.checkpoint = settings.checkpoints / "fraud-detector"
 
@@ -76,7 +120,7 @@ class FraudDetector:
                     .select("aggregate_id", "aggregate_version", "event_type", "payment_id", "amount_minor",
                             "location", (F.unix_micros("occurred_at") / 1000).cast("long").alias("time_ms")))
         found = observed.groupBy("aggregate_id").applyInPandasWithState(
-            detect_in_group, _OUTPUT_SCHEMA, _STATE_SCHEMA, "append", GroupStateTimeout.NoTimeout)
+            functools.partial(detect_in_group, settings=self.settings), _OUTPUT_SCHEMA, _STATE_SCHEMA, "append", GroupStateTimeout.NoTimeout)
         iso = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"
         occurred = F.date_format(F.timestamp_millis("time_ms"), iso)
         command = F.struct(
@@ -93,7 +137,6 @@ class FraudDetector:
 
 def run_detection(settings: Settings, until_caught_up: bool = False) -> int:
     """Run the fraud detector (what ``main`` and the CLI run)."""
-    refuse_spark(settings, "fraud detector (engine spark)")  # before Spark starts
     return run_detector(settings, "fraud_detector", "fraud detector", "FlagFraud", FraudDetector, until_caught_up)
 
 

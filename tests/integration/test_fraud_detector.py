@@ -15,10 +15,12 @@ def at(seconds: int) -> str:
     return f"2026-03-01T10:{seconds // 60:02d}:{seconds % 60:02d}.000Z"
 
 
-def script():
-    """Commands for three accounts -> their events, through the pure core."""
+def script(sealer=None):
+    """Commands for three accounts -> their events, through the pure core (with ``sealer``: sealed as the handler
+    seals them)."""
     def opened(account):
-        return ("OpenAccount", account, {"customer_id": "c", "credit_limit_minor": 100_000, "currency": "USD"})
+        return ("OpenAccount", account, {"customer_id": f"c-{account}", "credit_limit_minor": 100_000,
+                                         "currency": "USD"})
 
     def pay(account, pid, amount, location, seconds):
         return ("AuthorizePayment", account, {"payment_id": pid, "amount_minor": amount, "currency": "USD",
@@ -42,7 +44,8 @@ def script():
     states, events = {}, []
     for kind, account, payload in commands:
         state = states.get(account) or AccountState(account)
-        states[account], new, result = execute(state, CommandEnvelope.create(kind, account, payload))
+        states[account], new, result = execute(state, CommandEnvelope.create(kind, account, payload),
+                                               sealer=sealer)
         assert result.accepted, result
         events += new
     return events
@@ -50,6 +53,31 @@ def script():
 
 def test_each_rule_fires_exactly_where_expected_and_a_replay_flags_nothing_twice(spark, settings):
     events = script()
+    _detects_the_script(spark, settings, events)
+
+
+def test_with_sealing_on_the_locations_are_opened_for_the_rule_and_the_state_keeps_them_sealed(spark, settings):
+    """Issue 45: the events' locations are tokens (the handler sealed them); the detector's Python workers open
+    them through the home's key store, and Spark's state store (RocksDB, and its checkpoint) holds tokens only."""
+    from event_store.personal_data import is_sealed
+    from event_store.sealing import Sealer
+
+    settings = settings.replace(personal_data_seal="on")
+    sealer = Sealer.for_settings(settings)
+    events = script(sealer)
+    sealer.sync()
+    assert is_sealed(next(e for e in events if e.event_type == "DeviceLocationReported").payload["location"])
+    flags = _detects_the_script(spark, settings, events)
+    assert {c.payload["payment_id"]: c.payload["evidence"] for c in flags}["a4"] == \
+        "payment at GB-LON, device at US-NYC"
+    states = [r.asDict(recursive=True) for r in spark.read.format("statestore").load(
+        str(settings.checkpoints / "fraud-detector")).collect()]
+    assert len(states) == 3
+    held = " ".join(str(r["value"]) for r in states)
+    assert "elk1:" in held and "US-NYC" not in held and "US-SFO" not in held, held
+
+
+def _detects_the_script(spark, settings, events) -> list:
     kafka_log.ensure_topics(settings, log=lambda *_: None)
     producer = kafka_log.make_producer(settings)
     kafka_log.produce_all(producer, settings.events_topic,
@@ -64,6 +92,7 @@ def test_each_rule_fires_exactly_where_expected_and_a_replay_flags_nothing_twice
         assert c.command_type == "FlagFraud" and c.aggregate_id == "acc-a"
         assert c.command_id == flag_command_id(c.payload["payment_id"], c.payload["rule"])
     assert {c.payload["payment_id"]: c.payload["occurred_at"] for c in flags}["a2"] == at(65)
+    return flags
 
 
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"

@@ -13,7 +13,7 @@ from event_store.decider import event_id_for, execute, execute_encoded
 from event_store.envelope import CommandEnvelope, CommandResult, EventEnvelope
 from event_store.errors import InvalidRecord
 from event_store.personal_data import SubjectKeys, is_sealed, keys_dir
-from event_store.sealing import Sealer, SealingUnsupported, Unsealer, personal_columns, refuse_spark, sealing_on
+from event_store.sealing import Sealer, Unsealer, personal_columns, sealing_on
 from event_store.snapshots import PartitionState
 from lakehouse.settings import Settings, SettingsError
 
@@ -221,28 +221,79 @@ def test_event_rows_are_unsealed_column_by_column_and_a_forgotten_subject_reads_
     assert plain.rows(table.select(["event_id", "location"]).slice(2, 2)).num_rows == 2 and plain._keys is None
 
 
-def test_sealing_is_a_setting_and_spark_readers_refuse_to_run_with_it_on(tmp_path):
+def test_sealing_is_a_setting(tmp_path):
     settings = Settings.load({"EVENTLAKE_PERSONAL_DATA_SEAL": "on"}).replace(home=tmp_path)
     assert sealing_on(settings) and not sealing_on(settings.replace(personal_data_seal="off"))
-    with pytest.raises(SealingUnsupported, match="fraud detector \\(engine spark\\).*does not unseal"):
-        refuse_spark(settings, "fraud detector (engine spark)")
-    refuse_spark(settings.replace(personal_data_seal="off"), "fraud detector (engine spark)")
     with pytest.raises(SettingsError, match="personal_data_seal"):
         sealing_on(settings.replace(personal_data_seal="yes"))
     assert not Sealer.for_settings(settings.replace(personal_data_seal="off")).sealing
     assert Sealer.for_settings(settings).keys.directory == keys_dir(tmp_path)
 
 
-def test_the_spark_fraud_detector_refuses_to_run_with_sealing_on(tmp_path):
-    # A streaming query (applyInPandasWithState): its keys cannot be looked up per batch on the driver, and rule 3
-    # would compare tokens. The Kafka consumer detector unseals (event_store.account.fraud_consumer).
-    from spark_apps.fraud_detector import FraudDetector, run_detection
+class _GroupState:
+    """Spark's GroupState as ``applyInPandasWithState`` hands it to the function: one account's stored row."""
 
-    settings = Settings.load({}).replace(home=tmp_path, personal_data_seal="on")
-    with pytest.raises(SealingUnsupported, match="detect-fraud without --engine spark"):
-        run_detection(settings)  # before Spark starts
-    with pytest.raises(SealingUnsupported):
-        FraudDetector(None, settings)
+    def __init__(self, row=None):
+        self.row = row
+
+    @property
+    def exists(self) -> bool:
+        return self.row is not None
+
+    @property
+    def get(self):
+        return self.row
+
+    def update(self, row) -> None:
+        self.row = row
+
+
+def _detected(events, state: _GroupState, settings=None) -> list[tuple[str, str, str]]:
+    """The Spark fraud detector's function over one batch of ``events`` (the columns ``FraudDetector.findings``
+    selects) -> its findings (payment, rule, evidence)."""
+    import pandas as pd
+
+    from event_store.envelope import parse_time
+    from spark_apps.fraud_detector import detect_in_group
+
+    frame = pd.DataFrame([{"aggregate_id": e.aggregate_id, "aggregate_version": e.aggregate_version,
+                           "event_type": e.event_type, "payment_id": e.payload.get("payment_id"),
+                           "amount_minor": e.payload.get("amount_minor"), "location": e.payload.get("location"),
+                           "time_ms": int(parse_time(e.occurred_at, "occurred_at").timestamp() * 1000)}
+                          for e in events])
+    out = list(detect_in_group(("acc-1",), iter([frame]), state, settings=settings))
+    return [(r.payment_id, r.rule, r.evidence) for f in out for r in f.itertuples(index=False)]
+
+
+def test_the_spark_fraud_detector_opens_sealed_locations_and_keeps_them_sealed_in_its_state(keys, tmp_path):
+    # Rule 3 compares the payment's location with the device's: with sealing on both are tokens, opened through the
+    # home's key store in Spark's Python workers; the state (Spark's state store and its checkpoints) keeps tokens.
+    settings = Settings.load({}).replace(home=tmp_path)
+    decided = [open_account(), located(), pay(),
+               pay(location="FR-PAR", command_id="c-pay-2", payment_id="p-2"),
+               pay(location="FR-PAR", command_id="c-pay-3", payment_id="p-3")]
+    plain_events = [EventEnvelope.from_json(e) for e in run(decided[:3], Sealer(keys, seal=False))[0]]
+    sealed_events = [EventEnvelope.from_json(e) for e in run(decided, Sealer(keys))[0]]
+    assert is_sealed(sealed_events[2].payload["location"])
+
+    def located_findings(events, state, settings=None):
+        return [f for f in _detected(events, state, settings) if f[1] == "location_mismatch"]
+
+    mismatch = ("p-1", "location_mismatch", "payment at NZ-WLG, device at IS-RKV")
+    assert located_findings(plain_events, _GroupState()) == [mismatch]
+    state = _GroupState()
+    assert located_findings(sealed_events[:3], state, settings) == [mismatch]
+    stored = state.row[0]
+    assert "IS-RKV" not in stored and "elk1:" in stored, stored
+
+    # The next batch opens the stored token: a payment elsewhere is flagged against the device's location.
+    assert located_findings(sealed_events[3:4], state, settings) == [
+        ("p-2", "location_mismatch", "payment at FR-PAR, device at IS-RKV")]
+
+    # Forgotten: every location of the subject reads as null, rule 3 has nothing to compare, and nothing fails.
+    keys.forget("cust-1")
+    assert located_findings(sealed_events[4:], state, settings) == []
+    assert "IS-RKV" not in state.row[0]
 
 
 def test_a_duckdb_fold_reads_personal_columns_unsealed_through_the_registered_function(keys):
