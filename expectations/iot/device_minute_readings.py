@@ -2,13 +2,14 @@
 not above the maximum, and a sum between count x minimum and count x maximum."""
 from __future__ import annotations
 
+from expectations.windows import window_columns, whole_minutes
+
 TABLE = "device_minute_readings"
 
 
 def derived_columns(df) -> None:
     """Columns the expectations compare with (added to the checked frame, never written)."""
-    df["window_seconds"] = (df["window_end"] - df["window_start"]).dt.total_seconds()
-    df["window_start_second"] = df["window_start"].dt.second + df["window_start"].dt.microsecond
+    window_columns(df)
     df["spread_milli"] = df["max_value_milli"] - df["min_value_milli"]
     # Python integers: count x value can pass 2^63 for values near the bound, where int64 would wrap.
     df["sum_above_floor"] = [None if s is None or n is None or m is None else int(s) - int(n) * int(m) for s, n, m in
@@ -25,8 +26,7 @@ def expectations(gx) -> list:
         e.ExpectColumnValuesToNotBeNull(column="device_id"),
         e.ExpectColumnValuesToNotBeNull(column="window_start"),
         e.ExpectCompoundColumnsToBeUnique(column_list=["device_id", "window_start"]),
-        e.ExpectColumnValuesToBeInSet(column="window_seconds", value_set=[60.0]),
-        e.ExpectColumnValuesToBeInSet(column="window_start_second", value_set=[0]),
+        *whole_minutes(gx),
         e.ExpectColumnValuesToNotBeNull(column="unit"),
         # A window's row exists because a reading was folded into it.
         e.ExpectColumnValuesToBeBetween(column="readings", min_value=1),

@@ -3,6 +3,7 @@ URL path, and at least one view in every row."""
 from __future__ import annotations
 
 from event_store.site.schemas import PAGE_PATTERN
+from expectations.windows import window_columns, whole_minutes
 
 TABLE = "page_minute_clicks"
 _PAGE_REGEX = "^" + PAGE_PATTERN.removeprefix(r"\A").removesuffix(r"\Z") + "$"
@@ -10,8 +11,7 @@ _PAGE_REGEX = "^" + PAGE_PATTERN.removeprefix(r"\A").removesuffix(r"\Z") + "$"
 
 def derived_columns(df) -> None:
     """Columns the expectations compare with (added to the checked frame, never written)."""
-    df["window_seconds"] = (df["window_end"] - df["window_start"]).dt.total_seconds()
-    df["window_start_second"] = df["window_start"].dt.second + df["window_start"].dt.microsecond
+    window_columns(df)
 
 
 def expectations(gx) -> list:
@@ -21,8 +21,7 @@ def expectations(gx) -> list:
         e.ExpectColumnValuesToNotBeNull(column="page"),
         e.ExpectColumnValuesToNotBeNull(column="window_start"),
         e.ExpectCompoundColumnsToBeUnique(column_list=["site_id", "page", "window_start"]),
-        e.ExpectColumnValuesToBeInSet(column="window_seconds", value_set=[60.0]),
-        e.ExpectColumnValuesToBeInSet(column="window_start_second", value_set=[0]),
+        *whole_minutes(gx),
         # The schema's pattern, anchored as the other suites anchor theirs: a page here was accepted as a path.
         e.ExpectColumnValuesToMatchRegex(column="page", regex=_PAGE_REGEX),
         # A window's row exists because a view was folded into it.
