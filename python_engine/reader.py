@@ -55,14 +55,18 @@ class Reader:
     def seek(self, starts: dict[int, int]) -> None:
         """Read from ``starts`` (partition -> offset); a start the log no longer holds is a gap (Spark's
         ``failOnDataLoss``): refused."""
-        from confluent_kafka import TopicPartition
-
         for partition, offset in starts.items():
             if offset < self.earliest(partition):
                 raise ProjectionError(_data_loss(self.settings, self.name, partition, offset))
+        self._assign(starts)
+        self.heard_at = self.asked_at = time.monotonic()
+
+    def _assign(self, starts: Mapping[int, int]) -> None:
+        """The consumer reads from ``starts``; nothing fetched before counts any more."""
+        from confluent_kafka import TopicPartition
+
         self.consumer.assign([TopicPartition(self.settings.events_topic, p, o) for p, o in sorted(starts.items())])
         self.next, self.at_end, self.ends, self.buffered = dict(starts), set(), {}, []
-        self.heard_at = self.asked_at = time.monotonic()
 
     def read(self, limit: int, wait_s: float, until: Mapping[int, int] | None = None) -> Records:
         """What has arrived since the last batch (at most ``limit`` records), waiting up to ``wait_s`` for the
@@ -171,14 +175,11 @@ class Reader:
     def renew(self) -> None:
         """A new consumer at this reader's positions, the old one closed (what it had fetched past them dropped:
         the new one fetches it again)."""
-        from confluent_kafka import TopicPartition
-
         from event_store import kafka_clients
 
         old, self.consumer = self.consumer, kafka_clients.range_reader(self.settings, self.name)
         kafka_clients.close_within(old, 5.0, self.name)
-        self.consumer.assign([TopicPartition(self.settings.events_topic, p, o) for p, o in sorted(self.next.items())])
-        self.at_end, self.ends, self.buffered = set(), {}, []
+        self._assign(self.next)
         self.asked_at = self.renewed_at = time.monotonic()
 
     def _shares(self, limit: int) -> dict[int, int] | None:
