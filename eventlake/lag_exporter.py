@@ -254,6 +254,9 @@ class WaitingSince:
                     self.log(f"lag-exporter: cannot read the record at {key[0]} partition {key[1]} offset {key[2]} "
                              f"({type(e).__name__}: {e}); the lag in seconds is left out where it is not known")
                 self._failing = True
+                # The next refresh reads with a new consumer: after a broker restart a consumer by assignment can
+                # stay silent until it is recreated (librdkafka#5153; python_engine/reader.py renews for it too).
+                self._renew()
                 break
             self._failing = False
             if at is not None:
@@ -283,6 +286,12 @@ class WaitingSince:
             raise TimeoutError(f"no record within {self.timeout_s:g} s")
         finally:
             self._consumer.unassign()
+
+    def _renew(self) -> None:
+        from event_store import kafka_clients
+
+        for consumer in self.detach():
+            kafka_clients.close_within(consumer, 5.0, "lag-exporter")
 
     def detach(self) -> list:
         """Its consumer, for the owner to close (none once detached)."""

@@ -97,3 +97,15 @@ def test_the_lag_exporter_tells_how_long_the_oldest_waiting_record_has_waited(se
     finally:
         for consumer in waiting.detach():
             consumer.close()
+
+    # A read that gets nothing in time (here: no time at all) drops its consumer, so the next refresh asks a new
+    # one (a consumer by assignment can stay silent after a broker restart until recreated: librdkafka#5153).
+    impatient = WaitingSince(settings, logged.append, timeout_s=0.0)
+    assert impatient.read({(topic, 0, 4)}) == {}
+    assert "no record within 0 s" in logged[-1] and impatient.detach() == []
+    impatient.timeout_s = 10.0
+    try:
+        assert impatient.read({(topic, 0, 4)}) == {(topic, 0, 4): (hour_ago + 180_000) / 1000}
+    finally:
+        for consumer in impatient.detach():
+            consumer.close()
