@@ -245,6 +245,8 @@ class WaitingSince:
 
     def read(self, wanted: set[tuple[str, int, int]]) -> dict[tuple[str, int, int], float]:
         """(topic, partition, offset) -> the timestamp of the first record at or after it (Unix time)."""
+        from event_store import kafka_clients
+
         seen = {key: self._seen[key] for key in wanted if key in self._seen}
         for key in sorted(wanted - seen.keys()):
             try:
@@ -256,7 +258,7 @@ class WaitingSince:
                 self._failing = True
                 # The next refresh reads with a new consumer: after a broker restart a consumer by assignment can
                 # stay silent until it is recreated (librdkafka#5153; python_engine/reader.py renews for it too).
-                self._renew()
+                kafka_clients.close_all_within(self.detach(), 5.0, "lag-exporter")
                 break
             self._failing = False
             if at is not None:
@@ -286,12 +288,6 @@ class WaitingSince:
             raise TimeoutError(f"no record within {self.timeout_s:g} s")
         finally:
             self._consumer.unassign()
-
-    def _renew(self) -> None:
-        from event_store import kafka_clients
-
-        for consumer in self.detach():
-            kafka_clients.close_within(consumer, 5.0, "lag-exporter")
 
     def detach(self) -> list:
         """Its consumer, for the owner to close (none once detached)."""
