@@ -179,14 +179,9 @@ def admitted_events(records: list[tuple[int, int, bytes, bytes]]) -> list:
 
 def table_rows(path: str, key: tuple[str, ...]) -> dict[tuple, dict]:
     """A Delta table's rows by key (delta-rs), timestamps as naive UTC as the Python oracles give them."""
-    from lakehouse.storage import delta_table
+    from lakehouse.tables import read_rows
 
-    out = {}
-    for row in delta_table(path).to_pyarrow_table().to_pylist():
-        row = {c: v.astimezone(dt.timezone.utc).replace(tzinfo=None)
-               if isinstance(v, dt.datetime) and v.tzinfo else v for c, v in row.items()}
-        out[tuple(row[k] for k in key)] = row
-    return out
+    return {tuple(row[k] for k in key): row for row in read_rows(path)}
 
 
 def fold_differences(expected: dict[tuple, dict], actual: dict[tuple, dict]) -> str:

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from pathlib import Path
+from datetime import timezone
 
 import read_models
 from event_store.envelope import EventEnvelope, built, format_time
@@ -29,7 +28,7 @@ from event_store.schemas import EVENTS
 from event_store.sealing import Unsealer
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
-from lakehouse.tables import read_table
+from lakehouse.tables import read_rows
 from projection_core import positions
 from projection_core.checkpoint import batch_offsets, last_committed_batch
 from projection_core.reference import ReferenceTables
@@ -83,17 +82,6 @@ class Reconciliation:
         return out
 
 
-def _plain(value):
-    """Table values as the folds write them: naive UTC datetimes, Python ints."""
-    if isinstance(value, datetime) and value.tzinfo is not None:
-        return value.astimezone(timezone.utc).replace(tzinfo=None)
-    return value
-
-
-def _table_rows(path: Path, filters=None) -> list[dict]:
-    return [{k: _plain(v) for k, v in row.items()} for row in read_table(path, filters=filters).to_pylist()]
-
-
 def table_position(settings: Settings, generation: Generation) -> tuple[dict[int, int] | None, str]:
     """The end offsets of the last batch reflected in the generation's table, or (None, why not)."""
     name = generation.name
@@ -138,7 +126,7 @@ def _read_archive(settings: Settings, position: dict[int, int]) -> list[EventEnv
     events = []
     # In log order: the first record at a version takes it (read_models.sequence), and a Delta table's files
     # come back in no order that can be relied on (delta-rs lists the newest first).
-    rows = sorted(_table_rows(settings.table_path(ARCHIVE_TABLE)),
+    rows = sorted(read_rows(settings.table_path(ARCHIVE_TABLE)),
                   key=lambda r: (r["kafka_partition"], r["kafka_offset"]))
     for row in rows:
         if row["kafka_offset"] >= position.get(row["kafka_partition"], 0):
@@ -167,7 +155,7 @@ def _late_not_reprocessed(generation: Generation) -> set[str]:
     reprocess folds them in and marks them ``reprocessed_at``): its table does not count them."""
     if not (generation.late_events / "_delta_log").is_dir():
         return set()
-    return {row["event_id"] for row in _table_rows(generation.late_events, filters=[("read_model", "=", generation.name)])
+    return {row["event_id"] for row in read_rows(generation.late_events, filters=[("read_model", "=", generation.name)])
             if row.get("reprocessed_at") is None}
 
 
@@ -205,7 +193,7 @@ def reconcile(settings: Settings, name: str, examples: int = 3,
         admitted = [e for e in admitted if e.event_id not in late]
     # The reference tables its fold joins, as they are now (every version: the join is as of each event's time).
     expected = model.expected_rows(admitted, ReferenceTables(settings).rows(model.reference_tables))
-    actual = {tuple(row[k] for k in model.key): row for row in _table_rows(generation.table)}
+    actual = {tuple(row[k] for k in model.key): row for row in read_rows(generation.table)}
     missing = [k for k in expected if k not in actual]
     unexpected = [k for k in actual if k not in expected]
     different = []

@@ -17,7 +17,7 @@ from __future__ import annotations
 from lakehouse.storage import delta_table, is_remote
 from lakehouse.errors import NotFound
 
-__all__ = ["dataset", "read_table", "TableNotFound"]
+__all__ = ["dataset", "read_table", "read_rows", "plain", "TableNotFound"]
 
 
 class TableNotFound(NotFound, LookupError):
@@ -61,3 +61,17 @@ def read_table(path, filters=None, columns: list[str] | None = None):
     import pyarrow.parquet as pq
 
     return dataset(path).to_table(columns=columns, filter=pq.filters_to_expression(filters) if filters else None)
+
+
+def plain(value):
+    """A value as the Python folds (the oracles) give it: timestamps as naive UTC datetimes."""
+    from datetime import datetime, timezone
+
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
+    return value
+
+
+def read_rows(path, filters=None) -> list[dict]:
+    """The current version's rows as dicts (``read_table``'s arguments), values as ``plain`` gives them."""
+    return [{k: plain(v) for k, v in row.items()} for row in read_table(path, filters=filters).to_pylist()]

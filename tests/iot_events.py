@@ -8,6 +8,7 @@ import uuid
 from event_store.account.schemas import EVENTS as ACCOUNT_EVENTS
 from event_store.envelope import EventEnvelope
 from event_store.iot.schemas import EVENTS as IOT_EVENTS
+from lakehouse.tables import plain
 
 DAY = "2026-03-01T"
 
@@ -86,9 +87,4 @@ def duckdb_rows(sql: str, tables: dict, key: tuple[str, ...]) -> dict[tuple, dic
         rows = rows.to_pylist()
     finally:
         con.close()
-    out = {}
-    for row in rows:
-        row = {c: v.astimezone(dt.timezone.utc).replace(tzinfo=None) if isinstance(v, dt.datetime) and v.tzinfo
-               else v for c, v in row.items()}
-        out[tuple(row[k] for k in key)] = row
-    return out
+    return {tuple(row[k] for k in key): row for row in ({c: plain(v) for c, v in r.items()} for r in rows)}
