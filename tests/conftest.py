@@ -78,7 +78,11 @@ def spark(tmp_path_factory):
 
     # One session serves the whole run (an hour of tests): a bigger heap than a service's default.
     # EVENTLAKE_TEST_SPARK_CONF='{"spark.x": "y"}': more Spark settings for the run's session (to compare a setting's
-    # effect on the suite's time, e.g. with farm-bench or --durations).
+    # effect on the suite's time, e.g. with farm-bench or --durations). Tried on test_projection.py, one run each,
+    # 2026-12-02: spark.sql.adaptive.enabled=false 404 s against 384 s (no gain);
+    # spark.databricks.delta.merge.materializeSource=none fails every MERGE of a batch
+    # (DeltaErrors.mergeConcurrentOperationCachedSourceException: the batch's source is persisted). Reading the oracle's
+    # tables with delta-rs instead of this session gave no gain either (560 s against 532 s with test_rebuild_fold).
     # Expressions run interpreted (tests/spark-conf/spark-defaults.conf, for every JVM of the run; side by side,
     # test_projection's duplicates test 260 -> 194 s).
     # The JVM's default JIT (tiered up to C2) for this session, not the C1-only of tests/spark-conf (which is for the
