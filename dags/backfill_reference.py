@@ -50,10 +50,11 @@ def _announce(context, result: dict) -> dict:
 def backfill_reference():
     @task(outlets=[assets.alias(assets.BACKFILLED)])
     def backfill_read_models() -> dict:
+        from infra.airflow_lineage import task_settings
         from spark_apps.airflow_jobs import backfill_models
 
-        context = get_current_context()
-        return _announce(context, backfill_models(Settings.load(role="reader"), "backfill_reference",
+        context = get_current_context()  # the backfill's lineage runs children of this task's
+        return _announce(context, backfill_models(task_settings(), "backfill_reference",
                                                   context["run_id"]))
 
     @task(outlets=[assets.alias(assets.BACKFILLED)])

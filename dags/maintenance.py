@@ -64,12 +64,13 @@ def maintenance():
     def maintain_read_model(name: str) -> dict:
         from airflow.sdk.exceptions import AirflowFailException
 
+        from infra.airflow_lineage import task_settings
         from spark_apps.airflow_jobs import maintain_model
         from spark_apps.maintenance import MaintenanceError
 
         context = get_current_context()
         context["read_model"] = name
-        settings = Settings.load(role="reader")
+        settings = task_settings()  # its Spark runs' lineage children of this task's run
         try:
             result = maintain_model(settings, name, int(context["params"]["retention_hours"]), _DAG_ID,
                                     context["run_id"])

@@ -62,13 +62,14 @@ def reprocess_windows():
     def reprocess_read_model(name: str) -> dict:
         from airflow.sdk.exceptions import AirflowFailException
 
+        from infra.airflow_lineage import task_settings
         from spark_apps.airflow_jobs import reprocess_range
         from spark_apps.reprocess import ReprocessError, ReprocessRefused
 
         context = get_current_context()
         context["table"] = name
-        try:
-            result = reprocess_range(Settings.load(role="reader"), name, context["data_interval_start"],
+        try:  # its Spark runs' lineage children of this task's run
+            result = reprocess_range(task_settings(), name, context["data_interval_start"],
                                      context["data_interval_end"], _DAG_ID, context["run_id"])
         except ReprocessError as e:  # bad input: trying again cannot help
             raise AirflowFailException(str(e)) from None

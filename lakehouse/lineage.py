@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from lakehouse.settings import Settings, SettingsError
 
 __all__ = ["Lineage", "LineageRun", "Dataset", "parent_from_id", "detector_run", "kafka_topic", "table", "database",
-           "read_events", "events_file"]
+           "read_events", "events_file", "spark_events_file"]
 
 PRODUCER = "https://github.com/eventlake/eventlake/lakehouse/lineage.py"
 # How Spark's OpenLineage listener names an s3a:// location (the Hadoop scheme of S3): the same dataset.
@@ -102,6 +102,12 @@ def database(url: str, table_name: str) -> Dataset:
 def events_file(settings: Settings) -> Path:
     """Where the file transport appends the events (``lineage_url`` empty)."""
     return settings.home / "lineage" / "events.jsonl"
+
+
+def spark_events_file(settings: Settings, app_name: str) -> Path:
+    """Where OpenLineage's Spark listener in the session ``app_name`` appends its events (``lineage_url`` empty):
+    a file per application, as the listener and our emitter would otherwise append to one file at once."""
+    return settings.home / "lineage" / f"spark-{app_name}.jsonl"
 
 
 def read_events(path: Path) -> list[dict]:

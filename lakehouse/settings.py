@@ -165,6 +165,11 @@ class Settings:
     # The run every run of this process is a child of, as OpenLineage writes a parent id: "<namespace>/<job>/<run
     # id>" (an Airflow task's run, given by its OpenLineage provider; empty: none). Set by the DAGs' tasks.
     lineage_parent: str = ""
+    # OpenLineage's Spark listener (io.openlineage:openlineage-spark) in the Spark sessions of batch jobs (rebuild,
+    # reprocess, maintenance, backfill): their Spark runs, each query's datasets, children of lineage_parent.
+    # "jobs" or "off"; its events go to lineage_url or to <home>/lineage/spark-<app>.jsonl. Not in the streaming
+    # apps: there every micro-batch is tens of Spark queries, each a START and a COMPLETE event.
+    spark_lineage: str = "jobs"
     # The largest reference-data file (merchants) a load reads, in bytes (reference_data; issue 46).
     reference_max_bytes: int = 256 * 1024 * 1024
     # Free-form extras, e.g. {"projection_id": "..."} from tests; not read from the environment.

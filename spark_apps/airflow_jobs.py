@@ -86,7 +86,7 @@ def rebuild_build(settings: Settings, name: str, dag_id: str, run_id: str,
     progress = ProgressPush(settings, name, dag_id, log)  # each step, to the Pushgateway
     try:
         previous, generation = start_generation(settings, name, by, f"{dag_id} DAG", log)
-        spark = build_session(settings, app_name=f"eventlake-rebuild-{name}", log=log)
+        spark = build_session(settings, app_name=f"eventlake-rebuild-{name}", log=log, job=True)
         try:
             built = build_generation(spark, settings, name, generation.number, by, log, progress)
         finally:
@@ -138,7 +138,7 @@ def reprocess_range(settings: Settings, name: str, start, end, dag_id: str, run_
     skipped = reprocess_skipped(settings, name, t1, t2, log)
     if skipped is not None:
         return skipped
-    spark = build_session(settings, app_name=f"eventlake-reprocess-{name}")
+    spark = build_session(settings, app_name=f"eventlake-reprocess-{name}", job=True)
     try:
         outcome = reprocess(spark, settings, name, t1, t2, by=f"airflow {dag_id} {run_id}", log=log)
     finally:
@@ -193,7 +193,7 @@ def maintain_model(settings: Settings, name: str, retention_hours: int, dag_id: 
     from spark_apps.maintenance import maintain
     from spark_apps.session import build_session
 
-    spark = build_session(settings, app_name=f"eventlake-maintenance-{name}", log=log)
+    spark = build_session(settings, app_name=f"eventlake-maintenance-{name}", log=log, job=True)
     try:
         report = maintain(spark, settings, name, int(retention_hours), by=f"airflow {dag_id}/{run_id}", log=log)
     finally:

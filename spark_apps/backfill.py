@@ -21,7 +21,7 @@ def backfill_with_spark(settings: Settings, names: list[str] | None = None, *, d
         from spark_apps.session import build_session
 
         if spark is None:
-            spark = build_session(settings, app_name="eventlake-backfill")
+            spark = build_session(settings, app_name="eventlake-backfill", job=True)
         return reprocess_closed(spark, settings, name, start, end, by=by, log=log)
 
     try:

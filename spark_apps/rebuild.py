@@ -314,7 +314,7 @@ def rebuild_models(settings: Settings, names: list[str], by: str, reason: str = 
     its checks or could not start, after trying the others."""
     from spark_apps.session import build_session
 
-    spark = build_session(settings, app_name="eventlake-rebuild")
+    spark = build_session(settings, app_name="eventlake-rebuild", job=True)
     failed = 0
     try:
         for name in names:

@@ -12,9 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lakehouse.lineage import parent_from_id, spark_events_file
 from lakehouse.settings import Settings, SettingsError
 
-__all__ = ["SPARK_PACKAGES", "build_session", "delta_table_exists", "extra_jars", "spark_metrics_conf"]
+__all__ = ["SPARK_PACKAGES", "OPENLINEAGE_SPARK", "build_session", "delta_table_exists", "extra_jars", "maven_jar",
+           "spark_lineage_conf", "spark_metrics_conf"]
 
 SPARK_PACKAGES = (
     "io.delta:delta-spark_4.2_2.13:4.4.0",
@@ -27,9 +29,19 @@ TOKEN_PROVIDER = ("org.apache.spark", "spark-token-provider-kafka-0-10_2.13", "4
 SPARK_PACKAGE_EXCLUDES = (f"{TOKEN_PROVIDER[0]}:{TOKEN_PROVIDER[1]}",)
 
 
+# OpenLineage's Spark listener (settings.spark_lineage), fetched like the token provider when first needed.
+OPENLINEAGE_SPARK = ("io.openlineage", "openlineage-spark_2.13", "1.53.0")
+OPENLINEAGE_LISTENER = "io.openlineage.spark.agent.OpenLineageSparkListener"
+
+
 def extra_jars(settings: Settings, log=print) -> list[Path]:
     """Jars added with spark.jars (fetched once with Maven into <cache>/spark-jars)."""
-    group, artifact, version = TOKEN_PROVIDER
+    return [maven_jar(settings, TOKEN_PROVIDER, log)]
+
+
+def maven_jar(settings: Settings, coordinates: tuple[str, str, str], log=print) -> Path:
+    """The jar of ``coordinates`` (group, artifact, version) in <cache>/spark-jars, fetched once with Maven."""
+    group, artifact, version = coordinates
     folder = settings.cache_dir / "spark-jars"
     jar = folder / f"{artifact}-{version}.jar"
     if not jar.exists():
@@ -41,7 +53,38 @@ def extra_jars(settings: Settings, log=print) -> list[Path]:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not jar.exists():
             raise RuntimeError(f"fetching {artifact} failed ({' '.join(cmd)}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return [jar]
+    return jar
+
+
+def spark_lineage_conf(settings: Settings, app_name: str, log=print) -> dict[str, str]:
+    """The settings that put OpenLineage's Spark listener in a batch job's session (``spark_lineage = "jobs"`` and
+    ``lineage = "on"``): its jar, its transport (``lineage_url``, or the file <home>/lineage/spark-<app>.jsonl: one
+    writer per file), the namespace, and ``lineage_parent`` as its application run's parent. {} when off, or when
+    the jar cannot be had (said once: lineage never stops a job)."""
+    if settings.spark_lineage not in ("jobs", "off"):
+        raise SettingsError(f"setting spark_lineage={settings.spark_lineage!r} (EVENTLAKE_SPARK_LINEAGE): expected "
+                            f"jobs or off")
+    if settings.spark_lineage == "off" or settings.lineage != "on":
+        return {}
+    try:
+        jar = maven_jar(settings, OPENLINEAGE_SPARK, log)
+    except RuntimeError as e:
+        log(f"spark: {app_name}: no OpenLineage events from Spark ({e})")
+        return {}
+    conf = {"spark.jars": str(jar), "spark.extraListeners": OPENLINEAGE_LISTENER,
+            "spark.openlineage.namespace": settings.lineage_namespace}
+    if settings.lineage_url:
+        conf.update({"spark.openlineage.transport.type": "http",
+                     "spark.openlineage.transport.url": settings.lineage_url})
+    else:
+        events = spark_events_file(settings, app_name)
+        events.parent.mkdir(parents=True, exist_ok=True)
+        conf.update({"spark.openlineage.transport.type": "file", "spark.openlineage.transport.location": str(events)})
+    if settings.lineage_parent:
+        parent = parent_from_id(settings.lineage_parent)
+        conf.update({"spark.openlineage.parentJobNamespace": parent.namespace,
+                     "spark.openlineage.parentJobName": parent.job, "spark.openlineage.parentRunId": parent.run_id})
+    return conf
 
 
 _APPENDED = ("spark.jars", "spark.sql.extensions")  # lists: extra_conf adds to them
@@ -53,9 +96,12 @@ _APPENDED = ("spark.jars", "spark.sql.extensions")  # lists: extra_conf adds to 
 JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
 
 
-def build_session(settings: Settings, app_name: str = "eventlake", log=print, extra_conf: dict | None = None):
+def build_session(settings: Settings, app_name: str = "eventlake", log=print, extra_conf: dict | None = None,
+                  job: bool = False):
     """The Spark session for this process (created on first call, reused afterwards). ``extra_conf``: more
-    settings for a new session (``spark.jars`` and ``spark.sql.extensions`` are added to, not replaced)."""
+    settings for a new session (``spark.jars`` and ``spark.sql.extensions`` are added to, not replaced). ``job``:
+    the session runs a batch job (a rebuild, a reprocess, maintenance, a backfill), whose Spark runs OpenLineage's
+    listener reports (``spark_lineage_conf``; not under spark-submit, whose jars are given on its command line)."""
     # Workers must run this interpreter: it has the project's packages.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -66,6 +112,9 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print, ex
         return active
     builder = SparkSession.builder.appName(app_name)
     under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    lineage = spark_lineage_conf(settings, app_name, log) if job and not under_spark_submit else {}
+    extra_conf = {**lineage, **(extra_conf or {}), "spark.jars": ",".join(
+        filter(None, [lineage.get("spark.jars"), (extra_conf or {}).get("spark.jars")]))}
     if not under_spark_submit:
         ivy = settings.cache_dir / "ivy"
         if not (ivy / "jars").exists():

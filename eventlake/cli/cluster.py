@@ -40,6 +40,7 @@ def _cmd_setup(settings: Settings, args) -> int:
         kafka.resolve_libs(settings)
         print(f"setup: Kafka broker jars ready in {kafka.libs_dir(settings)}")
     _fetch_data_docs_assets(settings)
+    _fetch_spark_lineage(settings)
     marker = settings.cache_dir / "spark-packages.resolved"
     if marker.exists() and marker.read_text() == ",".join(SPARK_PACKAGES):
         print(f"setup: Spark packages already in {settings.cache_dir / 'ivy'}")
@@ -50,6 +51,15 @@ def _cmd_setup(settings: Settings, args) -> int:
     marker.write_text(",".join(SPARK_PACKAGES))
     print(f"setup: Spark {spark.version} with Delta and the Kafka source ready (Ivy cache {settings.cache_dir / 'ivy'})")
     return 0
+
+
+def _fetch_spark_lineage(settings: Settings) -> None:
+    """OpenLineage's Spark listener jar (settings.spark_lineage) into the cache, once: the batch jobs' sessions then
+    need no network. A fetch that fails is said; set-up goes on (the jobs then run without the listener)."""
+    from spark_apps.session import spark_lineage_conf
+
+    if spark_lineage_conf(settings, "eventlake-setup", log=lambda line: print(f"setup: {line}")):
+        print("setup: OpenLineage's Spark listener ready (spark_lineage=jobs)")
 
 
 def _fetch_data_docs_assets(settings: Settings) -> None:

@@ -54,7 +54,7 @@ def _cmd_reprocess(settings: Settings, args) -> int:
         return 2
     from spark_apps.session import build_session
 
-    spark = build_session(settings, app_name="eventlake-reprocess")
+    spark = build_session(settings, app_name="eventlake-reprocess", job=True)
     try:
         reprocess(spark, settings, args.name, args.start, args.end, by=who(args))
     except ReprocessRefused as e:
@@ -84,7 +84,7 @@ def _cmd_maintenance(settings: Settings, args) -> int:
     from spark_apps.maintenance import maintain
     from spark_apps.session import build_session
 
-    spark = build_session(settings, app_name="eventlake-maintenance")
+    spark = build_session(settings, app_name="eventlake-maintenance", job=True)
     incomplete = []
     try:
         for name in names:

@@ -187,6 +187,19 @@ def test_the_dag_reprocesses_its_data_interval(spark, projected):
     assert {i for i, r in late_events(spark, settings).items()
             if in_range(r["event_time"], day, next_day) and r[REPROCESSED_AT] is not None} == late_day
     assert reconcile(settings, NAME).success
+    # OpenLineage's Spark listener in the task's Spark session (spark_lineage=jobs, the default): the Spark
+    # application's run is a child of the Airflow task's run (the provider's, in the same namespace), and its
+    # queries name the generation's table they wrote.
+    from lakehouse.lineage import events_file, read_events, spark_events_file
+
+    tasks = {(e["job"]["name"], e["run"]["runId"]) for e in read_events(events_file(settings))
+             if e["eventType"] == "START" and e["job"]["name"] == "reprocess_windows.reprocess_read_model"}
+    spark_runs = read_events(spark_events_file(settings, f"eventlake-reprocess-{NAME}"))
+    parents = {(e["run"]["facets"]["parent"]["job"]["name"], e["run"]["facets"]["parent"]["run"]["runId"])
+               for e in spark_runs if "parent" in e["run"].get("facets", {})}
+    assert len(tasks & parents) == 1, (tasks, parents)  # one mapped task's run: the one for NAME
+    written = {(o["namespace"], o["name"]) for e in spark_runs for o in e.get("outputs", [])}
+    assert ("file", str(Catalog(settings).current(NAME).table)) in written, written
 
     # The same day again: every late event of it is folded in, so the task is skipped without starting Spark.
     again = subprocess.run([sys.executable, "-m", "eventlake.cli", "airflow", "dags", "test", "reprocess_windows",

@@ -104,3 +104,28 @@ def test_a_line_cut_short_by_a_kill_is_skipped_when_read(tmp_path):
     path = tmp_path / "events.jsonl"
     path.write_text('{"eventType": "START"}\n{"eventType": "COMP')
     assert read_events(path) == [{"eventType": "START"}]
+
+
+def test_the_batch_jobs_spark_sessions_carry_the_listener_with_the_tasks_run_as_parent(tmp_path):
+    from spark_apps.session import OPENLINEAGE_SPARK, spark_lineage_conf
+
+    jar = tmp_path / "cache" / "spark-jars" / f"{OPENLINEAGE_SPARK[1]}-{OPENLINEAGE_SPARK[2]}.jar"
+    jar.parent.mkdir(parents=True)
+    jar.write_bytes(b"")  # in the cache already: nothing is fetched
+    parent = "eventlake/reprocess_windows.reprocess_read_model/019b7c01-0400-7a02-a546-c246159a223c"
+    settings = _settings(tmp_path, cache_dir=tmp_path / "cache", lineage_parent=parent)
+    conf = spark_lineage_conf(settings, "eventlake-reprocess-payments")
+    assert conf["spark.jars"] == str(jar)
+    assert conf["spark.extraListeners"] == "io.openlineage.spark.agent.OpenLineageSparkListener"
+    # A file per application: never the one our emitter appends to.
+    assert conf["spark.openlineage.transport.location"] == str(
+        settings.home / "lineage" / "spark-eventlake-reprocess-payments.jsonl") != str(events_file(settings))
+    assert (conf["spark.openlineage.parentJobNamespace"], conf["spark.openlineage.parentJobName"],
+            conf["spark.openlineage.parentRunId"]) == tuple(parent.split("/"))
+    http = spark_lineage_conf(settings.replace(lineage_url="http://marquez:5000"), "x")
+    assert (http["spark.openlineage.transport.type"], http["spark.openlineage.transport.url"]) == (
+        "http", "http://marquez:5000")
+    assert spark_lineage_conf(settings.replace(spark_lineage="off"), "x") == {}
+    assert spark_lineage_conf(settings.replace(lineage="off"), "x") == {}
+    with pytest.raises(SettingsError, match="spark_lineage='yes'"):
+        spark_lineage_conf(settings.replace(spark_lineage="yes"), "x")
