@@ -81,16 +81,20 @@ def _operator_class():
 
     class EventlakeSparkSubmitOperator(SparkSubmitOperator):
         """The provider's operator, with the project's packaging done when it runs: the zip and launcher
-        rewritten from this checkout, the jars ``eventlake setup`` resolved."""
+        rewritten from this checkout, the jars ``eventlake setup`` resolved, OpenLineage's Spark listener with
+        this task's run as the application's parent (``spark_submit.lineage_conf``)."""
 
         def execute(self, context) -> Any:
             from infra import spark_submit
 
-            settings = Settings.load(role="reader")
+            settings = airflow_lineage.task_settings()  # this task's run: the Spark application's parent
             built = spark_submit.package(settings)
             self.application = str(built.launchers[APP])
             self.py_files = str(built.zip_path)
-            self.jars = ",".join(str(j) for j in spark_submit.resolved_jars(settings))
+            lineage_jars, lineage = spark_submit.lineage_conf(settings, APP, list(self.application_args or []),
+                                                              log=self.log.info)
+            self.jars = ",".join(str(j) for j in (*spark_submit.resolved_jars(settings), *lineage_jars))
+            self.conf = {**(self.conf or {}), **lineage}
             self.log.info("eventlake: %s: code %s (%d modules), launcher %s", APP, built.zip_path, built.modules,
                           self.application)
             return super().execute(context)

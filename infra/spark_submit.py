@@ -20,6 +20,7 @@ The third-party Python packages the apps import (pyspark's own, orjson, msgspec,
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from lakehouse.settings import PROJECT_ROOT, Settings
 from lakehouse.errors import BadInput
 
 __all__ = ["APPS", "PACKAGED", "SubmitError", "Package", "package", "package_paths", "resolved_jars", "submit_conf",
-           "submit_command", "shown", "run"]
+           "submit_command", "lineage_conf", "JOB_APPS", "shown", "run"]
 
 # App name (what `eventlake spark-submit` takes) -> the module whose main(argv) the launcher calls.
 APPS = {
@@ -41,6 +42,9 @@ APPS = {
     "rebuild": "spark_apps.rebuild",
     "airflow-job": "spark_apps.airflow_jobs",  # a DAG task's Spark work (infra.airflow_spark)
 }
+# The apps that run batch jobs: OpenLineage's Spark listener reports their runs (``lineage_conf``), as it does the
+# same jobs' sessions outside spark-submit (spark_apps.session.build_session(job=True)).
+JOB_APPS = ("rebuild", "airflow-job")
 # The repository's packages the apps import (the layers below the CLI; tests/unit/test_layering.py keeps them so).
 PACKAGED = ("lakehouse", "event_store", "read_models", "projection_core", "expectations", "spark_apps",
             "python_engine")
@@ -131,12 +135,14 @@ def submit_command(settings: Settings, app: str, app_args: list[str] = (), *, ma
                           "on YARN and Kubernetes; use client mode here")
     env = dict(os.environ if env is None else env)
     built = built or package(settings)
-    jars = resolved_jars(settings)
+    lineage_jars, lineage = lineage_conf(settings, app, app_args)
+    jars = (*resolved_jars(settings), *lineage_jars)
     from spark_apps.session import JVM_OPTIONS
     import pyspark
 
     spark_submit = Path(pyspark.__file__).resolve().parent / "bin" / "spark-submit"
     settings_conf = submit_conf(settings, master, deploy_mode, env)
+    settings_conf.update(lineage)
     settings_conf.update(conf or {})
     line = [str(spark_submit), "--master", master, "--deploy-mode", deploy_mode, "--name", f"eventlake-{app}",
             "--driver-memory", settings.spark_driver_memory, "--driver-java-options", JVM_OPTIONS,
@@ -145,6 +151,29 @@ def submit_command(settings: Settings, app: str, app_args: list[str] = (), *, ma
     for key, value in settings_conf.items():
         line += ["--conf", f"{key}={value}"]
     return [*line, str(built.launchers[app]), *app_args]
+
+
+def lineage_conf(settings: Settings, app: str, app_args: list[str] = (), log=print) -> tuple[tuple[Path, ...],
+                                                                                           dict[str, str]]:
+    """OpenLineage's Spark listener for a submitted batch job (``JOB_APPS``): its jar (for ``--jars``: a driver
+    started by spark-submit has its classpath before the app's code runs) and its settings (``--conf``), as
+    ``spark_apps.session.spark_lineage_conf`` gives them to a job's session outside spark-submit: the events to
+    ``lineage_url`` or to a file of the application's own (named for the app and its leading arguments, e.g.
+    ``spark-eventlake-airflow-job-rebuild-build-account_summary.jsonl``, on the driver's machine), the settings'
+    ``lineage_parent`` as its run's parent. Nothing for a streaming app, with ``spark_lineage=off`` or
+    ``lineage=off``, or when the jar cannot be had (said: lineage never stops a job)."""
+    if app not in JOB_APPS:
+        return (), {}
+    from spark_apps.session import spark_lineage_conf
+
+    leading = []
+    for arg in app_args:
+        if arg.startswith("-"):
+            break
+        leading.append(re.sub(r"[^A-Za-z0-9_.-]", "_", arg)[:80])
+    conf = spark_lineage_conf(settings, "-".join(["eventlake", app, *leading]), log)
+    jars = tuple(Path(j) for j in conf.pop("spark.jars", "").split(",") if j)
+    return jars, conf
 
 
 def submit_conf(settings: Settings, master: str, deploy_mode: str = "client",

@@ -101,7 +101,8 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print, ex
     """The Spark session for this process (created on first call, reused afterwards). ``extra_conf``: more
     settings for a new session (``spark.jars`` and ``spark.sql.extensions`` are added to, not replaced). ``job``:
     the session runs a batch job (a rebuild, a reprocess, maintenance, a backfill), whose Spark runs OpenLineage's
-    listener reports (``spark_lineage_conf``; not under spark-submit, whose jars are given on its command line)."""
+    listener reports (``spark_lineage_conf``; under spark-submit its jar and settings are on the submission's
+    command line: ``infra.spark_submit.lineage_conf``)."""
     # Workers must run this interpreter: it has the project's packages.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -12,7 +12,7 @@ import pytest
 
 from infra import spark_submit
 from lakehouse.settings import PROJECT_ROOT, Settings
-from spark_apps.session import TOKEN_PROVIDER
+from spark_apps.session import OPENLINEAGE_SPARK, TOKEN_PROVIDER
 
 
 @pytest.fixture
@@ -23,6 +23,7 @@ def settings(tmp_path) -> Settings:
     (s.cache_dir / "ivy" / "jars" / "io.delta_delta-spark_4.2_2.13-4.4.0.jar").write_bytes(b"")
     (s.cache_dir / "spark-jars").mkdir()
     (s.cache_dir / "spark-jars" / f"{TOKEN_PROVIDER[1]}-{TOKEN_PROVIDER[2]}.jar").write_bytes(b"")
+    (s.cache_dir / "spark-jars" / f"{OPENLINEAGE_SPARK[1]}-{OPENLINEAGE_SPARK[2]}.jar").write_bytes(b"")
     return s
 
 
@@ -73,6 +74,36 @@ def test_a_cluster_mode_line_forwards_the_settings_to_the_driver_and_masks_secre
     k8s = spark_submit.submit_command(settings, "rebuild", ["payments"], master="k8s://https://k8s:6443",
                                       deploy_mode="cluster", env=env)
     assert "spark.kubernetes.driverEnv.EVENTLAKE_HOME=/shared/eventlake" in k8s
+
+
+def test_a_batch_jobs_line_carries_openlineages_listener_with_its_parent_and_a_streaming_apps_does_not(settings):
+    parent = "eventlake/rebuild_read_model.rebuild_model.build/019b7c01-0400-7a02-a546-c246159a223c"
+    confs = lambda line: dict(line[i + 1].split("=", 1) for i, arg in enumerate(line) if arg == "--conf")  # noqa: E731
+    jars = lambda line: {j.rsplit("/", 1)[1] for j in line[line.index("--jars") + 1].split(",")}  # noqa: E731
+    listener = f"{OPENLINEAGE_SPARK[1]}-{OPENLINEAGE_SPARK[2]}.jar"
+
+    job = ["rebuild-build", "account_summary", "--dag", "rebuild_read_model", "--run-id", "manual__1"]
+    line = spark_submit.submit_command(settings.replace(lineage_parent=parent), "airflow-job", job,
+                                       master="spark://127.0.0.1:7077")
+    assert listener in jars(line)  # on the driver's classpath before the app's code runs
+    conf = confs(line)
+    assert conf["spark.extraListeners"] == "io.openlineage.spark.agent.OpenLineageSparkListener"
+    # A file of the application's own (the job and its model), never our emitter's events.jsonl.
+    assert conf["spark.openlineage.transport.location"] == str(
+        settings.home / "lineage" / "spark-eventlake-airflow-job-rebuild-build-account_summary.jsonl")
+    assert (conf["spark.openlineage.parentJobNamespace"], conf["spark.openlineage.parentJobName"],
+            conf["spark.openlineage.parentRunId"]) == tuple(parent.split("/"))
+    assert line[-len(job):] == job
+    # A streaming app, or the listener turned off: neither its jar nor its settings.
+    for streaming in ("projection", "fraud-detector"):
+        line = spark_submit.submit_command(settings, streaming, ["--until-caught-up"])
+        assert listener not in jars(line) and "spark.extraListeners" not in confs(line)
+    for off in (settings.replace(spark_lineage="off"), settings.replace(lineage="off")):
+        line = spark_submit.submit_command(off, "rebuild", ["payments"])
+        assert listener not in jars(line) and "spark.extraListeners" not in confs(line)
+    # An odd argument is no path: the file's name keeps to safe characters.
+    line = spark_submit.submit_command(settings, "rebuild", ["../x y"])
+    assert confs(line)["spark.openlineage.transport.location"].endswith("/lineage/spark-eventlake-rebuild-.._x_y.jsonl")
 
 
 def test_what_cannot_be_submitted_is_refused_with_the_reason(settings, tmp_path):
