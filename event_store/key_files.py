@@ -100,11 +100,14 @@ class KeyRecord:
         return record
 
 
-def merge_record(records: dict[str, KeyRecord], record: KeyRecord) -> None:
-    """``record`` taken into ``records``: a tombstone wins over a key, a subject's first key stays."""
+def merge_record(records: dict[str, KeyRecord], record: KeyRecord) -> bool:
+    """``record`` taken into ``records``: a tombstone wins over a key, a subject's first key stays. -> whether it
+    added a tombstone."""
     known = records.get(record.subject)
     if known is None or (record.forgotten and not known.forgotten):
         records[record.subject] = record
+        return record.forgotten
+    return False
 
 
 class KeyFiles:
@@ -120,6 +123,7 @@ class KeyFiles:
         self.journal = self.directory / JOURNAL_FILE
         self.defer_sync = defer_sync
         self.records: dict[str, KeyRecord] = {}
+        self.forgotten = 0  # tombstones among the records
         self._on_reload = on_reload
         self._unsynced = False
         self._stamp: tuple[int, int, int] | None = None  # the snapshot's (inode, mtime, size) when read
@@ -138,7 +142,8 @@ class KeyFiles:
             if _stamp_of(self.path) == stamp:  # no compaction meanwhile (else its journal may miss records)
                 break
         self.records, self._stamp, self._snapshot_size = records, stamp, snapshot_size
-        self._journal_at, self._journal_lines = journal
+        self._journal_at, self._journal_lines, _ = journal
+        self.forgotten = sum(1 for r in records.values() if r.forgotten)
         self._on_reload()
 
     def _read_snapshot(self) -> dict[str, KeyRecord]:
@@ -157,10 +162,11 @@ class KeyFiles:
                            f"lost: restore it from a backup or the keys topic") from e
 
     def _read_journal(self, records: dict[str, KeyRecord], offset: int, inode: int | None,
-                      lines_before: int) -> tuple[tuple[int, int] | None, int]:
+                      lines_before: int) -> tuple[tuple[int, int] | None, int, int]:
         """Apply the journal's whole lines from ``offset`` (of the file ``inode``; another inode: from its start) to
         ``records`` (in place) -> (the journal's (inode, bytes read), its lines read in all, ``lines_before`` being
-        those before ``offset``). A partial last line (a writer killed while appending) is left unread."""
+        those before ``offset``, the tombstones it added). A partial last line (a writer killed while appending) is
+        left unread."""
         try:
             with open(self.journal, "rb") as f:
                 stat = os.fstat(f.fileno())
@@ -169,17 +175,18 @@ class KeyFiles:
                 f.seek(offset)
                 raw = f.read()
         except FileNotFoundError:
-            return None, 0
+            return None, 0, 0
         whole = raw[:raw.rfind(b"\n") + 1]
         lines = whole.splitlines()
+        tombstones = 0
         for n, line in enumerate(lines):
             try:
-                merge_record(records, KeyRecord.from_json(json.loads(line)))
+                tombstones += merge_record(records, KeyRecord.from_json(json.loads(line)))
             except (ValueError, TypeError) as e:
                 raise BadInput(f"subject key store {self.journal}: line {lines_before + n + 1} unreadable ({e}); it "
                                f"is not rewritten, so no key is lost: restore it from a backup or the keys "
                                f"topic") from e
-        return (stat.st_ino, offset + len(whole)), lines_before + len(lines)
+        return (stat.st_ino, offset + len(whole)), lines_before + len(lines), tombstones
 
     def refresh(self) -> bool:
         """Read what another process changed since (a key made, a subject forgotten): two stats when nothing did, the
@@ -196,8 +203,9 @@ class KeyFiles:
             return True
         if journal[2] == self._journal_at[1]:
             return False
-        self._journal_at, self._journal_lines = self._read_journal(self.records, self._journal_at[1],
-                                                                   self._journal_at[0], self._journal_lines)
+        self._journal_at, self._journal_lines, tombstones = self._read_journal(
+            self.records, self._journal_at[1], self._journal_at[0], self._journal_lines)
+        self.forgotten += tombstones
         if _stamp_of(self.path) != self._stamp:  # compacted meanwhile: its new journal may miss records
             self.reload()
         return True
@@ -222,7 +230,7 @@ class KeyFiles:
                 self._compact(current)
             else:
                 self._append(made)
-                for record in made:
+                for record in made:  # keys only: a tombstone compacts
                     merge_record(self.records, record)
         return made
 

@@ -48,6 +48,7 @@ _NONCE_BYTES = 12  # GCM's standard nonce; random per value (2^32 values per sub
 _FIELD_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
 _SCALARS = (str, int, float, bool, type(None))
 _ENCODE = json.JSONEncoder(allow_nan=False).encode  # json.dumps with allow_nan=False builds an encoder per call
+_ENCODE_STR = json.encoder.encode_basestring_ascii  # what _ENCODE does with a str, without its Python frames
 _DECODE = msgspec.json.decode  # the JSON text a token holds (a scalar): as json.loads reads it, faster
 
 
@@ -132,6 +133,11 @@ class SubjectKeys:
             return list(taken.values())
         self._change(change)
 
+    @property
+    def forgotten_any(self) -> bool:
+        """Whether this store holds a tombstone (as of its last read): while none, no subject is refused."""
+        return self._files.forgotten > 0
+
     def state(self, subject: str) -> str:
         """"key", "forgotten" or "unknown"."""
         record = self._records.get(subject)
@@ -174,13 +180,16 @@ class SubjectKeys:
             _check_subject(subject)
             _check_field(field_name)
             made = (_associated(subject, field_name), f"{TOKEN_PREFIX}{_b64(subject.encode('utf-8'))}:{field_name}:")
-        cipher = self._cipher(subject, create=True, field_name=field_name)
-        self._sealing[(subject, field_name)] = made
+            cipher = self._cipher(subject, create=True, field_name=field_name)
+            self._sealing[(subject, field_name)] = made
+        else:
+            cipher = self._ciphers.get(subject) or self._cipher(subject, create=True, field_name=field_name)
         if not isinstance(value, _SCALARS):
             raise BadInput(f"field '{field_name}': {type(value).__name__} cannot be sealed; personal values are "
                            f"JSON scalars (str, int, float, bool or null)")
         try:
-            plain = _ENCODE(value).encode("ascii")  # \u escapes keep even lone surrogates
+            # \u escapes keep even lone surrogates
+            plain = (_ENCODE_STR(value) if type(value) is str else _ENCODE(value)).encode("ascii")
         except ValueError as e:
             raise BadInput(f"field '{field_name}': {value!r} cannot be sealed ({e})") from e
         nonce = os.urandom(_NONCE_BYTES)

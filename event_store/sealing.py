@@ -99,7 +99,7 @@ class Sealer:
     def check(self, domain: Domain, state: Any, command: Any) -> None:
         """CommandRejected (``SubjectForgotten``) when ``command``'s data subject was forgotten: every command of
         it, whether or not it carries personal data (the relationship has ended; docs/forgetting.md)."""
-        if not len(self.keys):  # no subject known, none forgotten (sealing off, nobody forgotten yet)
+        if not self.keys.forgotten_any:  # nobody forgotten (as of the last refresh): nothing to refuse
             return
         if command.command_type == domain.forget_command and domain.forget_command:
             return  # what records the forgetting on the log (the aggregate decides it)
@@ -112,26 +112,37 @@ class Sealer:
         are when sealing is off)."""
         if not self.sealing:
             return new_events
-        out = []
-        for new in new_events:
-            fields = self.personal.get(new.event_type)
+        personal = self.personal
+        out = None
+        subject, subject_known = None, False  # worked out once per command, at its first personal value
+        for i, new in enumerate(new_events):
+            fields = personal.get(new.event_type)
+            if not fields:
+                continue
             payload = new.payload
-            if fields and any(payload.get(name) is not None for name in fields):
-                subject = domain.subject(state, command) if domain.subject is not None else None
+            sealed = None
+            for name in fields:
+                value = payload.get(name)
+                if value is None:
+                    continue
+                if not subject_known:
+                    subject = domain.subject(state, command) if domain.subject is not None else None
+                    subject_known = True
                 if subject is None:
                     raise CommandRejected("InvalidCommand", f"command {command.command_id}: {new.event_type} "
                                                             f"carries personal data but {domain.aggregate_type} "
                                                             f"{command.aggregate_id} has no data subject")
-                sealed = dict(payload)
+                if sealed is None:
+                    sealed = dict(payload)
                 try:
-                    for name in fields:
-                        if sealed.get(name) is not None:
-                            sealed[name] = self.keys.seal(subject, name, sealed[name])
+                    sealed[name] = self.keys.seal(subject, name, value)
                 except SubjectForgotten:  # forgotten meanwhile, by another process
                     raise CommandRejected("SubjectForgotten", _forgotten(domain, command, subject)) from None
-                new = new._replace(payload=sealed)
-            out.append(new)
-        return out
+            if sealed is not None:
+                if out is None:
+                    out = list(new_events)
+                out[i] = NewEvent(new.event_type, sealed, new.occurred_at)
+        return new_events if out is None else out
 
 
 def _forgotten(domain: Domain, command: Any, subject: str) -> str:

@@ -322,3 +322,27 @@ def test_the_handlers_keys_are_made_durable_once_per_transaction(tmp_path):
     assert [SubjectKeys(directory).unseal(t) for t in tokens] == ["US-NYC"] * 3
     handler.sync()
     assert not handler.unsynced
+
+
+def test_the_store_knows_whether_it_holds_a_tombstone_however_it_learnt_of_it(tmp_path):
+    """What lets the handler skip a command's subject lookup while nobody is forgotten: it must turn true however a
+    tombstone reaches the store (a forgetting here, one elsewhere then a refresh, a journal line)."""
+    keys = SubjectKeys(tmp_path / "a")
+    keys.seal("cust-1", "location", "IS-RKV")
+    assert not keys.forgotten_any
+    SubjectKeys(keys.directory).forget("cust-1")  # another process
+    assert not keys.forgotten_any  # not read yet
+    keys.refresh()
+    assert keys.forgotten_any and keys.state("cust-1") == "forgotten"
+    here = SubjectKeys(tmp_path / "b")
+    here.forget("cust-2")
+    assert here.forgotten_any
+    # A tombstone as a journal line (what a merged keys topic may append), read at open and by a refresh.
+    reader = SubjectKeys(tmp_path / "c")
+    reader.seal("cust-3", "location", "IS-RKV")
+    with open(reader.journal, "a") as f:
+        f.write(json.dumps(KeyRecord("cust-3", None, "2026-12-02T00:00:00+00:00").to_json()) + "\n")
+    assert SubjectKeys(reader.directory).forgotten_any
+    assert not reader.forgotten_any
+    reader.refresh()
+    assert reader.forgotten_any and reader.state("cust-3") == "forgotten"
