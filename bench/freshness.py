@@ -28,7 +28,7 @@ high-water mark of the resident set of its processes, its Spark JVM included).
     .venv/bin/python bench/freshness.py [--rate 2000] [--seconds 60] [--warm-up 30] [--accounts 2000]
                                         [--probe-every 1.0] [--backlog 1000000] [--without projection]
                                         [--fraud-engine python|spark] [--projection-engine auto|spark|python]
-                                        [--merchants on|off]
+                                        [--merchants on|off] [--rss-every 60] [--fraud-state-cache-mb MB]
 
 ``--without projection`` leaves the read models' projection out (no freshness figure): the fraud latency with the
 cores not shared with Spark. ``--fraud-engine spark`` runs the fraud detector as its Structured Streaming app.
@@ -36,6 +36,8 @@ cores not shared with Spark. ``--fraud-engine spark`` runs the fraud detector as
 DuckDB + delta-rs, python_engine/, here where the tables are local folders), ``python`` or ``spark``
 (the Structured Streaming queries). ``--merchants off`` starts without reference data (by default the generator's
 merchants are loaded into ``dim_merchant`` first, so payments are joined with them as in production).
+``--fraud-state-cache-mb`` sets the fraud detector's ``fraud_state_cache_mb`` (a soak with a small one shows its
+memory's plateau sooner).
 """
 from __future__ import annotations
 
@@ -100,7 +102,7 @@ class Services:
     """The services as subprocesses in sessions of their own (their Spark JVMs with them), logs under home."""
 
     def __init__(self, settings: Settings, without: tuple[str, ...] = (), fraud_engine: str = "python",
-                 projection_engine: str = "auto"):
+                 projection_engine: str = "auto", fraud_state_cache_mb: int | None = None):
         self.logs = settings.home / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLAKE_")}
@@ -110,6 +112,8 @@ class Services:
                     "EVENTLAKE_HANDLER_GROUP_ID": settings.handler_group_id,
                     "EVENTLAKE_POLICY_GROUP_ID": settings.policy_group_id})
         env.setdefault("PYSPARK_PYTHON", sys.executable)
+        if fraud_state_cache_mb is not None:
+            env["EVENTLAKE_FRAUD_STATE_CACHE_MB"] = str(fraud_state_cache_mb)
         self.processes: dict[str, subprocess.Popen] = {}
         for name, args in SERVICES.items():
             if name in without:
@@ -356,6 +360,8 @@ def main() -> None:
                     help="the fraud detector's engine (eventlake detect-fraud --engine)")
     ap.add_argument("--projection-engine", choices=["auto", "python", "spark"], default="auto",
                     help="the projection's engine (eventlake project --engine)")
+    ap.add_argument("--fraud-state-cache-mb", type=int, default=None,
+                    help="the fraud detector's state cache (fraud_state_cache_mb; default: the setting's default)")
     ap.add_argument("--rss-every", type=float, default=60.0,
                     help="seconds between samples of each service's resident set during the measurement; the "
                          "slope after the first 10 minutes (of a measurement longer than 20) is printed")
@@ -399,7 +405,8 @@ def main() -> None:
     projecting = "projection" not in args.without
     if args.backlog and not projecting:
         raise SystemExit("freshness bench: --backlog measures the projection's catch-up; it needs the projection")
-    services = Services(settings, tuple(args.without), args.fraud_engine, args.projection_engine)
+    services = Services(settings, tuple(args.without), args.fraud_engine, args.projection_engine,
+                        args.fraud_state_cache_mb)
     services_started = time.monotonic()
     print(f"freshness bench {run}: services starting (logs: {services.logs})", flush=True)
     try:
@@ -593,6 +600,7 @@ def main() -> None:
             args.json.write_text(json.dumps({"backlog": args.backlog, "peak_rss_mib": peaks, "cores": cores,
                 "without": args.without, "fraud_engine": args.fraud_engine,
                 "projection_engine": args.projection_engine,
+                "fraud_state_cache_mb": args.fraud_state_cache_mb,
                 "rate": args.rate, "seconds": args.seconds, "accounts": args.accounts,
                 "accepted": [round(a, 3) for a in accepted],
                 "freshness": [[round(p[0] - measure_from, 3), round(p[2], 3)] for p in probes],
