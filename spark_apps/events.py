@@ -13,7 +13,7 @@ from event_store.schemas import EVENT_ENVELOPE, EVENT_SCHEMA_VERSIONS, EVENT_TIM
 from lakehouse.kafka_security import spark_kafka_options
 from lakehouse.errors import BadInput
 
-__all__ = ["envelope_schema", "read_event_records", "parse_events", "check_records", "split_checked", "upcast_rows",
+__all__ = ["envelope_schema", "read_event_records", "parse_events", "parsed_row_schema", "check_records", "split_checked", "upcast_rows",
            "spark_upcasters", "missing_spark_upcasters", "payload_columns", "payload_layout", "event_columns",
            "PayloadColumnError", "DEAD_LETTER_COLUMNS", "ENVELOPE_COLUMNS", "KAFKA_COLUMNS"]
 
@@ -38,6 +38,8 @@ class _Layout(NamedTuple):
 
 
 _LAYOUT: _Layout | None = None
+_ROW_SCHEMA = None  # parsed_row_schema's answer for the domains registered now
+_REASONS: tuple | None = None  # (Spark context, envelope reason, payload reason): see _reason_columns
 
 
 def _layout() -> _Layout:
@@ -50,8 +52,8 @@ def _layout() -> _Layout:
 
 
 def _forget_layout() -> None:
-    global _LAYOUT
-    _LAYOUT = None
+    global _LAYOUT, _ROW_SCHEMA, _REASONS
+    _LAYOUT = _ROW_SCHEMA = _REASONS = None
 
 
 domains.on_change(_forget_layout)
@@ -203,6 +205,23 @@ def parse_events(records):
     return split_checked(check_records(records))
 
 
+def parsed_row_schema(spark):
+    """The schema of ``parse_events``' valid rows (the archive's and the held events' columns), kept until a
+    domain is registered or removed. Working it out analyses the whole parser's plan (seconds of driver work),
+    and every projection start needs it for the tables it ensures."""
+    global _ROW_SCHEMA
+    if _ROW_SCHEMA is None:
+        from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType, \
+            TimestampType
+
+        empty = spark.createDataFrame([], StructType([
+            StructField("key", BinaryType()), StructField("value", BinaryType()), StructField("topic", StringType()),
+            StructField("partition", IntegerType()), StructField("offset", LongType()),
+            StructField("timestamp", TimestampType())]))
+        _ROW_SCHEMA = parse_events(empty)[0].schema
+    return _ROW_SCHEMA
+
+
 def _java_pattern(pattern: str) -> str:
     """A schemas pattern for Spark's rlike (Java regex): \\Z is Python's end of input, \\z Java's; (?U) gives
     \\d, \\s and \\S their Unicode meaning, as in Python's str patterns."""
@@ -279,6 +298,21 @@ def _payload_reason(F):
     return F.lit(None).cast("string") if dispatch is None else dispatch
 
 
+def _reason_columns(F):
+    """(envelope reason, payload reason) as Columns over the columns ``check_records`` names ``e`` and ``_text``.
+    Built once per Spark context and set of registered domains: building them takes thousands of calls into the
+    JVM (about a second of the driver's time, in every micro-batch of both projection queries); a Column is an
+    unresolved expression, the same for every batch."""
+    global _REASONS
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    reasons = _REASONS
+    if reasons is None or reasons[0] is not context:
+        reasons = _REASONS = (context, _envelope_reason(F.col("e"), F.col("_text"), F), _payload_reason(F))
+    return reasons[1], reasons[2]
+
+
 def check_records(records):
     """Kafka records -> flattened event rows (upcast to the current schema versions) with a ``_reason`` (null
     when the record is a valid event) and the record's bytes kept only where there is a reason. What a valid
@@ -288,6 +322,7 @@ def check_records(records):
 
     e = F.col("e")
     text = F.col("_text")
+    envelope_reason, payload_reason = _reason_columns(F)
     parsed = records.select(
         F.col("value"), F.col("value").cast("string").alias("_text"), F.col("topic").alias("kafka_topic"),
         F.col("partition").alias("kafka_partition"), F.col("offset").alias("kafka_offset"), F.col("key"),
@@ -303,9 +338,9 @@ def check_records(records):
         *[e[n].alias(n) for n in envelope_fields],
         *[e["payload"][n].alias(n) for n in payload],
         "kafka_topic", "kafka_partition", "kafka_offset", "value", "key",
-        _envelope_reason(e, text, F).alias("_envelope_reason"))
+        envelope_reason.alias("_envelope_reason"))
     flat = upcast_rows(flat)
-    reason = F.coalesce(F.col("_envelope_reason"), _payload_reason(F))
+    reason = F.coalesce(F.col("_envelope_reason"), payload_reason)
     return flat.withColumn("_reason", reason).select(
         *[F.col(n) for n in envelope_fields[:6]],
         F.col("occurred_at").try_cast("timestamp").alias("occurred_at"),

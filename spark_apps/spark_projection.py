@@ -29,7 +29,7 @@ from projection_core.figures import ARCHIVE_QUERY, READ_MODELS_QUERY
 from projection_core.plan import ARCHIVE, ARCHIVE_STATS_COLUMNS, DEAD_LETTERS, HELD, LEDGER, ProjectionPlan
 from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Generation
 from read_models.spec import ReadModel
-from spark_apps.events import check_records, parse_events, read_event_records, split_checked
+from spark_apps.events import check_records, parse_events, parsed_row_schema, read_event_records, split_checked
 from spark_apps.merge import EVENT_TIME_FORMAT, BatchContext, apply, bookkeeping_tables, ensure_table
 from spark_apps import sequence
 from spark_apps.progress_figures import ProgressFigures
@@ -362,15 +362,7 @@ def stop_query(query, log: Callable[[str], None] = print) -> None:
 
 def spark_event_row_schema(spark):
     """Schema of the parsed event rows (what waits in a ``_pending`` table)."""
-    from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType, \
-        TimestampType
-
-    empty = spark.createDataFrame([], StructType([StructField("key", BinaryType()),
-                                                  StructField("value", BinaryType()), StructField("topic", StringType()),
-                                                  StructField("partition", IntegerType()),
-                                                  StructField("offset", LongType()),
-                                                  StructField("timestamp", TimestampType())]))
-    return parse_events(empty)[0].schema
+    return parsed_row_schema(spark)
 
 
 def dead_letter_schema():
