@@ -24,9 +24,21 @@ class TableNotFound(NotFound, LookupError):
     """No Delta table at the path."""
 
 
-def dataset(path):
+def dataset(path, files=None):
     """The current version of the Delta table at ``path`` (or of a ``deltalake.DeltaTable`` already loaded) as a
-    ``pyarrow.dataset.Dataset`` (lazy: DuckDB and pyarrow read only what a query needs)."""
+    ``pyarrow.dataset.Dataset`` (lazy: DuckDB and pyarrow read only what a query needs). ``files``: only these of
+    its data files (as ``DeltaTable.file_uris()`` names them)."""
+    import pyarrow.dataset as ds
+
+    whole = _dataset(path)
+    if files is None:
+        return whole
+    names = {f.rsplit("/", 1)[-1] for f in files}  # a data file's name is unique in its table (a UUID)
+    return ds.FileSystemDataset([f for f in whole.get_fragments() if f.path.rsplit("/", 1)[-1] in names],
+                                whole.schema, whole.format, whole.filesystem)
+
+
+def _dataset(path):
     import pyarrow as pa
     import pyarrow.dataset as ds
     from deltalake import DeltaTable

@@ -16,6 +16,13 @@ those rows differ from it until the backfill, which the ``backfill_reference`` D
    open stay as they are (step 3 skips them), so the next run, after the watermark passed it, finds them again;
 3. the ledger's rows: one MERGE setting the joined columns, retried when the projection commits first.
 
+What a run reads does not grow with the log: a complete run records, per ledger table, the table's Delta version it
+checked and the reference tables' versions it joined (``<home>/backfill/<model>.json``). The next run reads only the
+rows of the data files added since that version (new batches, compactions, its own rewrites), and of the older
+files only the rows of merchants whose dimension rows changed since (pyarrow skips a file or row group whose
+``merchant_id`` statistics exclude them). Without a record (a first run, a new generation, a run that left rows
+waiting), or where a recorded version can no longer be read, it reads the whole table and says so.
+
 A second run finds nothing to do. The current generation of each model is backfilled (a rebuild's new one is
 built with the dimension of its time; run the backfill after it switches). ``dry_run`` counts and writes nothing.
 """
@@ -35,7 +42,7 @@ from read_models.catalog import ARCHIVE_TABLE, Catalog
 from read_models.enrichment import MERCHANT_COLUMNS, enriched_sql
 from read_models.spec import INSERT_ONCE, WINDOWED_SUM, ReadModel
 
-__all__ = ["Backfill", "BackfillConflict", "backfill", "stale_rows", "ranges"]
+__all__ = ["Backfill", "BackfillConflict", "Checked", "Scope", "backfill", "stale_rows", "scope_since", "ranges"]
 
 MERGE_ATTEMPTS = 5
 WINDOW = dt.timedelta(minutes=1)
@@ -76,6 +83,100 @@ class Backfill:
         return out
 
 
+@dataclass(frozen=True)
+class Checked:
+    """What a backfill checked a ledger table through: the table (its location), the table's Delta version whose
+    rows it compared, the version of each reference table it compared them with, and the merchants of the rows it
+    left waiting (their minute still open), which the next run compares again."""
+    table: str
+    version: int
+    references: dict[str, int | None]
+    waiting: tuple[str, ...] = ()
+
+    @staticmethod
+    def path(settings: Settings, model: str):
+        return settings.home / "backfill" / f"{model}.json"
+
+    @classmethod
+    def load(cls, settings: Settings, model: str) -> "Checked | None":
+        import json
+
+        try:
+            raw = json.loads(cls.path(settings, model).read_text())
+            return cls(str(raw["table"]), int(raw["version"]), dict(raw["references"]),
+                       tuple(raw.get("waiting", ())))
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError):  # a damaged record: the whole table is read again
+            return None
+
+    def save(self, settings: Settings, model: str) -> None:
+        import json
+        import os
+
+        path = self.path(settings, model)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(path.name + ".part")
+        part.write_text(json.dumps({"table": self.table, "version": self.version, "references": self.references,
+                                    "waiting": sorted(self.waiting)}))
+        os.replace(part, path)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The part of a ledger table a backfill compares (``scope_since``): its data files added since the recorded
+    version, whole, and in its other files the rows of ``merchants``."""
+    added: frozenset[str]      # data files (``DeltaTable.file_uris()``)
+    older: frozenset[str]
+    merchants: frozenset[str]  # merchant ids whose reference rows changed since the recorded versions, or whose
+    #                            rows were left waiting
+
+    def lines(self) -> str:
+        return (f"{len(self.added):,} data file(s) added since, and {len(self.merchants):,} merchant(s) changed "
+                f"since in the {len(self.older):,} other(s)")
+
+
+def _changed_merchants(reference: ReferenceTables, name: str, since: int | None, now: int | None) -> set[str]:
+    """The merchant ids whose rows of reference table ``name`` differ between versions ``since`` and ``now``."""
+    from lakehouse.tables import read_table
+    from projection_core.reference import COLUMNS
+
+    def rows(version):
+        if version is None:
+            return set()
+        table = read_table(delta_table(reference.settings.table_path(name), version=version),
+                           columns=list(COLUMNS[name]))
+        return set(zip(*(table.column(c).to_pylist() for c in COLUMNS[name])))
+    return {row[0] for row in rows(since) ^ rows(now)}
+
+
+def scope_since(table, model: ReadModel, reference: ReferenceTables, checked: Checked | None,
+                location: str) -> tuple[Scope | None, str]:
+    """What of ``table`` (the ledger table at ``location``, a ``deltalake.DeltaTable``) a backfill must compare,
+    after ``checked``: (a Scope, what it holds) or (None, why the whole table)."""
+    if checked is None:
+        return None, "no earlier complete run recorded"
+    if checked.table != location:
+        return None, "the last complete run checked another table (generation)"
+    now = reference.versions(model.reference_tables)
+    for name in model.reference_tables:
+        before, current = checked.references.get(name), now[name]
+        if before is not None and (current is None or current < before):
+            return None, f"{name} is older than the last run's version {before} (recreated)"
+    if table.version() < checked.version:
+        return None, f"the table is older than the last run's version {checked.version} (recreated)"
+    try:
+        then = set(delta_table(location, version=checked.version).file_uris())
+        merchants = set(checked.waiting)
+        for name in model.reference_tables:
+            merchants |= _changed_merchants(reference, name, checked.references.get(name), now[name])
+    except Exception as e:  # noqa: BLE001 -- delta-rs: a version whose log has been cleaned up
+        return None, f"a recorded version can no longer be read ({str(e).splitlines()[0][:200]})"
+    files = set(table.file_uris())
+    scope = Scope(frozenset(files - then), frozenset(files & then), frozenset(merchants))
+    return scope, scope.lines()
+
+
 def _exists(path) -> bool:
     try:
         delta_table(path)
@@ -95,26 +196,39 @@ def _windowed(models: list[ReadModel], ledger: ReadModel) -> list[ReadModel]:
             and set(m.event_types) <= set(ledger.event_types) and set(m.reference_tables) <= set(ledger.reference_tables)]
 
 
-def stale_rows(table, model: ReadModel, reference: ReferenceTables, event_time: str = "occurred_at"):
+def stale_rows(table, model: ReadModel, reference: ReferenceTables, event_time: str = "occurred_at",
+               scope: Scope | None = None):
     """The rows of ``table`` (a ``deltalake.DeltaTable`` of insert-once ``model``) whose joined columns differ from
-    the join with the reference tables now: the key, ``event_time`` and the new values, as Arrow."""
+    the join with the reference tables now: the key, ``event_time`` and the new values, as Arrow. ``scope``: only
+    its part of the table (``scope_since``); None: the whole table."""
     import duckdb
+    import pyarrow as pa
+    import pyarrow.dataset as ds
 
     from lakehouse.tables import dataset
 
     columns = [c for c in MERCHANT_COLUMNS.values() if c in model.columns]
     present = set(table.schema().to_arrow().names)  # a table of an older release lacks them: nulls until written
+    read = list(dict.fromkeys([*model.key, "merchant_id", event_time, *(c for c in columns if c in present)]))
+    if scope is None:
+        stored = dataset(table)
+    else:
+        stored = dataset(table, scope.added).to_table(columns=read)
+        if scope.merchants and scope.older:
+            older = dataset(table, scope.older).to_table(
+                columns=read, filter=ds.field("merchant_id").isin(sorted(scope.merchants)))
+            stored = pa.concat_tables([stored, older])
     con = duckdb.connect()
     try:
         con.execute("SET TimeZone = 'UTC'")
-        con.register("stored", dataset(table))
+        con.register("stored", stored)
         for name in model.reference_tables:
             con.register(name, reference.arrow(name))
         keys = ", ".join(dict.fromkeys([*model.key, "merchant_id", event_time]))
         old = ", ".join(f"{c if c in present else 'NULL'} AS _old_{c}" for c in columns)
         joined = enriched_sql(f"(SELECT {keys}, {old} FROM stored)", model.reference_tables)
         differs = " OR ".join(f"{c} IS DISTINCT FROM _old_{c}" for c in columns)
-        picked = ", ".join(dict.fromkeys([*model.key, event_time, *columns]))
+        picked = ", ".join(dict.fromkeys([*model.key, "merchant_id", event_time, *columns]))
         return con.sql(f"SELECT {picked} FROM ({joined}) WHERE {differs}").to_arrow_table()
     finally:
         con.close()
@@ -181,11 +295,27 @@ def _backfill(settings: Settings, models: list[ReadModel], dry_run: bool, reproc
             log(f"backfill: {ledger.name}: its table has no {', '.join(missing)} yet (written by an older release); "
                 f"the projection adds them with its next batch: run the backfill after it")
             continue
-        stale = stale_rows(table, ledger, reference, event_time)
+        location = str(path)
+        checked = Checked.load(settings, ledger.name)
+
+        def scope_now(table=table, ledger=ledger, checked=checked, location=location) -> Scope | None:
+            scope, what = scope_since(table, ledger, reference, checked, location)
+            log(f"backfill: {ledger.name}: comparing {what if scope else 'the whole table: ' + what} "
+                f"(version {table.version()})")
+            return scope
+
+        scanned = table.version()
+        stale = stale_rows(table, ledger, reference, event_time, scope_now())
         result.stale[ledger.name] = stale.num_rows
-        if not stale.num_rows or dry_run:
+        references = {name: result.versions.get(name) for name in ledger.reference_tables}
+        if dry_run:
+            continue
+        if not stale.num_rows:
+            if ledger in models:
+                Checked(location, scanned, references).save(settings, ledger.name)
             continue
         starts = [t.replace(second=0, microsecond=0) for t in stale.column(event_time).to_pylist() if t is not None]
+        waiting: tuple[str, ...] = ()
         if windowed and starts:
             # The windowed models' minutes first; the ledger's rows after, only those whose minute every windowed
             # model has reprocessed (the others wait: the ledger's difference is what finds them next time).
@@ -201,9 +331,12 @@ def _backfill(settings: Settings, models: list[ReadModel], dry_run: bool, reproc
             times = stale.column(event_time)
             ready = pc.fill_null(pc.less(times, pa.scalar(done_until, times.type)), False)
             result.waiting[ledger.name] = stale.num_rows - pc.sum(ready.cast(pa.int64())).as_py()
+            waiting = tuple(set(stale.filter(pc.invert(ready)).column("merchant_id").to_pylist()) - {None})
             stale = stale.filter(ready)
         if ledger in models:
-            result.updated[ledger.name] = _merge(table, ledger, stale, reference, event_time, by, log)
+            result.updated[ledger.name], scanned = _merge(table, ledger, stale, reference, event_time, by, log,
+                                                          scope_now, scanned)
+            Checked(location, scanned, references, waiting).save(settings, ledger.name)
         else:
             result.waiting.pop(ledger.name, None)
     for line in result.lines():
@@ -211,9 +344,11 @@ def _backfill(settings: Settings, models: list[ReadModel], dry_run: bool, reproc
     return result
 
 
-def _merge(table, model: ReadModel, rows, reference: ReferenceTables, event_time: str, by: str, log) -> int:
-    """Set the joined columns of ``rows`` (by key) in ``table``: one MERGE; when another writer commits first, the
-    rows are found again on the new version and the MERGE retried."""
+def _merge(table, model: ReadModel, rows, reference: ReferenceTables, event_time: str, by: str, log,
+           scope_now: Callable[[], Scope | None], scanned: int) -> tuple[int, int]:
+    """Set the joined columns of ``rows`` (found on version ``scanned`` of ``table``, by key): one MERGE; when
+    another writer commits first, the rows are found again on the new version (in ``scope_now()``) and the MERGE
+    retried. -> (rows set, the version whose rows were compared last)."""
     from deltalake import CommitProperties
     from deltalake.exceptions import CommitFailedError
 
@@ -222,18 +357,22 @@ def _merge(table, model: ReadModel, rows, reference: ReferenceTables, event_time
     keys = set(map(tuple, zip(*(rows.column(k).to_pylist() for k in model.key))))
     for attempt in range(1, MERGE_ATTEMPTS + 1):
         if not rows.num_rows:
-            return 0
+            return 0, scanned
         try:
             metrics = (table.merge(rows, predicate=on, source_alias="s", target_alias="t",
                                    commit_properties=CommitProperties(custom_metadata={
                                        "eventlake.backfill": by or "backfill"}))
                        .when_matched_update(updates={c: f"s.{c}" for c in columns}).execute())
-            return int(metrics.get("num_target_rows_updated", rows.num_rows))
+            # Its own commit right after the version compared (no other writer between): the files it rewrote hold
+            # rows compared and set, so the next run need not read them again.
+            return (int(metrics.get("num_target_rows_updated", rows.num_rows)),
+                    table.version() if table.version() == scanned + 1 else scanned)
         except CommitFailedError:
             log(f"backfill: {model.name}: the projection committed first; finding the rows again "
                 f"(attempt {attempt} of {MERGE_ATTEMPTS})")
             table.update_incremental()
-            fresh = stale_rows(table, model, reference, event_time)
+            scanned = table.version()
+            fresh = stale_rows(table, model, reference, event_time, scope_now())
             mine = [i for i, k in enumerate(zip(*(fresh.column(k).to_pylist() for k in model.key))) if k in keys]
             rows = fresh.take(mine)
     raise BackfillConflict(f"backfill: {model.name}: the table changed under each of {MERGE_ATTEMPTS} MERGEs; "

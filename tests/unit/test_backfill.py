@@ -57,3 +57,59 @@ def test_a_payments_table_of_an_older_release_without_the_merchant_columns_is_le
     assert reference_lines(settings) == [f"payments: {len(rows):,} row(s) without their merchant; {known:,} differ "
                                          f"from the reference data now (dim_merchant version 0); eventlake backfill "
                                          f"sets them"]
+
+
+def test_a_backfill_after_a_complete_one_compares_only_the_new_files_and_the_changed_merchants(tmp_path):
+    """What a run reads follows what changed since the last complete run, not the table's size, and it finds every
+    row a whole read finds: new rows (a new file) and the older rows of a merchant the dimension changed."""
+    from deltalake import write_deltalake as write
+
+    from read_models.enrichment import MERCHANT_TABLE
+    from reference_data.merchants import dimension_schema
+    from tests.merchant_history import dimension_rows
+
+    settings = Settings(home=tmp_path)
+    events = events_for(GeneratorConfig(accounts=6, commands=80, merchants=10, seed=5, run_id="scope"))
+    admitted = sequence(events).admitted
+    payments = read_models.get("payments")
+    schema = arrow_schema(payments.schema())
+
+    def unjoined(part):  # payments as a projection writes them before the dimension knows their merchants
+        rows = [{**dict(zip(payments.key, k)), **r} for k, r in payments.expected_rows(part).items()]
+        return pa.Table.from_pylist(rows, schema=schema).select(schema.names)
+
+    path = Catalog(settings).current("payments").table
+    first, later = admitted[: len(admitted) // 2], admitted[len(admitted) // 2:]
+    write(str(path), unjoined(first))
+    write_dimension(settings, events)
+
+    def run():
+        whole = stale_rows(delta_table(path), payments, ReferenceTables(settings)).num_rows
+        lines: list[str] = []
+        result = backfill(settings, log=lines.append)
+        assert result.complete and result.stale == {"payments": whole}, lines  # as many as a whole read finds
+        return result, next(line for line in lines if "comparing" in line)
+
+    done, line = run()
+    assert done.updated["payments"] > 0 and "the whole table: no earlier complete run recorded" in line
+    done, line = run()
+    assert done.stale == {"payments": 0} and "comparing 0 data file(s) added since, and 0 merchant(s)" in line
+
+    write(str(path), unjoined(later), mode="append")  # the projection's next batch
+    done, line = run()
+    assert done.updated["payments"] > 0 and "comparing 1 data file(s) added since, and 0 merchant(s)" in line
+
+    # A load changes one merchant (a new version from before its first payment): its rows in every file differ.
+    dimension = dimension_rows(events)
+    paid = {e.payload["merchant_id"] for e in admitted if e.event_type == "PaymentAuthorized"}
+    changed = next(r for r in dimension if r["valid_to"] is None and r["merchant_id"] in paid)
+    changed["name"] = "Renamed «merchant» 'n'"
+    write(str(settings.table_path(MERCHANT_TABLE)), pa.Table.from_pylist(dimension, schema=dimension_schema()),
+          mode="overwrite")
+    done, line = run()
+    assert done.updated["payments"] > 0 and "and 1 merchant(s) changed since in the" in line, line
+    expected = payments.expected_rows(admitted, {MERCHANT_TABLE: dimension})
+    stored = {tuple(r[k] for k in payments.key): r for r in delta_table(path).to_pyarrow_table().to_pylist()}
+    for key, row in expected.items():
+        assert {c: stored[key][c] for c in MERCHANT_COLUMNS.values()} == \
+            {c: row[c] for c in MERCHANT_COLUMNS.values()}, key
