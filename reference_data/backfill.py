@@ -16,12 +16,13 @@ those rows differ from it until the backfill, which the ``backfill_reference`` D
    open stay as they are (step 3 skips them), so the next run, after the watermark passed it, finds them again;
 3. the ledger's rows: one MERGE setting the joined columns, retried when the projection commits first.
 
-What a run reads does not grow with the log: a complete run records, per ledger table, the table's Delta version it
-checked and the reference tables' versions it joined (``<home>/backfill/<model>.json``). The next run reads only the
-rows of the data files added since that version (new batches, compactions, its own rewrites), and of the older
-files only the rows of merchants whose dimension rows changed since (pyarrow skips a file or row group whose
-``merchant_id`` statistics exclude them). Without a record (a first run, a new generation, a run that left rows
-waiting), or where a recorded version can no longer be read, it reads the whole table and says so.
+What a run reads does not grow with the log: a run records, per ledger table, the table's Delta version it checked,
+the reference tables' versions it joined and the merchants of the rows it left waiting
+(``<home>/backfill/<model>.json``). The next run reads only the rows of the data files added since that version (new
+batches, compactions), and of the older files only the rows of those merchants and of merchants whose dimension rows
+changed since (pyarrow skips a file or row group whose ``merchant_id`` statistics exclude them). Without a record (a
+first run, a new generation), or where a recorded version can no longer be read, it reads the whole table and says
+so.
 
 A second run finds nothing to do. The current generation of each model is backfilled (a rebuild's new one is
 built with the dimension of its time; run the backfill after it switches). ``dry_run`` counts and writes nothing.
@@ -105,9 +106,7 @@ class Checked:
             raw = json.loads(cls.path(settings, model).read_text())
             return cls(str(raw["table"]), int(raw["version"]), dict(raw["references"]),
                        tuple(raw.get("waiting", ())))
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, TypeError):  # a damaged record: the whole table is read again
+        except (OSError, ValueError, KeyError, TypeError):  # none, or damaged: the whole table is read again
             return None
 
     def save(self, settings: Settings, model: str) -> None:
@@ -131,7 +130,7 @@ class Scope:
     merchants: frozenset[str]  # merchant ids whose reference rows changed since the recorded versions, or whose
     #                            rows were left waiting
 
-    def lines(self) -> str:
+    def describe(self) -> str:
         return (f"{len(self.added):,} data file(s) added since, and {len(self.merchants):,} merchant(s) changed "
                 f"since in the {len(self.older):,} other(s)")
 
@@ -155,9 +154,9 @@ def scope_since(table, model: ReadModel, reference: ReferenceTables, checked: Ch
     """What of ``table`` (the ledger table at ``location``, a ``deltalake.DeltaTable``) a backfill must compare,
     after ``checked``: (a Scope, what it holds) or (None, why the whole table)."""
     if checked is None:
-        return None, "no earlier complete run recorded"
+        return None, "no earlier run recorded"
     if checked.table != location:
-        return None, "the last complete run checked another table (generation)"
+        return None, "the last run checked another table (generation)"
     now = reference.versions(model.reference_tables)
     for name in model.reference_tables:
         before, current = checked.references.get(name), now[name]
@@ -174,7 +173,7 @@ def scope_since(table, model: ReadModel, reference: ReferenceTables, checked: Ch
         return None, f"a recorded version can no longer be read ({str(e).splitlines()[0][:200]})"
     files = set(table.file_uris())
     scope = Scope(frozenset(files - then), frozenset(files & then), frozenset(merchants))
-    return scope, scope.lines()
+    return scope, scope.describe()
 
 
 def _exists(path) -> bool:

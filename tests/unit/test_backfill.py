@@ -91,7 +91,7 @@ def test_a_backfill_after_a_complete_one_compares_only_the_new_files_and_the_cha
         return result, next(line for line in lines if "comparing" in line)
 
     done, line = run()
-    assert done.updated["payments"] > 0 and "the whole table: no earlier complete run recorded" in line
+    assert done.updated["payments"] > 0 and "the whole table: no earlier run recorded" in line
     done, line = run()
     assert done.stale == {"payments": 0} and "comparing 0 data file(s) added since, and 0 merchant(s)" in line
 
