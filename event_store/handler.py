@@ -33,6 +33,8 @@ from event_store.batch_decision import (PRODUCER_MESSAGE_MAX_BYTES, DeadLetter, 
                                         StagedChanges, command_ids, decide_records, fit_result, version_of)
 from event_store.collector import CollectorPaced
 from event_store.decider import EventTimeLimit
+from event_store.keys_topic import KeysTopicError
+from event_store.personal_data import KeyRaceLost
 from event_store.sealing import Sealer
 from lakehouse.lineage import Lineage, LineageRun, kafka_topic
 from event_store.envelope import CommandResult, format_time, utc_now
@@ -318,6 +320,15 @@ class CommandHandler:
         except _Stopping:
             self._tx.abort_quietly()
             raise
+        except (KeyRaceLost, KeysTopicError) as e:
+            # The keys this batch sealed with are not settled on the keys topic (another instance made one of them
+            # first, or the topic cannot be written): nothing of it may commit. Decided again, it seals with the
+            # keys the topic holds.
+            self._tx.abort(e)
+            for tp in owned:
+                self.group.rewind(tp, batch[tp][0].offset())
+            self.log(f"handler {self.instance_id}: transaction aborted: {e}; its commands are read again")
+            return _LOST
         except PartitionsMoved as e:
             # Committing could only fail now (KIP-447 fences the offsets of the old generation): abort, and
             # read the records again where this instance still owns the partition.

@@ -6,9 +6,9 @@ and the cluster's authorizer allows only what ``grant_acls`` granted:
 
 | role | may |
 |---|---|
-| handler | read commands (its group, ``handler_group_id``); write (and read back) events, command-results, dead-letters, handler-snapshots; its transactional ids (prefix ``handler_group_id``) |
-| client | write commands; read command-results and events (the fraud policy's group, Spark's ``spark-kafka-source-*`` groups): the CLI, the policy, the detectors |
-| reader | read events and dead-letters (Spark's groups); describe the services' groups (their committed offsets): the projection, status, rebuild, reprocess and the lag exporter |
+| handler | read commands (its group, ``handler_group_id``); write (and read back) events, command-results, dead-letters, handler-snapshots, subject-keys (the keys it makes); its transactional ids (prefix ``handler_group_id``) |
+| client | write commands; read command-results, events and subject-keys (the fraud policy's group, Spark's ``spark-kafka-source-*`` groups): the CLI, the policy, the detectors |
+| reader | read events, dead-letters and subject-keys (Spark's groups); describe the services' groups (their committed offsets): the projection, status, rebuild, reprocess and the lag exporter |
 | admin | everything (the super user): creates topics and grants these ACLs |
 
 Every role may describe every topic of the prefix (``ensure_topics`` lists them). So the events topic has one
@@ -41,7 +41,7 @@ def _rules(settings: Settings) -> dict[str, list[tuple[ResourceType, str, Resour
     topic, group, txn = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
     literal, prefixed = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
     describe_all = [(topic, s.topic_prefix, prefixed, _DESCRIBE)]
-    handler_writes = [s.events_topic, s.results_topic, s.dead_letters_topic, s.snapshots_topic]
+    handler_writes = [s.events_topic, s.results_topic, s.dead_letters_topic, s.snapshots_topic, s.keys_topic]
     return {
         "handler": [*describe_all,
                     (topic, s.commands_topic, literal, _READ),
@@ -53,10 +53,12 @@ def _rules(settings: Settings) -> dict[str, list[tuple[ResourceType, str, Resour
         "client": [*describe_all,
                    (topic, s.commands_topic, literal, _WRITE),
                    (topic, s.results_topic, literal, _READ), (topic, s.events_topic, literal, _READ),
+                   (topic, s.keys_topic, literal, _READ),
                    (group, s.policy_group_id, literal, _READ), (group, s.fraud_detector_group, literal, _READ),
                    (group, SPARK_GROUP_PREFIX, prefixed, _READ)],
         "reader": [*describe_all,
                    (topic, s.events_topic, literal, _READ), (topic, s.dead_letters_topic, literal, _READ),
+                   (topic, s.keys_topic, literal, _READ),
                    (group, SPARK_GROUP_PREFIX, prefixed, _READ), (group, s.dead_letters_watch_group, literal, _READ),
                    *[(group, name, literal, _DESCRIBE)
                      for name in (s.handler_group_id, s.policy_group_id, s.fraud_detector_group)]],

@@ -25,7 +25,7 @@ from lakehouse.kafka_security import confluent_config
 from lakehouse.settings import Settings
 
 __all__ = ["transactional_producer_config", "new_producer", "group_consumer", "group_reader", "range_reader",
-           "offsets_reader", "peek_reader", "bulk_producer", "admin_client", "access_probe", "produce", "produce_records", "RecordSender",
+           "offsets_reader", "peek_reader", "bulk_producer", "keys_reader", "keys_writer", "admin_client", "access_probe", "produce", "produce_records", "RecordSender",
            "close_within", "close_all_within", "take", "REJOIN_WAIT_S", "RejoinWatch", "LagWatch"]
 
 # After its group session was lost (e.g. the broker restarted), a consumer is assigned partitions again within a
@@ -128,6 +128,22 @@ def access_probe(settings: Settings, on_error: Callable, logger) -> confluent_ka
     ``on_error``, librdkafka's log lines to ``logger`` (not stderr), and it retries a closed connection soon."""
     return confluent_kafka.Producer({**confluent_config(settings), "error_cb": on_error, "logger": logger,
                                      "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500})
+
+
+def keys_reader(settings: Settings, logger) -> confluent_kafka.Consumer:
+    """The keys topic's reader (``event_store.keys_topic``): assigned the topic's one partition from a position it
+    is given (no group membership, nothing committed), ``read_committed``; librdkafka's log lines to ``logger``
+    (the topic's owner says once that the broker is away, not every reconnect)."""
+    return confluent_kafka.Consumer({
+        **confluent_config(settings), "group.id": "eventlake-subject-keys-unused", "enable.auto.commit": False,
+        "auto.offset.reset": "earliest", "isolation.level": "read_committed", "fetch.wait.max.ms": 10,
+        "logger": logger})
+
+
+def keys_writer(settings: Settings, logger) -> confluent_kafka.Producer:
+    """The keys topic's writer: idempotent, ``acks=all``, nothing lingers (a key is awaited before a commit)."""
+    return confluent_kafka.Producer({**confluent_config(settings), "enable.idempotence": True, "acks": "all",
+                                     "linger.ms": 0, "logger": logger})
 
 
 def admin_client(settings: Settings) -> AdminClient:

@@ -18,7 +18,7 @@ from lakehouse.kafka_security import kafka_python_config
 from lakehouse.settings import Settings
 from lakehouse.errors import Unavailable
 
-__all__ = ["ensure_topics", "delete_topics", "topic_configs", "make_producer", "make_consumer", "read_all",
+__all__ = ["ensure_topics", "delete_topics", "topic_configs", "topic_partitions", "make_producer", "make_consumer", "read_all",
            "end_offsets", "produce_all", "dead_letter_value", "read_partition", "max_message_bytes", "LogReadStalled"]
 
 
@@ -64,7 +64,19 @@ def topic_configs(settings: Settings) -> dict[str, dict[str, str]]:
         # The handler's snapshots: only the latest value per key matters (see event_store.snapshots).
         settings.snapshots_topic: {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1",
                                    "segment.ms": str(600 * 1000), **durable},
+        # The subjects' keys and tombstones (event_store.keys_topic): a forgotten subject's key must leave the
+        # segments, so compaction is due within keys_topic_compaction_lag_ms of its tombstone; a tombstone is a
+        # value of its own (never null), which compaction keeps.
+        settings.keys_topic: {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01",
+                              "max.compaction.lag.ms": str(settings.keys_topic_compaction_lag_ms),
+                              "segment.ms": str(settings.keys_topic_compaction_lag_ms), **durable},
     }
+
+
+def topic_partitions(settings: Settings, topic: str) -> int:
+    """How many partitions ``topic`` has: the keys topic one (its order decides which key a subject has), the
+    others ``topic_partitions``."""
+    return 1 if topic == settings.keys_topic else settings.topic_partitions
 
 
 def admin(settings: Settings) -> KafkaAdminClient:
@@ -78,7 +90,8 @@ def ensure_topics(settings: Settings, log=print) -> list[str]:
         existing = set(client.list_topics())
         wanted = topic_configs(settings)
         replicas = settings.replication_factor
-        new = [NewTopic(name, settings.topic_partitions, -1 if replicas is None else replicas, topic_configs=cfg)
+        new = [NewTopic(name, topic_partitions(settings, name), -1 if replicas is None else replicas,
+                        topic_configs=cfg)
                for name, cfg in wanted.items() if name not in existing]
         created = []
         if new:
@@ -87,7 +100,7 @@ def ensure_topics(settings: Settings, log=print) -> list[str]:
             except TopicAlreadyExistsError:
                 pass  # a concurrent creator won; the topic is there, which is all we need
             created = [t.name for t in new]
-            log(f"kafka: created topics {', '.join(created)} ({settings.topic_partitions} partitions, "
+            log(f"kafka: created topics {', '.join(created)} ({settings.topic_partitions} partitions (the keys topic 1), "
                 f"replication {replicas or 'the cluster default'})")
         return created
     finally:

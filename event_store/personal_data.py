@@ -12,7 +12,8 @@ letters). This module is the one place that seals and unseals; every reader goes
   a value a command carried (and break a required field's schema), while a refusal becomes the command's rejection
   with a reason, never a silent loss; and a fresh key would make the person readable again, which is what the
   forgetting promised would not happen. Its records (:class:`KeyRecord`: subject id -> key, or a tombstone) are
-  what a compacted Kafka keys topic will carry later.
+  what the compacted keys topic carries: given one (``event_store.keys_topic``), the store follows it as the truth
+  and its files are this machine's copy.
 - Tokens (:func:`seal_value`, :func:`unseal_value`): ``elk1:<subject>:<field>:<sealed>``, the subject id in
   base64url, the field name as it is, and base64url of the 12-byte nonce followed by the ciphertext and GCM tag.
   The associated data binds the token to its subject and field, so an edited subject or field fails to
@@ -38,7 +39,8 @@ from event_store.key_files import b64url as _b64
 from event_store.key_files import unb64url as _unb64
 from lakehouse.errors import BadInput, NotFound, Refused
 
-__all__ = ["SubjectKeys", "KeyRecord", "SealedValueError", "SubjectForgotten", "SubjectKeyMissing", "TOKEN_PREFIX",
+__all__ = ["SubjectKeys", "KeyRecord", "SealedValueError", "SubjectForgotten", "SubjectKeyMissing", "KeyRaceLost",
+           "TOKEN_PREFIX",
            "keys_dir", "is_sealed", "token_head", "token_subject", "associated_data", "personal_fields",
            "personal_fields_by_type", "seal_payload", "unseal_payload"]
 
@@ -65,6 +67,11 @@ class SubjectKeyMissing(NotFound):
     one. Never read as null: that would make a misconfigured home look like an erasure."""
 
 
+class KeyRaceLost(Refused):
+    """Keys this process made were not the first of their subjects on the keys topic (another process made one at
+    the same moment): what was sealed with them must not commit. Decided again, the winners are used."""
+
+
 def keys_dir(home: str | os.PathLike) -> Path:
     """Where a home keeps its subject keys."""
     return Path(home) / "subject-keys"
@@ -77,10 +84,18 @@ class SubjectKeys:
 
     A reader that meets a subject it does not know reads the new journal lines once (another process may have made
     the key); one that holds a key forgotten elsewhere since still reads with it until it :meth:`refresh` es (the
-    keys topic of a later slice tells every reader at once). ``defer_sync`` (the command handler's): appended keys
-    are fsynced by :meth:`sync`, once per transaction before it commits, not once per key."""
+    keys topic tells every reader within ``keys_topic_follow_s``). ``defer_sync`` (the command handler's): appended
+    keys are fsynced by :meth:`sync`, once per transaction before it commits, not once per key.
 
-    def __init__(self, directory: str | os.PathLike, defer_sync: bool = False, compact_after: int = COMPACT_AFTER):
+    With a ``topic`` (``event_store.keys_topic.KeysTopic``) the store follows the keys topic: :meth:`refresh` reads
+    what it gained, a subject unknown here is looked up there (a machine without this home's files restores what
+    it reads), a key made here is provisional (in memory) until :meth:`sync` publishes it and finds it first on the
+    topic (else :class:`KeyRaceLost`), and :meth:`forget` writes its tombstone there first."""
+
+    def __init__(self, directory: str | os.PathLike, defer_sync: bool = False, compact_after: int = COMPACT_AFTER,
+                 topic=None):
+        self.topic = topic
+        self._provisional: dict[str, KeyRecord] = {}  # keys made here, not yet on the topic (with a topic only)
         self._ciphers: dict[str, AESGCM] = {}
         self._sealing: dict[tuple[str, str], tuple[bytes, str]] = {}  # (subject, field) -> (associated data, head)
         # (subject as in tokens, field) -> (subject, associated data): what unseal worked out of a token's head
@@ -101,9 +116,31 @@ class SubjectKeys:
 
     def refresh(self) -> bool:
         """Read what another process changed since (a key made, a subject forgotten): two stats when nothing did, the
-        new journal lines when keys were made, everything after a compaction. A long-running reader or writer calls
-        it once per batch, so a forgetting elsewhere reaches it within a batch. True if something was read."""
-        return self._files.refresh()
+        new journal lines when keys were made, everything after a compaction; and, with a topic, what the keys topic
+        gained (at most every ``keys_topic_follow_s``). A long-running reader or writer calls it once per batch, so
+        a forgetting elsewhere reaches it within a batch. True if something was read."""
+        changed = self._files.refresh()
+        if self.topic is not None:
+            changed = self.topic.follow(self) or changed
+        return changed
+
+    def take(self, records: Iterable[KeyRecord]) -> list[KeyRecord]:
+        """Take the keys topic's ``records``, in its order, into this store and its files: a subject's first key
+        stays (a later, different one lost a race and is ignored), a tombstone wins over a key. -> what changed."""
+        def change(current: Mapping[str, KeyRecord]) -> list[KeyRecord]:
+            seen: dict[str, KeyRecord] = {}
+            out = []
+            for record in records:
+                known = seen.get(record.subject) or current.get(record.subject)
+                if known is None or (record.forgotten and not known.forgotten):
+                    seen[record.subject] = record
+                    out.append(record)
+            return out
+        taken = self._change(change)
+        for record in taken:
+            if record.forgotten:
+                self._ciphers.pop(record.subject, None)
+        return taken
 
     @property
     def _records(self) -> dict[str, KeyRecord]:
@@ -151,8 +188,10 @@ class SubjectKeys:
         if record is None and self.refresh():  # the lines another process appended since, not the whole store
             record = self._records.get(subject)
         if record is None:
-            raise SubjectKeyMissing(f"subject {subject!r}: the key store {self.path} has no key and no tombstone "
-                                    f"for this subject (another home's token, or a lost key store)")
+            record = self._from_topic(subject)
+        if record is None:
+            raise SubjectKeyMissing(f"subject {subject!r}: the key store {self.path}{self._and_topic} has no key "
+                                    f"and no tombstone for this subject (another home's token, or a lost key store)")
         return record.key
 
     def forget(self, subject: str) -> bool:
@@ -160,10 +199,21 @@ class SubjectKeys:
         forgot it, False if it was forgotten already. A subject never seen is tombstoned too: its data, should any
         arrive, is refused."""
         _check_subject(subject)
+        tombstone = KeyRecord(subject, None, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        if self.topic is not None:  # the truth first: every process's store follows it
+            self.topic.follow(self, force=True)
+            if self.state(subject) == "forgotten":
+                return False
+            self._provisional.pop(subject, None)
+            self.topic.publish([tombstone])
+            self.topic.follow(self, force=True)
+            self._ciphers.pop(subject, None)
+            return True
+
         def change(current: Mapping[str, KeyRecord]) -> list[KeyRecord]:
             if subject in current and current[subject].forgotten:
                 return []
-            return [KeyRecord(subject, None, datetime.now(timezone.utc).isoformat(timespec="seconds"))]
+            return [tombstone]
         done = self._change(change)
         self._ciphers.pop(subject, None)
         return bool(done)
@@ -266,11 +316,16 @@ class SubjectKeys:
         record = self._records.get(subject)
         if record is None and self.refresh():  # the lines another process appended since, not the whole store
             record = self._records.get(subject)
+        if record is None and self.topic is not None:
+            # Made by this process in the transaction under way; or, for a reader, on the topic and not here yet.
+            # (A writer does not ask the topic for each new subject: a key another process made since the last
+            # follow is found by sync, which then refuses this one.)
+            record = self._provisional.get(subject) or (None if create else self._from_topic(subject))
         if record is None:
             if not create:
-                raise SubjectKeyMissing(f"field '{field_name}' of subject {subject!r}: the key store {self.path} "
-                                        f"has no key and no tombstone for this subject (another home's token, or a "
-                                        f"lost key store)")
+                raise SubjectKeyMissing(f"field '{field_name}' of subject {subject!r}: the key store "
+                                        f"{self.path}{self._and_topic} has no key and no tombstone for this subject "
+                                        f"(another home's token, or a lost key store)")
             record = self._make_key(subject)
         if record.forgotten:
             if create:
@@ -281,7 +336,25 @@ class SubjectKeys:
         cipher = self._ciphers[subject] = AESGCM(record.key)
         return cipher
 
+    @property
+    def _and_topic(self) -> str:
+        return "" if self.topic is None else f" and the keys topic {self.topic.name}"
+
+    def _from_topic(self, subject: str) -> KeyRecord | None:
+        """``subject``'s record as the keys topic has it (read now; then from its start, should this store have lost
+        records its saved position claims); None without a topic or when it has none."""
+        if self.topic is None:
+            return None
+        self.topic.follow(self, force=True)
+        if subject not in self._records:
+            self.topic.follow(self, from_start=True)
+        return self._records.get(subject)
+
     def _make_key(self, subject: str) -> KeyRecord:
+        if self.topic is not None:  # provisional until sync() finds it first on the topic
+            record = self._provisional[subject] = KeyRecord(subject, AESGCM.generate_key(bit_length=KEY_BYTES * 8))
+            return record
+
         def change(current: Mapping[str, KeyRecord]) -> list[KeyRecord]:
             if subject in current:  # another process may have made it, or forgotten it, meanwhile
                 return []
@@ -294,12 +367,27 @@ class SubjectKeys:
 
     @property
     def unsynced(self) -> bool:
-        """Keys appended and not yet fsynced (``defer_sync``): :meth:`sync` is due before they are used in a commit."""
-        return self._files.unsynced
+        """Keys made and not yet durable (appended and not fsynced with ``defer_sync``, or provisional, not yet on
+        the keys topic): :meth:`sync` is due before they are used in a commit."""
+        return self._files.unsynced or bool(self._provisional)
 
     def sync(self) -> None:
-        """Make the keys appended since the last call durable (``defer_sync``): before a transaction whose events
-        were sealed with them commits."""
+        """Make the keys made since the last call durable: before a transaction whose events were sealed with them
+        commits. With a topic, the provisional keys are published, the topic read back, and each must be the first
+        key of its subject there: else :class:`KeyRaceLost` (the winners are this store's keys from now on, so the
+        same work decided again seals with them). ``KeysTopicError`` when the topic cannot be written or read."""
+        if self._provisional:
+            made = list(self._provisional.values())
+            self.topic.publish(made)
+            self._provisional.clear()
+            self.topic.follow(self, force=True)
+            lost = [r.subject for r in made if self._records.get(r.subject) != r]
+            if lost:
+                for subject in lost:
+                    self._ciphers.pop(subject, None)
+                raise KeyRaceLost(f"the keys of {len(lost)} subject(s) made here (first: {lost[0]!r}) were not the "
+                                  f"first on the keys topic {self.topic.name} (made elsewhere at the same moment, or "
+                                  f"forgotten): what they sealed is decided again")
         self._files.sync()
 
 

@@ -25,7 +25,7 @@ from event_store.personal_data import (SubjectForgotten, SubjectKeys, TOKEN_PREF
                                        personal_fields_by_type)
 from lakehouse.settings import Settings, SettingsError
 
-__all__ = ["Sealer", "Unsealer", "sealing_on", "personal_columns",
+__all__ = ["Sealer", "Unsealer", "sealing_on", "personal_columns", "subject_keys",
            "unsealed_select", "DUCKDB_UNSEAL", "personal_event_fields"]
 
 # The DuckDB function a reader's connection unseals with (``Unsealer.register``): (value, field name) -> value.
@@ -39,6 +39,14 @@ def sealing_on(settings: Settings) -> bool:
         raise SettingsError(f"setting personal_data_seal={value!r}: expected on or off "
                             f"(EVENTLAKE_PERSONAL_DATA_SEAL)")
     return value == "on"
+
+
+def subject_keys(settings: Settings, defer_sync: bool = False) -> SubjectKeys:
+    """The key store of ``settings``' home, following the keys topic unless ``subject_keys_topic`` is off."""
+    from event_store.keys_topic import KeysTopic, keys_topic_on
+
+    topic = KeysTopic(settings) if keys_topic_on(settings) else None
+    return SubjectKeys(keys_dir(settings.home), defer_sync=defer_sync, topic=topic)
 
 
 def unsealed_select(relation: str, columns: Iterable[str]) -> str:
@@ -85,7 +93,7 @@ class Sealer:
         """The sealer of the handler of ``settings``: with sealing off, one that only refuses the commands of
         forgotten subjects (the home's key store holds their tombstones; a missing store is an empty one). The keys
         it makes are made durable once per transaction (:meth:`sync`), not once per key."""
-        return cls(SubjectKeys(keys_dir(settings.home), defer_sync=True), seal=sealing_on(settings))
+        return cls(subject_keys(settings, defer_sync=True), seal=sealing_on(settings))
 
     def sync(self) -> None:
         """Before a transaction commits: the keys its events were sealed with are on disk (fsynced), so no committed
@@ -161,7 +169,7 @@ class Unsealer:
     def __init__(self, settings: Settings | None = None, keys: SubjectKeys | None = None):
         if settings is None and keys is None:
             raise ValueError("Unsealer needs settings (its home's key store) or a key store")
-        self._home = settings.home if settings is not None else None
+        self._settings = settings
         self._keys = keys
         self.personal = personal_event_fields()
         self.columns = personal_columns()
@@ -173,7 +181,7 @@ class Unsealer:
     @property
     def keys(self) -> SubjectKeys:
         if self._keys is None:
-            self._keys = SubjectKeys(keys_dir(self._home))
+            self._keys = subject_keys(self._settings)
         return self._keys
 
     def refresh(self) -> None:

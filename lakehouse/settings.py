@@ -121,10 +121,18 @@ class Settings:
     rebuild_engine: str = "duckdb"
     # "on": the command handler seals every personal field of the events it writes under its data subject's key
     # (<home>/subject-keys; issue 45, docs/forgetting.md) and refuses the commands of a forgotten subject; "off":
-    # events carry personal values in clear. Readers unseal tokens whatever it says. Only the Python readers
-    # unseal so far: with it on, a Spark engine (the projection's, the Spark fraud detector, a Spark rebuild)
-    # refuses to start rather than write tokens into the read models.
+    # events carry personal values in clear. Readers unseal tokens whatever it says (both engines).
     personal_data_seal: str = "off"
+    # "on": every key store follows the compacted keys topic (<prefix>subject-keys; event_store/keys_topic.py), the
+    # truth about the subjects' keys and tombstones, so a process on another machine (a cluster's driver, a handler
+    # that takes a partition) unseals and refuses as this one does; "off": the home's files alone (one machine).
+    subject_keys_topic: str = "on"
+    # How often a key store reads the keys topic for what other processes wrote (seconds): a subject forgotten
+    # elsewhere is refused and reads as null within this. An unknown subject reads it at once.
+    keys_topic_follow_s: float = 1.0
+    # The keys topic's max.compaction.lag.ms: how long a forgotten subject's key may stay in the broker's log
+    # segments after its tombstone (compaction then drops it).
+    keys_topic_compaction_lag_ms: int = 3_600_000
     sql_server_host: str = "127.0.0.1"
     sql_server_port: int = 10000
     # How `eventlake sql-server` checks a login: "password" (the users file below, managed with `eventlake
@@ -241,7 +249,8 @@ class Settings:
         return None if rf is None else max(1, min(2, rf - 1))
 
     def topic(self, name: str) -> str:
-        """Full topic name for one of: commands, events, command-results, dead-letters, handler-snapshots."""
+        """Full topic name for one of: commands, events, command-results, dead-letters, handler-snapshots,
+        subject-keys."""
         return f"{self.topic_prefix}{name}"
 
     @property
@@ -272,6 +281,11 @@ class Settings:
     @property
     def snapshots_topic(self) -> str:
         return self.topic("handler-snapshots")
+
+    @property
+    def keys_topic(self) -> str:
+        """The subjects' data keys and tombstones (compacted, one partition: event_store.keys_topic)."""
+        return self.topic("subject-keys")
 
     def table_path(self, name: str) -> Location:
         """A table that is no read model's: the archive, the dead letters, the catalog, sequence ledgers. A read

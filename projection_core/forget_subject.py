@@ -34,8 +34,7 @@ from event_store.client import EventStore
 from event_store.domains import DOMAINS
 from event_store.envelope import CommandEnvelope
 from event_store.kafka_access import check_access
-from event_store.personal_data import SubjectKeys, keys_dir
-from event_store.sealing import sealing_on
+from event_store.sealing import sealing_on, subject_keys
 from lakehouse.erasure import DEFAULT_GRACE_S, Erasure, QuotingFiles, fault_point, purge_quoting
 from lakehouse.settings import Settings
 from projection_core.checkpoint import COMMITS, METADATA, OFFSETS, SOURCES, last_committed_batch, \
@@ -253,7 +252,8 @@ def forget_subject(settings: Settings, subject: str, reason: str, dry_run: bool 
     """Forget ``subject`` (module docstring): delete their key, wait for the projections' batches planned before,
     record it on the log (``record``), then null and purge their values in every read model and the dead
     letters."""
-    keys = SubjectKeys(keys_dir(settings.home))
+    keys = subject_keys(settings)  # the keys topic's tombstone first, then this home's files (event_store.keys_topic)
+    keys.refresh()
     before = keys.state(subject)
     in_flight: list[InFlight] = []
     if not dry_run:

@@ -61,7 +61,8 @@ def eventlake_env(settings: Settings) -> dict:
     # This checkout's code (and DAGs folder) first, whatever checkout the console script was installed from.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
     env.update(EVENTLAKE_HOME=str(settings.home), EVENTLAKE_TOPIC_PREFIX=settings.topic_prefix,
-               EVENTLAKE_TOPIC_PARTITIONS=str(settings.topic_partitions), EVENTLAKE_SPARK_SHUFFLE_PARTITIONS="2")
+               EVENTLAKE_TOPIC_PARTITIONS=str(settings.topic_partitions), EVENTLAKE_SPARK_SHUFFLE_PARTITIONS="2",
+               EVENTLAKE_SUBJECT_KEYS_TOPIC=settings.subject_keys_topic)
     if settings.kafka_bootstrap_servers:
         env["KAFKA_BOOTSTRAP_SERVERS"] = settings.kafka_bootstrap_servers
     if settings.pushgateway_url:

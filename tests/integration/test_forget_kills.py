@@ -54,7 +54,8 @@ def _home(tmp_path) -> Settings:
 
 def _forget(settings: Settings, fault: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "EVENTLAKE_FAULT_KILL_IN_ERASURE"}
-    env.update(EVENTLAKE_HOME=str(settings.home), PYTHONPATH=str(ROOT))
+    # No broker here: the home's key files alone (the keys topic's tombstone is tests/integration/test_keys_topic.py's).
+    env.update(EVENTLAKE_HOME=str(settings.home), PYTHONPATH=str(ROOT), EVENTLAKE_SUBJECT_KEYS_TOPIC="off")
     if fault:
         env["EVENTLAKE_FAULT_KILL_IN_ERASURE"] = fault
     return subprocess.run([sys.executable, "-c", "from eventlake.cli import entry; entry()", "forget", "cust-ada",

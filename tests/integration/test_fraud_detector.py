@@ -63,6 +63,7 @@ def test_with_sealing_on_the_locations_are_opened_for_the_rule_and_the_state_kee
     from event_store.sealing import Sealer
 
     settings = settings.replace(personal_data_seal="on")
+    kafka_log.ensure_topics(settings, log=lambda *_: None)  # the keys topic the sealer publishes its keys to
     sealer = Sealer.for_settings(settings)
     events = script(sealer)
     sealer.sync()

@@ -171,12 +171,13 @@ def test_only_the_handlers_principal_may_write_the_events_topic(secured):
 
 # Every role against every topic eventlake uses (``kafka_log.topic_configs``), by the topic's name after the
 # prefix: what each role may write and read (event_store/kafka_access.py's table). Everything else is refused.
-TOPICS = ("commands", "events", "command-results", "dead-letters", "handler-snapshots")
+TOPICS = ("commands", "events", "command-results", "dead-letters", "handler-snapshots", "subject-keys")
 ALLOWED = {
-    "handler": {"write": {"events", "command-results", "dead-letters", "handler-snapshots"},
-                "read": {"commands", "events", "command-results", "dead-letters", "handler-snapshots"}},
-    "client": {"write": {"commands"}, "read": {"command-results", "events"}},
-    "reader": {"write": set(), "read": {"events", "dead-letters"}},
+    "handler": {"write": {"events", "command-results", "dead-letters", "handler-snapshots", "subject-keys"},
+                "read": {"commands", "events", "command-results", "dead-letters", "handler-snapshots",
+                         "subject-keys"}},
+    "client": {"write": {"commands"}, "read": {"command-results", "events", "subject-keys"}},
+    "reader": {"write": set(), "read": {"events", "dead-letters", "subject-keys"}},
 }
 
 

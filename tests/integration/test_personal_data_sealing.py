@@ -13,8 +13,8 @@ from event_store.account.fraud_consumer import FraudConsumer
 from event_store.account.fraud_state import SNAPSHOT_FOLDER
 from event_store.envelope import CommandEnvelope, CommandResult, EventEnvelope
 from event_store.handler import CommandHandler
-from event_store.personal_data import SubjectKeys, keys_dir
-from event_store.sealing import Unsealer
+from event_store.personal_data import KeyRecord, keys_dir
+from event_store.sealing import Unsealer, subject_keys
 from expectations.reconciliation import reconcile
 from python_engine.run import PythonProjection
 from read_models.catalog import ARCHIVE_TABLE, Catalog
@@ -114,6 +114,10 @@ def test_sealed_on_the_log_clear_in_the_read_models_and_null_once_forgotten(sett
     snapshots = b"\n".join(r.value or b"" for r in kafka_log.read_all(settings, settings.snapshots_topic))
     assert store and snapshots and b"elk1:" in store + snapshots
     assert [p for p in PLAIN if p.encode() in store + snapshots] == []
+    # The keys it made are on the keys topic (published before the transactions that used them committed).
+    keys_on_topic = [KeyRecord.decode(r.key, r.value) for r in kafka_log.read_all(settings, settings.keys_topic)]
+    assert sorted(r.subject for r in keys_on_topic) == ["cust-ada", "cust-grace"]
+    assert not any(r.forgotten for r in keys_on_topic)
 
     # 2. The Python engine's read models show the plain values; its archive keeps the tokens.
     live = project(settings)
@@ -168,8 +172,9 @@ def test_sealed_on_the_log_clear_in_the_read_models_and_null_once_forgotten(sett
     assert {e.payload.get("customer_name") for e in admitted if e.event_type == "AccountOpened"} == \
         {ADA["customer_name"], GRACE["customer_name"], None}
 
-    # 3. Ada is forgotten: her key goes (the forget command of a later slice will do this and more).
-    assert SubjectKeys(keys_dir(settings.home)).forget("cust-ada")
+    # 3. Ada is forgotten: her key goes, its tombstone on the keys topic first (`eventlake forget`, in 5, does this
+    # and more).
+    assert subject_keys(settings).forget("cust-ada")
     late = [cmd("ReportDeviceLocation", "acc-ada-1", {"location": "IS-AKU", "occurred_at": T}, "ada-late"),
             cmd("OpenAccount", "acc-ada-3", {"customer_id": "cust-ada", "credit_limit_minor": 1, "currency": "EUR",
                                              **ADA}, "ada-new-account"),
@@ -183,10 +188,12 @@ def test_sealed_on_the_log_clear_in_the_read_models_and_null_once_forgotten(sett
     raw = b"\n".join(r.value for r in kafka_log.read_all(settings, settings.events_topic))
     assert [p for p in [*PLAIN, "IS-AKU", "CL-SCL"] if p.encode() in raw] == []
 
-    # 4. The log replayed into new tables (same home, so the same key store): Ada's values are null, Grace's
-    # and every column that is not personal are as before.
-    replay = settings.replace(warehouse_uri=str(tmp_path / "replay" / "warehouse"),
+    # 4. The log replayed into new tables from another home (another machine: no key files, only the broker; the
+    # keys come from the keys topic): Ada's values are null, Grace's and every column that is not personal are as
+    # before.
+    replay = settings.replace(home=tmp_path / "elsewhere", warehouse_uri=str(tmp_path / "replay" / "warehouse"),
                               checkpoints_uri=str(tmp_path / "replay" / "checkpoints"))
+    assert not keys_dir(replay.home).exists()
     rebuilt = project(replay)
     summary_after, payments_after = rebuilt["account_summary"], rebuilt["payments"]
     assert {k[0]: r["last_device_location"] for k, r in summary_after.items()} == {

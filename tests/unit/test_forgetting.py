@@ -26,7 +26,8 @@ def test_each_read_models_personal_columns_are_the_personal_fields_of_its_events
 
 
 def personal_home(tmp_path):
-    settings = Settings.load({}).replace(home=tmp_path / "home")
+    # The home's files alone (no broker here): the keys topic's part is tests/integration/test_keys_topic.py's.
+    settings = Settings.load({}).replace(home=tmp_path / "home", subject_keys_topic="off")
     keys = SubjectKeys(keys_dir(settings.home))
     archive = [{"aggregate_type": "account", "aggregate_id": a, "customer_id": customer, "customer_name": name,
                 "location": place}
@@ -91,6 +92,7 @@ def test_eventlake_forget_deletes_the_key_then_the_values_and_says_what_it_did(t
 
     settings = personal_home(tmp_path)
     monkeypatch.setenv("EVENTLAKE_HOME", str(settings.home))
+    monkeypatch.setenv("EVENTLAKE_SUBJECT_KEYS_TOPIC", "off")  # the home's files alone, as personal_home's
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")  # no broker, whatever runs on this machine
     assert main(["forget", "cust-ada", "--reason", "request #9", "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -203,6 +205,7 @@ def test_a_batch_that_never_commits_or_a_rebuild_running_leaves_forget_incomplet
 
     settings = personal_home(tmp_path)
     monkeypatch.setenv("EVENTLAKE_HOME", str(settings.home))
+    monkeypatch.setenv("EVENTLAKE_SUBJECT_KEYS_TOPIC", "off")
     checkpoint = _projection_checkpoint(settings, "generations/payments/g0002/projection-payments")
     checkpoint.plan(1, {0: 9})
     rebuild = RebuildLock(settings, "account_summary", log=lambda *_: None).acquire()

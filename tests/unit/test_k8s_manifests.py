@@ -442,10 +442,10 @@ def test_topics_are_the_ones_the_code_creates_with_its_configuration():
     topics = {t["spec"]["topicName"]: t for t in _of_kind("KafkaTopic")}
     assert set(topics) == set(wanted)
     assert {settings.commands_topic, settings.events_topic, settings.results_topic, settings.dead_letters_topic,
-            settings.snapshots_topic} == set(topics)
+            settings.snapshots_topic, settings.keys_topic} == set(topics)
     for name, topic in topics.items():
         spec = topic["spec"]
-        assert spec["partitions"] == settings.topic_partitions, name
+        assert spec["partitions"] == kafka_log.topic_partitions(settings, name), name
         assert spec["replicas"] == settings.replication_factor == 3, name
         assert {k: str(v) for k, v in spec["config"].items()} == wanted[name], name
         assert topic["metadata"]["labels"]["strimzi.io/cluster"] == _one("Kafka", "eventlake")["metadata"]["name"]

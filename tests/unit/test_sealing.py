@@ -268,7 +268,7 @@ def _detected(events, state: _GroupState, settings=None) -> list[tuple[str, str,
 def test_the_spark_fraud_detector_opens_sealed_locations_and_keeps_them_sealed_in_its_state(keys, tmp_path):
     # Rule 3 compares the payment's location with the device's: with sealing on both are tokens, opened through the
     # home's key store in Spark's Python workers; the state (Spark's state store and its checkpoints) keeps tokens.
-    settings = Settings.load({}).replace(home=tmp_path)
+    settings = Settings.load({}).replace(home=tmp_path, subject_keys_topic="off")  # no broker here
     decided = [open_account(), located(), pay(),
                pay(location="FR-PAR", command_id="c-pay-2", payment_id="p-2"),
                pay(location="FR-PAR", command_id="c-pay-3", payment_id="p-3")]
