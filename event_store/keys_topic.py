@@ -68,9 +68,11 @@ class KeysTopic:
         self.follow_every_s = settings.keys_topic_follow_s
         self.timeout_s = 10.0
         self._consumer: confluent_kafka.Consumer | None = None
+        self._asker: confluent_kafka.Consumer | None = None
         self._producer: confluent_kafka.Producer | None = None
         self._position: int | None = None  # the next offset to read; None: not known yet (the folder's file)
         self._saved: int | None = None  # the position last written to the folder's file
+        self._fetching_from: int | None = None  # where the assigned consumer's next record is
         self._due = 0.0  # monotonic time from which a periodic follow reads again
         self._said_unavailable = False
 
@@ -135,10 +137,13 @@ class KeysTopic:
         tp = confluent_kafka.TopicPartition(self.name, 0)
         if self._consumer is None:
             self._consumer = keys_reader(self.settings, _QUIET)
+            # The topic's ends are asked by a client of their own: the reader's connection holds a fetch waiting
+            # at the broker, which answers a connection's requests in order (an ask behind it waited ~500 ms).
+            self._asker = keys_reader(self.settings, _QUIET)
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
-                low, high = self._consumer.get_watermark_offsets(tp, timeout=self.timeout_s)
+                low, high = self._asker.get_watermark_offsets(tp, timeout=self.timeout_s)
                 break
             except confluent_kafka.KafkaException as e:
                 error = e.args[0]
@@ -153,31 +158,38 @@ class KeysTopic:
         if start >= high:
             self._position = high
             return []
-        self._consumer.assign([confluent_kafka.TopicPartition(self.name, 0, start)])
+        if start != self._fetching_from:
+            # Assigned once and kept: librdkafka fetches ahead, so the next read finds what came in the local queue
+            # (a handler reads the topic back in every transaction that made keys).
+            self._consumer.assign([confluent_kafka.TopicPartition(self.name, 0, start)])
         records: list[KeyRecord] = []
         position = start
-        deadline = time.monotonic() + self.timeout_s
-        while position < high:
-            if time.monotonic() > deadline:
-                raise KeysTopicError(f"the keys topic {self.name}: offsets {position}..{high} not read within "
-                                     f"{self.timeout_s:.0f}s")
-            for message in self._consumer.consume(10_000, timeout=0.5):
-                error = message.error()
-                if error is not None:
-                    if error.code() == confluent_kafka.KafkaError._PARTITION_EOF:
-                        continue
-                    raise KeysTopicError(f"the keys topic {self.name} cannot be read ({error.str()})")
-                position = message.offset() + 1
-                try:
-                    records.append(KeyRecord.decode(message.key() or b"", message.value() or b""))
-                except (ValueError, UnicodeDecodeError) as e:  # BadInput is a ValueError
-                    self.log(f"subject keys: record at offset {message.offset()} of {self.name} skipped: not a key "
-                             f"record ({e})")
-            # Past offsets compaction removed: the consumer's own position moves over them.
-            moved = self._consumer.position([confluent_kafka.TopicPartition(self.name, 0)])[0].offset
-            position = max(position, moved)
-        self._consumer.unassign()
-        self._position = position
+        try:
+            deadline = time.monotonic() + self.timeout_s
+            while position < high:
+                if time.monotonic() > deadline:
+                    raise KeysTopicError(f"the keys topic {self.name}: offsets {position}..{high} not read within "
+                                         f"{self.timeout_s:.0f}s")
+                # consume() waits until it has as many records as asked or the timeout passed: ask what is there.
+                for message in self._consumer.consume(min(10_000, high - position), timeout=0.2):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == confluent_kafka.KafkaError._PARTITION_EOF:
+                            continue
+                        raise KeysTopicError(f"the keys topic {self.name} cannot be read ({error.str()})")
+                    position = message.offset() + 1
+                    try:
+                        records.append(KeyRecord.decode(message.key() or b"", message.value() or b""))
+                    except (ValueError, UnicodeDecodeError) as e:  # BadInput is a ValueError
+                        self.log(f"subject keys: record at offset {message.offset()} of {self.name} skipped: not a key "
+                                 f"record ({e})")
+                # Past offsets compaction removed: the consumer's own position moves over them.
+                moved = self._consumer.position([confluent_kafka.TopicPartition(self.name, 0)])[0].offset
+                position = max(position, moved)
+        except BaseException:
+            self._fetching_from = None  # what it consumed was not taken: assigned again at the position
+            raise
+        self._position = self._fetching_from = position
         return records
 
     def _saved_position(self, directory) -> int | None:
@@ -204,7 +216,8 @@ class KeysTopic:
     def close(self) -> None:
         if self._consumer is not None:
             self._consumer.close()
-            self._consumer = None
+            self._asker.close()
+            self._consumer = self._asker = None
         if self._producer is not None:
             self._producer.flush(self.timeout_s)
             self._producer = None

@@ -137,6 +137,7 @@ class SubjectKeys:
                     out.append(record)
             return out
         taken = self._change(change)
+        self._files.sync()  # durable before the topic's position is recorded past them (keys_topic)
         for record in taken:
             if record.forgotten:
                 self._ciphers.pop(record.subject, None)

@@ -101,3 +101,39 @@ def test_without_the_broker_a_store_goes_on_with_its_files_and_an_unknown_subjec
         stranger.seal("cust-new", "location", "FO-TOR")
         stranger.topic.timeout_s = 1.0
         stranger.sync()
+
+
+def test_a_handler_whose_new_key_lost_the_race_decides_its_transaction_again_with_the_winner(settings, tmp_path):
+    from event_store.envelope import EventEnvelope
+    from event_store.handler import CommandHandler
+    from event_store.sealing import Sealer
+    from tests.integration.test_personal_data_sealing import ADA, commands_of, results, send
+
+    settings = settings.replace(personal_data_seal="on")
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    # The handler's store has read the topic and will not again by itself: the other home's key comes within
+    # keys_topic_follow_s of the handler's transaction, so the handler makes a key of its own for her.
+    keys = subject_keys(settings.replace(keys_topic_follow_s=3600.0), defer_sync=True)
+    keys.refresh()
+    elsewhere, reader_home = _homes(settings, tmp_path, "elsewhere", "reader")
+    other = subject_keys(elsewhere, defer_sync=True)
+    other.seal("cust-ada", "customer_name", "made elsewhere first")
+    other.sync()
+    commands = commands_of("acc-ada", "cust-ada", ADA, ["IS-RKV", "FO-TOR"], 2)
+    send(settings, commands)
+    lines: list[str] = []
+    handler = CommandHandler(settings, log=lines.append)
+    handler.sealer = Sealer(keys)
+    with handler:
+        handler.run(until_caught_up=True, max_seconds=120)
+    aborted = [line for line in lines if "transaction aborted" in line]
+    assert len(aborted) == 1 and "made here (first: 'cust-ada') were not the first on the keys topic" in aborted[0]
+    answered = results(settings)
+    assert [answered[c.command_id].status for c in commands] == ["accepted"] * len(commands)
+    # What committed was sealed under the winner: a third home, which knows only the topic, opens every value.
+    events = [EventEnvelope.from_json(r.value) for r in kafka_log.read_all(settings, settings.events_topic)]
+    reader = subject_keys(reader_home)
+    opened = [reader.unseal(e.payload[f], field_name=f) for e in events for f in ("customer_name", "location")
+              if e.payload.get(f) is not None]
+    assert opened == [ADA["customer_name"], "IS-RKV", "IS-RKV", "FO-TOR"]
+    assert [r.subject for r in _topic(settings)] == ["cust-ada", "cust-ada"]  # the winner, then the handler's
