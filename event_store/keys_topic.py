@@ -101,8 +101,10 @@ class KeysTopic:
                 produce(self._producer, self.name, value, key, partition=0, on_delivery=delivered)
             left = self._producer.flush(self.timeout_s)
         except confluent_kafka.KafkaException as e:
-            raise KeysTopicError(f"the keys topic {self.name}: {len(records)} key record(s) not written ({e})") from None
+            left, failed = -1, [str(e)]
         if left or failed:
+            # A new producer for the next try: this one may hold them still, or be fenced for good (a fatal error).
+            self._producer = None
             reason = failed[0] if failed else f"not acknowledged within {self.timeout_s:.0f}s"
             raise KeysTopicError(f"the keys topic {self.name}: {len(records)} key record(s) not written ({reason})")
 
@@ -116,7 +118,7 @@ class KeysTopic:
         if not force and not from_start and now < self._due:
             return False
         try:
-            records = self._read(keys.directory, from_start)
+            records, position = self._read(keys.directory, from_start)
         except KeysTopicError as e:
             if force or from_start:
                 raise
@@ -129,11 +131,17 @@ class KeysTopic:
         self._said_unavailable = False
         self._due = now + self.follow_every_s
         if records:
-            keys.take(records)
+            try:
+                keys.take(records)
+            except BaseException:
+                self._fetching_from = None  # not taken: read again from the position before them
+                raise
+        self._position = position
         self._save_position(keys.directory)
         return bool(records)
 
-    def _read(self, directory, from_start: bool) -> list[KeyRecord]:
+    def _read(self, directory, from_start: bool) -> tuple[list[KeyRecord], int]:
+        """The records from the position (or the topic's start) to its end, and the position after them."""
         tp = confluent_kafka.TopicPartition(self.name, 0)
         if self._consumer is None:
             self._consumer = keys_reader(self.settings, _QUIET)
@@ -156,8 +164,7 @@ class KeysTopic:
             self._position = self._saved_position(directory)
         start = low if from_start or self._position is None or not low <= self._position <= high else self._position
         if start >= high:
-            self._position = high
-            return []
+            return [], start
         if start != self._fetching_from:
             # Assigned once and kept: librdkafka fetches ahead, so the next read finds what came in the local queue
             # (a handler reads the topic back in every transaction that made keys).
@@ -189,8 +196,8 @@ class KeysTopic:
         except BaseException:
             self._fetching_from = None  # what it consumed was not taken: assigned again at the position
             raise
-        self._position = self._fetching_from = position
-        return records
+        self._fetching_from = position
+        return records, position  # the caller moves the position once it took the records
 
     def _saved_position(self, directory) -> int | None:
         try:
