@@ -139,10 +139,11 @@ class CommandHandler:
                      f"{self.sealer.keys.directory} (personal_data_seal=on; docs/forgetting.md)")
         self._rebuilder.open()
         self.group.join()
+        keys = (s.keys_topic,) if self.sealer.sealing and self.sealer.keys.topic is not None else ()
         self._lineage_run = self.lineage.start(
             f"handler.{s.handler_group_id}", [kafka_topic(s, s.commands_topic)],
             [kafka_topic(s, topic) for topic in (s.events_topic, s.results_topic, s.dead_letters_topic,
-                                                 s.snapshots_topic)])
+                                                 s.snapshots_topic, *keys)])
 
     def _read_size_limits(self) -> int:
         """Read what one record may weigh in each topic the handler writes commands' outcomes to (the topic's

@@ -118,6 +118,11 @@ def test_sealed_on_the_log_clear_in_the_read_models_and_null_once_forgotten(sett
     keys_on_topic = [KeyRecord.decode(r.key, r.value) for r in kafka_log.read_all(settings, settings.keys_topic)]
     assert sorted(r.subject for r in keys_on_topic) == ["cust-ada", "cust-grace"]
     assert not any(r.forgotten for r in keys_on_topic)
+    from lakehouse.lineage import events_file, read_events  # ... and its lineage names the keys topic as written
+
+    starts = [e for e in read_events(events_file(settings))
+              if e["eventType"] == "START" and e["job"]["name"].startswith("handler.")]
+    assert starts and all(settings.keys_topic in [d["name"] for d in e["outputs"]] for e in starts)
 
     # 2. The Python engine's read models show the plain values; its archive keeps the tokens.
     live = project(settings)
