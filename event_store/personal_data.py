@@ -202,14 +202,15 @@ class SubjectKeys:
         _check_subject(subject)
         tombstone = KeyRecord(subject, None, datetime.now(timezone.utc).isoformat(timespec="seconds"))
         if self.topic is not None:  # the truth first: every process's store follows it
+            self._files.refresh()
             self.topic.follow(self, force=True)
-            if self.state(subject) == "forgotten":
-                return False
+            already = self.state(subject) == "forgotten"
+            # Written even then: a tombstone only these files hold (made with the topic off) must reach the others.
             self._provisional.pop(subject, None)
             self.topic.publish([tombstone])
             self.topic.follow(self, force=True)
             self._ciphers.pop(subject, None)
-            return True
+            return not already
 
         def change(current: Mapping[str, KeyRecord]) -> list[KeyRecord]:
             if subject in current and current[subject].forgotten:
