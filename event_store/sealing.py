@@ -96,8 +96,9 @@ class Sealer:
         return cls(subject_keys(settings, defer_sync=True), seal=sealing_on(settings))
 
     def sync(self) -> None:
-        """Before a transaction commits: the keys its events were sealed with are on disk (fsynced), so no committed
-        event ever holds a token whose key a power cut lost."""
+        """Before a transaction commits: the keys its events were sealed with are on the keys topic, first of their
+        subjects (else ``KeyRaceLost``), and on disk (fsynced), so no committed event ever holds a token whose key a
+        power cut or another machine's key could take away (``SubjectKeys.sync``)."""
         self.keys.sync()
 
     def refresh(self) -> None:
