@@ -209,6 +209,8 @@ class CommandHandler:
             if batch:
                 self.process(batch)
             elif until_caught_up and self.group.caught_up(self._rebuilder.reader.end_offsets):
+                # Caught up means readable too: a projection run until caught up next sees every event written.
+                self._rebuilder.wait_until_visible(self.partitions, TRANSACTION_TIMEOUT_MS / 1000)
                 break
             else:  # idle: what the last writes mapped of the state stores is handed back
                 for part in list(self.partitions.values()):

@@ -16,7 +16,7 @@ import itertools
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from kafka import TopicPartition
 from kafka.errors import KafkaError
@@ -445,6 +445,38 @@ class PartitionRebuilder:
             self.log(f"handler {self.instance_id}: snapshot of partition {p} unreadable ({type(e).__name__}: {e}); "
                      f"rebuilding from the whole log")
             return None
+
+    def wait_until_visible(self, partitions: Iterable[int], timeout_s: float) -> bool:
+        """Wait until what is written so far to the events and results topics' ``partitions`` can be read by a
+        ``read_committed`` reader; False (and a log line) if it cannot be seen within ``timeout_s``.
+
+        A committed transaction is not yet readable when its commit returns: the broker writes its commit markers
+        to the partitions after it answers, so their last stable offsets move a moment later (under load, long
+        enough for a reader started at once to stop short of the transaction: a projection run until caught up
+        right after the handler was, seen in CI). The high watermarks read here include every record written so
+        far; the wait ends when the stable offsets reach them (an open transaction of another instance is also
+        waited for, up to ``timeout_s``)."""
+        s = self.settings
+        tps = [TopicPartition(topic, p) for p in sorted(partitions) for topic in (s.events_topic, s.results_topic)]
+        if not tps:
+            return True
+        deadline = time.monotonic() + timeout_s
+        try:
+            high = self.watermarks.end_offsets(tps)
+            while True:
+                stable = self.reader.end_offsets(tps)
+                if all(stable[tp] >= high[tp] for tp in tps):
+                    return True
+                if time.monotonic() > deadline:
+                    self.log(f"handler {self.instance_id}: what was written is not yet readable by read_committed "
+                             f"readers after {timeout_s:.0f}s (stable offsets {stable}, high watermarks {high}): "
+                             f"an open transaction of another instance holds it back")
+                    return False
+                self._keepalive()
+                self._wait(0.05)
+        except KafkaError as e:
+            self.log(f"handler {self.instance_id}: could not check that what was written is readable ({e!r})")
+            return False
 
     def _wait_until_stable(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         """Wait until no open transaction (e.g. of a killed instance) holds back the end of ``tps``; their
