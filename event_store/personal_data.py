@@ -38,6 +38,7 @@ from event_store.key_files import COMPACT_AFTER, KEY_BYTES, KeyFiles, KeyRecord
 from event_store.key_files import b64url as _b64
 from event_store.key_files import unb64url as _unb64
 from lakehouse.errors import BadInput, NotFound, Refused
+from lakehouse.faults import fault_point
 
 __all__ = ["SubjectKeys", "KeyRecord", "SealedValueError", "SubjectForgotten", "SubjectKeyMissing", "KeyRaceLost",
            "TOKEN_PREFIX",
@@ -208,6 +209,7 @@ class SubjectKeys:
             # Written even then: a tombstone only these files hold (made with the topic off) must reach the others.
             self._provisional.pop(subject, None)
             self.topic.publish([tombstone])
+            fault_point("after-topic-tombstone")  # killed here, the next forget finds the tombstone and goes on
             self.topic.follow(self, force=True)
             self._ciphers.pop(subject, None)
             return not already

@@ -26,34 +26,22 @@ counts what a run would do and changes nothing. The predicate is SQL that both D
 """
 from __future__ import annotations
 
-import os
 import re
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from lakehouse.errors import BadInput
+from lakehouse.faults import fault_point
 from lakehouse.tables import TableNotFound
 
-__all__ = ["Erasure", "ErasureError", "erase", "REASON_KEY", "DEFAULT_GRACE_S", "fault_point", "values_held",
+__all__ = ["Erasure", "ErasureError", "erase", "REASON_KEY", "DEFAULT_GRACE_S", "values_held",
            "QuotingFiles", "purge_quoting"]
 
 REASON_KEY = "eventlake.erasure"  # in the UPDATE commit's commitInfo: why the values were erased
 DEFAULT_GRACE_S = 900.0
 UPDATE_ATTEMPTS = 5  # the UPDATE's commit, when another writer keeps committing to the table first
-# A fault hook for the crash test (tests/integration/test_forget_kills.py): with this variable set to a step's name,
-# the process SIGKILLs itself there: "after-key" (read_models.forgetting: the key deleted), "after-update" (the UPDATE committed), "after-checkpoint" (the log's checkpoint
-# written, nothing deleted), "after-first-delete" (one old commit or data file deleted).
-FAULT_STEP = os.environ.get("EVENTLAKE_FAULT_KILL_IN_ERASURE", "")
-
-
-def fault_point(step: str) -> None:
-    if FAULT_STEP == step:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 class ErasureError(BadInput, ValueError):
     """An erasure that cannot run as asked (a remote table, no columns, no reason)."""
 

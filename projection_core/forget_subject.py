@@ -35,7 +35,8 @@ from event_store.domains import DOMAINS
 from event_store.envelope import CommandEnvelope
 from event_store.kafka_access import check_access
 from event_store.sealing import sealing_on, subject_keys
-from lakehouse.erasure import DEFAULT_GRACE_S, Erasure, QuotingFiles, fault_point, purge_quoting
+from lakehouse.erasure import DEFAULT_GRACE_S, Erasure, QuotingFiles, purge_quoting
+from lakehouse.faults import fault_point
 from lakehouse.settings import Settings
 from projection_core.checkpoint import COMMITS, METADATA, OFFSETS, SOURCES, last_committed_batch, \
     planned_not_committed
