@@ -199,9 +199,12 @@ def test_repeated_generator_runs_land_on_time(spark, settings):
         with EventStore(settings) as store:
             store.send_raw(records)
         with CommandHandler(settings, log=lambda *_: None) as handler:
-            handled = handler.run(until_caught_up=True, max_seconds=120).commands
-        assert handled == len(records), f"run {run_id}: the handler handled {handled} of {len(records)} commands"
-        project(spark, settings, [read_models.get("account_summary"), MERCHANT_MINUTE_VOLUME])  # the two read below
+            handled = handler.run(until_caught_up=True, max_seconds=120)
+        assert handled.commands == len(records), \
+            f"run {run_id}: the handler handled {handled.commands} of {len(records)} commands"
+        run = project(spark, settings, [read_models.get("account_summary"), MERCHANT_MINUTE_VOLUME])  # the two read
+        assert run.input_rows == handled.events, \
+            f"run {run_id}: the projection read {run.input_rows} of the {handled.events} events written"
     _, late = query_duckdb(settings, "SELECT event_id, event_time, watermark FROM late_events")
     assert late == []
     _, [(authorized, declined)] = query_duckdb(
