@@ -389,6 +389,10 @@ class SubjectKeys:
             if lost:
                 for subject in lost:
                     self._ciphers.pop(subject, None)
+                # Compaction keeps a subject's *latest* record: left last, the key that lost would be the one a
+                # home that reads the compacted topic later takes (and a tombstone it followed would be gone).
+                # The winners are written again, after it.
+                self.topic.publish([self._records[s] for s in lost if s in self._records])
                 raise KeyRaceLost(f"the keys of {len(lost)} subject(s) made here (first: {lost[0]!r}) were not the "
                                   f"first on the keys topic {self.topic.name} (made elsewhere at the same moment, or "
                                   f"forgotten): what they sealed is decided again")
