@@ -14,6 +14,8 @@ files under the home) follows.
   in the key store's folder (``keys-topic.json``), so a restart reads only what came after; a store that lost
   records its position claims (a kill before its journal reached the disk) is filled by reading the topic from its
   start when a subject is missing.
+- **A store's own records reach it**: a key store that holds records but never followed this topic (its home sealed
+  with the topic off) publishes, on its first follow, what the topic does not hold (``KeysTopic._adopt``).
 - **Key bytes leave the topic by compaction**: a tombstone is a record of its own (never Kafka's null), so
   compaction keeps it and drops the key before it; the topic's ``max.compaction.lag.ms`` bounds how long the
   bytes stay in the broker's segments (``keys_topic_compaction_lag_ms``, an hour by default).
@@ -117,10 +119,17 @@ class KeysTopic:
         now = time.monotonic()
         if not force and not from_start and now < self._due:
             return False
+        asked = force or from_start
+        # A store that never followed this topic but holds records (made with the topic off, or under another
+        # topic's name) brings them to it: read from the topic's start, then what only these files hold published.
+        if self._position is None and self._saved_position(keys.directory) is None and len(keys):
+            from_start, adopting = True, {record.subject: record for record in keys.records()}
+        else:
+            adopting = None
         try:
             records, position = self._read(keys.directory, from_start)
         except KeysTopicError as e:
-            if force or from_start:
+            if asked:
                 raise
             self._due = now + max(self.follow_every_s, 30.0)
             if not self._said_unavailable:
@@ -136,9 +145,41 @@ class KeysTopic:
             except BaseException:
                 self._fetching_from = None  # not taken: read again from the position before them
                 raise
+        if adopting:
+            try:
+                self._adopt(adopting, records)
+            except KeysTopicError as e:
+                self._fetching_from = None  # no position kept: read from the start again next time, and publish
+                if asked:
+                    raise
+                self._due = now + max(self.follow_every_s, 30.0)
+                self.log(f"subject keys: {e}; the key store {keys.directory}'s own records are published later")
+                return bool(records)
         self._position = position
         self._save_position(keys.directory)
         return bool(records)
+
+    def _adopt(self, local: dict[str, KeyRecord], on_topic: list[KeyRecord]) -> None:
+        """Publish the ``local`` records the topic (``on_topic``: all of it, in order) does not hold: keys it does
+        not know, tombstones of subjects it still has a key for. A subject the topic holds another key for is said
+        (its values sealed here open only with these files)."""
+        first: dict[str, KeyRecord] = {}
+        for record in on_topic:
+            known = first.get(record.subject)
+            if known is None or (record.forgotten and not known.forgotten):
+                first[record.subject] = record
+        missing = [record for subject, record in local.items()
+                   if subject not in first or (record.forgotten and not first[subject].forgotten)]
+        differing = sorted(subject for subject, record in local.items() if not record.forgotten
+                           and subject in first and not first[subject].forgotten and first[subject].key != record.key)
+        self.publish(missing)
+        if missing:
+            self.log(f"subject keys: {len(missing)} record(s) that only the key store's files held published to the "
+                     f"keys topic {self.name}")
+        if differing:
+            self.log(f"subject keys: {len(differing)} subject(s) (first: {differing[0]!r}) have another key on the "
+                     f"keys topic {self.name} than in this key store: values this home sealed for them open only "
+                     f"here; values sealed elsewhere, only with the topic's key")
 
     def _read(self, directory, from_start: bool) -> tuple[list[KeyRecord], int]:
         """The records from the position (or the topic's start) to its end, and the position after them."""

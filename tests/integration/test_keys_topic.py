@@ -86,6 +86,39 @@ def test_homes_that_share_only_the_broker_open_each_others_values_and_forget_tog
     assert [r.forgotten for r in _topic(settings) if r.subject == "cust-files-only"] == [True]
 
 
+def test_a_home_whose_keys_were_made_with_the_topic_off_brings_them_to_it_on_its_first_follow(settings, tmp_path):
+    """Keys and a tombstone only a home's files hold (made before the topic was on) are published on the first
+    follow: another home then opens those values and refuses the forgotten subject; a subject the topic already
+    holds another key for is said, and the topic's key is kept."""
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    old_home, elsewhere_home, other_home = _homes(settings, tmp_path, "old", "elsewhere", "other")
+    racing = subject_keys(other_home, defer_sync=True)
+    racing.seal("cust-both", "location", "there")
+    racing.sync()  # on the topic first
+    files_only = subject_keys(old_home.replace(subject_keys_topic="off"))
+    tokens = {s: files_only.seal(s, "location", f"place of {s}") for s in (ADA, ODD, "cust-both")}
+    assert files_only.forget("cust-gone")
+    assert len(_topic(settings)) == 1
+
+    lines: list[str] = []
+    home = subject_keys(old_home)
+    home.topic.log = lines.append
+    home.refresh()  # its first follow
+    assert {r.subject: r.forgotten for r in _topic(settings)} == \
+        {"cust-both": False, ADA: False, ODD: False, "cust-gone": True}
+    assert any("3 record(s) that only the key store's files held published" in line for line in lines), lines
+    assert any("1 subject(s) (first: 'cust-both') have another key" in line for line in lines), lines
+    assert home.unseal(tokens["cust-both"], field_name="location") == "place of cust-both"  # its own, here
+
+    elsewhere = subject_keys(elsewhere_home)
+    assert [elsewhere.unseal(tokens[s], field_name="location") for s in (ADA, ODD)] == \
+        [f"place of {s}" for s in (ADA, ODD)]
+    assert elsewhere.state("cust-gone") == "forgotten"
+    published = len(_topic(settings))
+    subject_keys(old_home).refresh()  # its position is kept: nothing published again
+    assert len(_topic(settings)) == published
+
+
 def test_without_the_broker_a_store_goes_on_with_its_files_and_an_unknown_subject_names_the_topic(settings, tmp_path):
     kafka_log.ensure_topics(settings, log=lambda *_: None)
     [home] = _homes(settings, tmp_path, "home")
