@@ -42,6 +42,8 @@ __all__ = ["Erasure", "ErasureError", "erase", "REASON_KEY", "DEFAULT_GRACE_S", 
 REASON_KEY = "eventlake.erasure"  # in the UPDATE commit's commitInfo: why the values were erased
 DEFAULT_GRACE_S = 900.0
 UPDATE_ATTEMPTS = 5  # the UPDATE's commit, when another writer keeps committing to the table first
+
+
 class ErasureError(BadInput, ValueError):
     """An erasure that cannot run as asked (a remote table, no columns, no reason)."""
 
