@@ -34,7 +34,7 @@ from typing import Callable, Iterable
 import confluent_kafka
 
 from event_store.kafka_clients import keys_reader, keys_writer, produce
-from event_store.key_files import KeyRecord
+from event_store.key_files import KeyRecord, merge_record
 from lakehouse.errors import Unavailable
 from lakehouse.settings import Settings, SettingsError
 
@@ -122,7 +122,7 @@ class KeysTopic:
         asked = force or from_start
         # A store that never followed this topic but holds records (made with the topic off, or under another
         # topic's name) brings them to it: read from the topic's start, then what only these files hold published.
-        if self._position is None and self._saved_position(keys.directory) is None and len(keys):
+        if self._position is None and len(keys) and self._saved_position(keys.directory) is None:
             from_start, adopting = True, {record.subject: record for record in keys.records()}
         else:
             adopting = None
@@ -165,9 +165,7 @@ class KeysTopic:
         (its values sealed here open only with these files)."""
         first: dict[str, KeyRecord] = {}
         for record in on_topic:
-            known = first.get(record.subject)
-            if known is None or (record.forgotten and not known.forgotten):
-                first[record.subject] = record
+            merge_record(first, record)
         missing = [record for subject, record in local.items()
                    if subject not in first or (record.forgotten and not first[subject].forgotten)]
         differing = sorted(subject for subject, record in local.items() if not record.forgotten

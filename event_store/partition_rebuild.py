@@ -460,28 +460,20 @@ class PartitionRebuilder:
         tps = [TopicPartition(topic, p) for p in sorted(partitions) for topic in (s.events_topic, s.results_topic)]
         if not tps:
             return True
-        deadline = time.monotonic() + timeout_s
         try:
-            high = self.watermarks.end_offsets(tps)
-            while True:
-                stable = self.reader.end_offsets(tps)
-                if all(stable[tp] >= high[tp] for tp in tps):
-                    return True
-                if time.monotonic() > deadline:
-                    self.log(f"handler {self.instance_id}: what was written is not yet readable by read_committed "
-                             f"readers after {timeout_s:.0f}s (stable offsets {stable}, high watermarks {high}): "
-                             f"an open transaction of another instance holds it back")
-                    return False
-                self._keepalive()
-                self._wait(0.05)
-        except KafkaError as e:
-            self.log(f"handler {self.instance_id}: could not check that what was written is readable ({e!r})")
+            self._wait_until_stable(tps, timeout_s)
+            return True
+        except RebuildDeferred as e:
+            self.log(f"handler {self.instance_id}: what was written is not yet known to be readable by "
+                     f"read_committed readers ({e})")
             return False
 
-    def _wait_until_stable(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+    def _wait_until_stable(self, tps: list[TopicPartition],
+                           timeout_s: float | None = None) -> dict[TopicPartition, int]:
         """Wait until no open transaction (e.g. of a killed instance) holds back the end of ``tps``; their
-        last stable offsets. Raises RebuildDeferred when the broker does not answer or the wait is too long."""
-        deadline = time.monotonic() + self._stable_wait_s
+        last stable offsets. Raises RebuildDeferred when the broker does not answer or the wait is longer than
+        ``timeout_s`` (default: ``stable_wait_s``)."""
+        deadline = time.monotonic() + (self._stable_wait_s if timeout_s is None else timeout_s)
         while True:
             self._keepalive()
             try:
