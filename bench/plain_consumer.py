@@ -29,7 +29,7 @@ def _time(text: str | None) -> dt.datetime | None:
 def _schemas():
     """The pyarrow schemas of ``account_summary`` and ``payments``, from the read models' own definitions."""
     from read_models.account import ACCOUNT_SUMMARY, PAYMENTS
-    from spark_apps.archive_fold import arrow_schema
+    from spark_apps.arrow_rows import arrow_schema
 
     return arrow_schema(ACCOUNT_SUMMARY.schema()), arrow_schema(PAYMENTS.schema())
 

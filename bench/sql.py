@@ -71,7 +71,7 @@ def build_device_tables(settings: Settings, devices: int, minutes: int) -> tuple
     from deltalake import write_deltalake
 
     from read_models.iot import DEVICE_MINUTE_READINGS, DEVICE_STATUS
-    from spark_apps.archive_fold import arrow_schema
+    from spark_apps.arrow_rows import arrow_schema
 
     started = time.perf_counter()
     rng = np.random.default_rng(7)

@@ -28,10 +28,10 @@ from projection_core.reference import ReferenceTables
 from read_models.catalog import ARCHIVE_TABLE
 from read_models.enrichment import enriched_sql
 from read_models.spec import CURRENT_STATE_BY_VERSION, INSERT_ONCE, WINDOWED_SUM, ReadModel
-from spark_apps.arrow_rows import in_schema
+from spark_apps.arrow_rows import arrow_schema, in_schema
 from projection_core.rebuild_errors import RebuildError
 
-__all__ = ["supports", "archive_position", "fold_archive", "arrow_schema"]
+__all__ = ["supports", "archive_position", "fold_archive"]
 
 # The archive's columns every step may read (its bookkeeping columns included).
 _LOG_ORDER = "kafka_partition, kafka_offset"
@@ -46,27 +46,6 @@ def supports(models: list[ReadModel], paths: list[str]) -> str:
     if remote:
         return f"not a local path: {remote[0]}"
     return ""
-
-
-def arrow_schema(struct):
-    """A pyspark ``StructType`` as a pyarrow schema (Delta's types: string, long, int, timestamp in UTC ...)."""
-    import pyarrow as pa
-    from pyspark.sql import types as T
-
-    def arrow_type(t):
-        simple = {T.StringType: pa.string(), T.LongType: pa.int64(), T.IntegerType: pa.int32(),
-                  T.ShortType: pa.int16(), T.ByteType: pa.int8(), T.BooleanType: pa.bool_(),
-                  T.DoubleType: pa.float64(), T.FloatType: pa.float32(), T.BinaryType: pa.binary(),
-                  T.DateType: pa.date32(), T.TimestampType: pa.timestamp("us", tz="UTC"),
-                  T.TimestampNTZType: pa.timestamp("us")}
-        for kind, arrow in simple.items():
-            if type(t) is kind:
-                return arrow
-        if isinstance(t, T.DecimalType):
-            return pa.decimal128(t.precision, t.scale)
-        raise TypeError(f"no Arrow type for the Spark type {t.simpleString()}")
-
-    return pa.schema([pa.field(f.name, arrow_type(f.dataType), nullable=f.nullable) for f in struct.fields])
 
 
 def _event_row_schema(archive_schema):

@@ -54,7 +54,17 @@ RETRIED_CONFLICTS = ("ConcurrentAppendException", "ConcurrentDeleteReadException
 def ensure_table(spark, path: Path, schema, stats_columns: tuple[str, ...] | None = None) -> None:
     """Create the Delta table if missing. ``stats_columns``: the columns Delta keeps min/max statistics of for
     data skipping (default: Delta's first 32); statistics on every wide string column cost more to write than
-    the Parquet itself, so the tables written per batch name the columns readers filter on."""
+    the Parquet itself, so the tables written per batch name the columns readers filter on. A local table is
+    created with delta-rs (``lakehouse.tables.ensure_table``: the same table, in a fraction of a second where
+    Spark's CREATE takes seconds, more in a JVM that has not run one yet); one under a storage URI with Spark."""
+    from lakehouse.storage import is_remote
+
+    if not is_remote(path):
+        from lakehouse.tables import ensure_table as ensure_local_table
+        from spark_apps.arrow_rows import arrow_schema
+
+        ensure_local_table(path, arrow_schema(schema), tuple(stats_columns) if stats_columns else None)
+        return
     from delta.tables import DeltaTable
 
     if DeltaTable.isDeltaTable(spark, str(path)):

@@ -24,7 +24,7 @@ def write_folded(settings: Settings, events) -> None:
     """Each read model's table as the plain-Python fold of ``events`` (what the projection must produce)."""
     import pyarrow as pa
 
-    from spark_apps.archive_fold import arrow_schema
+    from spark_apps.arrow_rows import arrow_schema
 
     dimension = reference(events)  # the merchants joined as of each payment's time (some unknown: nulls)
     for model in read_models.REGISTRY.values():

@@ -373,7 +373,7 @@ def test_backfill_reference_sets_the_merchants_of_payments_projected_before_thei
     from infra.airflow import airflow_home
     from read_models.enrichment import MERCHANT_COLUMNS
     from read_models.sequence import sequence
-    from spark_apps.archive_fold import arrow_schema
+    from spark_apps.arrow_rows import arrow_schema
     from tests.merchant_history import reference, write_dimension
 
     settings = Settings(home=tmp_path)

@@ -112,7 +112,7 @@ def test_a_limited_batch_reads_every_partition_in_proportion_to_its_lag(settings
 
 
 def test_the_event_row_schema_is_the_spark_parsers(spark):
-    from spark_apps.archive_fold import arrow_schema
+    from spark_apps.arrow_rows import arrow_schema
     from spark_apps.spark_projection import spark_event_row_schema
 
     assert [(f.name, f.type) for f in event_row_schema()] == \

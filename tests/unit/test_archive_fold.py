@@ -4,7 +4,8 @@ import pytest
 from pyspark.sql import types as T
 
 import read_models
-from spark_apps.archive_fold import arrow_schema, supports
+from spark_apps.archive_fold import supports
+from spark_apps.arrow_rows import arrow_schema
 
 
 def test_every_read_model_folds_in_duckdb_on_local_paths_and_falls_back_to_spark_with_the_reason():

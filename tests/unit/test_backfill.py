@@ -18,7 +18,7 @@ from read_models.catalog import Catalog
 from read_models.enrichment import MERCHANT_COLUMNS
 from read_models.sequence import sequence
 from reference_data.backfill import backfill, ranges, stale_rows
-from spark_apps.archive_fold import arrow_schema
+from spark_apps.arrow_rows import arrow_schema
 from spark_apps.status import reference_lines
 from tests.domain_helpers import events_for
 from tests.merchant_history import reference, write_dimension

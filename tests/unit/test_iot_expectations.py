@@ -10,7 +10,7 @@ from expectations.checks import context
 from expectations.iot import SUITES
 from read_models.iot import MODELS
 from read_models.sequence import sequence
-from spark_apps.archive_fold import arrow_schema
+from spark_apps.arrow_rows import arrow_schema
 from tests.unit.test_iot_read_models import LOG
 
 GE = context()

@@ -21,7 +21,7 @@ import read_models
 from eventlake.query import QueryError, query_duckdb
 from eventlake.read_only import lock_duckdb
 from lakehouse.settings import Settings
-from spark_apps.archive_fold import arrow_schema
+from spark_apps.arrow_rows import arrow_schema
 
 EVENTLAKE = str(Path(sys.executable).parent / "eventlake")
 ROOT = str(Path(__file__).resolve().parents[2])

@@ -340,8 +340,8 @@ def test_an_account_summary_table_made_before_the_customer_columns_gains_them(tm
     from deltalake import DeltaTable, write_deltalake
 
     import read_models
-    from python_engine.tables import add_missing_columns
-    from spark_apps.archive_fold import arrow_schema
+    from lakehouse.tables import add_missing_columns
+    from spark_apps.arrow_rows import arrow_schema
 
     schema = arrow_schema(read_models.get("account_summary").schema())
     old = pa.schema([f for f in schema if f.name not in ("customer_name", "customer_email")])

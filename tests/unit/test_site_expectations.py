@@ -9,7 +9,7 @@ import pytest
 from expectations.checks import context
 from expectations.site import SUITES
 from read_models.site import MODELS
-from spark_apps.archive_fold import arrow_schema
+from spark_apps.arrow_rows import arrow_schema
 from tests.unit.test_site_read_models import ADMITTED
 
 GE = context()
