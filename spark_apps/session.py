@@ -116,14 +116,20 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print, ex
     lineage = spark_lineage_conf(settings, app_name, log) if job and not under_spark_submit else {}
     extra_conf = {**lineage, **(extra_conf or {}), "spark.jars": ",".join(
         filter(None, [lineage.get("spark.jars"), (extra_conf or {}).get("spark.jars")]))}
+    ivy = settings.cache_dir / "ivy"
+    resolved = None
     if not under_spark_submit:
-        ivy = settings.cache_dir / "ivy"
-        if not (ivy / "jars").exists():
-            log(f"spark: resolving {', '.join(SPARK_PACKAGES)} from Maven Central into {ivy} (once) ...")
+        # On a local master, the packages Ivy resolved before (listed by ``_record_resolved``) are put on the
+        # class path as they are: Ivy's resolution, offline from its cache, costs every JVM a second or more.
+        resolved = resolved_packages(ivy) if settings.spark_master.startswith("local") else None
+        if resolved is None:
+            if not (ivy / "jars").exists():
+                log(f"spark: resolving {', '.join(SPARK_PACKAGES)} from Maven Central into {ivy} (once) ...")
+            builder = (builder.config("spark.jars.packages", ",".join(SPARK_PACKAGES))
+                       .config("spark.jars.excludes", ",".join(SPARK_PACKAGE_EXCLUDES)))
         builder = (builder.master(settings.spark_master)
-                   .config("spark.jars.packages", ",".join(SPARK_PACKAGES))
-                   .config("spark.jars.excludes", ",".join(SPARK_PACKAGE_EXCLUDES))
-                   .config("spark.jars", ",".join([*(str(j) for j in extra_jars(settings, log)),
+                   .config("spark.jars", ",".join([*(str(j) for j in resolved or ()),
+                                                    *(str(j) for j in extra_jars(settings, log)),
                                                     *filter(None, [(extra_conf or {}).get("spark.jars")])]))
                    .config("spark.jars.ivy", str(ivy))
                    .config("spark.driver.memory", settings.spark_driver_memory)
@@ -186,6 +192,8 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print, ex
             os.dup2(saved, 2)
             os.close(saved)
     spark.sparkContext.setLogLevel("WARN")
+    if not under_spark_submit and resolved is None and settings.spark_master.startswith("local"):
+        _record_resolved(spark, ivy)
     if not under_spark_submit and not settings.spark_master.startswith("local"):
         _ship_packages_to_executors(spark, settings.cache_dir / "ivy" / "jars")
     log(f"spark: {spark.version} session {app_name} ({spark.sparkContext.master}); JVM log {log_file}")
@@ -235,6 +243,52 @@ def delta_table_exists(spark, path) -> bool:
     from delta.tables import DeltaTable
 
     return DeltaTable.isDeltaTable(spark, str(path))
+
+
+# What Ivy resolved SPARK_PACKAGES to, under the Ivy folder: {"packages", "excludes", "jars": [file names]}.
+RESOLVED_FILE = "eventlake-resolved.json"
+
+
+def resolved_packages(ivy: Path) -> list[Path] | None:
+    """The jars Ivy resolved ``SPARK_PACKAGES`` to in an earlier session (``_record_resolved``), or None: none
+    recorded, recorded for other packages (an upgrade), or a jar gone from the cache."""
+    import json
+
+    try:
+        recorded = json.loads((ivy / RESOLVED_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(recorded, dict) or (recorded.get("packages"), recorded.get("excludes")) != (
+            list(SPARK_PACKAGES), list(SPARK_PACKAGE_EXCLUDES)):
+        return None
+    jars = [ivy / "jars" / str(name) for name in recorded.get("jars") or ()]
+    return jars if jars and all(j.is_file() for j in jars) else None
+
+
+def _record_resolved(spark, ivy: Path) -> None:
+    """Record the jars of ``ivy``/jars that this session's Ivy resolution put on its class path (PySpark's
+    launcher lists them in ``spark.repl.local.jars``), for ``resolved_packages`` (one atomic replace: sessions may
+    start at once)."""
+    import json
+    from urllib.parse import urlsplit
+
+    folder = (ivy / "jars").resolve()
+    names = []
+    conf = spark.sparkContext.getConf()
+    for entry in (conf.get("spark.repl.local.jars", "") or conf.get("spark.jars", "") or "").split(","):
+        path = Path(urlsplit(entry).path if "://" in entry or entry.startswith("file:") else entry)
+        if path.suffix == ".jar" and path.parent.resolve() == folder:
+            names.append(path.name)
+    if not names:
+        return
+    target = ivy / RESOLVED_FILE
+    partial = target.with_name(f"{RESOLVED_FILE}.{os.getpid()}.partial")
+    try:
+        partial.write_text(json.dumps({"packages": list(SPARK_PACKAGES), "excludes": list(SPARK_PACKAGE_EXCLUDES),
+                                       "jars": sorted(names)}))
+        os.replace(partial, target)
+    except OSError:
+        partial.unlink(missing_ok=True)  # a later session records it
 
 
 def _ship_packages_to_executors(spark, resolved: Path) -> None:
