@@ -32,7 +32,7 @@ from lakehouse.settings import PROJECT_ROOT, Settings
 from lakehouse.errors import BadInput
 
 __all__ = ["APPS", "PACKAGED", "SubmitError", "Package", "package", "package_paths", "resolved_jars", "submit_conf",
-           "submit_command", "lineage_conf", "JOB_APPS", "shown", "run"]
+           "submit_command", "lineage_conf", "lineage_job", "JOB_APPS", "shown", "run"]
 
 # App name (what `eventlake spark-submit` takes) -> the module whose main(argv) the launcher calls.
 APPS = {
@@ -171,9 +171,37 @@ def lineage_conf(settings: Settings, app: str, app_args: list[str] = (), log=pri
         if arg.startswith("-"):
             break
         leading.append(re.sub(r"[^A-Za-z0-9_.-]", "_", arg)[:80])
-    conf = spark_lineage_conf(settings, "-".join(["eventlake", app, *leading]), log)
+    parent = None
+    job = lineage_job(app, list(app_args))
+    if job and settings.lineage_parent:  # our run in the driver, under the same parent: the application's parent
+        from lakehouse.lineage import LineageRun, planned_run_id
+
+        parent = LineageRun(planned_run_id(settings.lineage_parent, job), job, (), (),
+                            namespace=settings.lineage_namespace)
+    conf = spark_lineage_conf(settings, "-".join(["eventlake", app, *leading]), log, parent)
     jars = tuple(Path(j) for j in conf.pop("spark.jars", "").split(",") if j)
     return jars, conf
+
+
+def lineage_job(app: str, app_args: list[str]) -> str | None:
+    """The OpenLineage job of the run a submitted batch app starts in its driver, when it starts one run
+    (``Lineage.planned``): ``rebuild`` of one model, ``airflow-job`` rebuild-build, reprocess-range and backfill;
+    None otherwise (several models, maintenance: the application's parent is then ``lineage_parent``)."""
+    args = []
+    for arg in app_args:  # the leading positional arguments (options follow them)
+        if arg.startswith("-"):
+            break
+        args.append(arg)
+    if app == "rebuild" and len(args) == 1:
+        return f"rebuild.{args[0]}"
+    if app == "airflow-job" and args:
+        if args[0] == "rebuild-build" and len(args) > 1:
+            return f"rebuild.{args[1]}"
+        if args[0] == "reprocess-range" and len(args) > 1:
+            return f"reprocess.{args[1]}"
+        if args[0] == "backfill":
+            return "backfill"
+    return None
 
 
 def submit_conf(settings: Settings, master: str, deploy_mode: str = "client",

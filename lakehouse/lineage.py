@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 
 from lakehouse.settings import Settings, SettingsError
 
-__all__ = ["Lineage", "LineageRun", "Dataset", "parent_from_id", "detector_run", "kafka_topic", "table", "database",
-           "read_events", "events_file", "spark_events_file"]
+__all__ = ["Lineage", "LineageRun", "Dataset", "parent_from_id", "planned_run_id", "detector_run", "kafka_topic", "table",
+           "database", "read_events", "events_file", "spark_events_file"]
 
 PRODUCER = "https://github.com/eventlake/eventlake/lakehouse/lineage.py"
 # How Spark's OpenLineage listener names an s3a:// location (the Hadoop scheme of S3): the same dataset.
@@ -63,6 +63,14 @@ def parent_from_id(parent_id: str) -> LineageRun:
         raise SettingsError(f"setting lineage_parent={parent_id!r} (EVENTLAKE_LINEAGE_PARENT): expected "
                             f"<namespace>/<job>/<run id, a UUID>")
     return LineageRun(run_id, job, (), (), namespace=namespace)
+
+
+def planned_run_id(parent_id: str, job: str) -> str:
+    """The id of our run of ``job`` under the parent run ``parent_id`` (``<namespace>/<job>/<run id>``), known
+    before the run starts and the same in every process that knows both: a job submitted to a cluster names it as
+    its Spark application's parent on the submission's line, and the driver starts its run under it. One run of a
+    job per parent run (an Airflow task's try)."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"openlineage:{parent_id}/{job}"))
 
 
 def kafka_topic(settings: Settings, topic: str) -> Dataset:
@@ -160,12 +168,21 @@ class Lineage:
     def enabled(self) -> bool:
         return self._client is not None
 
+    def planned(self, job: str) -> LineageRun:
+        """The run of ``job`` this process will start, its id known now (``start(..., run_id=)``): so that the
+        Spark application it runs the job in is the run's child (``spark_apps.session.build_session``'s
+        ``lineage_parent``). Under a parent run (``lineage_parent``): ``planned_run_id``, which a submitting
+        process can name as well; otherwise a new id."""
+        settings = self.settings
+        run_id = planned_run_id(settings.lineage_parent, job) if settings.lineage_parent else str(uuid.uuid4())
+        return LineageRun(run_id, job, (), (), self.parent, namespace=self.namespace)
+
     def start(self, job: str, inputs: Iterable[Dataset] = (), outputs: Iterable[Dataset] = (),
-              parent: LineageRun | None = None, job_type: str = "SERVICE") -> LineageRun:
+              parent: LineageRun | None = None, job_type: str = "SERVICE", run_id: str | None = None) -> LineageRun:
         """Emit the START of a new run of ``job`` (in this namespace) reading ``inputs`` and writing ``outputs``,
-        a child of ``parent`` if given; ``job_type``: SERVICE (a long-running service), JOB, QUERY, ... -> the
-        run, for ``complete`` or ``fail``."""
-        run = LineageRun(str(uuid.uuid4()), job, tuple(inputs), tuple(outputs), parent or self.parent)
+        a child of ``parent`` if given; ``job_type``: SERVICE (a long-running service), JOB, QUERY, ...;
+        ``run_id``: its id when planned (``planned``) -> the run, for ``complete`` or ``fail``."""
+        run = LineageRun(run_id or str(uuid.uuid4()), job, tuple(inputs), tuple(outputs), parent or self.parent)
         self._emit(run, "START", job_type=job_type)
         return run
 
@@ -177,9 +194,10 @@ class Lineage:
 
     @contextmanager
     def running(self, job: str, inputs: Iterable[Dataset] = (), outputs: Iterable[Dataset] = (),
-                parent: LineageRun | None = None, job_type: str = "JOB") -> Iterator[LineageRun]:
+                parent: LineageRun | None = None, job_type: str = "JOB",
+                run_id: str | None = None) -> Iterator[LineageRun]:
         """A run of ``job`` around the block: START, then COMPLETE, or FAIL with the exception (re-raised)."""
-        run = self.start(job, inputs, outputs, parent, job_type)
+        run = self.start(job, inputs, outputs, parent, job_type, run_id)
         try:
             yield run
         except BaseException as e:

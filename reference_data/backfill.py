@@ -245,11 +245,13 @@ def ranges(minutes: list[dt.datetime], gap: dt.timedelta = dt.timedelta(minutes=
 
 
 def backfill(settings: Settings, names: list[str] | None = None, *, dry_run: bool = False,
-             reprocess: Reprocess | None = None, by: str = "", log: Callable[[str], None] = print) -> Backfill:
+             reprocess: Reprocess | None = None, by: str = "", log: Callable[[str], None] = print,
+             lineage_run_id: str | None = None) -> Backfill:
     """Backfill the read models ``names`` (default: every one that joins reference data) of ``settings``' home
     (module docstring). ``reprocess`` recomputes a windowed model's closed minutes (needed only when a windowed
     model's minutes changed; without it those rows wait). Its OpenLineage run (job ``backfill``, not for a dry
-    run): the reference tables and the archive in, the models' current tables out."""
+    run): the reference tables and the archive in, the models' current tables out; ``lineage_run_id``: its id
+    when planned (``Lineage.planned``: the parent of the Spark application that reprocesses)."""
     models = [m for m in read_models.select(names) if m.reference_tables]
     if names and len(models) < len(names):
         plain = sorted(set(names) - {m.name for m in models})
@@ -261,7 +263,7 @@ def backfill(settings: Settings, names: list[str] | None = None, *, dry_run: boo
     references = sorted({t for m in models for t in m.reference_tables})
     inputs = [table(settings.table_path(n)) for n in [*references, ARCHIVE_TABLE]]
     outputs = [table(catalog.current(m.name).table) for m in models]
-    with Lineage.for_settings(settings, log).running("backfill", inputs, outputs):
+    with Lineage.for_settings(settings, log).running("backfill", inputs, outputs, run_id=lineage_run_id):
         return _backfill(settings, models, dry_run, reprocess, by, log)
 
 

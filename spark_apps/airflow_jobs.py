@@ -78,7 +78,7 @@ def rebuild_build(settings: Settings, name: str, dag_id: str, run_id: str,
     nothing behind."""
     from lakehouse import metrics
     from projection_core.rebuild_lock import RebuildLock, airflow_owner
-    from spark_apps.rebuild import ProgressPush, build_generation, start_generation
+    from spark_apps.rebuild import ProgressPush, build_generation, rebuild_run, start_generation
     from spark_apps.session import build_session
 
     by = f"airflow {dag_id}/{run_id}"
@@ -86,9 +86,10 @@ def rebuild_build(settings: Settings, name: str, dag_id: str, run_id: str,
     progress = ProgressPush(settings, name, dag_id, log)  # each step, to the Pushgateway
     try:
         previous, generation = start_generation(settings, name, by, f"{dag_id} DAG", log)
-        spark = build_session(settings, app_name=f"eventlake-rebuild-{name}", log=log, job=True)
+        run = rebuild_run(settings, name)  # the Spark application's parent in lineage
+        spark = build_session(settings, app_name=f"eventlake-rebuild-{name}", log=log, job=True, lineage_parent=run)
         try:
-            built = build_generation(spark, settings, name, generation.number, by, log, progress)
+            built = build_generation(spark, settings, name, generation.number, by, log, progress, run.run_id)
         finally:
             spark.stop()
     except BaseException:
@@ -131,16 +132,18 @@ def reprocess_range(settings: Settings, name: str, start, end, dag_id: str, run_
     ``reprocess_skipped``, no Spark). Returns the figures of its asset event: ``table_version`` is None when
     nothing was committed. Raises ReprocessError (bad input) or ReprocessRefused (e.g. windows not closed)."""
     from lakehouse import metrics
-    from spark_apps.reprocess import parse_bound, reprocess
+    from spark_apps.reprocess import parse_bound, reprocess, reprocess_run
     from spark_apps.session import build_session
 
     t1, t2 = parse_bound(start, "--from"), parse_bound(end, "--to")
     skipped = reprocess_skipped(settings, name, t1, t2, log)
     if skipped is not None:
         return skipped
-    spark = build_session(settings, app_name=f"eventlake-reprocess-{name}", job=True)
+    run = reprocess_run(settings, name)  # the Spark application's parent in lineage
+    spark = build_session(settings, app_name=f"eventlake-reprocess-{name}", job=True, lineage_parent=run)
     try:
-        outcome = reprocess(spark, settings, name, t1, t2, by=f"airflow {dag_id} {run_id}", log=log)
+        outcome = reprocess(spark, settings, name, t1, t2, by=f"airflow {dag_id} {run_id}", log=log,
+                            lineage_run_id=run.run_id)
     finally:
         spark.stop()
     metrics.push(settings, dag_id, {"read_model": name}, outcome.samples())

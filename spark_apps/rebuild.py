@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from lakehouse.lineage import Lineage, kafka_topic, table
+from lakehouse.lineage import Lineage, LineageRun, kafka_topic, table
 from lakehouse.settings import Settings
 from projection_core.rebuild_errors import RebuildError, RebuildFailed
 from projection_core.rebuild_lock import RebuildLock
@@ -22,7 +22,7 @@ from read_models.spec import CURRENT_STATE_BY_VERSION, WINDOWED_SUM
 from spark_apps.rebuild_fold import FoldResult, FoldTargets, catch_up_offsets, fold_archive, fold_steps
 
 __all__ = ["RebuildOutcome", "BuildResult", "rebuild", "start_generation", "build_generation", "check_generation",
-           "switch_generation", "rebuild_models", "main"]
+           "switch_generation", "rebuild_models", "rebuild_run", "main"]
 
 
 @dataclass
@@ -128,11 +128,14 @@ def start_generation(settings: Settings, name: str, by: str, reason: str = "",
 
 def build_generation(spark, settings: Settings, name: str, number: int, by: str,
                      log: Callable[[str], None] = print,
-                     progress: Callable[[int, int, float], None] | None = None) -> BuildResult:
+                     progress: Callable[[int, int, float], None] | None = None,
+                     lineage_run_id: str | None = None) -> BuildResult:
     """Steps 1-3 on a reserved generation: fold the archive into it, catch it up from Kafka, mark it ready (the
     live projection writes it too from its next batch) and catch up once more. Progress lines name the events
     done of the total and an ETA; ``progress(done, total, elapsed_s)`` is called after each step (the fold's,
-    then each catch-up). An error abandons the generation (readers never saw it) and is raised."""
+    then each catch-up). An error abandons the generation (readers never saw it) and is raised.
+    ``lineage_run_id``: the id of its OpenLineage run when planned (``rebuild_run``: the Spark application's
+    parent)."""
     import read_models
     from read_models.catalog import Catalog
     from spark_apps.spark_projection import Projection
@@ -161,7 +164,7 @@ def build_generation(spark, settings: Settings, name: str, number: int, by: str,
     run = lineage.start(f"rebuild.{name}", [table(settings.table_path(ARCHIVE_TABLE)),
                                             kafka_topic(settings, settings.events_topic),
                                             *(table(settings.table_path(t)) for t in model.reference_tables)],
-                        [table(generation.table)], job_type="JOB")
+                        [table(generation.table)], job_type="JOB", run_id=lineage_run_id)
     try:
         folded = fold_archive(spark, settings, [model], targets, log=log, on_step=lambda done, _total: report(done))
         catalog.record_position(name, number, folded.position, by)
@@ -249,7 +252,7 @@ def switch_generation(settings: Settings, name: str, number: int, previous: int,
 
 
 def rebuild(spark, settings: Settings, name: str, by: str = "", reason: str = "", dry_run: bool = False,
-            log: Callable[[str], None] = print) -> RebuildOutcome:
+            log: Callable[[str], None] = print, lineage_run_id: str | None = None) -> RebuildOutcome:
     """Build the next generation of read model ``name`` while the current one keeps serving, check it, and
     switch readers to it in one catalog commit (issue 9):
 
@@ -270,7 +273,7 @@ def rebuild(spark, settings: Settings, name: str, by: str = "", reason: str = ""
     started = time.monotonic()
     with RebuildLock(settings, name, log):
         previous, generation = start_generation(settings, name, who, reason, log)
-        built = build_generation(spark, settings, name, generation.number, who, log)
+        built = build_generation(spark, settings, name, generation.number, who, log, lineage_run_id=lineage_run_id)
         lines = check_generation(settings, name, generation.number, previous, who, log)
         switched = switch_generation(settings, name, generation.number, previous, who, reason, dry_run, log)
         outcome = RebuildOutcome(name, generation.number, previous, switched, built.fold, built.caught_up_events,
@@ -289,6 +292,11 @@ def _abandon_quietly(catalog, name: str, number: int, by: str, reason: str, log:
         catalog.drop(name, number, by, reason)
     except Exception as e:  # noqa: BLE001 -- the original error matters more
         log(f"rebuild: {name}: could not abandon generation {number} ({e}); the next rebuild will")
+
+
+def rebuild_run(settings: Settings, name: str) -> LineageRun:
+    """The OpenLineage run a rebuild of ``name`` will start (``Lineage.planned``: job ``rebuild.<name>``)."""
+    return Lineage.for_settings(settings).planned(f"rebuild.{name}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,12 +322,16 @@ def rebuild_models(settings: Settings, names: list[str], by: str, reason: str = 
     its checks or could not start, after trying the others."""
     from spark_apps.session import build_session
 
-    spark = build_session(settings, app_name="eventlake-rebuild", job=True)
+    # One model: its rebuild's OpenLineage run is the Spark application's parent (several share the application,
+    # whose parent is then the settings' lineage_parent, as each rebuild's run's is).
+    planned = rebuild_run(settings, names[0]) if len(names) == 1 else None
+    spark = build_session(settings, app_name="eventlake-rebuild", job=True, lineage_parent=planned)
     failed = 0
     try:
         for name in names:
             try:
-                outcome = rebuild(spark, settings, name, by=by, reason=reason, dry_run=dry_run)
+                outcome = rebuild(spark, settings, name, by=by, reason=reason, dry_run=dry_run,
+                                  lineage_run_id=planned.run_id if planned else None)
             except RebuildError as e:
                 print(f"eventlake rebuild: {e}", file=sys.stderr)
                 for line in getattr(e, "lines", ()):

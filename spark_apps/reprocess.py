@@ -32,16 +32,17 @@ from dataclasses import dataclass
 from typing import Callable
 
 from event_store.sealing import Unsealer
+from lakehouse.lineage import Lineage, LineageRun, table
 from lakehouse.settings import Settings
 from projection_core.reference import ReferenceTables
-from read_models.catalog import REPROCESSED_AT
+from read_models.catalog import ARCHIVE_TABLE, REPROCESSED_AT
 from read_models.spec import WINDOWED_SUM, ReadModel
 from lakehouse.errors import BadInput, Refused
 from spark_apps.reference_join import with_reference
 from spark_apps.unsealing import unsealed
 
 __all__ = ["ReprocessError", "ReprocessRefused", "ReprocessOutcome", "WINDOW", "parse_bound", "validate",
-           "late_events_waiting", "reprocess", "reprocess_closed"]
+           "late_events_waiting", "reprocess", "reprocess_closed", "reprocess_run"]
 
 # The windows of a windowed model are event-time minutes (its fold: date_trunc('minute'), window_end = +1 minute).
 WINDOW = dt.timedelta(minutes=1)
@@ -189,12 +190,14 @@ def table_watermark(spark, model: ReadModel, table_path: str) -> dt.datetime | N
 
 
 def reprocess(spark, settings: Settings, name: str, start, end, by: str = "",
-              log: Callable[[str], None] = print) -> ReprocessOutcome:
+              log: Callable[[str], None] = print, lineage_run_id: str | None = None) -> ReprocessOutcome:
     """Recompute the windows ``start <= window_start < end`` of windowed read model ``name`` from the archive
     (late events included) and replace exactly that range of its current generation (one ``replaceWhere``
     commit, none when nothing differs); mark the late events folded in. ``start``/``end``: ISO-8601 text or
     datetimes (no zone: UTC), on minute boundaries. Raises ReprocessError (bad input) or ReprocessRefused
-    (windows not closed, no table or archive, the archive behind the table)."""
+    (windows not closed, no table or archive, the archive behind the table). Once past those checks it is an
+    OpenLineage run, ``reprocess.<name>`` (the archive and the late events in, the generation's table and its late
+    events out; ``lineage_run_id``: its id when planned, ``reprocess_run``)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -242,64 +245,78 @@ def reprocess(spark, settings: Settings, name: str, start, end, by: str = "",
             f"(watermark {_iso(watermark)}); folding the archive before offsets "
             + (", ".join(f"p{p}<{o}" for p, o in sorted(position.items())) or "(none)"))
 
-    # 2. The archive's events before the table's position, of the aggregates with a model event in the range.
+    lineage = Lineage.for_settings(settings, log)
+    run = lineage.start(f"reprocess.{name}", [table(settings.table_path(ARCHIVE_TABLE)), table(generation.late_events),
+                                              *(table(settings.table_path(t)) for t in model.reference_tables)],
+                        [table(generation.table), table(generation.late_events)], job_type="JOB", run_id=lineage_run_id)
     try:
-        archive = read_archive(spark, settings)
-    except RebuildError as e:
-        raise ReprocessRefused(f"{name}: {e}") from None
-    before = F.lit(False)
-    for p, o in sorted(position.items()):
-        before = before | ((F.col("kafka_partition") == p) & (F.col("kafka_offset") < o))
-    events = archive.filter(before)
-    in_range = ((F.col(model.event_time) >= F.lit(t1)) & (F.col(model.event_time) < F.lit(t2))
-                & F.col("event_type").isin(*model.event_types))
-    hits = events.filter(in_range).select("aggregate_id", "event_id")
-    # Whole aggregates (the sequence rule judges an aggregate by all its versions), and those of any record that
-    # shares an event id with one in the range (a repeated id counts once, wherever the repeat claims to be).
-    aggregates = hits.select("aggregate_id").unionByName(
-        events.join(hits.select("event_id").distinct(), "event_id", "left_semi").select("aggregate_id")).distinct()
-    subset = events.join(aggregates, "aggregate_id", "left_semi")
-    admission = admit_archived(spark, subset)
-    try:
-        mine = admission.admitted.filter(in_range).persist(StorageLevel.MEMORY_AND_DISK)
-        admission.cached.append(mine)
-        folded_events = mine.count()
-        step(2, f"{admission.events:,} archived event(s) of the range's aggregates -> {folded_events:,} "
-                f"{'/'.join(model.event_types)} in the range admitted ({admission.held:,} held after a gap, "
-                f"{admission.conflicts:,} version conflict(s))")
+        # 2. The archive's events before the table's position, of the aggregates with a model event in the range.
+        try:
+            archive = read_archive(spark, settings)
+        except RebuildError as e:
+            raise ReprocessRefused(f"{name}: {e}") from None
+        before = F.lit(False)
+        for p, o in sorted(position.items()):
+            before = before | ((F.col("kafka_partition") == p) & (F.col("kafka_offset") < o))
+        events = archive.filter(before)
+        in_range = ((F.col(model.event_time) >= F.lit(t1)) & (F.col(model.event_time) < F.lit(t2))
+                    & F.col("event_type").isin(*model.event_types))
+        hits = events.filter(in_range).select("aggregate_id", "event_id")
+        # Whole aggregates (the sequence rule judges an aggregate by all its versions), and those of any record that
+        # shares an event id with one in the range (a repeated id counts once, wherever the repeat claims to be).
+        aggregates = hits.select("aggregate_id").unionByName(
+            events.join(hits.select("event_id").distinct(), "event_id", "left_semi").select("aggregate_id")).distinct()
+        subset = events.join(aggregates, "aggregate_id", "left_semi")
+        admission = admit_archived(spark, subset)
+        try:
+            mine = admission.admitted.filter(in_range).persist(StorageLevel.MEMORY_AND_DISK)
+            admission.cached.append(mine)
+            folded_events = mine.count()
+            step(2, f"{admission.events:,} archived event(s) of the range's aggregates -> {folded_events:,} "
+                    f"{'/'.join(model.event_types)} in the range admitted ({admission.held:,} held after a gap, "
+                    f"{admission.conflicts:,} version conflict(s))")
 
-        # 3. The range's rows as the log has them, against the table's.
-        # Personal values unsealed for the fold (null once forgotten), as the live projection folds them.
-        clear = with_reference(unsealed(mine, Unsealer(settings)), model, ReferenceTables(settings))
-        rows = insert_rows(model, model.fold(clear)).persist(StorageLevel.MEMORY_AND_DISK)
-        admission.cached.append(rows)
-        window_filter = f"window_start >= {_sql_time(t1)} AND window_start < {_sql_time(t2)}"
-        current = spark.read.format("delta").load(table_path).filter(window_filter).select(*rows.columns)
-        outcome = ReprocessOutcome(name, generation.number, t1, t2, position, watermark, windows=rows.count())
-        outcome.windows_changed = _changed_windows(rows, current, model.key)
-        step(3, f"{outcome.windows:,} window(s) in the range from the fold; {outcome.windows_changed:,} differ from "
-                f"the table's")
+            # 3. The range's rows as the log has them, against the table's.
+            # Personal values unsealed for the fold (null once forgotten), as the live projection folds them.
+            clear = with_reference(unsealed(mine, Unsealer(settings)), model, ReferenceTables(settings))
+            rows = insert_rows(model, model.fold(clear)).persist(StorageLevel.MEMORY_AND_DISK)
+            admission.cached.append(rows)
+            window_filter = f"window_start >= {_sql_time(t1)} AND window_start < {_sql_time(t2)}"
+            current = spark.read.format("delta").load(table_path).filter(window_filter).select(*rows.columns)
+            outcome = ReprocessOutcome(name, generation.number, t1, t2, position, watermark, windows=rows.count())
+            outcome.windows_changed = _changed_windows(rows, current, model.key)
+            step(3, f"{outcome.windows:,} window(s) in the range from the fold; {outcome.windows_changed:,} differ from "
+                    f"the table's")
 
-        # 4. One commit replaces the range (none when nothing differs).
-        if outcome.windows_changed:
-            metadata = {"reprocess": {"read_model": name, "from": _iso(t1), "to": _iso(t2), "by": by or "reprocess",
-                                      "position": {str(p): o for p, o in sorted(position.items())},
-                                      "watermark": _iso(watermark)}}
-            outcome.table_version = _replace_range(spark, rows, table_path, window_filter, metadata, log)
-            step(4, f"replaced windows {_iso(t1)} .. {_iso(t2)} of {table_path} in one commit (Delta version "
-                    f"{outcome.table_version})")
-        else:
-            step(4, "the table's windows already equal the fold: nothing to replace")
+            # 4. One commit replaces the range (none when nothing differs).
+            if outcome.windows_changed:
+                metadata = {"reprocess": {"read_model": name, "from": _iso(t1), "to": _iso(t2), "by": by or "reprocess",
+                                          "position": {str(p): o for p, o in sorted(position.items())},
+                                          "watermark": _iso(watermark)}}
+                outcome.table_version = _replace_range(spark, rows, table_path, window_filter, metadata, log)
+                step(4, f"replaced windows {_iso(t1)} .. {_iso(t2)} of {table_path} in one commit (Delta version "
+                        f"{outcome.table_version})")
+            else:
+                step(4, "the table's windows already equal the fold: nothing to replace")
 
-        # 5. The late events folded in are marked.
-        outcome.late_folded, outcome.late_already = _mark_late(spark, model, generation, mine, t1, t2, by)
-        step(5, f"{outcome.late_folded:,} late event(s) in the range marked {REPROCESSED_AT} in "
-                f"{generation.late_events} ({outcome.late_already:,} marked before)")
-    finally:
-        admission.release()
-    outcome.seconds = time.monotonic() - started
-    log(outcome.line())
+            # 5. The late events folded in are marked.
+            outcome.late_folded, outcome.late_already = _mark_late(spark, model, generation, mine, t1, t2, by)
+            step(5, f"{outcome.late_folded:,} late event(s) in the range marked {REPROCESSED_AT} in "
+                    f"{generation.late_events} ({outcome.late_already:,} marked before)")
+        finally:
+            admission.release()
+        outcome.seconds = time.monotonic() - started
+        log(outcome.line())
+    except BaseException as e:
+        lineage.fail(run, e)
+        raise
+    lineage.complete(run)
     return outcome
+
+
+def reprocess_run(settings: Settings, name: str) -> LineageRun:
+    """The OpenLineage run a reprocess of ``name`` will start (``Lineage.planned``: job ``reprocess.<name>``)."""
+    return Lineage.for_settings(settings).planned(f"reprocess.{name}")
 
 
 def _changed_windows(rows, current, key: tuple[str, ...]) -> int:

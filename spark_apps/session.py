@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lakehouse.lineage import parent_from_id, spark_events_file
+from lakehouse.lineage import LineageRun, parent_from_id, spark_events_file
 from lakehouse.settings import Settings, SettingsError
 
 __all__ = ["SPARK_PACKAGES", "OPENLINEAGE_SPARK", "build_session", "delta_table_exists", "extra_jars", "maven_jar",
@@ -56,11 +56,12 @@ def maven_jar(settings: Settings, coordinates: tuple[str, str, str], log=print) 
     return jar
 
 
-def spark_lineage_conf(settings: Settings, app_name: str, log=print) -> dict[str, str]:
+def spark_lineage_conf(settings: Settings, app_name: str, log=print, parent: LineageRun | None = None) -> dict[str, str]:
     """The settings that put OpenLineage's Spark listener in a batch job's session (``spark_lineage = "jobs"`` and
     ``lineage = "on"``): its jar, its transport (``lineage_url``, or the file <home>/lineage/spark-<app>.jsonl: one
-    writer per file), the namespace, and ``lineage_parent`` as its application run's parent. {} when off, or when
-    the jar cannot be had (said once: lineage never stops a job)."""
+    writer per file), the namespace, and its application run's parent: ``parent`` (our run of the job the
+    application runs, ``Lineage.planned``), else ``lineage_parent``. {} when off, or when the jar cannot be had
+    (said once: lineage never stops a job)."""
     if settings.spark_lineage not in ("jobs", "off"):
         raise SettingsError(f"setting spark_lineage={settings.spark_lineage!r} (EVENTLAKE_SPARK_LINEAGE): expected "
                             f"jobs or off")
@@ -80,9 +81,10 @@ def spark_lineage_conf(settings: Settings, app_name: str, log=print) -> dict[str
         events = spark_events_file(settings, app_name)
         events.parent.mkdir(parents=True, exist_ok=True)
         conf.update({"spark.openlineage.transport.type": "file", "spark.openlineage.transport.location": str(events)})
-    if settings.lineage_parent:
+    if parent is None and settings.lineage_parent:
         parent = parent_from_id(settings.lineage_parent)
-        conf.update({"spark.openlineage.parentJobNamespace": parent.namespace,
+    if parent is not None:
+        conf.update({"spark.openlineage.parentJobNamespace": parent.namespace or settings.lineage_namespace,
                      "spark.openlineage.parentJobName": parent.job, "spark.openlineage.parentRunId": parent.run_id})
     return conf
 
@@ -97,12 +99,13 @@ JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
 
 
 def build_session(settings: Settings, app_name: str = "eventlake", log=print, extra_conf: dict | None = None,
-                  job: bool = False):
+                  job: bool = False, lineage_parent: LineageRun | None = None):
     """The Spark session for this process (created on first call, reused afterwards). ``extra_conf``: more
     settings for a new session (``spark.jars`` and ``spark.sql.extensions`` are added to, not replaced). ``job``:
     the session runs a batch job (a rebuild, a reprocess, maintenance, a backfill), whose Spark runs OpenLineage's
-    listener reports (``spark_lineage_conf``; under spark-submit its jar and settings are on the submission's
-    command line: ``infra.spark_submit.lineage_conf``)."""
+    listener reports (``spark_lineage_conf``, with ``lineage_parent`` as the application's parent: our run of the
+    job; under spark-submit its jar and settings are on the submission's command line:
+    ``infra.spark_submit.lineage_conf``)."""
     # Workers must run this interpreter: it has the project's packages.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -113,7 +116,7 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print, ex
         return active
     builder = SparkSession.builder.appName(app_name)
     under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
-    lineage = spark_lineage_conf(settings, app_name, log) if job and not under_spark_submit else {}
+    lineage = spark_lineage_conf(settings, app_name, log, lineage_parent) if job and not under_spark_submit else {}
     extra_conf = {**lineage, **(extra_conf or {}), "spark.jars": ",".join(
         filter(None, [lineage.get("spark.jars"), (extra_conf or {}).get("spark.jars")]))}
     ivy = settings.cache_dir / "ivy"

@@ -45,7 +45,7 @@ def _cmd_rebuild(settings: Settings, args) -> int:
 def _cmd_reprocess(settings: Settings, args) -> int:
     """Recompute the closed windows of a time range from the event archive, late events included, and replace
     that range of the current generation (issue 9)."""
-    from spark_apps.reprocess import ReprocessError, ReprocessRefused, reprocess, validate
+    from spark_apps.reprocess import ReprocessError, ReprocessRefused, reprocess, reprocess_run, validate
 
     try:  # bad input is told before a Spark session is started
         validate(args.name, args.start, args.end)
@@ -54,9 +54,10 @@ def _cmd_reprocess(settings: Settings, args) -> int:
         return 2
     from spark_apps.session import build_session
 
-    spark = build_session(settings, app_name="eventlake-reprocess", job=True)
+    run = reprocess_run(settings, args.name)  # the Spark application's parent in lineage
+    spark = build_session(settings, app_name="eventlake-reprocess", job=True, lineage_parent=run)
     try:
-        reprocess(spark, settings, args.name, args.start, args.end, by=who(args))
+        reprocess(spark, settings, args.name, args.start, args.end, by=who(args), lineage_run_id=run.run_id)
     except ReprocessRefused as e:
         print(f"eventlake reprocess: {e}", file=sys.stderr)
         return 1

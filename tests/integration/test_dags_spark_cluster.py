@@ -149,16 +149,18 @@ def test_the_rebuild_dag_on_the_standalone_cluster_builds_what_the_worker_builds
     assert not any(lock_path(settings, n).exists() for n in REBUILT)
 
     # OpenLineage's Spark listener in the submitted driver (its jar on the submission's --jars): the Spark
-    # application's run is a child of the build task's run that submitted it, and a query names the generation's
-    # table it wrote.
+    # application's run is a child of the driver's rebuild run (its id planned by the submitting task too), a child
+    # of the build task's run that submitted it; a query names the generation's table it wrote.
     from lakehouse.lineage import events_file, read_events, spark_events_file
 
-    builds = {e["run"]["runId"] for e in read_events(events_file(settings))
-              if e["eventType"] == "START" and e["job"]["name"] == "rebuild_read_model.rebuild_model.build"}
+    ours = [e for e in read_events(events_file(settings)) if e["eventType"] == "START"]
+    builds = {e["run"]["runId"] for e in ours if e["job"]["name"] == "rebuild_read_model.rebuild_model.build"}
     for name in REBUILT:
+        rebuilds = {e["run"]["runId"] for e in ours if e["job"]["name"] == f"rebuild.{name}"
+                    and e["run"]["facets"]["parent"]["run"]["runId"] in builds}
         spark_runs = read_events(spark_events_file(settings, f"eventlake-airflow-job-rebuild-build-{name}"))
         parents = {e["run"]["facets"]["parent"]["run"]["runId"] for e in spark_runs
                    if "parent" in e["run"].get("facets", {})}
-        assert len(parents & builds) == 1, (name, parents, builds)  # (the queries' parent: the application)
+        assert len(parents & rebuilds) == 1, (name, parents, rebuilds)  # (the queries' parent: the application)
         written = {o["name"] for e in spark_runs for o in e.get("outputs", [])}
         assert str(Catalog(settings).generation(name, 3).table) in written, (name, written)

@@ -187,17 +187,23 @@ def test_the_dag_reprocesses_its_data_interval(spark, projected):
     assert {i for i, r in late_events(spark, settings).items()
             if in_range(r["event_time"], day, next_day) and r[REPROCESSED_AT] is not None} == late_day
     assert reconcile(settings, NAME).success
-    # OpenLineage's Spark listener in the task's Spark session (spark_lineage=jobs, the default): the Spark
-    # application's run is a child of the Airflow task's run (the provider's, in the same namespace), and its
-    # queries name the generation's table they wrote.
+    # OpenLineage: the task's run (the provider's, in the same namespace) -> our reprocess run (the archive in, the
+    # generation out) -> the Spark application's run (OpenLineage's Spark listener in the task's session,
+    # spark_lineage=jobs, the default), whose queries name the generation's table they wrote.
     from lakehouse.lineage import events_file, read_events, spark_events_file
 
-    tasks = {(e["job"]["name"], e["run"]["runId"]) for e in read_events(events_file(settings))
+    ours = read_events(events_file(settings))
+    tasks = {e["run"]["runId"] for e in ours
              if e["eventType"] == "START" and e["job"]["name"] == "reprocess_windows.reprocess_read_model"}
+    [mine] = [e for e in ours if e["eventType"] == "START" and e["job"]["name"] == f"reprocess.{NAME}"]
+    assert mine["run"]["facets"]["parent"]["run"]["runId"] in tasks  # one mapped task's run: the one for NAME
+    assert ("file", str(Catalog(settings).current(NAME).table)) in {(o["namespace"], o["name"])
+                                                                     for o in mine["outputs"]}
+    assert [e["eventType"] for e in ours if e["run"]["runId"] == mine["run"]["runId"]] == ["START", "COMPLETE"]
     spark_runs = read_events(spark_events_file(settings, f"eventlake-reprocess-{NAME}"))
     parents = {(e["run"]["facets"]["parent"]["job"]["name"], e["run"]["facets"]["parent"]["run"]["runId"])
                for e in spark_runs if "parent" in e["run"].get("facets", {})}
-    assert len(tasks & parents) == 1, (tasks, parents)  # one mapped task's run: the one for NAME
+    assert (f"reprocess.{NAME}", mine["run"]["runId"]) in parents, (mine["run"]["runId"], parents)
     written = {(o["namespace"], o["name"]) for e in spark_runs for o in e.get("outputs", [])}
     assert ("file", str(Catalog(settings).current(NAME).table)) in written, written
 

@@ -63,6 +63,17 @@ def test_a_parent_from_elsewhere_is_every_runs_parent_unless_one_is_given(tmp_pa
     assert (facet["job"]["namespace"], facet["job"]["name"], facet["run"]["runId"]) == (
         "airflow", "rebuild_read_model.rebuild_model/build", run_id)
     assert starts[1]["run"]["facets"]["parent"]["run"]["runId"] == child.run_id
+    # A planned run (the parent of the Spark application it runs in) starts under the id it was given, the same
+    # in every process under that parent; without a parent each plan is a new run.
+    planned = lineage.planned("reprocess.payments")
+    with lineage.running("reprocess.payments", run_id=planned.run_id):
+        pass
+    start = [e for e in read_events(events_file(settings)) if e["eventType"] == "START"][-1]
+    assert start["run"]["runId"] == planned.run_id == Lineage(settings).planned("reprocess.payments").run_id
+    assert start["run"]["facets"]["parent"]["run"]["runId"] == run_id
+    assert planned.run_id != lineage.planned("rebuild.payments").run_id
+    alone = Lineage(_settings(tmp_path / "alone"), log=lambda *_: None)
+    assert alone.planned("backfill").run_id != alone.planned("backfill").run_id
     for bad in ("no-slashes", "airflow/job/not-a-uuid"):
         with pytest.raises(SettingsError, match=f"lineage_parent='{bad}'.*<namespace>/<job>/<run id, a UUID>"):
             Lineage(_settings(tmp_path, lineage_parent=bad))
@@ -122,6 +133,16 @@ def test_the_batch_jobs_spark_sessions_carry_the_listener_with_the_tasks_run_as_
         settings.home / "lineage" / "spark-eventlake-reprocess-payments.jsonl") != str(events_file(settings))
     assert (conf["spark.openlineage.parentJobNamespace"], conf["spark.openlineage.parentJobName"],
             conf["spark.openlineage.parentRunId"]) == tuple(parent.split("/"))
+    # A job that starts a run of its own makes it the application's parent, its id planned before the session.
+    from lakehouse.lineage import Lineage, planned_run_id
+
+    planned = Lineage(settings).planned("reprocess.payments")
+    assert planned.run_id == planned_run_id(parent, "reprocess.payments")  # what a submitting process names too
+    assert planned.parent.run_id == parent.rsplit("/", 1)[1]
+    conf = spark_lineage_conf(settings, "eventlake-reprocess-payments", parent=planned)
+    assert (conf["spark.openlineage.parentJobNamespace"], conf["spark.openlineage.parentJobName"],
+            conf["spark.openlineage.parentRunId"]) == (settings.lineage_namespace, "reprocess.payments",
+                                                       planned.run_id)
     http = spark_lineage_conf(settings.replace(lineage_url="http://marquez:5000"), "x")
     assert (http["spark.openlineage.transport.type"], http["spark.openlineage.transport.url"]) == (
         "http", "http://marquez:5000")

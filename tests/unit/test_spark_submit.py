@@ -91,9 +91,22 @@ def test_a_batch_jobs_line_carries_openlineages_listener_with_its_parent_and_a_s
     # A file of the application's own (the job and its model), never our emitter's events.jsonl.
     assert conf["spark.openlineage.transport.location"] == str(
         settings.home / "lineage" / "spark-eventlake-airflow-job-rebuild-build-account_summary.jsonl")
+    # Its parent: the rebuild's run that the driver starts under the task's run (its id planned on both sides
+    # from the task's run and the job), itself a child of the task's run.
+    from spark_apps.rebuild import rebuild_run
+
+    in_driver = rebuild_run(settings.replace(lineage_parent=parent), "account_summary")
+    assert (in_driver.job, in_driver.parent.run_id) == ("rebuild.account_summary", parent.rsplit("/", 1)[1])
+    assert (conf["spark.openlineage.parentJobNamespace"], conf["spark.openlineage.parentJobName"],
+            conf["spark.openlineage.parentRunId"]) == (settings.lineage_namespace, "rebuild.account_summary",
+                                                       in_driver.run_id)
+    assert line[-len(job):] == job
+    # A job that starts no run of ours (maintenance): the task's run is the application's parent.
+    maintain = ["maintain", "payments", "--retention-hours", "168", "--dag", "maintenance", "--run-id", "manual__1"]
+    conf = confs(spark_submit.submit_command(settings.replace(lineage_parent=parent), "airflow-job", maintain,
+                                             master="spark://127.0.0.1:7077"))
     assert (conf["spark.openlineage.parentJobNamespace"], conf["spark.openlineage.parentJobName"],
             conf["spark.openlineage.parentRunId"]) == tuple(parent.split("/"))
-    assert line[-len(job):] == job
     # A streaming app, or the listener turned off: neither its jar nor its settings.
     for streaming in ("projection", "fraud-detector"):
         line = spark_submit.submit_command(settings, streaming, ["--until-caught-up"])
