@@ -160,10 +160,9 @@ def lineage_conf(settings: Settings, app: str, app_args: list[str] = (), log=pri
     ``spark_apps.session.spark_lineage_conf`` gives them to a job's session outside spark-submit: the events to
     ``lineage_url`` or to a file of the application's own (named for the app and its leading arguments, e.g.
     ``spark-eventlake-airflow-job-rebuild-build-account_summary.jsonl``, on the driver's machine), the settings'
-    ``lineage_parent`` as its run's parent. Nothing for a streaming app, with ``spark_lineage=off`` or
-    ``lineage=off``, or when the jar cannot be had (said: lineage never stops a job)."""
-    if app not in JOB_APPS:
-        return (), {}
+    ``lineage_parent`` as its run's parent. A streaming app (the projection, the detectors) only with
+    ``spark_lineage=all``; nothing with ``spark_lineage=off`` or ``lineage=off``, or when the jar cannot be had
+    (said: lineage never stops a job)."""
     from spark_apps.session import spark_lineage_conf
 
     leading = []
@@ -178,20 +177,26 @@ def lineage_conf(settings: Settings, app: str, app_args: list[str] = (), log=pri
 
         parent = LineageRun(planned_run_id(settings.lineage_parent, job), job, (), (),
                             namespace=settings.lineage_namespace)
-    conf = spark_lineage_conf(settings, "-".join(["eventlake", app, *leading]), log, parent)
+    conf = spark_lineage_conf(settings, "-".join(["eventlake", app, *leading]), log, parent,
+                              streaming=app not in JOB_APPS)
     jars = tuple(Path(j) for j in conf.pop("spark.jars", "").split(",") if j)
     return jars, conf
 
 
 def lineage_job(app: str, app_args: list[str]) -> str | None:
-    """The OpenLineage job of the run a submitted batch app starts in its driver, when it starts one run
-    (``Lineage.planned``): ``rebuild`` of one model, ``airflow-job`` rebuild-build, reprocess-range and backfill;
-    None otherwise (several models, maintenance: the application's parent is then ``lineage_parent``)."""
+    """The OpenLineage job of the run a submitted app starts in its driver, when it starts one run
+    (``Lineage.planned``): ``rebuild`` of one model, ``airflow-job`` rebuild-build, reprocess-range and backfill,
+    the projection (the read models named before any option; none: all and the archive); None otherwise (several
+    models, maintenance, the detectors: the application's parent is then ``lineage_parent``)."""
     args = []
     for arg in app_args:  # the leading positional arguments (options follow them)
         if arg.startswith("-"):
             break
         args.append(arg)
+    if app == "projection":
+        from spark_apps.projection import projection_job_for
+
+        return projection_job_for(args)
     if app == "rebuild" and len(args) == 1:
         return f"rebuild.{args[0]}"
     if app == "airflow-job" and args:

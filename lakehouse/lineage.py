@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from lakehouse.settings import Settings, SettingsError
 
-__all__ = ["Lineage", "LineageRun", "Dataset", "parent_from_id", "planned_run_id", "detector_run", "kafka_topic", "table",
+__all__ = ["Lineage", "LineageRun", "Dataset", "parent_from_id", "parent_id", "planned_run_id", "detector_run", "kafka_topic", "table",
            "database", "read_events", "events_file", "spark_events_file"]
 
 PRODUCER = "https://github.com/eventlake/eventlake/lakehouse/lineage.py"
@@ -63,6 +63,12 @@ def parent_from_id(parent_id: str) -> LineageRun:
         raise SettingsError(f"setting lineage_parent={parent_id!r} (EVENTLAKE_LINEAGE_PARENT): expected "
                             f"<namespace>/<job>/<run id, a UUID>")
     return LineageRun(run_id, job, (), (), namespace=namespace)
+
+
+def parent_id(settings: Settings, run: LineageRun) -> str:
+    """``run`` as a parent id (``<namespace>/<job>/<run id>``, what ``parent_from_id`` reads): for the setting
+    ``lineage_parent`` of what runs under it (a streaming app's Spark session, ``spark_lineage=all``)."""
+    return f"{run.namespace or settings.lineage_namespace}/{run.job}/{run.run_id}"
 
 
 def planned_run_id(parent_id: str, job: str) -> str:

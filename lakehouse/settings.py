@@ -175,8 +175,9 @@ class Settings:
     lineage_parent: str = ""
     # OpenLineage's Spark listener (io.openlineage:openlineage-spark) in the Spark sessions of batch jobs (rebuild,
     # reprocess, maintenance, backfill): their Spark runs, each query's datasets, children of lineage_parent.
-    # "jobs" or "off"; its events go to lineage_url or to <home>/lineage/spark-<app>.jsonl. Not in the streaming
-    # apps: there every micro-batch is tens of Spark queries, each a START and a COMPLETE event.
+    # "jobs", "all" (the streaming apps too: the projection and the detectors, where every micro-batch is tens of
+    # Spark queries, each a START and a COMPLETE event: for a backend at lineage_url rather than a file) or "off";
+    # its events go to lineage_url or to <home>/lineage/spark-<app>.jsonl.
     spark_lineage: str = "jobs"
     # The largest reference-data file (merchants) a load reads, in bytes (reference_data; issue 46).
     reference_max_bytes: int = 256 * 1024 * 1024

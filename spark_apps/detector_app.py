@@ -115,7 +115,7 @@ def run_detector(settings: Settings, prog: str, label: str, command_type: str,
     check_access(settings, timeout_s=5.0, require_answer=False)  # refused (SASL): one line, before Spark starts
     # Installed before the (slow) session start, so that a SIGTERM meanwhile is not lost either.
     stop_requested = stop_requested_on_sigterm()
-    spark = build_session(settings, app_name=f"eventlake-{prog.replace('_', '-')}")
+    spark = build_session(settings, app_name=f"eventlake-{prog.replace('_', '-')}", streaming=True)
     query = make(spark, settings).start(until_caught_up=until_caught_up)
     figures = DetectorFigures(settings.events_topic)
     server = metrics.serve(settings, prog.replace("_", "-"), figures.samples, lambda line: print(line, flush=True))

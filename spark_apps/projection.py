@@ -13,6 +13,7 @@ from __future__ import annotations
 import read_models
 from lakehouse.settings import Settings
 from read_models.catalog import ARCHIVE_TABLE
+from read_models.spec import ReadModel
 from lakehouse.lineage import Lineage, kafka_topic, table
 from projection_core.plan import ProjectionPlan
 from python_engine.run import PythonProjection, supports
@@ -20,7 +21,7 @@ from spark_apps.spark_projection import ARCHIVE_STATS_COLUMNS, Projection, Proje
 from spark_apps.spark_projection import spark_event_row_schema as _event_row_schema  # noqa: F401 -- bench/rebuild.py
 
 __all__ = ["Projection", "ProjectionError", "ProjectionRun", "ARCHIVE_STATS_COLUMNS", "main", "project",
-           "default_engine", "lineage_run"]
+           "default_engine", "lineage_run", "projection_job", "projection_job_for", "selection"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,18 +65,19 @@ def project(settings: Settings, names: list[str], until_caught_up: bool = False,
     from spark_apps.session import build_session
 
     check_access(settings, timeout_s=5.0, require_answer=False)  # refused (SASL): one line, before Spark starts
-    models_named = [n for n in names if n != ARCHIVE_TABLE]
-    models = read_models.select(models_named) if models_named else ([] if names else None)
-    archive = not names or ARCHIVE_TABLE in names
+    models, archive = selection(names)
     # Installed before the (slow) session start, so that a SIGTERM meanwhile is not lost either.
     stop_requested = None if until_caught_up else stop_requested_on_sigterm()
     if engine == "python":
         return _run_python_engine(settings, models, archive, until_caught_up, stop_requested)
-    spark = build_session(settings, app_name="eventlake-projection")
+    # Our run's id is known before the session starts: with spark_lineage=all, OpenLineage's Spark listener in the
+    # session names it as the Spark application's parent.
+    planned = Lineage.for_settings(settings).planned(projection_job_for(names))
+    spark = build_session(settings, app_name="eventlake-projection", streaming=True, lineage_parent=planned)
     projection = Projection(spark, settings, models, archive=archive)
     server = metrics.serve(settings, "projection", projection.figures.samples)
     try:
-        with lineage_run(settings, projection.plan, until_caught_up):
+        with lineage_run(settings, projection.plan, until_caught_up, run_id=planned.run_id):
             if until_caught_up:
                 run = projection.run_until_caught_up()
                 print(f"projection: caught up: {run.input_rows} events in {run.batches} batches, "
@@ -95,22 +97,43 @@ def project(settings: Settings, names: list[str], until_caught_up: bool = False,
     return 0
 
 
-def lineage_run(settings: Settings, plan: ProjectionPlan, until_caught_up: bool, log=print):
+def selection(names: list[str]) -> tuple[list[ReadModel] | None, bool]:
+    """What ``eventlake project NAMES`` projects: (the read models named, None for all; whether the archive),
+    none named: every read model and the archive."""
+    models_named = [n for n in names if n != ARCHIVE_TABLE]
+    return (read_models.select(models_named) if models_named else ([] if names else None),
+            not names or ARCHIVE_TABLE in names)
+
+
+def projection_job(models: list[ReadModel], archive: bool) -> str:
+    """The OpenLineage job of a projection of ``models`` (and the archive): ``projection.<names joined by +>``."""
+    return "projection." + "+".join([m.name for m in models] + ([ARCHIVE_TABLE] if archive else []))
+
+
+def projection_job_for(names: list[str]) -> str:
+    """The OpenLineage job of ``eventlake project NAMES`` (``selection``)."""
+    models, archive = selection(names)
+    return projection_job(read_models.select(None) if models is None else models, archive)
+
+
+def lineage_run(settings: Settings, plan: ProjectionPlan, until_caught_up: bool, log=print,
+                run_id: str | None = None):
     """The OpenLineage run (``lakehouse.lineage``) of a projection, whichever engine runs it: job
     ``projection.<its read models, and event_archive, joined by +>``; the events topic (and the reference tables
     its folds join: dim_merchant) in; out, each read model's
     generation(s) the plan writes at the start (a rebuild's switch later moves the live writes to another
     generation, which that rebuild's own run names), the dead letters and, where the plan keeps them, the archive,
     the sequence ledger and the held events. A service (``SERVICE``) or, until caught up, a ``JOB``; a stop
-    by SIGTERM or Ctrl-C completes it, an error fails it, a kill -9 leaves its START alone."""
-    names = [m.name for m in plan.models] + ([ARCHIVE_TABLE] if plan.archive else [])
+    by SIGTERM or Ctrl-C completes it, an error fails it, a kill -9 leaves its START alone. ``run_id``: the run's
+    id when planned (``Lineage.planned``)."""
     outputs = [table(g.table) for gs in plan.resolve().values() for g in gs]
     outputs += [table(settings.table_path(name)) for name in plan.fixed_tables()]
     # The reference tables its folds join as of each event's time (dim_merchant) are read too.
     references = sorted({name for m in plan.models for name in m.reference_tables})
     inputs = [kafka_topic(settings, settings.events_topic)] + [table(settings.table_path(n)) for n in references]
     return Lineage.for_settings(settings, log).running(
-        f"projection.{'+'.join(names)}", inputs, outputs, job_type="JOB" if until_caught_up else "SERVICE")
+        projection_job(plan.models, plan.archive), inputs, outputs, job_type="JOB" if until_caught_up else "SERVICE",
+        run_id=run_id)
 
 
 def _run_python_engine(settings: Settings, models, archive: bool, until_caught_up: bool, stop_requested) -> int:

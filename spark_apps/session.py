@@ -16,7 +16,7 @@ from lakehouse.lineage import LineageRun, parent_from_id, spark_events_file
 from lakehouse.settings import Settings, SettingsError
 
 __all__ = ["SPARK_PACKAGES", "OPENLINEAGE_SPARK", "build_session", "delta_table_exists", "extra_jars", "maven_jar",
-           "spark_lineage_conf", "spark_metrics_conf"]
+           "spark_lineage_conf", "spark_metrics_conf", "SPARK_LINEAGE_CHOICES"]
 
 SPARK_PACKAGES = (
     "io.delta:delta-spark_4.2_2.13:4.4.0",
@@ -56,16 +56,21 @@ def maven_jar(settings: Settings, coordinates: tuple[str, str, str], log=print) 
     return jar
 
 
-def spark_lineage_conf(settings: Settings, app_name: str, log=print, parent: LineageRun | None = None) -> dict[str, str]:
-    """The settings that put OpenLineage's Spark listener in a batch job's session (``spark_lineage = "jobs"`` and
-    ``lineage = "on"``): its jar, its transport (``lineage_url``, or the file <home>/lineage/spark-<app>.jsonl: one
+SPARK_LINEAGE_CHOICES = ("jobs", "all", "off")
+
+
+def spark_lineage_conf(settings: Settings, app_name: str, log=print, parent: LineageRun | None = None,
+                       streaming: bool = False) -> dict[str, str]:
+    """The settings that put OpenLineage's Spark listener in a batch job's session (``spark_lineage = "jobs"`` or
+    ``"all"``, and ``lineage = "on"``) or, ``streaming``, a streaming app's (the projection, the detectors: only
+    with ``"all"``): its jar, its transport (``lineage_url``, or the file <home>/lineage/spark-<app>.jsonl: one
     writer per file), the namespace, and its application run's parent: ``parent`` (our run of the job the
     application runs, ``Lineage.planned``), else ``lineage_parent``. {} when off, or when the jar cannot be had
     (said once: lineage never stops a job)."""
-    if settings.spark_lineage not in ("jobs", "off"):
+    if settings.spark_lineage not in SPARK_LINEAGE_CHOICES:
         raise SettingsError(f"setting spark_lineage={settings.spark_lineage!r} (EVENTLAKE_SPARK_LINEAGE): expected "
-                            f"jobs or off")
-    if settings.spark_lineage == "off" or settings.lineage != "on":
+                            f"{', '.join(SPARK_LINEAGE_CHOICES[:-1])} or {SPARK_LINEAGE_CHOICES[-1]}")
+    if settings.lineage != "on" or settings.spark_lineage == "off" or (streaming and settings.spark_lineage != "all"):
         return {}
     try:
         jar = maven_jar(settings, OPENLINEAGE_SPARK, log)
@@ -99,13 +104,14 @@ JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
 
 
 def build_session(settings: Settings, app_name: str = "eventlake", log=print, extra_conf: dict | None = None,
-                  job: bool = False, lineage_parent: LineageRun | None = None):
+                  job: bool = False, lineage_parent: LineageRun | None = None, streaming: bool = False):
     """The Spark session for this process (created on first call, reused afterwards). ``extra_conf``: more
     settings for a new session (``spark.jars`` and ``spark.sql.extensions`` are added to, not replaced). ``job``:
     the session runs a batch job (a rebuild, a reprocess, maintenance, a backfill), whose Spark runs OpenLineage's
     listener reports (``spark_lineage_conf``, with ``lineage_parent`` as the application's parent: our run of the
     job; under spark-submit its jar and settings are on the submission's command line:
-    ``infra.spark_submit.lineage_conf``)."""
+    ``infra.spark_submit.lineage_conf``). ``streaming``: a streaming app's session, which has the listener only
+    with ``spark_lineage = "all"``."""
     # Workers must run this interpreter: it has the project's packages.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -116,7 +122,8 @@ def build_session(settings: Settings, app_name: str = "eventlake", log=print, ex
         return active
     builder = SparkSession.builder.appName(app_name)
     under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
-    lineage = spark_lineage_conf(settings, app_name, log, lineage_parent) if job and not under_spark_submit else {}
+    lineage = (spark_lineage_conf(settings, app_name, log, lineage_parent, streaming=streaming)
+               if (job or streaming) and not under_spark_submit else {})
     extra_conf = {**lineage, **(extra_conf or {}), "spark.jars": ",".join(
         filter(None, [lineage.get("spark.jars"), (extra_conf or {}).get("spark.jars")]))}
     ivy = settings.cache_dir / "ivy"

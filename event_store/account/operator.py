@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from lakehouse.lineage import detector_run
+from lakehouse.lineage import detector_run, parent_id
 from lakehouse.settings import Settings
 
 __all__ = ["resolve_quarantine", "run_policy", "detect_fraud"]
@@ -72,8 +72,10 @@ def run_policy(settings: Settings, args, host) -> int:
 def detect_fraud(settings: Settings, args, host) -> int:
     """The fraud detector: the Kafka consumer (python) or the Structured Streaming app (spark)."""
     if args.engine == "spark":
-        with detector_run(settings, "detect-fraud", args.until_caught_up):
-            return host.run_spark_detector("fraud_detector", settings, args.until_caught_up)
+        with detector_run(settings, "detect-fraud", args.until_caught_up) as run:
+            # With spark_lineage=all, the Spark application's run is this run's child.
+            return host.run_spark_detector("fraud_detector", settings.replace(
+                lineage_parent=parent_id(settings, run)), args.until_caught_up)
     from event_store.account.fraud_consumer import FraudConsumer
     from event_store.kafka_access import check_access
     from lakehouse.signals import stop_requested_on_sigterm

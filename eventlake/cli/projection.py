@@ -38,11 +38,13 @@ class SparkApps:
 
 
 def _cmd_detect_anomalies(settings: Settings, args) -> int:
-    from lakehouse.lineage import detector_run
+    from lakehouse.lineage import detector_run, parent_id
 
     require_broker(settings)
-    with detector_run(settings, "detect-anomalies", args.until_caught_up):
-        return SparkApps().run_spark_detector("telemetry_detector", settings, args.until_caught_up)
+    with detector_run(settings, "detect-anomalies", args.until_caught_up) as run:
+        # With spark_lineage=all, the Spark application's run is this run's child.
+        return SparkApps().run_spark_detector("telemetry_detector", settings.replace(
+            lineage_parent=parent_id(settings, run)), args.until_caught_up)
 
 
 def _cmd_status(settings: Settings, args) -> int:

@@ -148,5 +148,12 @@ def test_the_batch_jobs_spark_sessions_carry_the_listener_with_the_tasks_run_as_
         "http", "http://marquez:5000")
     assert spark_lineage_conf(settings.replace(spark_lineage="off"), "x") == {}
     assert spark_lineage_conf(settings.replace(lineage="off"), "x") == {}
+    # A streaming app's session (the projection, the detectors) only with spark_lineage=all.
+    assert spark_lineage_conf(settings, "eventlake-projection", streaming=True) == {}
+    every = spark_lineage_conf(settings.replace(spark_lineage="all"), "eventlake-projection", streaming=True)
+    assert every["spark.extraListeners"] == "io.openlineage.spark.agent.OpenLineageSparkListener"
+    # A job's session: the same as with jobs.
+    assert spark_lineage_conf(settings.replace(spark_lineage="all"), "eventlake-reprocess-payments") == \
+        spark_lineage_conf(settings, "eventlake-reprocess-payments")
     with pytest.raises(SettingsError, match="spark_lineage='yes'"):
         spark_lineage_conf(settings.replace(spark_lineage="yes"), "x")

@@ -111,6 +111,22 @@ def test_a_batch_jobs_line_carries_openlineages_listener_with_its_parent_and_a_s
     for streaming in ("projection", "fraud-detector"):
         line = spark_submit.submit_command(settings, streaming, ["--until-caught-up"])
         assert listener not in jars(line) and "spark.extraListeners" not in confs(line)
+    # ... unless spark_lineage=all: the projection's run in the driver (planned under the task's run, as a job's)
+    # is its application's parent; a detector starts none, so the task's run is.
+    every = settings.replace(lineage_parent=parent, spark_lineage="all")
+    line = spark_submit.submit_command(every, "projection", ["payments", "event_archive", "--until-caught-up"])
+    conf = confs(line)
+    assert listener in jars(line) and conf["spark.extraListeners"] == "io.openlineage.spark.agent.OpenLineageSparkListener"
+    from lakehouse.lineage import Lineage
+    from spark_apps.projection import projection_job_for
+
+    job = "projection.payments+event_archive"
+    assert projection_job_for(["payments", "event_archive"]) == job
+    assert (conf["spark.openlineage.parentJobName"], conf["spark.openlineage.parentRunId"]) == (
+        job, Lineage(every).planned(job).run_id)
+    conf = confs(spark_submit.submit_command(every, "fraud-detector", ["--until-caught-up"]))
+    assert (conf["spark.openlineage.parentJobName"], conf["spark.openlineage.parentRunId"]) == tuple(
+        parent.split("/"))[1:]
     for off in (settings.replace(spark_lineage="off"), settings.replace(lineage="off")):
         line = spark_submit.submit_command(off, "rebuild", ["payments"])
         assert listener not in jars(line) and "spark.extraListeners" not in confs(line)
