@@ -22,6 +22,7 @@ from pathlib import Path
 from deltalake.exceptions import TableNotFoundError
 
 from expectations import SUITES, data_docs_assets, suite_module
+from lakehouse.lineage import Assertion
 from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
 from lakehouse.tables import read_table
@@ -62,6 +63,8 @@ class CheckReport:
     data_docs: str = ""  # the Data Docs page of this validation ("" when not published)
     data_docs_index: str = ""  # the site's front page (every suite)
     data_docs_problem: str = ""
+    # Every expectation evaluated, held or not (the run's data-quality facets: lakehouse.lineage.checked).
+    assertions: tuple[Assertion, ...] = field(default_factory=tuple)
 
     @property
     def success(self) -> bool:
@@ -111,16 +114,21 @@ def check_table(settings: Settings, name: str, ge=None, generation: Generation |
     batch = asset.add_batch_definition_whole_dataframe("current").get_batch(batch_parameters={"dataframe": frame})
     suite = gx.ExpectationSuite(name=name, expectations=module.expectations(gx))
     result = batch.validate(suite, result_format={"result_format": "SUMMARY", "partial_unexpected_count": 3})
-    failures = []
+    failures, assertions = [], []
     for r in result.results:
-        if r.success:
-            continue
         config = r.expectation_config
+        column = config.kwargs.get("column")
+        column = column if isinstance(column, str) else None
+        if r.success:
+            assertions.append(Assertion(config.type, True, column))
+            continue
         error = (r.exception_info or {}).get("exception_message")
         details = r.result or {}
-        failures.append(Failure(config.type, _arguments(config.kwargs) + (f"; error: {error}" if error else ""),
-                                details.get("unexpected_count"),
-                                tuple(_plain(v) for v in details.get("partial_unexpected_list") or ())))
+        failure = Failure(config.type, _arguments(config.kwargs) + (f"; error: {error}" if error else ""),
+                          details.get("unexpected_count"),
+                          tuple(_plain(v) for v in details.get("partial_unexpected_list") or ()))
+        failures.append(failure)
+        assertions.append(Assertion(config.type, False, column, failure.line()[len(config.type):]))
     docs, problem = "", ""
     if data_docs:
         try:
@@ -128,7 +136,7 @@ def check_table(settings: Settings, name: str, ge=None, generation: Generation |
         except Exception as e:  # noqa: BLE001 -- the check's verdict stands without its HTML page
             problem = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
     return CheckReport(name, path, table.version(), len(frame), len(result.results), tuple(failures), docs,
-                       str(data_docs_index(settings)) if docs else "", problem)
+                       str(data_docs_index(settings)) if docs else "", problem, tuple(assertions))
 
 
 def data_docs_index(settings: Settings) -> Path:
@@ -295,20 +303,29 @@ def verdict(settings: Settings, name: str, reconcile: bool = False, ge=None,
             generation: Generation | None = None, data_docs: bool = True) -> Verdict:
     """Check read model ``name`` (its current generation, or ``generation``) against its suite and, with
     ``reconcile``, against a fold of the log. Both look at the same generation, resolved once."""
-    from lakehouse.lineage import Lineage, table
+    from lakehouse.lineage import Lineage, checked, table
 
     generation = generation or Catalog(settings).current(name)
     # Its OpenLineage run (lakehouse.lineage): the generation's table in (and the archive, reconciling), the Data
-    # Docs site out. A check that finds bad rows still completes: the verdict is its result, not an error.
+    # Docs site out; its COMPLETE gives the table's rows and every expectation, held or not, as OpenLineage's
+    # data-quality facets. A check that finds bad rows still completes: the verdict is its result, not an error.
     inputs = [table(generation.table)] + ([table(settings.table_path(ARCHIVE_TABLE))] if reconcile else [])
     outputs = [table(data_docs_index(settings).parent)] if data_docs else []
-    with Lineage.for_settings(settings).running(f"check.{name}", inputs, outputs):
+    lineage = Lineage.for_settings(settings)
+    run = lineage.start(f"check.{name}", inputs, outputs, job_type="JOB")
+    try:
         try:
             report = check_table(settings, name, ge, generation, data_docs)
         except TableMissing as e:
-            return Verdict(name, None, missing=str(e))
-        if not reconcile:
-            return Verdict(name, report)
-        from expectations.reconciliation import reconcile as reconcile_table
+            result = Verdict(name, None, missing=str(e))
+        else:
+            from expectations.reconciliation import reconcile as reconcile_table
 
-        return Verdict(name, report, reconcile_table(settings, name, generation=generation))
+            result = Verdict(name, report, reconcile_table(settings, name, generation=generation) if reconcile
+                             else None)
+            inputs[0] = checked(inputs[0], report.rows, report.assertions)
+    except BaseException as e:
+        lineage.fail(run, e)
+        raise
+    lineage.complete(run, inputs)
+    return result

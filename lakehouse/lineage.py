@@ -15,6 +15,7 @@ stops a job: a failure is logged once and the job goes on.
 """
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from urllib.parse import urlsplit
 
 from lakehouse.settings import Settings, SettingsError
 
-__all__ = ["Lineage", "LineageRun", "Dataset", "parent_from_id", "parent_id", "planned_run_id", "detector_run", "kafka_topic", "table",
+__all__ = ["Lineage", "LineageRun", "Dataset", "Assertion", "checked", "parent_from_id", "parent_id", "planned_run_id", "detector_run", "kafka_topic", "table",
            "database", "read_events", "events_file", "spark_events_file"]
 
 PRODUCER = "https://github.com/eventlake/eventlake/lakehouse/lineage.py"
@@ -34,9 +35,28 @@ _SCHEMES = {"s3a": "s3", "s3n": "s3"}
 
 @dataclass(frozen=True)
 class Dataset:
-    """An OpenLineage dataset: its namespace (where) and name (what)."""
+    """An OpenLineage dataset: its namespace (where) and name (what); as a run's input that was checked (a read
+    model's table under its suite), ``rows`` and the ``assertions`` checked on it: OpenLineage's data-quality
+    facets (``checked``)."""
     namespace: str
     name: str
+    rows: int | None = None
+    assertions: tuple["Assertion", ...] = ()
+
+
+@dataclass(frozen=True)
+class Assertion:
+    """One data-quality assertion on a dataset (an expectation of its suite): what was asserted (the expectation's
+    type), on which column (None: the table), whether it held, and what was found when it did not."""
+    assertion: str
+    success: bool
+    column: str | None = None
+    actual: str | None = None
+
+
+def checked(dataset: Dataset, rows: int, assertions: Iterable[Assertion]) -> Dataset:
+    """``dataset`` as a check's input: with its row count and the assertions checked on it."""
+    return Dataset(dataset.namespace, dataset.name, rows, tuple(assertions))
 
 
 @dataclass(frozen=True)
@@ -192,8 +212,9 @@ class Lineage:
         self._emit(run, "START", job_type=job_type)
         return run
 
-    def complete(self, run: LineageRun) -> None:
-        self._emit(run, "COMPLETE")
+    def complete(self, run: LineageRun, inputs: Iterable[Dataset] | None = None) -> None:
+        """Emit the run's COMPLETE; ``inputs``: its inputs as they turned out (``checked``: what a check found)."""
+        self._emit(run if inputs is None else dataclasses.replace(run, inputs=tuple(inputs)), "COMPLETE")
 
     def fail(self, run: LineageRun, error: BaseException | str) -> None:
         self._emit(run, "FAIL", error=error)
@@ -248,12 +269,30 @@ class Lineage:
             run=Run(runId=run.run_id, facets=run_facets), job=Job(namespace=self.namespace, name=run.job,
                                                                   facets=job_facets),
             producer=PRODUCER,
-            inputs=[InputDataset(namespace=d.namespace, name=d.name) for d in run.inputs],
+            inputs=[InputDataset(namespace=d.namespace, name=d.name, inputFacets=_quality_facets(d))
+                    for d in run.inputs],
             outputs=[OutputDataset(namespace=d.namespace, name=d.name) for d in run.outputs])
 
     @classmethod
     def for_settings(cls, settings: Settings, log: Callable[[str], None] = print) -> "Lineage":
         return cls(settings, log)
+
+
+def _quality_facets(dataset: Dataset) -> dict:
+    """OpenLineage's data-quality input facets of a checked dataset (``checked``): dataQualityMetrics (its rows)
+    and dataQualityAssertions (each assertion, held or not); {} for any other."""
+    from openlineage.client.facet_v2 import data_quality_assertions_dataset as dqa
+    from openlineage.client.facet_v2 import data_quality_metrics_input_dataset as dqm
+
+    facets = {}
+    if dataset.rows is not None:
+        facets["dataQualityMetrics"] = dqm.DataQualityMetricsInputDatasetFacet(columnMetrics={},
+                                                                               rowCount=dataset.rows)
+    if dataset.assertions:
+        facets["dataQualityAssertions"] = dqa.DataQualityAssertionsDatasetFacet(assertions=[
+            dqa.Assertion(assertion=a.assertion, success=a.success, column=a.column, actual=a.actual)
+            for a in dataset.assertions])
+    return facets
 
 
 def detector_run(settings: Settings, job: str, until_caught_up: bool, log: Callable[[str], None] = print):

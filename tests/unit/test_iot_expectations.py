@@ -139,3 +139,34 @@ def test_telemetry_anomalies_suite_catches_a_repeated_finding():
     frame = _frame("telemetry_anomalies")
     assert _failed("telemetry_anomalies", pd.concat([frame, frame.iloc[:1]], ignore_index=True)) == \
         ["expect_compound_columns_to_be_unique:['device_id', 'rule', 'occurred_at']"]
+
+
+def test_a_checks_lineage_run_carries_what_it_found_as_data_quality_facets(tmp_path):
+    # The check's OpenLineage run (expectations.checks.verdict) completes with the table's rows and every
+    # expectation of its suite, the one that failed with its column and what it found (docs/lineage.md).
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from expectations.checks import verdict
+    from lakehouse.lineage import events_file, read_events
+    from lakehouse.settings import Settings
+    from read_models.catalog import Catalog
+
+    settings = Settings.load({}).replace(home=tmp_path / "home")
+    frame = _broken("device_status", status="retired")
+    where = Catalog(settings).current("device_status").table
+    write_deltalake(str(where), pa.Table.from_pandas(frame, schema=arrow_schema(MODELS["device_status"].schema()),
+                                                     preserve_index=False))
+    found = verdict(settings, "device_status", ge=GE, data_docs=False)
+    assert found.report.failures and found.report.rows == len(frame)
+
+    events = [e for e in read_events(events_file(settings)) if e["job"]["name"] == "check.device_status"]
+    assert [e["eventType"] for e in events] == ["START", "COMPLETE"]
+    [checked] = events[1]["inputs"]
+    assert checked["inputFacets"]["dataQualityMetrics"]["rowCount"] == len(frame)
+    assertions = checked["inputFacets"]["dataQualityAssertions"]["assertions"]
+    assert len(assertions) == found.report.evaluated == len(SUITES["device_status"].expectations(GE[0]))
+    assert [(a["assertion"], a["column"]) for a in assertions if not a["success"]] == \
+        [("expect_column_values_to_be_in_set", "status")]
+    assert "1 row" in next(a["actual"] for a in assertions if not a["success"])
+    assert "inputFacets" not in events[0]["inputs"][0] or not events[0]["inputs"][0]["inputFacets"]
