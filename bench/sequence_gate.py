@@ -1,11 +1,12 @@
 """The Spark sequence gate's batch cost against the number of events already admitted (issue 42).
 
-``bench/sequence_gate.py [--sizes 100000 1000000] [--accounts 100000] [--batch 10000] [--repeats 3]``:
+``bench/sequence_gate.py [--sizes 100000 1000000] [--accounts 100000] [--batch 10000] [--repeats 3]
+[--gates old heads]``:
 for each size, a sequence ledger of that many admitted events over ``--accounts`` accounts is written straight
 with Delta (no Kafka), copied, and a batch of ``--batch`` events (each continuing its account's head: the
-common path) is put through the gate as it was before issue 42 (``admit`` of commit ``OLD_COMMIT``, which
-joins the batch's ids with the whole ledger) on one copy and through today's gate (``spark_apps.sequence``,
-per-aggregate heads) on the other. Each gate runs an unmeasured warm-up batch (today's builds its heads table
+common path) is put through each of ``--gates`` on a copy of its own: ``old``, the gate as it was before issue 42
+(``admit`` of commit ``OLD_COMMIT``, which joins the batch's ids with the whole ledger); ``ledger`` and ``heads``,
+today's two (``spark_apps.sequence``: the join with the ledger, the per-aggregate heads). Each gate runs an unmeasured warm-up batch (today's builds its heads table
 from the ledger there), then ``--repeats`` batches; the median of their seconds is printed, and the ratio of
 the largest size to the smallest for each gate (the aim: within 1.3x).
 """
@@ -101,12 +102,18 @@ def _run(spark, settings, gate, events: int, accounts: int, size: int, repeats: 
     return seconds
 
 
+GATES = {"old": "the whole ledger's ids joined (af339a2)", "ledger": "sequence_gate=ledger (today)",
+         "heads": "sequence_gate=heads"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--accounts", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gates", nargs="+", choices=list(GATES), default=["old", "heads"],
+                        help="old: the gate before issue 42 (OLD_COMMIT); ledger, heads: today's two gates")
     args = parser.parse_args(argv)
     if args.batch > args.accounts:
         parser.error("--batch must not exceed --accounts (one event per account)")
@@ -116,36 +123,40 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-gate-"))
     spark = build_session(Settings.load({}).replace(home=work / "spark", spark_shuffle_partitions=2),
                           app_name="bench-sequence-gate", log=lambda *_: None)
-    old = _old_gate()
-    results = {}
+    modules = {"old": _old_gate() if "old" in args.gates else None, "ledger": sequence, "heads": sequence}
+    results, sizes_mb = {}, {}
     try:
         for events in args.sizes:
-            before, after = (Settings.load({}).replace(home=work / f"{events}-{name}", sequence_gate=name_gate)
-                             for name, name_gate in (("old", "ledger"), ("new", "heads")))
+            homes = {g: Settings.load({}).replace(home=work / f"{events}-{g}",
+                                                  sequence_gate="heads" if g == "heads" else "ledger")
+                     for g in args.gates}
+            first, *rest = args.gates
             t0 = time.monotonic()
-            _seed(spark, before, events, args.accounts)
-            shutil.copytree(before.home, after.home, dirs_exist_ok=True)
+            _seed(spark, homes[first], events, args.accounts)
+            for g in rest:
+                shutil.copytree(homes[first].home, homes[g].home, dirs_exist_ok=True)
+            ledger = homes[first].table_path(ledger_table(PROJECTION))
+            sizes_mb[events] = sum(f.stat().st_size for f in Path(str(ledger)).rglob("*.parquet")) / 2 ** 20
             print(f"{events:,} events admitted over {args.accounts:,} accounts: seeded in "
-                  f"{time.monotonic() - t0:.1f}s", flush=True)
-            for name, gate, settings in (("before", old, before), ("after", sequence, after)):
-                seconds = _run(spark, settings, gate, events, args.accounts, args.batch, args.repeats)
-                results[(name, events)] = statistics.median(seconds)
-                print(f"  {name:6} batch of {args.batch:,}: median {results[(name, events)]:.2f}s "
+                  f"{time.monotonic() - t0:.1f}s; the ledger's files {sizes_mb[events]:,.0f} MB", flush=True)
+            for g in args.gates:
+                seconds = _run(spark, homes[g], modules[g], events, args.accounts, args.batch, args.repeats)
+                results[(g, events)] = statistics.median(seconds)
+                print(f"  {g:6} batch of {args.batch:,}: median {results[(g, events)]:.2f}s "
                       f"({', '.join(f'{s:.2f}' for s in seconds)})", flush=True)
-            shutil.rmtree(before.home, ignore_errors=True)
-            shutil.rmtree(after.home, ignore_errors=True)
+                shutil.rmtree(homes[g].home, ignore_errors=True)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
     small, large = min(args.sizes), max(args.sizes)
     print(f"\nbatch of {args.batch:,} events, {args.accounts:,} accounts, median of {args.repeats}:")
-    print("| admitted before | before (whole ledger) | after (heads) | after / before |")
-    print("|---|---|---|---|")
+    print("| admitted before | ledger's files | " + " | ".join(f"{g}: {GATES[g]}" for g in args.gates) + " |")
+    print("|---|---|" + "---|" * len(args.gates))
     for events in args.sizes:
-        b, a = results[("before", events)], results[("after", events)]
-        print(f"| {events:,} | {b:.2f} s | {a:.2f} s | {a / b:.2f} |")
-    for name in ("before", "after"):
-        print(f"{name}: {large:,} / {small:,} admitted: {results[(name, large)] / results[(name, small)]:.2f}x")
+        print(f"| {events:,} | {sizes_mb[events]:,.0f} MB | "
+              + " | ".join(f"{results[(g, events)]:.2f} s" for g in args.gates) + " |")
+    for g in args.gates:
+        print(f"{g}: {large:,} / {small:,} admitted: {results[(g, large)] / results[(g, small)]:.2f}x")
     return 0
 
 

@@ -86,9 +86,12 @@ class Settings:
     # partitions, in MB; the states themselves live on disk (LMDB under <home>/fraud-detector-state).
     fraud_state_cache_mb: int = 128
     # The Spark projection's sequence gate (spark_apps/sequence.py): "ledger" joins each batch with every event
-    # ever admitted; "heads" reads only the batch's aggregates' heads (flat in the log's length, more jobs per
-    # batch: slower on small ledgers today, bench/sequence_gate.py).
-    sequence_gate: str = "ledger"
+    # ever admitted (its cost grows with the log); "heads" reads only the batch's aggregates' heads (flat in the
+    # log's length, but more jobs per batch: slower while the ledger is small, bench/sequence_gate.py); "auto"
+    # takes the ledger's gate until the projection's ledger holds sequence_heads_from_mb on disk, then the heads'
+    # for good.
+    sequence_gate: str = "auto"
+    sequence_heads_from_mb: int = 1024  # ~11M events: where the heads' batch costs what the ledger's does
     # The handler rejects a command whose event time (occurred_at) lies more than this many seconds ahead of
     # its clock: one event dated far ahead would move every event-time watermark past all later events.
     max_event_time_ahead_s: int = 900

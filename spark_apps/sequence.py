@@ -6,6 +6,10 @@ is a version conflict and goes to the dead letters naming both event ids; events
 ``_sequence_held/<projection>`` until the gap is filled. Because every model of the projection reads the
 same admitted events, no model can count an event another one ignores.
 
+With ``sequence_gate = "auto"`` (the default) a projection takes the ledger's gate (below) while its ledger is
+small and the heads' once the ledger holds ``sequence_heads_from_mb`` on disk (``GateChoice``): both give the same
+verdicts; the ledger's is cheaper on a small ledger, the heads' flat in the log's length.
+
 With ``sequence_gate = "heads"`` a batch is judged against the **heads** of its own aggregates (``_sequence_heads/<projection>``: per aggregate
 its last admitted version and that event's id), never against every event ever admitted, so its cost does not
 grow with the log (issue 42). What each case needs:
@@ -40,7 +44,7 @@ from lakehouse.settings import SettingsError
 from read_models.catalog import DEAD_LETTER_TABLE, heads_table, held_table, ledger_table
 
 __all__ = ["ledger_schema", "heads_schema", "admit", "Admission", "VERSION_CONFLICT", "derived_id",
-           "HEADS_SYNC_ROW"]
+           "HEADS_SYNC_ROW", "GateChoice", "SEQUENCE_GATES"]
 
 # How the reason of a version conflict's dead letter starts (a conflict quarantines nothing: the first event
 # at a version counts, on both sides).
@@ -48,7 +52,7 @@ VERSION_CONFLICT = "version conflict"
 # The heads table's row holding (as its aggregate_version) the ledger version the heads reflect: no aggregate
 # id is empty (event_store.fields.NOT_BLANK).
 HEADS_SYNC_ROW = ""
-SEQUENCE_GATES = ("ledger", "heads")
+SEQUENCE_GATES = ("auto", "ledger", "heads")
 # event_store.decider's namespace of event ids (uuid5): derived_id computes event_id_for in Spark.
 _EVENT_ID_NAMESPACE = EVENT_ID_NAMESPACE.bytes
 
@@ -89,17 +93,78 @@ def derived_id(F):
                     F.lit("-"), variant, F.substring(h, 18, 3), F.lit("-"), F.substring(h, 21, 12))
 
 
-def admit(ctx, events, projection: str) -> Admission:
+class GateChoice:
+    """Which gate a projection's batches take under ``sequence_gate = "auto"``: the heads' once its heads table
+    exists (a run before took it: for good, whatever the ledger's size after a rebuild) or its ledger holds
+    ``sequence_heads_from_mb`` on disk, else the ledger's. Looked at on a query's first batch and every
+    ``EVERY`` batches after (the ledger's size from its Delta log: no Spark job); the gates give the same verdicts,
+    so a switch between batches, or a re-run after a crash under the other gate, changes no row."""
+
+    EVERY = 100
+
+    def __init__(self):
+        self._gate: str | None = None
+        self._looked_at = -1
+
+    def gate(self, ctx, projection: str) -> str:
+        setting = ctx.settings.sequence_gate
+        if setting not in SEQUENCE_GATES:
+            raise SettingsError(f"setting sequence_gate={setting!r} (EVENTLAKE_SEQUENCE_GATE): expected one of "
+                                f"{', '.join(SEQUENCE_GATES)}")
+        if setting != "auto":
+            return setting
+        if self._gate != "heads" and (self._gate is None or ctx.batch_id >= self._looked_at + self.EVERY):
+            self._looked_at = ctx.batch_id
+            try:
+                mb = ledger_mb(ctx, projection)
+                heads = _has_heads(ctx, projection) or mb >= ctx.settings.sequence_heads_from_mb
+            except Exception as e:  # noqa: BLE001 -- a log delta-rs cannot read: the ledger's gate, as before
+                ctx.log(f"{projection}: batch {ctx.batch_id}: the size of the sequence ledger could not be read "
+                        f"({type(e).__name__}: {e}); the ledger's gate for the next {self.EVERY} batches")
+                mb, heads = 0.0, False
+            if heads:
+                ctx.log(f"{projection}: batch {ctx.batch_id}: the sequence gate reads the heads of the batch's "
+                        f"aggregates from now on (its ledger holds {mb:,.0f} MB; sequence_heads_from_mb="
+                        f"{ctx.settings.sequence_heads_from_mb})")
+            self._gate = "heads" if heads else "ledger"
+        return self._gate
+
+
+def ledger_mb(ctx, projection: str) -> float:
+    """The size on disk of ``projection``'s ledger's current files, in MB (0 when it has none yet)."""
+    from deltalake.exceptions import TableNotFoundError
+
+    from lakehouse.storage import delta_table
+
+    try:
+        table = delta_table(ctx.path(ledger_table(projection)))
+    except TableNotFoundError:
+        return 0.0
+    return sum(table.get_add_actions(flatten=True).column("size_bytes").to_pylist()) / 2 ** 20
+
+
+def _has_heads(ctx, projection: str) -> bool:
+    from deltalake.exceptions import TableNotFoundError
+
+    from lakehouse.storage import delta_table
+
+    try:
+        delta_table(ctx.path(heads_table(projection)))
+    except TableNotFoundError:
+        return False
+    return True
+
+
+def admit(ctx, events, projection: str, gate: str | None = None) -> Admission:
     """The events of this batch (valid event rows, ``spark_apps.events``) that the read models apply.
 
     Two gates give the same verdicts (tests/integration/test_sequence_heads.py runs the heads gate, the
-    projection tests the default): ``sequence_gate = "ledger"`` (the default) joins the batch with the whole
-    ledger; ``"heads"`` reads only its aggregates' heads, flat in the log's length but with more Spark jobs per
-    batch, slower on a small ledger today (bench/sequence_gate.py, bench/README.md; issue 42)."""
-    gate = ctx.settings.sequence_gate
-    if gate not in SEQUENCE_GATES:
-        raise SettingsError(f"setting sequence_gate={gate!r} (EVENTLAKE_SEQUENCE_GATE): expected one of "
-                            f"{', '.join(SEQUENCE_GATES)}")
+    projection tests the default, the ledger's while their ledgers are small): ``"ledger"`` joins the batch with
+    the whole ledger; ``"heads"`` reads only its aggregates' heads, flat in the log's length but with more Spark
+    jobs per batch, slower on a small ledger (bench/sequence_gate.py, bench/README.md; issue 42). ``gate``: the
+    one to take (``GateChoice.gate``); None: the setting ``sequence_gate``, "auto" as ``GateChoice`` decides
+    afresh."""
+    gate = gate or GateChoice().gate(ctx, projection)
     return _admit_by_heads(ctx, events, projection) if gate == "heads" else _admit_by_ledger(ctx, events, projection)
 
 

@@ -61,6 +61,7 @@ class Projection:
         self.checkpoint, self.archive_checkpoint = self.plan.checkpoint, self.plan.archive_checkpoint
         self.catalog, self.pinned = self.plan.catalog, self.plan.pinned
         self._ensured: set[tuple[str, int]] = set()  # (model, generation) whose tables exist
+        self.gate_choice = sequence.GateChoice()  # the sequence gate its batches take (setting sequence_gate)
         self.queries: list = []
         self._tables_ready = False
         self.step_seconds: dict[str, float] = {}
@@ -132,7 +133,7 @@ class Projection:
                     self.log(f"projection: batch {batch_id}: record(s) that are not valid events -> "
                              f"dead-letter table {self.settings.table_path(DEAD_LETTER_TABLE)}")
                 # The events every read model applies: each aggregate's once, in version order (spark_apps.sequence).
-                admission = sequence.admit(ctx, events, self.name)
+                admission = sequence.admit(ctx, events, self.name, self.gate_choice.gate(ctx, self.name))
                 if admission.conflicts:
                     self.log(f"projection: batch {batch_id}: {admission.conflicts} version conflict(s) (a different "
                              f"event at a version already taken) -> dead-letter table "

@@ -14,7 +14,7 @@ from read_models.catalog import DEAD_LETTER_TABLE, heads_table, held_table, ledg
 from read_models.sequence import sequence
 from spark_apps.events import parse_events
 from spark_apps.merge import BatchContext, ensure_table
-from spark_apps.sequence import HEADS_SYNC_ROW, admit, derived_id, ledger_schema
+from spark_apps.sequence import HEADS_SYNC_ROW, GateChoice, admit, derived_id, ledger_schema
 from tests.domain_helpers import events_for
 
 PROJECTION = "projection-heads-test"
@@ -23,10 +23,11 @@ PROJECTION = "projection-heads-test"
 class Gate:
     """One projection's gate on a home of its own; ``log`` is every record so far, in log order."""
 
-    def __init__(self, spark, home):
+    def __init__(self, spark, home, **settings):
         from spark_apps.spark_projection import spark_event_row_schema
 
-        self.spark, self.settings, self.log, self.offset = spark, Settings.load({}).replace(home=home, sequence_gate="heads"), [], 0
+        self.spark, self.log, self.offset = spark, [], 0
+        self.settings = Settings.load({}).replace(home=home, **{"sequence_gate": "heads", **settings})
         ensure_table(spark, self.settings.table_path(ledger_table(PROJECTION)), ledger_schema(), ("aggregate_id",))
         ensure_table(spark, self.settings.table_path(held_table(PROJECTION)), spark_event_row_schema(spark))
 
@@ -132,3 +133,36 @@ def test_ledger_rows_another_writer_appended_move_the_heads(spark, tmp_path, his
     assert gate.batch(2, a[2:5] + b[:2]) == (_ids([a[4], b[1]]), 0, 0)
     heads = {r.aggregate_id: (r.aggregate_version, r.event_id) for r in gate.table(heads_table(PROJECTION)).collect()}
     assert heads[a[0].aggregate_id] == (5, a[4].event_id) and heads[b[0].aggregate_id] == (2, b[1].event_id)
+
+
+def test_auto_takes_the_ledgers_gate_while_the_ledger_is_small_then_the_heads_for_good(spark, tmp_path, history):
+    """sequence_gate=auto (the default): the ledger's gate until the ledger holds sequence_heads_from_mb, then the
+    heads', read from the whole ledger once: the verdicts go on as the pure rule's across the switch."""
+    a, b = history
+    gate = Gate(spark, tmp_path / "home", sequence_gate="auto", sequence_heads_from_mb=1024)
+    heads_path = gate.settings.table_path(heads_table(PROJECTION))
+
+    def chosen(batch_id):
+        ctx = BatchContext(spark, gate.settings, "app", PROJECTION, batch_id, input_rows=-1, log=lambda *_: None)
+        return GateChoice().gate(ctx, PROJECTION)
+
+    assert chosen(0) == "ledger"
+    assert gate.batch(0, a[:3] + b[:1]) == (_ids(a[:3] + b[:1]), 0, 0)
+    assert gate.batch(1, [a[4]]) == ([], 0, 1)  # v5 waits for v4
+    assert not (heads_path / "_delta_log").exists()  # the ledger's gate keeps no heads
+
+    gate.settings = gate.settings.replace(sequence_heads_from_mb=0)  # the ledger "grew past" the threshold
+    assert chosen(2) == "heads"
+    # A replay, a different event below the head (the ledger names its holder), the gap filled, a new aggregate's
+    # next version: judged against heads read from the whole ledger once.
+    stale = _other(a[0], 2)
+    assert gate.batch(2, a[:2] + [stale, a[3], b[1]]) == (_ids([a[3], a[4], b[1]]), 1, 0)
+    heads = {r.aggregate_id: r.aggregate_version for r in gate.table(heads_table(PROJECTION)).collect()}
+    assert heads[a[0].aggregate_id] == 5 and heads[b[0].aggregate_id] == 2
+
+    gate.settings = gate.settings.replace(sequence_heads_from_mb=1024)
+    assert chosen(3) == "heads"  # for good: its heads table exists
+    assert gate.batch(3, [a[5], b[0]]) == ([a[5].event_id], 0, 0)
+    admitted = sorted(r.event_id for r in gate.table(ledger_table(PROJECTION)).collect())
+    assert admitted == _ids(sequence(gate.log).admitted)
+    assert [c[0].event_id for c in sequence(gate.log).conflicts] == [stale.event_id]
