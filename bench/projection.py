@@ -219,8 +219,10 @@ def plain_consumer(settings: Settings, batch: int) -> dict:
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run([sys.executable, "-m", "bench.plain_consumer", "--bootstrap", settings.bootstrap_servers,
                           "--topic", settings.events_topic, "--home", str(settings.home / "plain"),
-                          "--batch", str(batch)], cwd=root, check=True, capture_output=True, text=True,
+                          "--batch", str(batch)], cwd=root, capture_output=True, text=True,
                          env={**os.environ, **security_env(settings)})
+    if out.returncode:
+        raise SystemExit(f"bench/plain_consumer.py failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
