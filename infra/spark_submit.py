@@ -171,14 +171,15 @@ def lineage_conf(settings: Settings, app: str, app_args: list[str] = (), log=pri
             break
         leading.append(re.sub(r"[^A-Za-z0-9_.-]", "_", arg)[:80])
     parent = None
-    job = lineage_job(app, list(app_args))
-    if job and settings.lineage_parent:  # our run in the driver, under the same parent: the application's parent
+    streaming = app not in JOB_APPS
+    wanted = settings.lineage_parent and (not streaming or settings.spark_lineage == "all")
+    job = lineage_job(app, list(app_args)) if wanted else None
+    if job:  # our run in the driver, under the same parent: the application's parent
         from lakehouse.lineage import LineageRun, planned_run_id
 
         parent = LineageRun(planned_run_id(settings.lineage_parent, job), job, (), (),
                             namespace=settings.lineage_namespace)
-    conf = spark_lineage_conf(settings, "-".join(["eventlake", app, *leading]), log, parent,
-                              streaming=app not in JOB_APPS)
+    conf = spark_lineage_conf(settings, "-".join(["eventlake", app, *leading]), log, parent, streaming=streaming)
     jars = tuple(Path(j) for j in conf.pop("spark.jars", "").split(",") if j)
     return jars, conf
 
