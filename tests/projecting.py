@@ -9,7 +9,19 @@ from __future__ import annotations
 from projection_core.errors import ProjectionRun
 from python_engine.run import PythonProjection
 
-__all__ = ["project_in_python"]
+__all__ = ["project_in_python", "publish_events"]
+
+
+def publish_events(settings, events) -> None:
+    """``events`` (EventEnvelopes) onto the settings' events topic, keyed by aggregate, in their order."""
+    from event_store import kafka_log
+
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    producer = kafka_log.make_producer(settings)
+    try:
+        kafka_log.produce_all(producer, settings.events_topic, [(e.aggregate_id, e.to_json()) for e in events])
+    finally:
+        producer.close()
 
 
 def project_in_python(spark, settings, models=None, archive: bool | None = None,

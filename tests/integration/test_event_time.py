@@ -11,7 +11,6 @@ import pytest
 from deltalake import DeltaTable
 
 import read_models
-from event_store import kafka_log
 from event_store.envelope import EventEnvelope, format_time
 from eventlake.query import query_duckdb, query_spark
 from expectations.checks import check_table
@@ -20,6 +19,7 @@ from read_models.account.merchant_minute_volume import MODEL as MERCHANT_MINUTE_
 from spark_apps import status
 from spark_apps.projection import Projection
 from tests.oracle import assert_matches_oracle
+from tests.projecting import publish_events as publish
 
 pytestmark = pytest.mark.slow
 
@@ -54,15 +54,6 @@ class Account:
     def flag(self, payment: EventEnvelope) -> EventEnvelope:
         return self._event("FraudSuspected", payment.occurred_at, None, {
             "payment_id": payment.payload["payment_id"], "rule": "amount_above_max", "evidence": "test"})
-
-
-def publish(settings, events):
-    kafka_log.ensure_topics(settings, log=lambda *_: None)
-    producer = kafka_log.make_producer(settings)
-    try:
-        kafka_log.produce_all(producer, settings.events_topic, [(e.aggregate_id, e.to_json()) for e in events])
-    finally:
-        producer.close()
 
 
 def project(spark, settings, models=None):

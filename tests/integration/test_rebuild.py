@@ -6,7 +6,6 @@ import os
 import pytest
 
 import read_models
-from event_store import kafka_log
 from eventlake.generator import GeneratorConfig
 from read_models.catalog import ARCHIVE_TABLE, Catalog
 from spark_apps.projection import Projection
@@ -15,21 +14,12 @@ from projection_core.rebuild_lock import lock_path
 from spark_apps.rebuild import rebuild
 from tests.domain_helpers import events_for
 from tests.oracle import assert_matches_oracle, late_count
-from tests.projecting import project_in_python
+from tests.projecting import project_in_python, publish_events as publish
 
 pytestmark = pytest.mark.slow
 
 CFG = GeneratorConfig(accounts=20, commands=300, seed=17, run_id="rebuild", late_rate=0.05)
 REBUILT = ("account_summary", "merchant_minute_volume")
-
-
-def publish(settings, events):
-    kafka_log.ensure_topics(settings, log=lambda *_: None)
-    producer = kafka_log.make_producer(settings)
-    try:
-        kafka_log.produce_all(producer, settings.events_topic, [(e.aggregate_id, e.to_json()) for e in events])
-    finally:
-        producer.close()
 
 
 def project(spark, settings):

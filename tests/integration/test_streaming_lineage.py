@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from event_store import kafka_log
 from eventlake.generator import GeneratorConfig
 from lakehouse.lineage import events_file, read_events, spark_events_file, table
 from read_models.catalog import Catalog
 from tests.domain_helpers import events_for
+from tests.projecting import publish_events
 
 pytestmark = pytest.mark.slow
 
@@ -22,12 +22,7 @@ MODEL = "account_summary"
 
 def test_with_spark_lineage_all_the_projections_spark_runs_are_children_of_its_run(settings):
     events = events_for(GeneratorConfig(accounts=3, commands=20, seed=5, run_id="lineage"))
-    kafka_log.ensure_topics(settings, log=lambda *_: None)
-    producer = kafka_log.make_producer(settings)
-    try:
-        kafka_log.produce_all(producer, settings.events_topic, [(e.aggregate_id, e.to_json()) for e in events])
-    finally:
-        producer.close()
+    publish_events(settings, events)
     env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=settings.bootstrap_servers, EVENTLAKE_HOME=str(settings.home),
                EVENTLAKE_TOPIC_PREFIX=settings.topic_prefix, EVENTLAKE_SPARK_SHUFFLE_PARTITIONS="2",
                EVENTLAKE_SPARK_LINEAGE="all")
