@@ -116,16 +116,19 @@ class GateChoice:
         if self._gate != "heads" and (self._gate is None or ctx.batch_id >= self._looked_at + self.EVERY):
             self._looked_at = ctx.batch_id
             try:
-                mb = ledger_mb(ctx, projection)
-                heads = _has_heads(ctx, projection) or mb >= ctx.settings.sequence_heads_from_mb
+                if _has_heads(ctx, projection):  # taken before: the ledger's size need not be read
+                    heads = True
+                else:
+                    mb = ledger_mb(ctx, projection)
+                    heads = mb >= ctx.settings.sequence_heads_from_mb
+                    if heads:
+                        ctx.log(f"{projection}: batch {ctx.batch_id}: the sequence gate reads the heads of the "
+                                f"batch's aggregates from now on (its ledger holds {mb:,.0f} MB; "
+                                f"sequence_heads_from_mb={ctx.settings.sequence_heads_from_mb})")
             except Exception as e:  # noqa: BLE001 -- a log delta-rs cannot read: the ledger's gate, as before
                 ctx.log(f"{projection}: batch {ctx.batch_id}: the size of the sequence ledger could not be read "
                         f"({type(e).__name__}: {e}); the ledger's gate for the next {self.EVERY} batches")
-                mb, heads = 0.0, False
-            if heads:
-                ctx.log(f"{projection}: batch {ctx.batch_id}: the sequence gate reads the heads of the batch's "
-                        f"aggregates from now on (its ledger holds {mb:,.0f} MB; sequence_heads_from_mb="
-                        f"{ctx.settings.sequence_heads_from_mb})")
+                heads = False
             self._gate = "heads" if heads else "ledger"
         return self._gate
 
