@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import OrderedDict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
@@ -53,6 +54,29 @@ _SCALARS = (str, int, float, bool, type(None))
 _ENCODE = json.JSONEncoder(allow_nan=False).encode  # json.dumps with allow_nan=False builds an encoder per call
 _ENCODE_STR = json.encoder.encode_basestring_ascii  # what _ENCODE does with a str, without its Python frames
 _DECODE = msgspec.json.decode  # the JSON text a token holds (a scalar): as json.loads reads it, faster
+# What a key store keeps per subject besides its record, bounded (issue 42: a process's memory must not follow the
+# number of subjects it ever met): AES-GCM contexts (~2.5 KB each in cryptography 50, made again in ~1 us: at most
+# ~40 MB), and the heads of tokens worked out for sealing and for opening (~0.4 KB each: at most ~25 MB each).
+# Unbounded, a store that sealed or opened values of 50k subjects held 3.1 / 2.7 KB more per subject
+# (bench/key_store_memory.py): ~300 MB in a handler sealing for 100k customers.
+CIPHERS_KEPT = 16384
+HEADS_KEPT = 65536
+
+
+class _Recent(OrderedDict):
+    """A dict of at most ``most`` entries: adding one more drops the oldest added (an OrderedDict's: a plain dict's
+    oldest key is found by skipping the slots of the keys dropped before it)."""
+
+    def __init__(self, most: int, items=()):
+        self.most = most
+        super().__init__()
+        for key, value in items:
+            self[key] = value
+
+    def __setitem__(self, key, value) -> None:
+        if len(self) >= self.most and key not in self:
+            self.popitem(last=False)
+        super().__setitem__(key, value)
 
 
 class SealedValueError(BadInput, ValueError):
@@ -97,10 +121,11 @@ class SubjectKeys:
                  topic=None):
         self.topic = topic
         self._provisional: dict[str, KeyRecord] = {}  # keys made here, not yet on the topic (with a topic only)
-        self._ciphers: dict[str, AESGCM] = {}
-        self._sealing: dict[tuple[str, str], tuple[bytes, str]] = {}  # (subject, field) -> (associated data, head)
+        self._ciphers: dict[str, AESGCM] = _Recent(CIPHERS_KEPT)
+        # (subject, field) -> (associated data, head)
+        self._sealing: dict[tuple[str, str], tuple[bytes, str]] = _Recent(HEADS_KEPT)
         # (subject as in tokens, field) -> (subject, associated data): what unseal worked out of a token's head
-        self._opening: dict[tuple[str, str], tuple[str, bytes]] = {}
+        self._opening: dict[tuple[str, str], tuple[str, bytes]] = _Recent(HEADS_KEPT)
         self._files = KeyFiles(directory, defer_sync, compact_after, on_reload=self._reloaded)
         self.directory, self.path, self.journal = self._files.directory, self._files.path, self._files.journal
 
@@ -112,8 +137,8 @@ class SubjectKeys:
 
     def _reloaded(self) -> None:
         # Keys never change, so a cipher made from a subject's key stays right while the subject keeps it.
-        self._ciphers = {s: c for s, c in self._ciphers.items()
-                         if s in self._files.records and not self._files.records[s].forgotten}
+        self._ciphers = _Recent(CIPHERS_KEPT, ((s, c) for s, c in self._ciphers.items()
+                                               if s in self._files.records and not self._files.records[s].forgotten))
 
     def refresh(self) -> bool:
         """Read what another process changed since (a key made, a subject forgotten): two stats when nothing did, the
@@ -260,9 +285,13 @@ class SubjectKeys:
             known = self._opening.get((parts[0], parts[1])) if len(parts) == 3 else None
             if known is not None and (field_name is None or field_name == parts[1]) \
                     and (subject is None or subject == known[0]):
-                cipher = self._ciphers.get(known[0])
-                sealed = _unb64(parts[2]) if cipher is not None else None
+                sealed = _unb64(parts[2])
                 if sealed is not None and len(sealed) >= _NONCE_BYTES + 16:
+                    cipher = self._ciphers.get(known[0])
+                    if cipher is None:  # dropped from the bounded cache, or its subject forgotten
+                        cipher = self._cipher(known[0], create=False, field_name=parts[1])
+                        if cipher is None:
+                            return None  # forgotten: its values read as null
                     try:
                         plain = cipher.decrypt(sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:], known[1])
                     except InvalidTag:
@@ -293,9 +322,9 @@ class SubjectKeys:
             raise SealedValueError(f"{where}: the token is corrupt (not {TOKEN_PREFIX}<subject>:<field>:<sealed> "
                                    f"with base64url parts and a whole nonce and tag)")
         token_field = parts[1]
-        where = f"field '{field_name or token_field}' of subject {token_subject!r}"
         if field_name is not None and token_field != field_name:
-            raise SealedValueError(f"{where}: the token was sealed for field '{token_field}' (moved between fields)")
+            raise SealedValueError(f"field '{field_name}' of subject {token_subject!r}: the token was sealed for "
+                                   f"field '{token_field}' (moved between fields)")
         if subject is not None and token_subject != subject:
             raise SealedValueError(f"field '{token_field}' of subject {subject!r}: the token was sealed for subject "
                                    f"{token_subject!r} (moved between subjects)")
@@ -306,10 +335,13 @@ class SubjectKeys:
         try:
             plain = cipher.decrypt(sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:], associated)
         except InvalidTag:
-            raise SealedValueError(f"{where}: the token does not authenticate (tampered with, corrupt, or sealed "
-                                   f"under another key)") from None
+            raise SealedValueError(f"field '{field_name or token_field}' of subject {token_subject!r}: the token does "
+                                   f"not authenticate (tampered with, corrupt, or sealed under another key)") from None
         self._opening[(parts[0], token_field)] = (token_subject, associated)
-        return json.loads(plain)
+        try:
+            return _DECODE(plain)
+        except msgspec.MsgspecError:  # what msgspec reads otherwise (a lone surrogate)
+            return json.loads(plain)
 
     # -- inside ---------------------------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from event_store.account.schemas import EVENTS as ACCOUNT_EVENTS
 from event_store.fields import ID, Field, payload_decoder, validate_payload
 from event_store.iot.schemas import COMMANDS as IOT_COMMANDS
 from event_store.iot.schemas import EVENTS as IOT_EVENTS
-from event_store.personal_data import (TOKEN_PREFIX, KeyRecord, SealedValueError, SubjectForgotten,
+from event_store.personal_data import (CIPHERS_KEPT, HEADS_KEPT, TOKEN_PREFIX, KeyRecord, SealedValueError, SubjectForgotten,
                                        SubjectKeyMissing, SubjectKeys, is_sealed, keys_dir, personal_fields,
                                        personal_fields_by_type, seal_payload, unseal_payload)
 from event_store.site.schemas import COMMANDS as SITE_COMMANDS
@@ -139,6 +139,28 @@ def test_a_forgotten_subject_reads_null_and_stays_forgotten(tmp_path, keys):
         again.seal(SUBJECT, "location", "US-BOS")
     assert again.state(SUBJECT) == "forgotten" and SubjectKeys(keys_dir(tmp_path)).unseal(token) is None
     assert issubclass(SubjectForgotten, Refused)
+
+
+def test_values_of_more_subjects_than_the_store_keeps_ciphers_for_open_and_a_forgotten_one_reads_null(tmp_path):
+    """The store's caches are bounded (issue 42): a value whose subject's cipher and token head were dropped since
+    opens again, a tampered one is still refused, and a subject forgotten by another process reads as null."""
+    writer = SubjectKeys(keys_dir(tmp_path), defer_sync=True)
+    many = max(CIPHERS_KEPT, HEADS_KEPT) + 100
+    tokens = [writer.seal(f"cus-{i}", "location", f"place {i}") for i in range(many)]
+    writer.sync()
+    reader = SubjectKeys(keys_dir(tmp_path))
+    assert [reader.unseal(t, field_name="location") for t in tokens[:3]] == ["place 0", "place 1", "place 2"]
+    assert [reader.unseal(t) for t in tokens[3:]] == [f"place {i}" for i in range(3, many)]  # the first ones dropped
+    assert reader.unseal(tokens[0], subject="cus-0") == "place 0"  # opened again
+    with pytest.raises(SealedValueError, match=r"field 'location' of subject 'cus-1': the token does not authenticate"):
+        reader.unseal(_tamper(tokens[1], 2, lambda sealed: sealed[:-4] + ("AAAA" if sealed[-4:] != "AAAA" else "BBBB")))
+    assert SubjectKeys(keys_dir(tmp_path)).forget("cus-2") is True
+    reader.refresh()
+    assert reader.unseal(tokens[2]) is None and reader.unseal(tokens[many - 1]) == f"place {many - 1}"
+    assert writer.seal(f"cus-{many - 1}", "location", "again") != tokens[many - 1]
+    writer.refresh()  # the forgetting reaches a writer with its next refresh, cipher cached or not
+    with pytest.raises(SubjectForgotten):
+        writer.seal("cus-2", "location", "US-BOS")
 
 
 def test_forgetting_removes_the_key_bytes_from_the_file(tmp_path, keys):
