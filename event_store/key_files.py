@@ -57,7 +57,7 @@ def unb64url(text: str) -> bytes | None:
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class KeyRecord:
     """One subject's entry: its data key, or a tombstone saying when it was forgotten. As a record of a compacted
     Kafka topic (:meth:`encode`) the tombstone is a value of its own, not Kafka's null value: compaction removes
