@@ -7,7 +7,6 @@ import random
 import pytest
 
 import read_models
-from event_store import kafka_log
 from event_store.envelope import EventEnvelope
 from eventlake.generator import GeneratorConfig
 from read_models.catalog import ARCHIVE_TABLE, held_table, ledger_table
@@ -17,6 +16,7 @@ from spark_apps.projection import Projection
 from spark_apps.rebuild_fold import archive_position, catch_up_offsets, fold_archive, warehouse_targets
 from tests.domain_helpers import events_for
 from tests.oracle import assert_matches_oracle, late_count, table_rows
+from tests.projecting import publish_events
 
 pytestmark = pytest.mark.slow
 
@@ -66,12 +66,7 @@ def assert_same_tables(spark, a, b, log):
 def test_the_fold_of_the_archive_equals_the_stream_and_a_catch_up_from_its_midpoint_equals_the_full_fold(
         spark, settings, tmp_path):
     log = messy_log()
-    kafka_log.ensure_topics(settings, log=lambda *_: None)
-    producer = kafka_log.make_producer(settings)
-    try:
-        kafka_log.produce_all(producer, settings.events_topic, [(e.aggregate_id, e.to_json()) for e in log])
-    finally:
-        producer.close()
+    publish_events(settings, log)
     # Two batches of the 904 records (Spark's Kafka source takes at most the limit per batch), so that the second
     # holds events behind the first's watermark: each Spark batch costs seconds, whatever its size.
     stream = Projection(spark, settings, log=lambda *_: None).run_until_caught_up(max_offsets_per_trigger=460)

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 import read_models
-from event_store import kafka_log
 from eventlake.generator import GeneratorConfig
 from expectations.reconciliation import reconcile
 from lakehouse.settings import Settings
@@ -22,7 +21,7 @@ from spark_apps.status import render, watermark_statuses
 from spark_apps.reprocess import (ReprocessError, ReprocessRefused, late_events_waiting, reprocess,
                                   validate)
 from tests.domain_helpers import events_for
-from tests.projecting import project_in_python
+from tests.projecting import project_in_python, publish_events
 
 NAME = "merchant_minute_volume"
 MODEL = read_models.get(NAME)
@@ -46,12 +45,7 @@ def projected(spark, bootstrap_servers, tmp_path_factory):
         topic_prefix=f"test-{uuid.uuid4().hex[:10]}.", topic_partitions=3)
     events = events_for(CFG, flag_every=9)
     log = events + events[:30]
-    kafka_log.ensure_topics(settings, log=lambda *_: None)
-    producer = kafka_log.make_producer(settings)
-    try:
-        kafka_log.produce_all(producer, settings.events_topic, [(e.aggregate_id, e.to_json()) for e in log])
-    finally:
-        producer.close()
+    publish_events(settings, log)
     # The windowed model alone (and the archive): the others have nothing to reprocess.
     # (The reprocess is the subject: the Python engine makes the tables, tests/projecting.py.)
     project_in_python(spark, settings, [MODEL], archive=True, max_offsets_per_trigger=150)
