@@ -25,8 +25,7 @@ from airflow.sdk import AssetAny, Param, dag, get_current_context, task
 from airflow.timetables.assets import AssetOrTimeSchedule
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from expectations import SUITES  # names only: Great Expectations and the tables are touched by the tasks
-from expectations.cross_model import CROSS_MODEL_CHECKS
+from expectations import CROSS_MODEL_CHECKS, SUITES  # names only: Great Expectations and the tables are touched by the tasks
 from infra import airflow_assets as assets
 
 CHECKS = assets.asset(assets.READ_MODEL_CHECKS)
@@ -62,10 +61,11 @@ def check_read_models():
 
     @task(map_index_template="{{ check }}")
     def check_models_agree(name: str) -> dict:
-        """A cross-model check (expectations/cross_model.py): read models derived from the same events agree."""
+        """A cross-model check (expectations/cross_model.py, registered by its domain): read models derived from the
+        same events agree."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from expectations.cross_model import check_agreement
+        from expectations import check_agreement
         from lakehouse.settings import Settings
 
         get_current_context()["check"] = name

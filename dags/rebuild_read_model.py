@@ -55,7 +55,7 @@ def _by() -> str:
 
 @dag(dag_id="rebuild_read_model", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False,
      doc_md=__doc__, tags=["eventlake", "rebuild"],
-     params={"read_models": Param(["account_summary"], type="array", title="Read models to rebuild",
+     params={"read_models": Param(_NAMES[:1], type="array", title="Read models to rebuild",
                                   items={"type": "string", "enum": _NAMES}, examples=_NAMES, minItems=1,
                                   uniqueItems=True, description="each gets a new generation, checked and switched to"),
              "dry_run": Param(False, type="boolean", title="Dry run",

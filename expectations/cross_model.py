@@ -1,10 +1,9 @@
 """Cross-model expectations: read models that derive the same facts from the same events must agree.
 
-``payments_match_account_summary``: per account, ``account_summary``'s ``payments_authorized``,
-``payments_declined`` and ``authorized_total_minor`` equal the count of the account's authorized and declined
-``payments`` rows and the sum of its authorized ``amount_minor``. Payment events that ``account_summary`` holds
-back in ``_pending/account_summary`` (waiting for an earlier version of their account) are not counted on the
-``payments`` side: the two tables differ by exactly those until the gap is filled.
+This module is what a cross-model check is (``CrossModelCheck``, its outcome ``Agreement``) and how it reads the
+tables it compares at one log position (``table_snapshots``). The checks themselves are domain knowledge: each
+domain's folder registers its own (``expectations.account.CROSS_MODEL_CHECKS``), and ``expectations`` collects
+them with the suites (``expectations.CROSS_MODEL_CHECKS``, ``checks_for``, ``check_agreement``).
 
 When the tables are compared: one projection batch writes the read models side by side, one Delta commit each,
 then records the batch in its checkpoint. At a batch boundary they are consistent; between two commits of one
@@ -27,8 +26,7 @@ from lakehouse.settings import Settings
 from lakehouse.storage import delta_table
 from read_models.catalog import Catalog
 
-__all__ = ["Agreement", "CrossModelCheck", "CROSS_MODEL_CHECKS", "check_agreement", "check_agreements",
-           "checks_for", "compare_payments_with_summary"]
+__all__ = ["Agreement", "CrossModelCheck", "table_snapshots"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +39,7 @@ class Agreement:
     keys: int = 0  # keys (accounts) compared
     disagreements: int = 0
     examples: tuple[str, ...] = ()  # a line per disagreeing key (a few)
+    keys_are: str = "keys"  # what a key is, in the plural ("accounts"), for the lines
 
     @property
     def success(self) -> bool:
@@ -55,8 +54,9 @@ class Agreement:
         if not self.compared:
             return [f"{self.check}: not compared: {self.reason}"]
         if self.success:
-            return [f"{self.check}: agree on all {self.keys:,} accounts ({self.position})"]
-        return ([f"{self.check}: DISAGREE on {self.disagreements} of {self.keys:,} accounts ({self.position})"]
+            return [f"{self.check}: agree on all {self.keys:,} {self.keys_are} ({self.position})"]
+        return ([f"{self.check}: DISAGREE on {self.disagreements} of {self.keys:,} {self.keys_are} "
+                 f"({self.position})"]
                 + [f"  {line}" for line in self.examples])
 
     def summary(self) -> dict:
@@ -92,7 +92,7 @@ def _last_projection_write(path: Path, version: int, look_back: int = 500) -> tu
     return None
 
 
-def _snapshots(settings: Settings, names: tuple[str, ...], optional: tuple[str, ...] = ()):
+def table_snapshots(settings: Settings, names: tuple[str, ...], optional: tuple[str, ...] = ()):
     """({name: DeltaTable at one version}, position in words, None) when the tables stand at the same log
     position, else ({}, "", why not). ``optional`` tables may be missing (read as empty)."""
     from projection_core.checkpoint import batch_offsets, last_committed_batch
@@ -153,88 +153,3 @@ def _physical_paths(settings: Settings, names: tuple[str, ...]) -> dict[str, Pat
     models = {n.split("/")[-1] for n in names}
     current = Catalog(settings).current_all(sorted(models))
     return {n: current[n].table if "/" not in n else current[n.split("/")[-1]].pending for n in names}
-
-
-# -- payments vs account_summary -------------------------------------------------------------------------------
-_PENDING = "_pending/account_summary"
-
-
-def payments_match_account_summary(settings: Settings, examples: int = 5) -> Agreement:
-    """Per account: account_summary's payment counts and authorized total equal what the payments rows say."""
-    import pyarrow.compute as pc
-
-    from lakehouse.tables import read_table
-
-    check = "payments_match_account_summary"
-    tables, position, why = _snapshots(settings, ("account_summary", "payments"), optional=(_PENDING,))
-    if why:
-        return Agreement(check, False, reason=why)
-    summary = read_table(tables["account_summary"], columns=["account_id", "payments_authorized",
-                                                             "payments_declined", "authorized_total_minor"])
-    payments = read_table(tables["payments"], columns=["account_id", "status", "amount_minor", "event_id"])
-    held_back = 0
-    if _PENDING in tables:
-        waiting = read_table(tables[_PENDING], columns=["event_id"]).column("event_id")
-        if len(waiting):
-            ahead = pc.is_in(payments.column("event_id"), value_set=pc.unique(waiting))
-            held_back = pc.sum(ahead).as_py() or 0
-            payments = payments.filter(pc.invert(pc.fill_null(ahead, False)))
-
-    keys, differing, lines = compare_payments_with_summary(summary, payments, examples)
-    if held_back:
-        position += f"; {held_back} payments rows not counted: their events wait in {_PENDING}"
-    return Agreement(check, True, position=position, keys=keys, disagreements=differing, examples=tuple(lines))
-
-
-def compare_payments_with_summary(summary, payments, examples: int = 5) -> tuple[int, int, list[str]]:
-    """(accounts compared, accounts that disagree, a line for each of the first ``examples`` of them) for
-    ``account_summary`` rows (account_id, payments_authorized, payments_declined, authorized_total_minor) and
-    ``payments`` rows (account_id, status, amount_minor), both ``pyarrow.Table``s. Pure: no I/O."""
-    from_payments: dict[str, list[int]] = {}  # account -> [authorized, declined, authorized total]
-    grouped = payments.group_by(["account_id", "status"]).aggregate([("amount_minor", "sum"),
-                                                                     ("account_id", "count")])
-    for row in grouped.to_pylist():
-        counts = from_payments.setdefault(row["account_id"], [0, 0, 0])
-        if row["status"] == "authorized":
-            counts[0] += row["account_id_count"]
-            counts[2] += row["amount_minor_sum"] or 0
-        elif row["status"] == "declined":
-            counts[1] += row["account_id_count"]
-    from_summary = {r["account_id"]: [r["payments_authorized"] or 0, r["payments_declined"] or 0,
-                                      r["authorized_total_minor"] or 0] for r in summary.to_pylist()}
-    accounts = sorted(from_summary.keys() | from_payments.keys(), key=str)
-    differing = [a for a in accounts if from_summary.get(a, [0, 0, 0]) != from_payments.get(a, [0, 0, 0])]
-    lines = []
-    for account in differing[:examples]:
-        s_auth, s_decl, s_total = from_summary.get(account, [0, 0, 0])
-        p_auth, p_decl, p_total = from_payments.get(account, [0, 0, 0])
-        absent = "" if account in from_summary else " (no account_summary row)"
-        lines.append(f"{account}: account_summary has payments_authorized={s_auth}, payments_declined={s_decl}, "
-                     f"authorized_total_minor={s_total}{absent}; payments has {p_auth} authorized rows, "
-                     f"{p_decl} declined rows, authorized amount_minor sum {p_total}")
-    if len(differing) > examples:
-        lines.append(f"... and {len(differing) - examples} more accounts")
-    return len(accounts), len(differing), lines
-
-
-CROSS_MODEL_CHECKS: dict[str, CrossModelCheck] = {
-    c.name: c for c in (CrossModelCheck("payments_match_account_summary", ("account_summary", "payments"),
-                                        payments_match_account_summary),)}
-
-
-def checks_for(names: list[str] | None) -> list[str]:
-    """The cross-model checks to run for ``eventlake check NAMES``: all without names, else those whose tables
-    are all named."""
-    return [c.name for c in CROSS_MODEL_CHECKS.values() if not names or set(c.tables) <= set(names)]
-
-
-def check_agreement(settings: Settings, name: str) -> Agreement:
-    try:
-        check = CROSS_MODEL_CHECKS[name]
-    except KeyError:
-        raise KeyError(f"no cross-model check {name!r}; checks: {', '.join(CROSS_MODEL_CHECKS)}") from None
-    return check.run(settings)
-
-
-def check_agreements(settings: Settings, names: list[str] | None = None) -> list[Agreement]:
-    return [check_agreement(settings, name) for name in checks_for(names)]

@@ -25,7 +25,7 @@ def _cmd_check(settings: Settings, args) -> int:
     for name in args.models or list(SUITES):
         verdicts.append(verdict(settings, name, reconcile=args.reconcile, ge=ge))
         print("\n".join(verdicts[-1].lines()), flush=True)
-    from expectations.cross_model import check_agreements
+    from expectations import check_agreements
 
     agreements = check_agreements(settings, args.models or None)  # one line each: read models that must agree
     for agreement in agreements:

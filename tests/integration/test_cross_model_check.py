@@ -9,7 +9,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from eventlake.generator import GeneratorConfig
-from expectations.cross_model import check_agreement
+from expectations import check_agreement
 from read_models.account.account_summary import MODEL as ACCOUNT_SUMMARY
 from read_models.account.payments import MODEL as PAYMENTS
 from tests.domain_helpers import events_for

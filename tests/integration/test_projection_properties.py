@@ -1,7 +1,7 @@
 """Property-based test of the projection on the real broker and real Spark + Delta: whatever the log holds
 (duplicates, replays, forged conflicts and events after a gap, spread over partitions) and wherever the
 rounds of publishing and the batch boundaries fall, every read model equals its oracle, the models agree
-(expectations/cross_model.py) and each reconciles with the archive (expectations/reconciliation.py).
+(expectations.CROSS_MODEL_CHECKS) and each reconciles with the archive (expectations/reconciliation.py).
 
 Few examples (each runs the projection up to three times); the Hypothesis profile sets how many
 (tests/conftest.py: "ci" 3, "thorough" 33).
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import read_models
 from event_store import kafka_log
-from expectations.cross_model import check_agreements
+from expectations import check_agreements
 from expectations.reconciliation import reconcile
 from read_models.sequence import sequence
 from spark_apps.projection import Projection

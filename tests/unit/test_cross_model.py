@@ -3,7 +3,9 @@ import pyarrow as pa
 
 import read_models
 from eventlake.generator import GeneratorConfig
-from expectations.cross_model import Agreement, checks_for, compare_payments_with_summary
+from expectations import checks_for
+from expectations.account.payments_match_account_summary import compare_payments_with_summary
+from expectations.cross_model import Agreement
 from tests.domain_helpers import events_for
 
 SUMMARY = ("account_id", "payments_authorized", "payments_declined", "authorized_total_minor")
@@ -52,10 +54,22 @@ def test_each_kind_of_disagreement_names_the_account_and_both_numbers():
 def test_not_compared_is_no_failure_and_a_disagreement_is():
     assert not Agreement("x", False, reason="a batch in progress").failed
     assert Agreement("x", True, keys=3, disagreements=1, examples=("a: ...",)).failed
-    assert Agreement("x", True, keys=3).lines() == ["x: agree on all 3 accounts ()"]
+    assert Agreement("x", True, keys=3, keys_are="accounts").lines() == ["x: agree on all 3 accounts ()"]
 
 
 def test_a_check_runs_when_all_its_tables_are_named():
     assert checks_for(None) == ["payments_match_account_summary"]
     assert checks_for(["payments", "account_summary", "fraud_alerts"]) == ["payments_match_account_summary"]
     assert checks_for(["payments"]) == []
+
+
+def test_each_check_is_registered_by_the_domain_whose_read_models_it_compares():
+    import expectations
+
+    for domain in (expectations.account, expectations.iot, expectations.site):
+        own = set(read_models.__dict__[domain.__name__.split(".")[-1]].MODELS)
+        for check in domain.CROSS_MODEL_CHECKS.values():
+            assert set(check.tables) <= own, (check.name, check.tables, domain.__name__)
+            assert check.run.__module__.startswith(domain.__name__ + "."), check.run.__module__
+            assert expectations.CROSS_MODEL_CHECKS[check.name] is check
+    assert set(expectations.CROSS_MODEL_CHECKS) == {"payments_match_account_summary"}

@@ -11,6 +11,7 @@ imports it.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -228,6 +229,35 @@ def test_the_read_sides_framework_imports_no_domain(module):
     assert not domain, (f"{module} imports {domain}: the projection, checks, rebuild, status and DAGs know the "
                         f"domains only through the registries (read_models.REGISTRY, expectations.SUITES, "
                         f"event_store.domains) (docs/DESIGN.md, 'Adding a domain')")
+
+
+def _named_read_models(path: Path, names: set[str]) -> list[str]:
+    """The read models a module names in its string literals (docstrings aside: they may give an example)."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return sorted({f"line {node.lineno}: {name}" for node in ast.walk(tree)
+                   if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                   for name in names if re.search(rf"\b{name}\b", node.value)})
+
+
+def test_a_string_naming_a_read_model_is_seen(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('"""About payments."""\nTABLES = ("payments", "x")\n\ndef f():\n    """payments."""\n'
+                      '    return f"{1}/account_summary"\n')
+    assert _named_read_models(module, {"payments", "account_summary", "fraud"}) == [
+        "line 2: payments", "line 6: account_summary"]
+
+
+@pytest.mark.parametrize("module", READ_SIDE_FRAMEWORK)
+def test_the_read_sides_framework_names_no_domains_table(module):
+    import read_models
+
+    named = _named_read_models(LOWER_MODULES[module], set(read_models.REGISTRY))
+    assert not named, (f"{module} names read models ({'; '.join(named)}): what a domain's tables are, and the "
+                       f"checks that compare them (expectations.<domain>.CROSS_MODEL_CHECKS), belong to the "
+                       f"domain's folder; the framework reaches them through the registries")
 
 
 # -- The whole repository: layers in order, no circle, no private name across modules -------------------------------

@@ -22,7 +22,7 @@ from event_store.account import AccountState, evolve
 from event_store.partition_rebuild import PartitionRebuilder
 from event_store.snapshots import PartitionState
 from eventlake.generator import GeneratorConfig
-from expectations.cross_model import compare_payments_with_summary
+from expectations.account.payments_match_account_summary import compare_payments_with_summary
 from lakehouse.settings import Settings
 from read_models.sequence import sequence
 from tests.domain_helpers import events_for
@@ -96,7 +96,7 @@ def test_every_read_model_folds_the_same_whatever_the_interleaving_and_the_model
     other = data.draw(interleavings(log.partitions), label="another interleaving")
     folds = _folds(sequence(log.merged).admitted)
     assert folds == _folds(sequence(other).admitted)
-    # The cross-model expectation (expectations/cross_model.py) holds between the folds: no model counts a
+    # The cross-model expectation (expectations/account/payments_match_account_summary.py) holds between the folds: no model counts a
     # payment another one ignores.
     keys, differing, lines = compare_payments_with_summary(
         pa.Table.from_pylist(list(folds["account_summary"].values())),
