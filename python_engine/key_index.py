@@ -24,6 +24,7 @@ from typing import Callable, Iterable
 
 import lmdb
 
+from lakehouse.faults import store_write_point
 from lakehouse.mapped_pages import Releaser
 
 __all__ = ["KeyIndex", "INDEX_FOLDER", "key_hashes", "covered", "index_figures", "status_lines"]
@@ -225,6 +226,7 @@ class KeyIndex:
         with self._open().begin(write=True) as txn:
             txn.put(_META, json.dumps({"table": self.table_path, "id": table_id or meta.get("id"),
                                        "version": version}).encode())
+            store_write_point()
 
     # -- a batch's questions and its writes --------------------------------------------------------------------
     def heads(self, aggregate_ids: Iterable[str]) -> dict[str, int]:
@@ -264,6 +266,7 @@ class KeyIndex:
         for at in range(0, len(keys), _PUT_CHUNK):
             with env.begin(write=True) as txn:
                 txn.cursor().putmulti([(k, b"") for k in keys[at:at + _PUT_CHUNK]])
+                store_write_point()  # a crash test's kill -9 inside the write (lakehouse.faults)
         items = sorted((_HEAD + a.encode(), v) for a, v in heads.items())
         for at in range(0, len(items), _PUT_CHUNK):
             with env.begin(write=True) as txn:
@@ -272,6 +275,7 @@ class KeyIndex:
                     held = {k: _VERSION.unpack(v)[0] for k, v in cursor.getmulti([k for k, _ in chunk])}
                     chunk = [(k, v) for k, v in chunk if v > held.get(k, 0)]
                 cursor.putmulti([(k, _VERSION.pack(v)) for k, v in chunk])
+                store_write_point()
         self._pages.maybe()
 
 

@@ -213,7 +213,9 @@ def test_kill_9_of_the_python_engine_at_random_points_then_restart_gives_the_ora
     """``eventlake project --engine python`` killed -9 inside its batches (between a table's commit and the next, a
     checkpoint's offsets and its commit ...), five times, then restarted: every table equals the oracle. A batch cut
     short after its sequence ledger rows committed is run again by the Python engine itself (its committed writes
-    skipped by their transaction ids)."""
+    skipped by their transaction ids). Every other start kills itself inside its N-th write to its key indexes
+    (``EVENTLAKE_FAULT_KILL_AT_STORE_WRITE``, N random: after a table's commit, before the index holds its keys),
+    the others are killed from here at a random time."""
     import os
     import signal
     import subprocess
@@ -234,19 +236,29 @@ def test_kill_9_of_the_python_engine_at_random_points_then_restart_gives_the_ora
     rng = random.Random(6)
     progress = []
     settings.home.mkdir(parents=True, exist_ok=True)
+    by_hook = []
     for attempt in range(5):
         before = committed_batches(settings)
+        hook = {"EVENTLAKE_FAULT_KILL_AT_STORE_WRITE": str(rng.randint(2, 12))} if attempt % 2 else {}
         with open(settings.home / f"project-{attempt}.log", "wb") as out:
-            proc = subprocess.Popen([EVENTLAKE, "project", "--engine", "python", "--until-caught-up"], env=env,
-                                    start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen([EVENTLAKE, "project", "--engine", "python", "--until-caught-up"],
+                                    env={**env, **hook}, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
+        if hook:  # it kills itself (its parse worker, in its process group, is killed from here)
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            by_hook.append(proc.returncode)
         while committed_batches(settings) <= before and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        time.sleep(rng.uniform(0.0, 1.5))
-        os.killpg(proc.pid, signal.SIGKILL)
+        time.sleep(0.0 if hook else rng.uniform(0.0, 1.5))
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         proc.wait()
         progress.append(committed_batches(settings))
     assert progress[0] >= 1 and progress[-1] > progress[0], progress
+    assert by_hook == [-signal.SIGKILL, -signal.SIGKILL], by_hook
 
     engine, _, lines = python_engine(spark, settings)
     if os.environ.get("EVENTLAKE_TEST_SHOW"):
