@@ -20,12 +20,17 @@ mid-batch: ``tick()`` is called between batches, where only the service's state 
 make cycles (the Python projection's libraries do, ~150 objects a second) also collects everything, the frozen
 objects included, every ``whole_every_s``. After a large state is loaded (a partition rebuilt), the next
 collection visits all of it, once.
+
+Every ``trim_every_s`` a tick also hands the C heap's free pages back to the kernel (``lakehouse.native_heap``):
+without it the services' resident set grew by the holes their batches left in the heap, not by what they hold.
 """
 from __future__ import annotations
 
 import gc
 import threading
 import time
+
+from lakehouse.native_heap import TRIM_EVERY_S, Trimmer
 
 __all__ = ["CollectorPaced", "THRESHOLDS"]
 
@@ -45,9 +50,10 @@ class CollectorPaced:
     between batches. On entry one full collection, then everything alive is frozen; on exit (of the last such
     loop of the process) the frozen objects are handed back to the collector and the thresholds set back."""
 
-    def __init__(self, every_s: float = 1.0, whole_every_s: float | None = None):
+    def __init__(self, every_s: float = 1.0, whole_every_s: float | None = None, trim_every_s: float = TRIM_EVERY_S):
         self.every_s = every_s
         self.whole_every_s = whole_every_s
+        self.trimmer = Trimmer(trim_every_s)
         self.collections = 0
         self.seconds = 0.0  # spent in tick()'s collections
         self.longest_s = 0.0
@@ -81,6 +87,7 @@ class CollectorPaced:
         self.collections += 1
         self.seconds += done - now
         self.longest_s = max(self.longest_s, done - now)
+        self.trimmer.maybe()
 
     def __exit__(self, *exc) -> None:
         global _active

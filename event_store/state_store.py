@@ -28,16 +28,16 @@ Chosen over SQLite in WAL mode by bench/state_store.py (1M aggregates: 1.6x the 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import struct
 import threading
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
 import lmdb
 
+from lakehouse.faults import store_write_point
 from lakehouse.mapped_pages import Releaser
 
 __all__ = ["StateStore", "store_path", "store_figures", "status_lines", "ENTRY_OVERHEAD"]
@@ -72,31 +72,64 @@ _SEP = b"\x00"
 ENTRY_OVERHEAD = 200
 # The largest the memory map may grow to (address space only: the file grows with its content).
 _MAP_SIZE = 1 << 40
-# A fault hook for the crash tests (tests/integration/test_handler_store_kills.py): with this variable set to N,
-# the process SIGKILLs itself inside its N-th store write, after the puts and before the commit.
-_KILL_AT_WRITE = int(os.environ.get("EVENTLAKE_FAULT_KILL_AT_STORE_WRITE") or 0)
-_WRITES = [0]
 # LMDB must not be opened twice in one process (closing either breaks the other's locks): every StateStore of
 # one path in this process shares one environment, closed with the last of them.
-_ENVS: dict[str, list] = {}
+_ENVS: dict[str, "_Shared"] = {}
 _ENVS_LOCK = threading.Lock()
 # While a snapshot walks the store: every so many entries it hands the pages it read back (lakehouse.mapped_pages;
 # ~15-30 MB of pages here, ~3 ms each: a few per cent of a bare walk, far less of a snapshot's encoding).
 _RELEASE_EVERY_ENTRIES = 65_536
 
 
-def _open_env(path: Path) -> lmdb.Environment:
+def _new_env(key: str) -> lmdb.Environment:
+    # sync/metasync off: durable against a killed process (the OS holds the pages); Kafka is the source of truth
+    # for what an OS crash would lose (module docstring).
+    return lmdb.open(key, map_size=_MAP_SIZE, sync=False, metasync=False, readahead=False, max_dbs=0)
+
+
+class _Shared:
+    """One path's LMDB environment, shared by every StateStore on it in this process, and renewed after writes.
+
+    LMDB copies each page a write transaction changes into memory of its own (malloc'd, outside its map) and keeps
+    those copies for the next transactions until the environment closes: the process then holds as many pages as
+    the largest write it ever made touched. The stores grow, and a batch's puts spread over more pages; a burst
+    makes a larger batch. In a soak at 2,000 commands/s the handler's heap grew by ~50 MB an hour of such copies
+    (bench/README.md, "The soak"). ``renew`` closes the environment and opens it again (~0.1 ms): the copies are
+    freed, the data is the file's. Not while a walk (a snapshot's cut, which holds a read transaction across
+    batches) is open: then at the first write after it."""
+
+    __slots__ = ("key", "env", "users", "walks", "lock")
+
+    def __init__(self, key: str):
+        self.key = key
+        self.env = _new_env(key)
+        self.users = 0
+        self.walks: weakref.WeakSet = weakref.WeakSet()  # generators holding a read transaction
+        self.lock = threading.Lock()  # a renewal against another thread's reads of figures (metrics)
+
+    def walk(self, entries: Iterator) -> Iterator:
+        self.walks.add(entries)
+        return entries
+
+    def renew(self) -> bool:
+        """Close and reopen the environment unless a walk is open: -> whether it was."""
+        if any(w.gi_frame is not None for w in list(self.walks)):  # started or not, and not finished
+            return False
+        with self.lock:
+            self.env.close()
+            self.env = _new_env(self.key)
+        return True
+
+
+def _open_env(path: Path) -> _Shared:
     key = str(path.resolve())
     with _ENVS_LOCK:
         held = _ENVS.get(key)
         if held is None:
-            # sync/metasync off: durable against a killed process (the OS holds the pages); Kafka is the source of
-            # truth for what an OS crash would lose (module docstring).
-            held = _ENVS[key] = [lmdb.open(key, map_size=_MAP_SIZE, sync=False, metasync=False, readahead=False,
-                                           max_dbs=0), 0]
-            held[0].reader_check()  # read slots of killed processes (a snapshot's cut) freed
-        held[1] += 1
-        return held[0]
+            held = _ENVS[key] = _Shared(key)
+            held.env.reader_check()  # read slots of killed processes (a snapshot's cut) freed
+        held.users += 1
+        return held
 
 
 def _close_env(path: Path) -> None:
@@ -104,10 +137,10 @@ def _close_env(path: Path) -> None:
     with _ENVS_LOCK:
         held = _ENVS.get(key)
         if held is not None:
-            held[1] -= 1
-            if held[1] <= 0:
+            held.users -= 1
+            if held.users <= 0:
                 del _ENVS[key]
-                held[0].close()
+                held.env.close()
 
 
 def store_path(home: Path, events_topic: str, partition: int) -> Path:
@@ -147,7 +180,7 @@ class StateStore:
             raise ValueError(f"cache_bytes must be >= 0, not {cache_bytes}")
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        self._env = _open_env(self.path)
+        self._shared = _open_env(self.path)
         self._pages = Releaser(self.path / "data.mdb")
         self._closed = False
         with self._env.begin(write=True) as txn:
@@ -156,6 +189,10 @@ class StateStore:
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[bytes, bytes | None] = OrderedDict()
         self._cached = 0
+
+    @property
+    def _env(self) -> lmdb.Environment:
+        return self._shared.env
 
     # Reading --------------------------------------------------------------------------------------------------
     def positions(self) -> tuple[int, int] | None:
@@ -235,7 +272,7 @@ class StateStore:
         what it sees unchanged while later batches are written) iterated as every (``"state"``, aggregate type,
         aggregate id, encoded state), then every (``"index"``, aggregate type, aggregate id, key) of the
         aggregates' indexes, then every (``"results"``, None, aggregate id, encoded window), past the cache. The transaction ends with the iteration (or when the iterator is dropped)."""
-        return self._cut(self._env.begin(), self._pages)
+        return self._shared.walk(self._cut(self._env.begin(), self._pages))
 
     @staticmethod
     def _cut(txn, pages: Releaser) -> Iterator[tuple[str, str | None, str, bytes]]:
@@ -303,7 +340,7 @@ class StateStore:
     def changes(self, epoch: int) -> Iterator[tuple[str, str | None, str, object]]:
         """What changed since the last committed snapshot (marked at ``epoch`` or older), as it is now, in the
         form of ``cut`` (states, then index keys, then whole windows), read in one transaction begun here."""
-        return self._changes(self._env.begin(), epoch, self._pages)
+        return self._shared.walk(self._changes(self._env.begin(), epoch, self._pages))
 
     @staticmethod
     def _changes(txn, epoch: int, pages: Releaser) -> Iterator[tuple[str, str | None, str, object]]:
@@ -393,15 +430,13 @@ class StateStore:
                 for aggregate_id in {r[0] for r in results}:
                     txn.put(_MARK + _MARK_WINDOW + aggregate_id.encode(), epoch)
             puts += _add_results(txn, results, window)
-            if _KILL_AT_WRITE:
-                _WRITES[0] += 1
-                if _WRITES[0] >= _KILL_AT_WRITE:
-                    os.kill(os.getpid(), signal.SIGKILL)
+            store_write_point()  # a crash test's kill -9 inside the write (lakehouse.faults)
             txn.put(_POSITIONS, struct.pack(">qq", events_offset, results_offset))
             if meta is not None:
                 txn.put(_META, meta)
         for key, value in puts:  # only once committed
             self._cache_put(key, value)
+        self._shared.renew()  # the pages LMDB copied for this write freed (_Shared)
         self._pages.maybe()
         return True
 
@@ -433,6 +468,7 @@ class StateStore:
             puts.sort()  # in key order: LMDB's inserts then touch each page once
             txn.cursor().putmulti(puts)
         self.drop_cache()
+        self._shared.renew()
         self._pages.maybe()
 
     def clear(self) -> None:
@@ -465,7 +501,8 @@ class StateStore:
 
     def entries(self) -> int:
         """How many keys the store holds (the positions and the layout's key included)."""
-        return self._env.stat()["entries"]
+        with self._shared.lock:
+            return self._env.stat()["entries"]
 
     def size_on_disk(self) -> int:
         """Bytes of the store's files on disk."""
@@ -500,11 +537,12 @@ def store_figures(path: Path | str) -> dict | None:
     path = Path(path)
     if not (path / "data.mdb").exists():
         return None
-    env = _open_env(path)
+    shared = _open_env(path)
     try:
-        with env.begin() as txn:
-            raw, meta = txn.get(_POSITIONS), txn.get(_META)
-        entries = env.stat()["entries"]
+        with shared.lock:
+            with shared.env.begin() as txn:
+                raw, meta = txn.get(_POSITIONS), txn.get(_META)
+            entries = shared.env.stat()["entries"]
     finally:
         _close_env(path)
     meta_fields = json.loads(bytes(meta)) if meta is not None else {}

@@ -495,3 +495,28 @@ def test_every_snapshot_holds_the_events_waiting_after_a_gap_as_they_were_when_i
         with StateStore(tmp_path / "fresh", cache_bytes=0) as fresh:  # a loaded state written into a store
             assert waiting_of(PartitionState.stored(0, fresh, window=3, cache_bytes=0, loaded=back)) == expected
             assert waiting_of(PartitionState.stored(0, fresh, window=3, cache_bytes=0)) == expected
+
+
+def test_the_pages_lmdb_copies_for_a_large_write_are_not_held_after_it(tmp_path):
+    # LMDB keeps a malloc'd copy of every page a write transaction changed until its environment closes (the
+    # store renews it after each write): a write touching ~20,000 pages would otherwise hold ~80 MB for good.
+    script = textwrap.dedent(f"""
+        import ctypes, random
+        from event_store.state_store import StateStore
+
+        class Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks "
+                                                       "fordblks keepcost".split()]
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = Info
+        with StateStore({str(tmp_path / "big")!r}, cache_bytes=0) as store:
+            state = b"x" * 200
+            store.restore({{("account", f"acc-{{i:07d}}"): state for i in range(300_000)}}, [], {{}}, 100)
+            before = libc.mallinfo2().uordblks
+            chosen = random.Random(3).sample(range(300_000), 20_000)
+            store.write(1, 1, {{("account", f"acc-{{i:07d}}"): b"y" * 200 for i in chosen}}, mark=False)
+            print((libc.mallinfo2().uordblks - before) >> 20)
+    """)
+    held_mib = int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                                  cwd=ROOT).stdout)
+    assert held_mib < 10, held_mib
