@@ -26,7 +26,7 @@ from lakehouse.settings import Settings
 
 __all__ = ["transactional_producer_config", "new_producer", "group_consumer", "group_reader", "range_reader",
            "offsets_reader", "peek_reader", "bulk_producer", "keys_reader", "keys_writer", "admin_client", "access_probe", "produce", "produce_records", "RecordSender",
-           "close_within", "close_all_within", "take", "REJOIN_WAIT_S", "RejoinWatch", "LagWatch"]
+           "close_within", "close_all_within", "take", "PREFETCH", "REJOIN_WAIT_S", "RejoinWatch", "LagWatch"]
 
 # After its group session was lost (e.g. the broker restarted), a consumer is assigned partitions again within a
 # few heartbeats. librdkafka (2.16, cooperative-sticky) sometimes never rejoins: seen in
@@ -54,6 +54,12 @@ def new_producer(config: dict) -> confluent_kafka.Producer:
     return confluent_kafka.Producer(config)
 
 
+# What a long-running group member fetches ahead of its polls. librdkafka's defaults (100,000 messages or 64 MB)
+# let a service behind the log hold up to 64 MB more than one that keeps up: in a soak its memory then followed
+# the backlog's bursts. 16 MB is ~30,000 events or ~50,000 commands, many batches ahead of the largest poll.
+PREFETCH = {"queued.max.messages.kbytes": 16 * 1024, "queued.min.messages": 20_000}
+
+
 def group_consumer(settings: Settings, group_id: str, instance_id: str, max_poll_interval_ms: int
                    ) -> confluent_kafka.Consumer:
     """A ``read_committed`` consumer in ``group_id`` with static membership (``group.instance.id``), so a
@@ -65,7 +71,7 @@ def group_consumer(settings: Settings, group_id: str, instance_id: str, max_poll
         "enable.auto.commit": False, "auto.offset.reset": "earliest",
         "partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": 10_000,
         "heartbeat.interval.ms": 2_000, "max.poll.interval.ms": max_poll_interval_ms,
-        "topic.metadata.refresh.interval.ms": 10_000})
+        "topic.metadata.refresh.interval.ms": 10_000, **PREFETCH})
 
 
 def group_reader(settings: Settings, group_id: str, on_error: Callable | None = None) -> confluent_kafka.Consumer:
@@ -77,7 +83,7 @@ def group_reader(settings: Settings, group_id: str, on_error: Callable | None = 
         **confluent_config(settings), "group.id": group_id, "isolation.level": "read_committed",
         "enable.auto.commit": False, "auto.offset.reset": "earliest", "enable.partition.eof": True,
         "partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": 10_000,
-        "heartbeat.interval.ms": 2_000, "topic.metadata.refresh.interval.ms": 10_000}
+        "heartbeat.interval.ms": 2_000, "topic.metadata.refresh.interval.ms": 10_000, **PREFETCH}
     if on_error is not None:
         config["error_cb"] = on_error
     return confluent_kafka.Consumer(config)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 import time
 import zlib
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterable
@@ -64,7 +64,10 @@ __all__ = ["event_time_ms", "FraudConsumer", "FraudStats", "figures", "findings_
 
 _STORE_EVERY_S = 1.0  # how often the changed states go to the state stores
 _RESTORE_CHUNK = 10_000  # states per transaction when a snapshot is copied into a store
-_TOKENS_HELD = 100_000  # sealed locations remembered (each sealed once while remembered)
+# Sealed locations remembered, the least recently used dropped first (each sealed once while remembered). An entry
+# costs ~400 bytes (the key's two strings, the token, the dict's slot): 100,000 held ~40 MB, which a soak at 100k
+# accounts saw as the detector growing for most of an hour (bench/README.md).
+_TOKENS_HELD = 16_384
 INPUT_TYPES = frozenset({"PaymentAuthorized", "PaymentDeclined", "DeviceLocationReported"})
 _INPUT_MARKERS = tuple(t.encode() for t in sorted(INPUT_TYPES))  # looked for in the raw bytes before parsing
 _CALL_TIMEOUT_S = 5.0
@@ -176,7 +179,7 @@ class FraudConsumer:
         # (subject, location) -> its token, made once while remembered.
         self._unsealer = Unsealer(settings)
         self._subjects: dict[str, str] = {}
-        self._tokens: dict[tuple[str, str], str] = {}
+        self._tokens: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._rejoin = kafka_clients.RejoinWatch()
         self._lag = kafka_clients.LagWatch()
 
@@ -238,19 +241,21 @@ class FraudConsumer:
         subject = self._subjects.get(account)
         if subject is None or not state.devices:
             return encode_state(state)
-        if len(self._tokens) > _TOKENS_HELD:
-            self._tokens.clear()
+        tokens = self._tokens
         devices = []
         for t, location in state.devices:
             token = None
             if location is not None:
-                token = self._tokens.get((subject, location))
-                if token is None:
+                token = tokens.get((subject, location))
+                if token is not None:
+                    tokens.move_to_end((subject, location))
+                else:
                     try:
-                        token = self._tokens[(subject, location)] = self._unsealer.keys.seal(subject, "location",
-                                                                                               location)
+                        token = tokens[(subject, location)] = self._unsealer.keys.seal(subject, "location", location)
                     except SubjectForgotten:
                         token = None
+                    while len(tokens) > _TOKENS_HELD:
+                        tokens.popitem(last=False)
             devices.append((t, token))
         return encode_state(replace(state, devices=tuple(devices)))
 
