@@ -257,11 +257,13 @@ def python_engine(settings: Settings, models: list, max_offsets: int,
                                  "--until-caught-up", *[m.name for m in models]], cwd=root, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
     peak, peak_engine, peak_parser, watched = 0, 0, 0, psutil.Process(proc.pid)
+    peak_anon = 0  # the engine process's RssAnon: its own memory, without the key index's mapped LMDB pages
     while proc.poll() is None:
         try:  # with its second parser process (large batches), if it started one
             engine_rss = watched.memory_info().rss
             parser_rss = sum(p.memory_info().rss for p in watched.children(recursive=True))
-        except psutil.Error:
+            peak_anon = max(peak_anon, rss_anon(proc.pid))
+        except (psutil.Error, OSError):
             time.sleep(0.1)
             continue
         peak, peak_engine = max(peak, engine_rss + parser_rss), max(peak_engine, engine_rss)
@@ -283,13 +285,23 @@ def python_engine(settings: Settings, models: list, max_offsets: int,
     return {"events": int(caught_up[1]), "seconds": float(caught_up[3]), "wall_seconds": wall, "batches": len(done),
             "handed_to_spark": text.count("goes to the Spark engine"), "parsed_by_two": int(two[1]) if two else 0,
             "peak_rss_mib": peak / 2**20, "engine_peak_rss_mib": peak_engine / 2**20,
-            "parser_peak_rss_mib": peak_parser / 2**20, "steps": steps, "home": str(home)}
+            "parser_peak_rss_mib": peak_parser / 2**20, "engine_peak_anon_mib": peak_anon / 2**20, "steps": steps,
+            "home": str(home)}
+
+
+def rss_anon(pid: int) -> int:
+    """A process's RssAnon in bytes (/proc/PID/status): its heap and stacks, not the files it maps."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def rss_parts(engine: dict) -> str:
-    """The peaks of the engine's process and of its second parser, each on its own (the total's parts may peak at
-    different times)."""
-    return (f"the engine's process {engine['engine_peak_rss_mib']:,.0f}, its second parser "
+    """The peaks of the engine's process (its RssAnon: without the mapped pages of its key index) and of its second
+    parser, each on its own (the total's parts may peak at different times)."""
+    anon = f" (RssAnon {engine['engine_peak_anon_mib']:,.0f})" if "engine_peak_anon_mib" in engine else ""
+    return (f"the engine's process {engine['engine_peak_rss_mib']:,.0f}{anon}, its second parser "
             f"{engine['parser_peak_rss_mib']:,.0f} at their peaks")
 
 
@@ -491,13 +503,16 @@ def engine_memory(base: Settings, sizes: list[int], accounts: int, max_offsets: 
               f"({rss_parts(engine)})", flush=True)
         runs.append({"events": engine["events"], "events_per_s": rate, "peak_rss_mib": engine["peak_rss_mib"],
                      "engine_peak_rss_mib": engine["engine_peak_rss_mib"],
+                     "engine_peak_anon_mib": engine["engine_peak_anon_mib"],
                      "parser_peak_rss_mib": engine["parser_peak_rss_mib"], "batches": engine["batches"]})
         shutil.rmtree(settings.home, ignore_errors=True)
     first, last = runs[0], runs[-1]
     print(f"peak RSS from {first['events']:,} to {last['events']:,} events: {first['peak_rss_mib']:,.0f} -> "
           f"{last['peak_rss_mib']:,.0f} MiB ({last['peak_rss_mib'] / first['peak_rss_mib']:.2f}x for "
           f"{last['events'] / first['events']:.0f}x the events); the engine's process alone "
-          f"{first['engine_peak_rss_mib']:,.0f} -> {last['engine_peak_rss_mib']:,.0f} MiB, its second parser "
+          f"{first['engine_peak_rss_mib']:,.0f} -> {last['engine_peak_rss_mib']:,.0f} MiB (RssAnon "
+          f"{first['engine_peak_anon_mib']:,.0f} -> {last['engine_peak_anon_mib']:,.0f} MiB: "
+          f"{last['engine_peak_anon_mib'] / first['engine_peak_anon_mib']:.2f}x), its second parser "
           f"{first['parser_peak_rss_mib']:,.0f} -> {last['parser_peak_rss_mib']:,.0f} MiB")
     return runs
 
