@@ -6,7 +6,8 @@ history: the request's reference, never personal data), **dry_run** (say what wo
 **grace_minutes** (old files written this recently may belong to a writer's open transaction: left for a later
 try), **wait_seconds** (how long to wait for the projections' batches planned before the key went) and
 **log_event** (send each of the subject's accounts a ForgetSubject command, answered by a SubjectForgotten event on
-the log; off only for a home whose broker is gone).
+the log, and delete the handled commands, which carried the values in clear, from the commands topic; off only for
+a home whose broker is gone).
 
 `forget` does what `eventlake forget SUBJECT --reason REASON` does (projection_core/forget_subject.py): the key goes
 (a tombstone stays; every reader reads the subject's sealed values as null, the handler refuses their commands), the
@@ -45,7 +46,8 @@ _GRACE_MINUTES = 15  # lakehouse.erasure.DEFAULT_GRACE_S (not imported at parse 
                                                "the key went"),
              "log_event": Param(True, type="boolean", title="Record it on the log",
                                 description="append SubjectForgotten to each of the subject's accounts (through "
-                                            "the command handler)")})
+                                            "the command handler) and delete the handled commands from the "
+                                            "commands topic")})
 def forget_subject():
     @task(retries=4, retry_delay=pendulum.duration(minutes=_GRACE_MINUTES + 1),
           outlets=[assets.alias(assets.FORGOTTEN)])

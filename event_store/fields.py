@@ -82,10 +82,14 @@ def _parse_timestamp(value: str) -> datetime | None:
 
 
 def field_problem(spec: Field, value: Any) -> str | None:
-    """What is wrong with ``value`` (not None) as ``spec``, or None when it is fine."""
+    """What is wrong with ``value`` (not None) as ``spec``, or None when it is fine. A personal field's value is
+    never quoted (issue 45): the reason goes to the command's result, the logs and the dead letters, which
+    forgetting its subject cannot reach."""
+    _short = _unquoted if spec.personal else _quoted
     kind = spec.kind
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        return f"must be {kind.__name__}, got {type(value).__name__} {_short(value)}"
+        return f"must be {kind.__name__}, got {type(value).__name__} " + (
+            "(personal data: not quoted)" if spec.personal else _short(value))
     if spec.choices is not None and value not in spec.choices:
         return f"{_short(value)} is not {spec.describe or 'one of ' + ', '.join(sorted(spec.choices))}"
     if spec.max_length is not None and len(value) > spec.max_length:
@@ -106,7 +110,11 @@ def field_problem(spec: Field, value: Any) -> str | None:
     return None
 
 
-def _short(value: Any) -> str:
+def _unquoted(value: Any) -> str:
+    return "the value given (personal data: not quoted)"
+
+
+def _quoted(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else f"{text[:60]}... ({len(text):,} characters)"
 

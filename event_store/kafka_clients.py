@@ -54,6 +54,13 @@ def new_producer(config: dict) -> confluent_kafka.Producer:
     return confluent_kafka.Producer(config)
 
 
+def aborting_producer(settings: Settings, transactional_id: str) -> confluent_kafka.Producer:
+    """A transactional producer whose transactions are aborted (``event_store.command_purge``: a record appended only
+    to roll a partition's segment, which no ``read_committed`` reader sees)."""
+    return confluent_kafka.Producer({**confluent_config(settings), "transactional.id": transactional_id,
+                                     "enable.idempotence": True, "acks": "all", "linger.ms": 0})
+
+
 # What a long-running group member fetches ahead of its polls. librdkafka's defaults (100,000 messages or 64 MB)
 # let a service behind the log hold up to 64 MB more than one that keeps up: in a soak its memory then followed
 # the backlog's bursts. 16 MB is ~30,000 events or ~50,000 commands, many batches ahead of the largest poll.

@@ -49,6 +49,11 @@ def surviving_refresh_loop(refresh_loop):
 if not hasattr(kafka.cluster.ClusterMetadata._refresh_loop, "__wrapped__"):
     kafka.cluster.ClusterMetadata._refresh_loop = surviving_refresh_loop(kafka.cluster.ClusterMetadata._refresh_loop)
 
+# The commands topic's segments roll at least hourly, and a deleted segment's file goes after 1 s (the broker's
+# default keeps it a minute): ``eventlake forget`` deletes the handled commands (event_store.command_purge).
+COMMANDS_SEGMENT_MS = 3600 * 1000
+COMMANDS_FILE_DELETE_DELAY_MS = 1000
+
 # Append-only log: never deleted by time or size, never compacted.
 _UNLIMITED = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
 
@@ -57,7 +62,9 @@ def topic_configs(settings: Settings) -> dict[str, dict[str, str]]:
     """Every topic eventlake uses, with its explicit configuration."""
     durable = {} if settings.min_insync_replicas is None else {"min.insync.replicas": str(settings.min_insync_replicas)}
     return {
-        settings.commands_topic: {"retention.ms": str(7 * 24 * 3600 * 1000), "cleanup.policy": "delete", **durable},
+        settings.commands_topic: {"retention.ms": str(7 * 24 * 3600 * 1000), "cleanup.policy": "delete",
+                                  "segment.ms": str(COMMANDS_SEGMENT_MS),
+                                  "file.delete.delay.ms": str(COMMANDS_FILE_DELETE_DELAY_MS), **durable},
         settings.events_topic: {**_UNLIMITED, **durable},
         settings.results_topic: {"retention.ms": str(7 * 24 * 3600 * 1000), "cleanup.policy": "delete", **durable},
         settings.dead_letters_topic: {**_UNLIMITED, **durable},

@@ -146,6 +146,9 @@ transaction.state.log.num.partitions=5
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 log.retention.hours=-1
+# How often the broker deletes the segments a topic's retention or a DeleteRecords put behind its log start: the
+# handled commands `eventlake forget` deletes leave the disk within this (Kafka's default: 5 minutes).
+log.retention.check.interval.ms=10000
 """)
     p["log4j"].write_text(f"""status = warn
 appender.file.type = File

@@ -1,7 +1,7 @@
 """``eventlake forget`` and the ``forget_subject`` DAG: a data subject forgotten beside the live writers (issue 45,
 docs/forgetting.md).
 
-Three steps, each safe to repeat (a run killed anywhere is run again and completes):
+Its steps, each safe to repeat (a run killed anywhere is run again and completes):
 
 1. **The key goes** (``SubjectKeys.forget``: a tombstone stays, so the key is never made again). From then on every
    reader reads the subject's sealed values as null and the handler refuses their commands.
@@ -21,6 +21,9 @@ Three steps, each safe to repeat (a run killed anywhere is run again and complet
    its rebuild lock (``RebuildLock``, purpose "forget"), so a rebuild or maintenance of it is not raced: a model
    whose lock is held is left, named, and the run is not complete; then the plain values of events written with
    sealing off in the archive, then the dead letters.
+5. **The handled commands go** (``event_store.command_purge``): commands arrive in clear, so every record of the
+   commands topic the handler has handled is deleted (its segments rolled, then DeleteRecords), and the brokers
+   remove their files at their next retention check. Skipped with ``record`` off (a home whose broker is gone).
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from typing import Callable
 
 import read_models
 from event_store.client import EventStore
+from event_store.command_purge import CommandsPurge, purge_handled_commands
 from event_store.domains import DOMAINS
 from event_store.envelope import CommandEnvelope
 from event_store.kafka_access import check_access
@@ -194,11 +198,13 @@ class ForgetReport:
     reports: tuple[QuotingFiles, ...] = ()  # the Data Docs and check results that quoted the values
     log_records: tuple[LogRecord, ...] = ()  # the forget commands: SubjectForgotten on the log
     recorded: bool = True  # False: asked not to record it on the log (--no-log-event)
+    commands: CommandsPurge | None = None  # the handled commands deleted (None: not asked, with --no-log-event)
 
     @property
     def complete(self) -> bool:
         return (not self.dry_run and not self.in_flight and not self.locked
-                and all(e.complete for e in self.tables) and all(r.done for r in self.log_records))
+                and all(e.complete for e in self.tables) and all(r.done for r in self.log_records)
+                and (self.commands is None or self.commands.complete))
 
     def summary(self) -> dict:
         """The report as plain data (a DAG run's XCom)."""
@@ -207,7 +213,11 @@ class ForgetReport:
                 "in_flight": [b.line() for b in self.in_flight], "locked": list(self.locked),
                 "changed_models": dict(self.changed_models), "sealing": self.sealing,
                 "reports": [asdict(f) for f in self.reports],
-                "log": [asdict(r) for r in self.log_records], "recorded": self.recorded}
+                "log": [asdict(r) for r in self.log_records], "recorded": self.recorded,
+                "commands": None if self.commands is None else {
+                    "topic": self.commands.topic, "offsets_deleted": self.commands.offsets_deleted,
+                    "deleted_before": {str(p): o for p, o in self.commands.deleted_before.items()},
+                    "unhandled": {str(p): o for p, o in self.commands.unhandled.items()}}}
 
     def lines(self) -> list[str]:
         key = {"key": "deleted (a tombstone kept: the subject's key is never made again)",
@@ -217,8 +227,11 @@ class ForgetReport:
         out += [e.line() for e in self.tables]
         out += [f.line() for f in self.reports]
         out += [r.line() for r in self.log_records]
+        if self.commands is not None:
+            out.append(self.commands.line())
         if not self.recorded:
-            out.append("log: not recorded (--no-log-event): no SubjectForgotten event was appended")
+            out.append("log: not recorded (--no-log-event): no SubjectForgotten event was appended, and the commands "
+                       "topic keeps the subject's commands in clear until its retention (7 days)")
         for batch in self.in_flight:
             out.append(f"{batch.line()}: planned before the key went and not committed after {self.wait_s:.0f} s; it "
                        f"may write the subject's values again (a projection killed in it runs it again with the key "
@@ -242,6 +255,10 @@ class ForgetReport:
                 reasons.append("a rebuild or maintenance held a read model")
             if any(not r.done for r in self.log_records):
                 reasons.append("a forget command was not sent or was refused")
+            if self.commands is not None and self.commands.error:
+                reasons.append("the handled commands were not deleted from the commands topic")
+            elif self.commands is not None and self.commands.unhandled:
+                reasons.append("the handler had not handled every command on the commands topic")
             out.append("not complete: run again later: " + "; ".join(reasons))
         return out
 
@@ -267,6 +284,8 @@ def forget_subject(settings: Settings, subject: str, reason: str, dry_run: bool 
     log(f"forget: subject {subject!r}: {len(ids)} aggregate(s) of theirs in the archive (by their tokens or their "
         f"subject field)")
     records = record_on_log(settings, subject, aggregates, answer_s, log) if record and not dry_run else []
+    # After the forget commands were answered: their partitions' commands, the subject's among them, are handled.
+    commands = purge_handled_commands(settings, wait_s=answer_s, dry_run=dry_run, log=log) if record else None
     tables: list[Erasure] = []
     locked: list[str] = []
     changed: dict[str, int] = {}
@@ -300,4 +319,4 @@ def forget_subject(settings: Settings, subject: str, reason: str, dry_run: bool 
     tables += forget_in_archive(settings, ids, reason, dry_run=dry_run, grace_s=grace_s, log=log)
     tables += forget_in_dead_letters(settings, subject, ids, reason, dry_run=dry_run, grace_s=grace_s, log=log)
     return ForgetReport(subject, before, tuple(tables), dry_run, tuple(in_flight), tuple(locked), wait_s, changed,
-                        sealing_on(settings), tuple(reports), tuple(records), record)
+                        sealing_on(settings), tuple(reports), tuple(records), record, commands)

@@ -46,9 +46,11 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def bootstrap_servers(tmp_path_factory) -> str:
+def local_broker(tmp_path_factory) -> Settings | None:
+    """The run's own broker (its settings: ``kafka_dir / "data"`` holds its log segments), or None when
+    KAFKA_BOOTSTRAP_SERVERS names a cluster to use instead."""
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+        yield None
         return
     from infra import kafka
 
@@ -58,9 +60,14 @@ def bootstrap_servers(tmp_path_factory) -> str:
                                        kafka_controller_port=_free_port(), kafka_brokers=1, kafka_security="none")
     kafka.up(broker, log=lambda *_: None)
     try:
-        yield broker.bootstrap_servers
+        yield broker
     finally:
         kafka.down(broker, log=lambda *_: None)
+
+
+@pytest.fixture(scope="session")
+def bootstrap_servers(local_broker) -> str:
+    return os.environ["KAFKA_BOOTSTRAP_SERVERS"] if local_broker is None else local_broker.bootstrap_servers
 
 
 @pytest.fixture

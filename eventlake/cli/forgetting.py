@@ -34,5 +34,6 @@ def add_verbs(sub) -> None:
                         "read the subject's values) to commit; default 120")
     p.add_argument("--no-log-event", action="store_true",
                    help="do not send the forget commands that append SubjectForgotten to each of the subject's "
-                        "aggregates (a home whose broker is gone: the tables are erased all the same)")
+                        "aggregates, nor delete the handled commands from the commands topic (a home whose broker "
+                        "is gone: the tables are erased all the same)")
     p.set_defaults(run=_cmd_forget)

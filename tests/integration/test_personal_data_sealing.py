@@ -3,6 +3,7 @@ with personal_data_seal on, the events topic holding tokens only, the Python eng
 after a subject's key is deleted, a replay of the log showing that subject's values as null and nobody else's."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -84,7 +85,27 @@ def files_bytes(folder: Path) -> bytes:
     return b"".join(p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file())
 
 
-def test_sealed_on_the_log_clear_in_the_read_models_and_null_once_forgotten(settings, tmp_path):
+def kafka_files_holding(broker, settings, plain: list[str], wait_s: float = 120.0) -> list[str]:
+    """The files under the broker's data dir that still hold one of ``plain`` once ``wait_s`` passed without
+    them all going: this test's topics and Kafka's own (the other tests' topics hold none of these values)."""
+    data = Path(broker.kafka_dir) / "data"
+    deadline = time.monotonic() + wait_s
+    while True:
+        holding = []
+        for path in data.iterdir():
+            if path.is_dir() and (path.name.startswith(settings.topic_prefix) or path.name.startswith("__")):
+                for f in path.iterdir():
+                    try:
+                        raw = f.read_bytes()
+                    except (FileNotFoundError, IsADirectoryError):  # deleted while read
+                        continue
+                    holding += [f"{path.name}/{f.name}: {p}" for p in plain if p.encode() in raw]
+        if not holding or time.monotonic() >= deadline:
+            return holding
+        time.sleep(1.0)
+
+
+def test_sealed_on_the_log_clear_in_the_read_models_and_null_once_forgotten(settings, tmp_path, local_broker):
     # Snapshots after a few events, so that the handler's snapshots topic is written too.
     settings = settings.replace(personal_data_seal="on", snapshot_every_events=4)
     kafka_log.ensure_topics(settings, log=lambda *_: None)
@@ -232,6 +253,9 @@ def test_sealed_on_the_log_clear_in_the_read_models_and_null_once_forgotten(sett
     from projection_core.forget_subject import forget_subject
 
     assert ADA["customer_name"].encode() in files_bytes(Path(settings.warehouse))  # the scan sees them before
+    if local_broker is not None:  # ... and in the commands topic's segments
+        assert any(ADA["customer_email"] in hit for hit in kafka_files_holding(local_broker, settings, [
+            ADA["customer_email"]], wait_s=0))
     sent, reports = threading.Event(), []
 
     def forget_it():
@@ -266,9 +290,18 @@ def test_sealed_on_the_log_clear_in_the_read_models_and_null_once_forgotten(sett
     assert [p for p in [*ADA.values(), *ADA_PLACES] if p.encode() in kept] == []
     assert GRACE["customer_name"].encode() in kept and GRACE_PLACES[1].encode() in kept
     assert all(reconcile(settings, name).success for name in live)
+    # The commands topic held Ada's values in clear (commands are not sealed): every command the handler had handled
+    # was deleted, and the broker removes their segments' files at its next retention check (10 s on eventlake's
+    # broker): then no log segment under its data dir holds a byte of her values, Kafka's own topics included.
+    assert report.commands.offsets_deleted >= len(commands) + len(late) and not report.commands.unhandled
+    if local_broker is not None:
+        assert kafka_files_holding(local_broker, settings, [*ADA.values(), *ADA_PLACES, "IS-AKU"]) == []
     again = forget_subject(settings, "cust-ada", "GDPR art. 17 request (test)", grace_s=0, log=lambda *_: None,
                            answer_s=0.5)  # no handler runs: its commands wait, sent again (same ids)
-    assert again.complete and all(e.rows_holding == e.files_holding == 0 for e in again.tables)
+    assert all(e.rows_holding == e.files_holding == 0 for e in again.tables)
+    # ... which it says: complete but for the forget commands it sent again, not yet handled (their records stay)
+    assert not again.complete and again.commands.unhandled
+    assert "the handler had not handled every command on the commands topic" in again.lines()[-1]
     # The live projection folds the SubjectForgotten events: the rows' versions move on, the values stay null.
     live_after = project(settings)
     assert {k[0]: (r["version"], r["customer_name"], r["last_device_location"])

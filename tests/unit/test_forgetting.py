@@ -104,6 +104,8 @@ def test_eventlake_forget_deletes_the_key_then_the_values_and_says_what_it_did(t
     # No broker in this home: the forget commands (SubjectForgotten on the log) are not sent, and the report says so.
     assert "log: account acc-ada-1: forget command not sent: KafkaAccessError" in out
     assert "a forget command was not sent or was refused" in out
+    assert "commands topic eventlake.commands: handled commands not deleted: KafkaAccessError" in out
+    assert "the handled commands were not deleted from the commands topic" in out
     assert SubjectKeys(keys_dir(settings.home)).state("cust-ada") == "forgotten"
     assert main(["forget", "cust-ada", "--reason", "request #9", "--grace-minutes", "0", "--no-log-event"]) == 0
     out = capsys.readouterr().out
