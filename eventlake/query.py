@@ -24,7 +24,7 @@ from lakehouse.storage import delta_table
 from read_models.catalog import ARCHIVE_TABLE, DEAD_LETTER_TABLE, Catalog, late_events_sources
 from lakehouse.errors import BadInput
 
-__all__ = ["QueryError", "TablePart", "AsOf", "parse_as_of", "describe_as_of", "logical_tables", "query_duckdb", "query_spark", "spark_frame",
+__all__ = ["QueryError", "TablePart", "AsOf", "parse_as_of", "describe_as_of", "erased_after", "logical_tables", "query_duckdb", "query_spark", "spark_frame",
            "format_table", "format_csv", "format_json_lines"]
 
 
@@ -96,6 +96,33 @@ def _version_as_of(path: Path, as_of: AsOf) -> int | None:
     return max(committed) if committed else None
 
 
+def erased_after(settings: Settings, sql: str, as_of: AsOf) -> str | None:
+    """Why ``sql`` cannot be read ``as_of`` where a table it names was erased later (``eventlake forget``: the old
+    files and log entries that held the erased values are deleted, so the versions before the erasure may not be
+    read, issue 45), or None. Names the erasure's version, time and reason."""
+    from lakehouse.erasure import REASON_KEY
+
+    notes = []
+    for name, parts in _mentioned(sql, logical_tables(settings)).items():
+        for part in parts:
+            for commit in sorted(delta_table(part.path).history(), key=lambda c: c.get("version", -1)):
+                if REASON_KEY not in commit or "version" not in commit:
+                    continue
+                later = (commit["version"] > as_of if isinstance(as_of, int)
+                         else commit["timestamp"] > as_of.timestamp() * 1000)
+                if later:
+                    when = datetime.fromtimestamp(commit["timestamp"] / 1000, timezone.utc)
+                    notes.append(f"{name} was erased at version {commit['version']} ({when:%Y-%m-%d %H:%M} UTC, "
+                                 f"reason {commit[REASON_KEY]!r})")
+                    break
+    if not notes:
+        return None
+    when = f"version {as_of}" if isinstance(as_of, int) else as_of.isoformat()
+    return (f"as of {when}: " + "; ".join(notes) + ". The files and log entries that held the erased values before "
+            "it were deleted, so what they held cannot be read as of an earlier moment; read at the erasure's "
+            "version or later (`eventlake history NAME` lists the versions)")
+
+
 def describe_as_of(tables: dict[str, list[TablePart]], as_of: AsOf) -> str:
     """One line naming what each table is read at, for the user (stderr)."""
     parts = []
@@ -107,8 +134,19 @@ def describe_as_of(tables: dict[str, list[TablePart]], as_of: AsOf) -> str:
     return f"as of {when}: " + (", ".join(parts) or "no table")
 
 
-def _existing_tables(settings: Settings, as_of: AsOf | None = None) -> dict[str, list[TablePart]]:
+def _erased(settings: Settings, sql: str, as_of: AsOf | None) -> QueryError | None:
+    """A query as of a moment before an erasure of a table it names fails (a file or log entry gone) or finds the
+    table missing: say so, rather than the engine's message about a missing file or table."""
+    why = erased_after(settings, sql, as_of) if as_of is not None else None
+    return QueryError(why) if why else None
+
+
+def _existing_tables(settings: Settings, as_of: AsOf | None = None, sql: str = "") -> dict[str, list[TablePart]]:
     tables = logical_tables(settings, as_of)
+    erased = _erased(settings, sql, as_of) if as_of is not None and set(_mentioned(sql, logical_tables(settings))) \
+        - set(tables) else None
+    if erased is not None:  # a table the query names had no version then any more
+        raise erased
     if not tables and as_of is not None and logical_tables(settings):
         when = f"version {as_of}" if isinstance(as_of, int) else as_of.isoformat()
         raise QueryError(f"no table under {settings.warehouse} has {when} (the tables: "
@@ -158,7 +196,7 @@ def query_duckdb(settings: Settings, sql: str, as_of: AsOf | None = None) -> tup
     over their versions ``as_of`` a version or a time."""
     from lakehouse.tables import dataset
 
-    tables = _existing_tables(settings, as_of)
+    tables = _existing_tables(settings, as_of, sql)
     con = _duckdb_connection()
     try:
         # Reading the data (fetchall) is where bad bytes or unconvertible values surface, so it is inside too.
@@ -172,7 +210,7 @@ def query_duckdb(settings: Settings, sql: str, as_of: AsOf | None = None) -> tup
         except WriteRefused as e:
             raise _read_only(e, tables) from None
         except _engine_errors() as e:
-            raise _refused("DuckDB", e, tables) from None
+            raise (_erased(settings, sql, as_of) or _refused("DuckDB", e, tables)) from None
     finally:
         con.close()
 
@@ -199,15 +237,19 @@ def _duckdb_connection():
 def _named_in(sql: str, tables: dict[str, list[TablePart]]) -> dict[str, list[TablePart]]:
     """The tables whose names the SQL mentions (as words; opening each table's Delta log costs a few ms), or all
     of them when it names none (SHOW TABLES, information_schema ...)."""
-    named = {name: parts for name, parts in tables.items()
-             if re.search(rf"(?<![\w$]){re.escape(name)}(?![\w$])", sql, re.IGNORECASE)}
-    return named or tables
+    return _mentioned(sql, tables) or tables
+
+
+def _mentioned(sql: str, tables: dict[str, list[TablePart]]) -> dict[str, list[TablePart]]:
+    """The tables whose names the SQL mentions, as words."""
+    return {name: parts for name, parts in tables.items()
+            if re.search(rf"(?<![\w$]){re.escape(name)}(?![\w$])", sql, re.IGNORECASE)}
 
 
 def query_spark(settings: Settings, sql: str, as_of: AsOf | None = None) -> tuple[list[str], list[tuple]]:
     """Run ``sql`` with Spark SQL (the process's active session, or a new one) over the Delta tables (``as_of``:
     the versions ``logical_tables`` picks, the same as the embedded path's)."""
-    tables = _existing_tables(settings, as_of)  # before starting a JVM for nothing
+    tables = _existing_tables(settings, as_of, sql)  # before starting a JVM for nothing
     from spark_apps.session import build_session
 
     spark = build_session(settings, app_name="eventlake-query")
@@ -229,7 +271,7 @@ def query_spark(settings: Settings, sql: str, as_of: AsOf | None = None) -> tupl
     except WriteRefused as e:
         raise _read_only(e, tables) from None
     except _engine_errors() as e:  # AnalysisException, ParseException, a failed job: Spark's own message
-        raise _refused("Spark SQL", e, tables) from None
+        raise (_erased(settings, sql, as_of) or _refused("Spark SQL", e, tables)) from None
 
 
 def _register_duckdb(con, name: str, parts: list[TablePart], dataset) -> None:

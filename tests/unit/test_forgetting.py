@@ -279,3 +279,27 @@ def test_the_reports_quoting_a_subjects_values_go_and_the_others_stay(tmp_path):
     assert not ada.exists() and not place.exists() and not letters.exists() and grace.exists()
     assert any("data_docs: 2 file(s) quoted the subject's values; deleted 2" in line for line in report.lines())
     assert report.complete
+
+
+def test_a_query_as_of_a_moment_before_the_erasure_says_it_was_erased_and_shows_no_value(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """`eventlake query --as-of` a version or time before a forget: the read fails naming the erasure (its version,
+    time and reason), never the values; at the erasure's version and later the values are null."""
+    from eventlake.cli import main
+
+    settings = personal_home(tmp_path)
+    monkeypatch.setenv("EVENTLAKE_HOME", str(settings.home))
+    monkeypatch.setenv("EVENTLAKE_SUBJECT_KEYS_TOPIC", "off")
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    sql = "SELECT customer_name FROM account_summary ORDER BY account_id"
+    assert main(["query", "--as-of", "0", sql]) == 0
+    assert "Ada Lovelace" in capsys.readouterr().out  # time travel reads the values before the erasure
+    assert main(["forget", "cust-ada", "--reason", "request #17", "--grace-minutes", "0", "--no-log-event"]) == 0
+    capsys.readouterr()
+    for as_of in ("0", "2026-01-01T00:00:00Z"):
+        assert main(["query", "--as-of", as_of, sql]) != 0
+        out, err = capsys.readouterr()
+        assert "account_summary was erased at version 1" in err and "reason 'request #17'" in err, err
+        assert "Ada" not in out + err
+    assert main(["query", "--as-of", "1", sql]) == 0
+    assert capsys.readouterr().out.split()[:3] == ["customer_name", "-------------", "NULL"]
