@@ -1,6 +1,7 @@
 """A data subject's values erased from a Delta table and from its history (issue 45, slice 4; docs/forgetting.md).
 
-``erase(where, predicate, columns, reason)``, on a table at a local path:
+``erase(where, predicate, columns, reason)``, on a table in a local folder or under a storage URI (its files
+listed, read and deleted through ``lakehouse.storage.file_system``: delta-rs' object store for a URI):
 
 1. **Null.** The rows ``predicate`` selects that still hold a value in one of ``columns`` get those columns set to
    null: one UPDATE commit (delta-rs), whose commit info records the reason (``eventlake.erasure``). Rows, keys and
@@ -34,6 +35,7 @@ from typing import Sequence
 
 from lakehouse.errors import BadInput
 from lakehouse.faults import fault_point
+from lakehouse.storage import StorageError, delta_table, file_system, is_remote, location
 from lakehouse.tables import TableNotFound
 
 __all__ = ["Erasure", "ErasureError", "erase", "REASON_KEY", "DEFAULT_GRACE_S", "values_held",
@@ -45,7 +47,58 @@ UPDATE_ATTEMPTS = 5  # the UPDATE's commit, when another writer keeps committing
 
 
 class ErasureError(BadInput, ValueError):
-    """An erasure that cannot run as asked (a remote table, no columns, no reason)."""
+    """An erasure that cannot run as asked (no columns, no reason)."""
+
+
+class _Files:
+    """A table's files, in a local folder or under a storage URI: listed with their times, read, deleted."""
+
+    def __init__(self, where, table):
+        self.fs, self.base = file_system(where)
+        self.root = table.table_uri.rstrip("/")
+
+    def of(self, uri: str) -> str:
+        """The path in ``fs`` of a data file as ``DeltaTable.file_uris()`` names it."""
+        if uri.startswith(self.root + "/"):
+            return f"{self.base}/{uri[len(self.root) + 1:]}"
+        return uri.removeprefix("file://")
+
+    def listed(self, under: str = "") -> list[tuple[str, float]]:
+        """(path, modified time in seconds) of every file under ``under`` (the table's folder by default)."""
+        import pyarrow.fs as pafs
+
+        selector = pafs.FileSelector(f"{self.base}/{under}".rstrip("/"), recursive=True, allow_not_found=True)
+        return sorted((info.path, info.mtime.timestamp() if info.mtime is not None else time.time())
+                      for info in self.fs.get_file_info(selector) if info.type == pafs.FileType.File)
+
+    def read(self, path: str) -> bytes:
+        with self.fs.open_input_stream(path) as f:
+            return f.read()
+
+    def delete(self, path: str) -> None:
+        try:
+            self.fs.delete_file(path)
+        except FileNotFoundError:
+            pass
+
+    def parquet(self, path: str):
+        """The data file at ``path`` as a lazy dataset (DuckDB reads only what a query needs)."""
+        import pyarrow.dataset as ds
+
+        return ds.dataset(path, filesystem=self.fs, format="parquet")
+
+
+def _open(where):
+    """``(DeltaTable, where as a location)`` of the table at ``where`` (a path, a URI or a location)."""
+    from deltalake.exceptions import TableNotFoundError
+
+    where = location(str(where)) if isinstance(where, str) and is_remote(where) else where
+    try:
+        return delta_table(where), where
+    except TableNotFoundError:
+        raise TableNotFound(f"table {where}: no Delta table there") from None
+    except OSError as e:  # the store does not answer, or refuses (credentials)
+        raise StorageError(f"table {where}: its store cannot be reached: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -89,33 +142,28 @@ class Erasure:
 def erase(where, predicate: str, columns: Sequence[str], reason: str, *, dry_run: bool = False,
           grace_s: float = DEFAULT_GRACE_S, now: float | None = None) -> Erasure:
     """Null ``columns`` in the rows ``predicate`` selects, then purge them from the table's history (module
-    docstring). ``where``: the table's local folder."""
+    docstring). ``where``: a local folder, a URI or a location."""
     import duckdb
-    from deltalake import CommitProperties, DeltaTable
-    from deltalake.exceptions import CommitFailedError, TableNotFoundError
+    from deltalake import CommitProperties
+    from deltalake.exceptions import CommitFailedError
 
-    folder = Path(str(where))
-    if "://" in str(where):
-        raise ErasureError(f"table {where}: erasing from a table under a storage URI is not supported yet; only "
-                           f"tables in local folders")
+    name = str(where)
     if not columns:
-        raise ErasureError(f"table {folder}: no columns to erase")
+        raise ErasureError(f"table {name}: no columns to erase")
     if not reason.strip():
-        raise ErasureError(f"table {folder}: an erasure needs a reason (it is recorded in the table's history)")
+        raise ErasureError(f"table {name}: an erasure needs a reason (it is recorded in the table's history)")
     started = time.time() if now is None else now
-    try:
-        table = DeltaTable(str(folder))
-    except TableNotFoundError:
-        raise TableNotFound(f"table {folder}: no Delta table there") from None
+    table, where = _open(where)
+    files = _Files(where, table)
     present = [c for c in columns if c in table.schema().to_arrow().names]
     if not present:
-        raise ErasureError(f"table {folder}: has none of the columns {', '.join(columns)}")
+        raise ErasureError(f"table {name}: has none of the columns {', '.join(columns)}")
     holding = _holding(predicate, present)
     con = duckdb.connect()
     try:
-        current_files = [Path(uri.removeprefix("file://")) for uri in table.file_uris()]
-        rows_holding = sum(_count(con, path, predicate, present) for path in current_files)
-        values = set().union(*(_values(con, path, predicate, present) for path in current_files))
+        current_files = [files.of(uri) for uri in table.file_uris()]
+        rows_holding = sum(_count(con, files, path, predicate, present) for path in current_files)
+        values = set().union(*(_values(con, files, path, predicate, present) for path in current_files))
         nulled, version = 0, None
         for attempt in range(1, UPDATE_ATTEMPTS + 1):
             if not rows_holding or dry_run:
@@ -127,28 +175,28 @@ def erase(where, predicate: str, columns: Sequence[str], reason: str, *, dry_run
                 if attempt == UPDATE_ATTEMPTS:
                     raise
                 table.update_incremental()
-                current_files = [Path(uri.removeprefix("file://")) for uri in table.file_uris()]
-                rows_holding = sum(_count(con, path, predicate, present) for path in current_files)
-                values |= set().union(*(_values(con, path, predicate, present) for path in current_files))
+                current_files = [files.of(uri) for uri in table.file_uris()]
+                rows_holding = sum(_count(con, files, path, predicate, present) for path in current_files)
+                values |= set().union(*(_values(con, files, path, predicate, present) for path in current_files))
                 continue
             nulled = int(metrics.get("num_updated_rows", rows_holding))
             version = table.version()
             fault_point("after-update")
             break
-        current = {Path(uri.removeprefix("file://")).resolve() for uri in table.file_uris()}
+        current = {files.of(uri) for uri in table.file_uris()}
         old_holding = []
-        for path in sorted(folder.rglob("*.parquet")):
-            if "_delta_log" in path.parts or path.resolve() in current:
+        for path, modified in files.listed():
+            if not path.endswith(".parquet") or "/_delta_log/" in path or path in current:
                 continue
-            if _count(con, path, predicate, present):
-                old_holding.append(path)
-                values |= _values(con, path, predicate, present)
+            if _count(con, files, path, predicate, present):
+                old_holding.append((path, modified))
+                values |= _values(con, files, path, predicate, present)
         # The log before the data files: a run killed in between finds the values again in the files left.
-        log_holding, log_purged, log_deferred = _purge_log(table, folder, values, started, grace_s, dry_run)
-        purged, deferred = _delete_past_grace(old_holding, started, grace_s, dry_run)
+        log_holding, log_purged, log_deferred = _purge_log(table, files, values, started, grace_s, dry_run)
+        purged, deferred = _delete_past_grace(files, old_holding, started, grace_s, dry_run)
     finally:
         con.close()
-    return Erasure(str(folder), rows_holding, nulled, version, len(old_holding), purged, deferred, dry_run,
+    return Erasure(name, rows_holding, nulled, version, len(old_holding), purged, deferred, dry_run,
                    log_holding, log_purged, log_deferred)
 
 
@@ -175,44 +223,44 @@ def _needles(values: set[str]) -> set[bytes]:
     return out
 
 
-def _purge_log(table, folder: Path, values: set[str], started: float, grace_s: float,
+def _purge_log(table, files: _Files, values: set[str], started: float, grace_s: float,
                dry_run: bool) -> tuple[int, int, int]:
     """Step 3 of the module docstring -> (commit files and old checkpoints holding, deleted, deferred)."""
     needles = _needles(values)
-    log = folder / "_delta_log"
-    if not needles or not log.is_dir():
+    if not needles:
         return 0, 0, 0
     version = table.version()
-    commits = [p for p in log.glob("*.json") if p.name.split(".")[0].isdigit()
-               and int(p.name.split(".")[0]) < version and _quotes(p.read_bytes(), needles)]
+    log = [(path, modified, path.rsplit("/", 1)[-1]) for path, modified in files.listed("_delta_log")]
+    commits = [(path, modified) for path, modified, name in log if name.endswith(".json")
+               and name.split(".")[0].isdigit() and int(name.split(".")[0]) < version
+               and _quotes(files.read(path), needles)]
     if not commits:
         return 0, 0, 0
     if not dry_run:
         table.create_checkpoint()
         fault_point("after-checkpoint")
-    checkpoints = [p for p in log.glob("*.checkpoint*.parquet") if int(p.name.split(".")[0]) < version]
+    checkpoints = [(path, modified) for path, modified, name in log
+                   if ".checkpoint" in name and name.endswith(".parquet") and int(name.split(".")[0]) < version]
     holding = commits + checkpoints
-    return (len(holding), *_delete_past_grace(holding, started, grace_s, dry_run))
+    return (len(holding), *_delete_past_grace(files, holding, started, grace_s, dry_run))
 
 
 def values_held(where, predicate: str, columns: Sequence[str]) -> set[str]:
     """The text values in ``columns`` of the rows ``predicate`` selects in the current version of the table at
-    ``where`` (a local folder; none when it has no such column): what ``erase`` would null, sought by
+    ``where`` (a local folder or a URI; none when it has no such column): what ``erase`` would null, sought by
     ``purge_quoting`` in the files outside the table that may quote them."""
     import duckdb
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
 
     try:
-        table = DeltaTable(str(where))
-    except TableNotFoundError:
+        table, where = _open(where)
+    except TableNotFound:
         return set()
     present = [c for c in columns if c in table.schema().to_arrow().names]
     if not present:
         return set()
+    files = _Files(where, table)
     with duckdb.connect() as con:
-        return set().union(*(_values(con, Path(uri.removeprefix("file://")), predicate, present)
-                             for uri in table.file_uris()))
+        return set().union(*(_values(con, files, files.of(uri), predicate, present) for uri in table.file_uris()))
 
 
 @dataclass(frozen=True)
@@ -256,37 +304,49 @@ def _quotes(data: bytes, needles: set[bytes]) -> bool:
     return any(needle in data for needle in needles)
 
 
-def _delete_past_grace(paths: list[Path], started: float, grace_s: float, dry_run: bool) -> tuple[int, int]:
-    """Delete each of ``paths`` written before the grace period (a dry run: none) -> (deleted, left as too
-    recent)."""
+def _delete_past_grace(files: _Files, paths: list[tuple[str, float]], started: float, grace_s: float,
+                       dry_run: bool) -> tuple[int, int]:
+    """Delete each of ``paths`` (with their modified times) written before the grace period (a dry run: none) ->
+    (deleted, left as too recent)."""
     purged = deferred = 0
-    for path in paths:
-        if path.stat().st_mtime > started - grace_s:
+    for path, modified in paths:
+        if modified > started - grace_s:
             deferred += 1
         elif not dry_run:
-            path.unlink(missing_ok=True)
+            files.delete(path)
             purged += 1
             fault_point("after-first-delete")
     return purged, deferred
 
 
-def _values(con, path: Path, predicate: str, columns: Sequence[str]) -> set[str]:
-    """The text values in ``columns`` of the rows of the data file at ``path`` that ``predicate`` selects."""
-    import duckdb
+def _columns_of(files: _Files, path: str):
     import pyarrow.parquet as pq
 
-    schema = pq.read_schema(path)
+    return pq.read_schema(path, filesystem=files.fs)
+
+
+def _values(con, files: _Files, path: str, predicate: str, columns: Sequence[str]) -> set[str]:
+    """The text values in ``columns`` of the rows of the data file at ``path`` that ``predicate`` selects."""
+    import duckdb
+
+    schema = _columns_of(files, path)
     names = set(schema.names)
     mine = [c for c in columns if c in names]
     text = [c for c in mine if str(schema.field(c).type) in ("string", "large_string", "string_view")]
     out: set[str] = set()
-    for column in text:
-        try:
-            rows = con.execute(f'SELECT DISTINCT "{column}" FROM read_parquet(?) WHERE ({predicate}) AND '
-                               f'"{column}" IS NOT NULL', [str(path)]).fetchall()
-        except duckdb.BinderException:
-            continue
-        out |= {r[0] for r in rows}
+    if not text:
+        return out
+    con.register("erasure_file", files.parquet(path))
+    try:
+        for column in text:
+            try:
+                rows = con.execute(f'SELECT DISTINCT "{column}" FROM erasure_file WHERE ({predicate}) AND '
+                                   f'"{column}" IS NOT NULL').fetchall()
+            except duckdb.BinderException:
+                continue
+            out |= {r[0] for r in rows}
+    finally:
+        con.unregister("erasure_file")
     return out
 
 
@@ -295,19 +355,20 @@ def _holding(predicate: str, columns: Sequence[str]) -> str:
     return f"({predicate}) AND ({values})"
 
 
-def _count(con, path: Path, predicate: str, columns: Sequence[str]) -> int:
+def _count(con, files: _Files, path: str, predicate: str, columns: Sequence[str]) -> int:
     """How many rows of the data file at ``path`` ``predicate`` selects with a value in ``columns`` (only the
     columns the file has: an older file may lack a column added since). A file's own columns only: the read models'
     tables are not partitioned."""
     import duckdb
-    import pyarrow.parquet as pq
 
-    names = set(pq.read_schema(path).names)
+    names = set(_columns_of(files, path).names)
     mine = [c for c in columns if c in names]
     if not mine:
         return 0
+    con.register("erasure_file", files.parquet(path))
     try:
-        return con.execute(f"SELECT count(*) FROM read_parquet(?) WHERE {_holding(predicate, mine)}",
-                           [str(path)]).fetchone()[0]
+        return con.execute(f"SELECT count(*) FROM erasure_file WHERE {_holding(predicate, mine)}").fetchall()[0][0]
     except duckdb.BinderException:  # the predicate names a column this old file lacks: it cannot select a row
         return 0
+    finally:
+        con.unregister("erasure_file")

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from lakehouse.errors import Unavailable
 
 __all__ = ["Location", "RemoteLocation", "StorageError", "location", "is_remote", "remove_tree", "tree_bytes",
-           "storage_options", "delta_table", "write_chunks", "read_chunks"]
+           "storage_options", "delta_table", "write_chunks", "read_chunks", "file_system"]
 
 
 class StorageError(Unavailable, OSError):
@@ -301,6 +301,17 @@ def tree_bytes(where: Location) -> int:
 def storage_options(where) -> dict[str, str] | None:
     """What delta-rs needs besides the URI to reach ``where`` (None for a local path)."""
     return (where.options or None) if isinstance(where, RemoteLocation) else None
+
+
+def file_system(where: Location):
+    """``(pyarrow.fs.FileSystem, path)``: a file system that reaches ``where`` and ``where``'s path in it (the
+    local one and the absolute path; for a URI, delta-rs' object store and the path inside the store), for code
+    that lists, reads and deletes files of a table (``lakehouse.erasure``)."""
+    import pyarrow.fs as pafs
+
+    if isinstance(where, RemoteLocation):
+        return pafs.PyFileSystem(where._handler()), where._key
+    return pafs.LocalFileSystem(), str(Path(where).resolve())
 
 
 def delta_table(where, **kwargs):

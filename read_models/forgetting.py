@@ -16,8 +16,8 @@ Events written while sealing was off hold the values in plain text and no token 
 aggregates are found by their domain's subject field (``Domain.subject_field``: the account's ``customer_id``), and
 ``forget_in_archive`` nulls the plain values the archive holds (the events topic keeps them until its retention).
 
-Not covered here: tables under a storage URI, the dead-letters topic of the commands (a Kafka topic: its segments go
-by retention).
+Tables in local folders and under a storage URI alike (``lakehouse.erasure``). Not covered here: the dead-letters
+topic (a Kafka topic: its segments go by retention).
 """
 from __future__ import annotations
 
@@ -59,28 +59,29 @@ def subject_aggregates(settings: Settings, subject: str) -> list[tuple[str, str]
     of theirs, and those whose events name them in their domain's subject field (``Domain.subject_field``: the
     account's ``customer_id``), for events written with sealing off."""
     import duckdb
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     from event_store.sealing import personal_columns
+    from lakehouse.storage import delta_table
+    from lakehouse.tables import dataset
 
     try:
-        archive = DeltaTable(str(settings.table_path(ARCHIVE_TABLE)))
+        archive = delta_table(settings.table_path(ARCHIVE_TABLE))
     except TableNotFoundError:
         return []
     names = set(archive.schema().to_arrow().names)
     columns = sorted(personal_columns() & names)
     rules = _subject_rules(names) if "aggregate_type" in names else []
-    files = [uri.removeprefix("file://") for uri in archive.file_uris()]
-    if not (columns or rules) or not files:
+    if not (columns or rules) or not archive.file_uris():
         return []
     head = token_head(subject)
     where = " OR ".join([f'starts_with("{c}", $head)' for c in columns]
                         + [f'(aggregate_type = \'{t}\' AND "{c}" = $subject)' for t, c in rules])
-    params = {"files": files} | ({"head": head} if columns else {}) | ({"subject": subject} if rules else {})
-    with duckdb.connect() as con:
-        rows = con.execute(f"SELECT DISTINCT aggregate_type, aggregate_id FROM read_parquet($files, "
-                           f"union_by_name = true) WHERE {where} ORDER BY 1, 2", params).fetchall()
+    params = ({"head": head} if columns else {}) | ({"subject": subject} if rules else {})
+    with duckdb.connect() as con:  # the table's current version, local or under a storage URI
+        con.register("archived_events", dataset(archive))
+        rows = con.execute(f"SELECT DISTINCT aggregate_type, aggregate_id FROM archived_events WHERE {where} "
+                           f"ORDER BY 1, 2", params).fetchall()
     return [(t, i) for t, i in rows]
 
 
@@ -90,16 +91,15 @@ def forget_in_archive(settings: Settings, aggregate_ids: list[str], reason: str,
     ``aggregate_ids``, and purge them from its history -> its ``Erasure`` ([] when there is no archive, no personal
     column or no id). Sealed values are left: with the key gone they are unreadable, and a rebuild reads them as
     null all the same."""
-    from deltalake import DeltaTable
-
     from event_store.personal_data import TOKEN_PREFIX
     from event_store.sealing import personal_columns
+    from lakehouse.storage import delta_table
     from lakehouse.tables import TableNotFound
 
     path = settings.table_path(ARCHIVE_TABLE)
     if not aggregate_ids or not (path / "_delta_log").is_dir():
         return []
-    names = set(DeltaTable(str(path)).schema().to_arrow().names)
+    names = set(delta_table(path).schema().to_arrow().names)
     columns = sorted(personal_columns() & names)
     if not columns:
         return []

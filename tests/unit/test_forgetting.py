@@ -25,9 +25,9 @@ def test_each_read_models_personal_columns_are_the_personal_fields_of_its_events
         assert bool(model.subject_column) == bool(model.personal_columns), model.name
 
 
-def personal_home(tmp_path):
+def personal_home(tmp_path, **changes):
     # The home's files alone (no broker here): the keys topic's part is tests/integration/test_keys_topic.py's.
-    settings = Settings.load({}).replace(home=tmp_path / "home", subject_keys_topic="off")
+    settings = Settings.load({}).replace(home=tmp_path / "home", subject_keys_topic="off", **changes)
     keys = SubjectKeys(keys_dir(settings.home))
     archive = [{"aggregate_type": "account", "aggregate_id": a, "customer_id": customer, "customer_name": name,
                 "location": place}
@@ -303,3 +303,20 @@ def test_a_query_as_of_a_moment_before_the_erasure_says_it_was_erased_and_shows_
         assert "Ada" not in out + err
     assert main(["query", "--as-of", "1", sql]) == 0
     assert capsys.readouterr().out.split()[:3] == ["customer_name", "-------------", "NULL"]
+
+
+def test_a_warehouse_under_a_storage_uri_is_erased_too(tmp_path):
+    """The tables under a storage URI (here a file: one, through delta-rs' object store as an hdfs:// or s3a:// one
+    would be): the subject's values nulled, and no byte of them left in any file of the warehouse; before the
+    erasure handled URIs, forget said complete and left every old file and commit holding them."""
+    from projection_core.forget_subject import forget_subject
+
+    settings = personal_home(tmp_path, warehouse_uri=f"file://{tmp_path}/lake")
+    lake = tmp_path / "lake"
+    assert b"Ada Lovelace" in b"".join(p.read_bytes() for p in lake.rglob("*") if p.is_file())
+    report = forget_subject(settings, "cust-ada", "request #18", grace_s=0, log=lambda *_: None, record=False)
+    assert report.complete, report.lines()
+    assert sorted(report.changed_models) == ["account_summary", "payments"]
+    stored = b"".join(p.read_bytes() for p in lake.rglob("*") if p.is_file())
+    assert [v for v in (b"Ada Lovelace", b"ada@example.org", b"IS-RKV", b"IS-AKU") if v in stored] == []
+    assert b"Grace Hopper" in stored and b"US-SFO" in stored
