@@ -162,3 +162,64 @@ def test_the_spark_projection_unseals_the_log_the_handler_sealed_and_nulls_a_for
         {k: None for k in live["payments"] if k[0] == "acc-ada-1"}
     assert {k: r for k, r in after["payments"].items() if k[0] == "acc-grace"} == \
         {k: r for k, r in live["payments"].items() if k[0] == "acc-grace"}
+
+
+def test_a_rebuild_after_forgetting_equals_the_live_read_models_and_holds_none_of_the_subjects_values(spark,
+                                                                                                     settings):
+    """Issue 45: after `forget` (key gone, SubjectForgotten on the log, the live tables nulled and purged), a rebuild
+    (the archive's fold on Spark, then the catch-up from Kafka, its checks with the reconciliation, the switch)
+    gives the same read models as the live path: Ada's values null, Grace's as they were; and the new generation's
+    files hold no byte of Ada's values."""
+    import threading
+    from pathlib import Path
+
+    from event_store import kafka_log
+    from expectations.reconciliation import reconcile
+    from projection_core.forget_subject import forget_subject
+    from read_models.catalog import Catalog
+    from spark_apps.rebuild import rebuild
+    from tests.integration.test_personal_data_sealing import (ADA, ADA_PLACES, GRACE, GRACE_PLACES, commands_of,
+                                                              files_bytes, handle_all, project, send, table)
+
+    settings = settings.replace(personal_data_seal="on")
+    kafka_log.ensure_topics(settings, log=lambda *_: None)
+    send(settings, commands_of("acc-ada-1", "cust-ada", ADA, ADA_PLACES, 3)
+         + commands_of("acc-grace", "cust-grace", GRACE, GRACE_PLACES, 2))
+    handle_all(settings)
+    names = ("account_summary", "payments")
+    project(settings, names)
+    sent, reports = threading.Event(), []
+
+    def forget_it():
+        reports.append(forget_subject(settings, "cust-ada", "request #19", grace_s=0, answer_s=120,
+                                      log=lambda line: sent.set() if "forget command(s) sent" in line else None))
+        sent.set()
+
+    forgetting = threading.Thread(target=forget_it)
+    forgetting.start()
+    assert sent.wait(120)
+    handle_all(settings)  # answers the forget commands: SubjectForgotten on the log
+    forgetting.join(180)
+    assert reports and reports[0].complete, reports and reports[0].lines()
+    live = project(settings, names)  # the live projection folds SubjectForgotten
+    personal = {"account_summary": ("customer_name", "customer_email", "last_device_location", "version"),
+                "payments": ("location", "amount_minor", "status")}
+
+    def seen(tables):
+        return {name: {k: tuple(r[c] for c in personal[name]) for k, r in rows.items()}
+                for name, rows in tables.items()}
+
+    assert seen(live)["account_summary"][("acc-ada-1",)][:3] == (None, None, None)
+    assert seen(live)["account_summary"][("acc-grace",)][:2] == tuple(GRACE.values())
+    before = {name: Catalog(settings).current(name).number for name in names}
+    for name in names:
+        assert rebuild(spark, settings, name, by="test", reason="after forgetting cust-ada",
+                       log=lambda *_: None).switched
+    rebuilt = {name: table(settings, name) for name in names}
+    assert {name: Catalog(settings).current(name).number for name in names} == \
+        {name: number + 1 for name, number in before.items()}
+    assert seen(rebuilt) == seen(live)
+    assert all(reconcile(settings, name).success for name in names)
+    generations = b"".join(files_bytes(Path(Catalog(settings).current(name).table)) for name in names)
+    assert generations and [p for p in [*ADA.values(), *ADA_PLACES] if p.encode() in generations] == []
+    assert GRACE["customer_name"].encode() in generations and GRACE_PLACES[1].encode() in generations
